@@ -1,0 +1,213 @@
+"""Every error Swapless raises, under one root.
+
+Each error keeps the arguments it was built from in ``args`` and builds its message from them, so that it
+survives Celery's JSON result backend: the backend stores ``type``, ``module`` and ``args`` and the client
+rebuilds the very same error, message included.
+
+    SwaplessError
+    ├── ConfigError             the models file or a setting is wrong (start-up)
+    ├── UnknownModel            a job names a model id that is not in the registry (also a KeyError)
+    ├── UnknownFramework        a models entry names a framework no worker is registered for (also a KeyError)
+    ├── DuplicateFramework      two worker classes register the same framework name
+    ├── InputError              one job's input is unusable; that job fails alone (also a ValueError)
+    ├── ModelLoadError          a model could not be loaded
+    │   └── ModelTooLarge       a model does not fit the memory budget even with everything else evicted
+    ├── PredictionFailed        the model raised on this job's input
+    ├── BackendUnavailable      a remote inference server did not answer (retryable)
+    ├── JobFailed               client side: the job failed with an error this process cannot rebuild
+    └── JobTimeout              client side: no result within the timeout (also a TimeoutError)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = [
+    "BackendUnavailable",
+    "ConfigError",
+    "DuplicateFramework",
+    "InputError",
+    "JobFailed",
+    "JobTimeout",
+    "ModelLoadError",
+    "ModelTooLarge",
+    "PredictionFailed",
+    "SwaplessError",
+    "UnknownFramework",
+    "UnknownModel",
+]
+
+
+def _fmt_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover - loop always returns
+
+
+class SwaplessError(Exception):
+    """Root of every Swapless error. ``str(err)`` is the message; ``args`` are what it was built from."""
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else self.__class__.__name__
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(SwaplessError):
+    """The models file or a setting is invalid. ``where`` names the file/entry/field, ``problem`` what to fix."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(where, problem)
+        self.where = where
+        self.problem = problem
+
+    @property
+    def message(self) -> str:
+        return f"{self.where}: {self.problem}"
+
+
+class UnknownModel(SwaplessError, KeyError):
+    """A job addressed a model id the registry does not have."""
+
+    def __init__(self, model_id: str, known: Iterable[str] = ()) -> None:
+        known_list = sorted(known)
+        super().__init__(model_id, known_list)
+        self.model_id = model_id
+        self.known = known_list
+
+    @property
+    def message(self) -> str:
+        return f"unknown model {self.model_id!r} (known: {', '.join(self.known) or 'none'})"
+
+
+class UnknownFramework(SwaplessError, KeyError):
+    """No worker class is registered for a framework name."""
+
+    def __init__(self, framework: str, known: Iterable[str] = ()) -> None:
+        known_list = sorted(known)
+        super().__init__(framework, known_list)
+        self.framework = framework
+        self.known = known_list
+
+    @property
+    def message(self) -> str:
+        return f"unknown framework {self.framework!r} (known: {', '.join(self.known) or 'none'})"
+
+
+class DuplicateFramework(SwaplessError):
+    """Two worker classes tried to register under the same framework name."""
+
+    def __init__(self, framework: str, existing: str) -> None:
+        super().__init__(framework, existing)
+        self.framework = framework
+        self.existing = existing
+
+    @property
+    def message(self) -> str:
+        return f"framework {self.framework!r} is already registered by {self.existing}"
+
+
+class InputError(SwaplessError, ValueError):
+    """One job's input cannot be used. Only that job fails."""
+
+    def __init__(self, model_id: str, problem: str) -> None:
+        super().__init__(model_id, problem)
+        self.model_id = model_id
+        self.problem = problem
+
+    @property
+    def message(self) -> str:
+        return f"bad input for model {self.model_id!r}: {self.problem}"
+
+
+class ModelLoadError(SwaplessError):
+    """A model could not be loaded; every job waiting for it fails with this message."""
+
+    def __init__(self, model_id: str, problem: str) -> None:
+        super().__init__(model_id, problem)
+        self.model_id = model_id
+        self.problem = problem
+
+    @property
+    def message(self) -> str:
+        return f"could not load model {self.model_id!r}: {self.problem}"
+
+
+class ModelTooLarge(ModelLoadError):
+    """A model needs more memory than the whole budget."""
+
+    def __init__(self, model_id: str, size_bytes: int, budget_bytes: int) -> None:
+        SwaplessError.__init__(self, model_id, size_bytes, budget_bytes)
+        self.model_id = model_id
+        self.size_bytes = size_bytes
+        self.budget_bytes = budget_bytes
+        self.problem = self.message
+
+    @property
+    def message(self) -> str:
+        return (
+            f"model {self.model_id!r} needs {_fmt_bytes(self.size_bytes)}, more than the whole memory budget "
+            f"of {_fmt_bytes(self.budget_bytes)}; raise --memory-budget (SWAPLESS_MEMORY_BUDGET)"
+        )
+
+
+class PredictionFailed(SwaplessError):
+    """The model raised while computing this job."""
+
+    def __init__(self, model_id: str, problem: str) -> None:
+        super().__init__(model_id, problem)
+        self.model_id = model_id
+        self.problem = problem
+
+    @property
+    def message(self) -> str:
+        return f"model {self.model_id!r} failed on this input: {self.problem}"
+
+
+class BackendUnavailable(SwaplessError):
+    """A remote inference server (Triton) did not answer. Retried with backoff before the job fails."""
+
+    def __init__(self, url: str, problem: str) -> None:
+        super().__init__(url, problem)
+        self.url = url
+        self.problem = problem
+
+    @property
+    def message(self) -> str:
+        return f"inference server at {self.url} is unavailable: {self.problem}"
+
+
+class JobFailed(SwaplessError):
+    """Client side: the job failed with an error type this process cannot rebuild."""
+
+    def __init__(self, job_id: str, error_type: str, detail: str) -> None:
+        super().__init__(job_id, error_type, detail)
+        self.job_id = job_id
+        self.error_type = error_type
+        self.detail = detail
+
+    @property
+    def message(self) -> str:
+        return f"job {self.job_id} failed: {self.error_type}: {self.detail}"
+
+
+class JobTimeout(SwaplessError, TimeoutError):
+    """Client side: the job had no final result within the timeout. It may still finish later."""
+
+    def __init__(self, job_id: str, timeout_s: float, state: str) -> None:
+        super().__init__(job_id, timeout_s, state)
+        self.job_id = job_id
+        self.timeout_s = timeout_s
+        self.state = state
+
+    @property
+    def message(self) -> str:
+        return (
+            f"job {self.job_id} has no result after {self.timeout_s:g} s (state {self.state}); "
+            "it may still finish: look it up later with Client().job(job_id)"
+        )

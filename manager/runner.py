@@ -1,0 +1,168 @@
+"""Running jobs through the cache: the backlog grouped by model, and one group's execution.
+
+This is the model side of a batch: it knows nothing of Celery. The queue side feeds jobs into a ``Backlog``,
+asks ``Backlog.next_group`` what to run, runs it with ``run_group`` and stores each ``Outcome``.
+
+Failure isolation: a job whose input is bad fails alone (``prepare``). When a forward pass raises, the group is
+split in halves and each half retried, down to single jobs, so one poisonous input (or a batch too large for
+memory) fails only itself. Errors that concern the whole model (load failure, server unavailable) fail the
+group at once without splitting.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from manager.cache import ModelManager
+from manager.errors import (
+    BackendUnavailable,
+    InputError,
+    ModelLoadError,
+    PredictionFailed,
+    SwaplessError,
+    UnknownModel,
+)
+from manager.policy import Waiting, choose_next
+from manager.worker import ModelWorker
+
+__all__ = ["Backlog", "Job", "Outcome", "run_group"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One prediction job. ``received_s`` is a monotonic timestamp; ``urgent`` marks interactive jobs."""
+
+    id: str
+    model_id: str
+    input: Any
+    received_s: float = field(default_factory=time.monotonic)
+    urgent: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A job's final state: a result, or an error."""
+
+    job: Job
+    result: Any = None
+    error: SwaplessError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Backlog:
+    """Jobs waiting in this worker, grouped by model, each group in arrival order.
+
+    Args:
+        max_wait_s: a job older than this is served next even if its model is cold.
+        clock: monotonic clock (injectable for tests).
+    """
+
+    def __init__(self, max_wait_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_wait_s = max_wait_s
+        self.clock = clock
+        self._groups: OrderedDict[str, deque[Job]] = OrderedDict()
+
+    def add(self, jobs: Iterable[Job]) -> None:
+        for job in jobs:
+            self._groups.setdefault(job.model_id, deque()).append(job)
+
+    def __len__(self) -> int:
+        return sum(len(group) for group in self._groups.values())
+
+    def counts(self) -> dict[str, int]:
+        """Waiting jobs per model."""
+        return {model_id: len(group) for model_id, group in self._groups.items()}
+
+    def waiting(self, load_cost_s: Callable[[str], float]) -> list[Waiting]:
+        now = self.clock()
+        return [
+            Waiting(
+                model_id=model_id,
+                jobs=len(group),
+                oldest_wait_s=now - min(job.received_s for job in group),
+                urgent=sum(1 for job in group if job.urgent),
+                load_cost_s=load_cost_s(model_id),
+            )
+            for model_id, group in self._groups.items()
+            if group
+        ]
+
+    def next_group(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], limit: int) -> list[Job]:
+        """Take the next jobs to run: up to ``limit`` jobs of the model ``choose_next`` picks (urgent ones first).
+
+        Returns:
+            the jobs, all for one model; empty when nothing waits.
+        """
+        model_id = choose_next(self.waiting(load_cost_s), loaded, self.max_wait_s)
+        if model_id is None:
+            return []
+        group = self._groups[model_id]
+        ordered = sorted(group, key=lambda job: (not job.urgent, job.received_s))
+        taken, rest = ordered[:limit], ordered[limit:]
+        if rest:
+            self._groups[model_id] = deque(sorted(rest, key=lambda job: job.received_s))
+        else:
+            del self._groups[model_id]
+        return taken
+
+
+def _wrap(model_id: str, err: BaseException) -> SwaplessError:
+    if isinstance(err, SwaplessError):
+        return err
+    if type(err).__name__ == "OutOfMemoryError" or isinstance(err, MemoryError):
+        return PredictionFailed(model_id, "out of memory even for this input alone")
+    return PredictionFailed(model_id, f"{type(err).__name__}: {err}")
+
+
+def _predict(worker: ModelWorker, items: list[tuple[Job, Any]]) -> list[Outcome]:
+    try:
+        results = worker.predict([prepared for _, prepared in items])
+        if len(results) != len(items):
+            raise PredictionFailed(worker.spec.id, f"worker returned {len(results)} outputs for {len(items)} inputs")
+    except (BackendUnavailable, ModelLoadError) as err:
+        return [Outcome(job, error=err) for job, _ in items]
+    except Exception as err:  # noqa: BLE001 - isolate the failing input(s) by splitting
+        if len(items) == 1:
+            logger.warning("job %s failed on model %s: %s", items[0][0].id, worker.spec.id, err)
+            return [Outcome(items[0][0], error=_wrap(worker.spec.id, err))]
+        middle = len(items) // 2
+        logger.warning("batch of %d on %s failed (%s); retrying in halves", len(items), worker.spec.id, err)
+        return _predict(worker, items[:middle]) + _predict(worker, items[middle:])
+    return [Outcome(job, result=result) for (job, _), result in zip(items, results, strict=True)]
+
+
+def run_group(manager: ModelManager, model_id: str, jobs: Sequence[Job], waiting: dict[str, int] | None = None) -> list[Outcome]:
+    """Run jobs that all address ``model_id``; never raises for a job's sake.
+
+    Returns:
+        one Outcome per job, in the order of ``jobs``.
+    """
+    outcomes: dict[str, Outcome] = {}
+    try:
+        with manager.use(model_id, waiting) as worker:
+            ready: list[tuple[Job, Any]] = []
+            for job in jobs:
+                try:
+                    ready.append((job, worker.prepare(job.input)))
+                except InputError as err:
+                    outcomes[job.id] = Outcome(job, error=err)
+                except Exception as err:  # noqa: BLE001 - a decoder bug must fail only this job
+                    outcomes[job.id] = Outcome(job, error=InputError(model_id, f"{type(err).__name__}: {err}"))
+            if ready:
+                for outcome in _predict(worker, ready):
+                    outcomes[outcome.job.id] = outcome
+    except (UnknownModel, ModelLoadError, BackendUnavailable) as err:
+        return [Outcome(job, error=err) for job in jobs]
+    except SwaplessError as err:
+        return [outcomes.get(job.id) or Outcome(job, error=err) for job in jobs]
+    return [outcomes[job.id] for job in jobs]

@@ -1,0 +1,75 @@
+"""Small torch helpers shared by the in-process workers: device choice, memory measure, real unload."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+__all__ = ["free_memory", "measure_load", "module_bytes", "resolve_device", "top_k"]
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is ``cuda`` when a GPU is visible, else ``cpu``; any other value is passed to torch."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    """Bytes held by a module's parameters and buffers (shared tensors counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        key = tensor.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += tensor.numel() * tensor.element_size()
+    return total
+
+
+class _Measure:
+    bytes: int = 0
+
+
+@contextmanager
+def measure_load(device: torch.device) -> Iterator[_Measure]:
+    """Measure the CUDA allocator's growth across a load (0 on CPU). Use the larger of this and module_bytes."""
+    result = _Measure()
+    cuda = device.type == "cuda"
+    before = torch.cuda.memory_allocated(device) if cuda else 0
+    yield result
+    if cuda:
+        torch.cuda.synchronize(device)
+        result.bytes = max(0, torch.cuda.memory_allocated(device) - before)
+
+
+def free_memory(device: torch.device | None) -> None:
+    """Collect dropped tensors now, and hand cached CUDA blocks back to the driver."""
+    gc.collect()
+    if device is not None and device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def top_k(probabilities: torch.Tensor, labels: Any, k: int) -> list[list[dict[str, Any]]]:
+    """Per row, the ``k`` best ``{"label", "score"}`` pairs, best first, like transformers pipelines.
+
+    ``labels`` maps a class index to its name (a dict or a list); missing names become ``LABEL_<i>``.
+    """
+    k = min(k, probabilities.shape[-1])
+    scores, indices = probabilities.float().topk(k, dim=-1)
+    rows = []
+    for row_scores, row_indices in zip(scores.tolist(), indices.tolist(), strict=True):
+        row = []
+        for score, index in zip(row_scores, row_indices, strict=True):
+            try:
+                label = labels[index]
+            except (KeyError, IndexError, TypeError):
+                label = f"LABEL_{index}"
+            row.append({"label": str(label), "score": float(score)})
+        rows.append(row)
+    return rows

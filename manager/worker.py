@@ -1,0 +1,162 @@
+"""The ModelWorker contract and the registry of worker classes by framework name.
+
+A worker is built unloaded (no side effects in ``__init__``); the cache calls ``load()``, then ``predict()`` on
+batches, then ``unload()`` when it evicts the model. Subclasses register themselves by passing
+``framework="name"`` in the class statement::
+
+    class TransformerWorker(ModelWorker, framework="transformers"):
+        ...
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from manager.errors import DuplicateFramework, InputError, UnknownFramework
+from manager.specs import InputType, ModelSpec
+
+__all__ = ["ModelWorker", "WorkerLimits", "WorkerRegistry", "registry"]
+
+
+class WorkerRegistry(dict[str, type["ModelWorker"]]):
+    """Worker classes by framework name. A duplicate name raises; an unknown name raises UnknownFramework,
+    which is also a KeyError and lists the known names."""
+
+    def register(self, framework: str, cls: type[ModelWorker]) -> None:
+        existing = self.get(framework)
+        if existing is not None and existing is not cls:
+            raise DuplicateFramework(framework, f"{existing.__module__}.{existing.__qualname__}")
+        self[framework] = cls
+
+    def __missing__(self, framework: str) -> type[ModelWorker]:
+        raise UnknownFramework(framework, self.keys())
+
+
+registry = WorkerRegistry()
+
+
+class WorkerLimits:
+    """Per-process limits the workers apply to inputs (from Settings; plain values so tests can build them)."""
+
+    def __init__(
+        self,
+        *,
+        device: str = "cpu",
+        max_batch_size: int = 32,
+        max_text_chars: int = 100_000,
+        max_image_bytes: int = 20 * 1024 * 1024,
+        max_image_pixels: int = 89_478_485,
+        input_root: str | None = None,
+        triton_url: str = "127.0.0.1:8000",
+    ) -> None:
+        self.device = device
+        self.max_batch_size = max_batch_size
+        self.max_text_chars = max_text_chars
+        self.max_image_bytes = max_image_bytes
+        self.max_image_pixels = max_image_pixels
+        self.input_root = input_root
+        self.triton_url = triton_url
+
+
+class ModelWorker(ABC):
+    """Runs one model. The contract:
+
+    - ``load()`` brings the model into memory (or onto its server). Called once, before any ``predict``.
+    - ``prepare(value)`` checks and decodes one job's raw input; raises ``InputError`` naming what is wrong.
+      It is called per job so that one bad input fails alone.
+    - ``predict(batch) -> list`` takes prepared inputs and returns one JSON-serializable output per input, in order.
+      It splits the batch into forward passes of at most ``batch_size`` inputs itself.
+    - ``unload()`` frees what ``load()`` took, for real. The worker may be loaded again afterwards.
+    - ``memory_bytes`` is what the loaded model takes in this process (0 for remote models).
+    """
+
+    framework: ClassVar[str] = ""
+    #: True for models that live in another process (Triton): they take no local memory budget.
+    remote: ClassVar[bool] = False
+
+    def __init_subclass__(cls, framework: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if framework is not None:
+            cls.framework = framework
+            registry.register(framework, cls)
+
+    def __init__(self, spec: ModelSpec, limits: WorkerLimits | None = None) -> None:
+        self.spec = spec
+        self.limits = limits or WorkerLimits()
+        self.memory_bytes = 0
+
+    @property
+    def batch_size(self) -> int:
+        """Inputs per forward pass: the model entry's ``max_batch_size``, else the process default."""
+        return self.spec.max_batch_size or self.limits.max_batch_size
+
+    @abstractmethod
+    def load(self) -> None:
+        """Load the model. Raises ModelLoadError (or any exception, which the cache wraps) on failure."""
+
+    @abstractmethod
+    def predict(self, batch: Sequence[Any]) -> list[Any]:
+        """Run prepared inputs; return one output per input, in order."""
+
+    @abstractmethod
+    def unload(self) -> None:
+        """Free the model's memory. Must be safe to call twice."""
+
+    def prepare(self, value: Any) -> Any:
+        """Check one raw job input. The default accepts what ``type`` implies: text, or a base64 image."""
+        if self.spec.type is InputType.TEXT:
+            return self.prepare_text(value)
+        return self.prepare_image_bytes(value)
+
+    # -- input helpers shared by the frameworks ------------------------------------------------------------
+
+    def prepare_text(self, value: Any) -> str:
+        """A non-empty string of at most ``max_text_chars`` characters."""
+        if not isinstance(value, str):
+            raise InputError(self.spec.id, f"this is a text model; send a string, not {_kind(value)}")
+        if not value.strip():
+            raise InputError(self.spec.id, "empty text; send at least one non-blank character")
+        if len(value) > self.limits.max_text_chars:
+            raise InputError(
+                self.spec.id,
+                f"text of {len(value)} characters is over the limit of {self.limits.max_text_chars} "
+                "(SWAPLESS_MAX_TEXT_CHARS)",
+            )
+        return value
+
+    def prepare_image_bytes(self, value: Any) -> bytes:
+        """The encoded image bytes of a base64 string (a ``data:image/...;base64,`` prefix is allowed)."""
+        if not isinstance(value, str):
+            raise InputError(
+                self.spec.id, f"this is an image model; send a base64 string of a PNG/JPEG/WebP, not {_kind(value)}"
+            )
+        text = value.strip()
+        if text.startswith("data:") and "," in text:
+            text = text.split(",", 1)[1]
+        if not text:
+            raise InputError(self.spec.id, "empty image; send a base64 string of a PNG/JPEG/WebP")
+        if len(text) * 3 // 4 > self.limits.max_image_bytes:
+            raise InputError(
+                self.spec.id,
+                f"encoded image of about {len(text) * 3 // 4} bytes is over the limit of "
+                f"{self.limits.max_image_bytes} bytes (SWAPLESS_MAX_IMAGE_BYTES)",
+            )
+        try:
+            return base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise InputError(
+                self.spec.id,
+                "image is not valid base64; this is an image model (did you send plain text or a file path?)",
+            ) from None
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "a list", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__
+    )

@@ -1,0 +1,69 @@
+"""The Celery app, configured from Settings (environment, ``SWAPLESS_`` prefix).
+
+Celery's own lowercase setting names are used, so anything here can be overridden the Celery way.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from config.settings import Settings, get_settings
+
+__all__ = ["PREDICT_TASK", "PRIORITY_BULK", "PRIORITY_INTERACTIVE", "app", "configure", "make_app"]
+
+#: The one task name jobs are sent to; args are ``[model_id, input]``.
+PREDICT_TASK = "swapless.predict"
+#: Message priorities (Redis transport: 0 is served first). Interactive jobs overtake queued bulk work.
+PRIORITY_INTERACTIVE = 0
+PRIORITY_BULK = 6
+
+
+def make_app(settings: Settings | None = None) -> Celery:
+    """A Celery app for ``settings`` (the environment's by default). Connects to nothing until used."""
+    app = Celery("swapless", include=["tasks.batch"])
+    configure(app, settings or get_settings())
+    return app
+
+
+def configure(app: Celery, s: Settings) -> None:
+    """Apply ``s`` to ``app``'s configuration (the CLI calls this again after reading its flags)."""
+    app.conf.update(
+        broker_url=s.broker_url,
+        result_backend=s.broker_url,
+        # JSON only: a message with any other content type is rejected before anything is decoded.
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        # A job is acked only once its result is stored: a worker that dies loses nothing.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        result_expires=s.result_expires_s,
+        task_default_queue=s.queue,
+        task_routes={PREDICT_TASK: {"queue": s.queue}},
+        task_default_priority=PRIORITY_INTERACTIVE,
+        # One process, one scheduler thread per worker: the pool is not used by the batch task (see tasks.batch),
+        # so `celery -A tasks worker` gets these defaults too.
+        worker_pool="solo",
+        worker_concurrency=1,
+        # How many unacked jobs one worker holds (the backlog its scheduler sees).
+        worker_prefetch_multiplier=s.prefetch,
+        broker_transport_options={
+            "visibility_timeout": s.visibility_timeout_s,
+            "queue_order_strategy": "priority",
+            "priority_steps": [PRIORITY_INTERACTIVE, 3, PRIORITY_BULK, 9],
+            **({"global_keyprefix": s.key_prefix} if s.key_prefix else {}),
+        },
+        result_backend_transport_options={"global_keyprefix": s.key_prefix} if s.key_prefix else {},
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        result_backend_always_retry=True,
+        result_backend_max_retries=20,
+        redis_backend_health_check_interval=10,
+        broker_heartbeat=0,
+        worker_send_task_events=True,
+        worker_hijack_root_logger=False,
+    )
+
+
+app = make_app()

@@ -1,0 +1,129 @@
+"""Shared fixtures: a private corner of the real Redis, tiny real models, and real worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from config.settings import Settings, get_settings
+
+pytest_plugins = ["tests.tinymodels"]
+
+REDIS_HOST = os.environ.get("SWAPLESS_TEST_REDIS_HOST", "127.0.0.1")
+REDIS_PORT = int(os.environ.get("SWAPLESS_TEST_REDIS_PORT", "6379"))
+#: The tests use this database number, and only keys under their own per-run prefix inside it.
+REDIS_DB = int(os.environ.get("SWAPLESS_TEST_REDIS_DB", "11"))
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    url = f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB}"
+    try:
+        redis.Redis.from_url(url).ping()
+    except redis.ConnectionError as err:  # pragma: no cover - CI starts Redis first
+        pytest.fail(f"Redis is not reachable at {url} ({err}); start it with `redis-server --daemonize yes`")
+    return url
+
+
+@pytest.fixture
+def key_prefix(redis_url: str) -> Iterator[str]:
+    """A fresh key prefix (and queue name) per test; the test's keys are deleted afterwards."""
+    prefix = f"swapless-test-{uuid.uuid4().hex[:10]}:"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+@pytest.fixture
+def swapless_env(redis_url: str, key_prefix: str, models_file: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Environment for this test's producers and workers: its own queue and key prefix, the tiny models."""
+    env = {
+        "SWAPLESS_REDIS_URL": redis_url,
+        "SWAPLESS_KEY_PREFIX": key_prefix,
+        "SWAPLESS_QUEUE": key_prefix + "jobs",
+        "SWAPLESS_MODELS_FILE": str(models_file),
+        "SWAPLESS_DEVICE": "cpu",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    yield env
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def settings(swapless_env: dict[str, str]) -> Settings:
+    return Settings()
+
+
+class WorkerProcess:
+    """A real `swapless worker` process with its log in a file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tasks.cli", "worker", *args],
+            cwd=REPO,
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if "ready." in self.log():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            time.sleep(0.1)
+        raise AssertionError(f"worker not ready after {timeout_s} s:\n{self.log()[-4000:]}")
+
+    def count(self, text: str) -> int:
+        return self.log().count(text)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_worker(swapless_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Factory fixture: start real worker processes; all are stopped at the end of the test."""
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> WorkerProcess:
+        log_path = tmp_path / f"worker-{len(started)}.log"
+        worker = WorkerProcess(list(args), {**swapless_env, **(env or {})}, log_path)
+        started.append(worker)
+        if ready:
+            worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()

@@ -1,0 +1,67 @@
+"""A fake framework for fast tests of the cache, scheduler and runner through the real config path.
+
+``name`` carries the fake's behaviour: ``"size=<bytes>"`` sets the memory it reports after load. Inputs are
+strings; ``predict`` returns ``{"echo": text, "model": id}``; the text ``"boom"`` raises inside a forward
+pass (a poison input), ``"oom"`` raises an out-of-memory error when batched with others.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from manager.worker import ModelWorker
+
+
+class OutOfMemoryError(RuntimeError):
+    """Named like torch's, which is what the runner recognises."""
+
+
+class FakeWorker(ModelWorker, framework="fake"):
+    loads: Counter[str] = Counter()
+    unloads: Counter[str] = Counter()
+    batches: list[tuple[str, int]] = []
+    fail_load: set[str] = set()
+
+    def load(self) -> None:
+        if self.spec.id in FakeWorker.fail_load:
+            raise RuntimeError("weights file is corrupt")
+        FakeWorker.loads[self.spec.id] += 1
+        size = self.spec.name.removeprefix("size=")
+        self.memory_bytes = int(size) if size.isdigit() else 100
+        self.loaded = True
+
+    def predict(self, batch: Sequence[Any]) -> list[Any]:
+        assert getattr(self, "loaded", False), "predict before load"
+        FakeWorker.batches.append((self.spec.id, len(batch)))
+        if "boom" in batch:
+            raise RuntimeError("forward pass exploded")
+        if "oom" in batch and len(batch) > 1:
+            raise OutOfMemoryError("CUDA out of memory")
+        return [{"echo": text, "model": self.spec.id} for text in batch]
+
+    def unload(self) -> None:
+        FakeWorker.unloads[self.spec.id] += 1
+        self.loaded = False
+        self.memory_bytes = 0
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.loads.clear()
+        cls.unloads.clear()
+        cls.batches.clear()
+        cls.fail_load.clear()
+
+
+def write_fake_models(directory: Path, sizes: dict[str, int]) -> Path:
+    """A models.json with one fake text model per entry of ``sizes`` (id -> bytes)."""
+    entries = [
+        {"id": model_id, "name": f"size={size}", "type": "text", "framework": "fake", "description": "fake"}
+        for model_id, size in sizes.items()
+    ]
+    path = directory / "models.json"
+    path.write_text(json.dumps({"models": entries}))
+    return path

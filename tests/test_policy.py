@@ -1,0 +1,59 @@
+"""The pure scheduling and eviction policy."""
+
+from __future__ import annotations
+
+from manager.policy import Cached, Waiting, choose_next, choose_victims
+
+
+def test_nothing_waiting() -> None:
+    assert choose_next([], ["a"], 30) is None
+    assert choose_next([Waiting("a", 0)], ["a"], 30) is None
+
+
+def test_loaded_models_first_even_with_less_work() -> None:
+    waiting = [Waiting("cold", 50, load_cost_s=1.0), Waiting("warm", 3, load_cost_s=0.0)]
+    assert choose_next(waiting, ["warm"], 30) == "warm"
+
+
+def test_cold_models_by_work_per_load_second() -> None:
+    waiting = [Waiting("slow-load", 40, load_cost_s=4.0), Waiting("fast-load", 20, load_cost_s=0.5)]
+    assert choose_next(waiting, [], 30) == "fast-load"
+
+
+def test_starved_job_goes_first_even_if_cold() -> None:
+    waiting = [Waiting("warm", 100, oldest_wait_s=1.0, load_cost_s=0), Waiting("rare", 1, oldest_wait_s=31.0)]
+    assert choose_next(waiting, ["warm"], 30) == "rare"
+
+
+def test_interactive_jobs_before_bulk() -> None:
+    waiting = [Waiting("bulk", 500, load_cost_s=0), Waiting("web", 1, urgent=1, load_cost_s=1.0)]
+    assert choose_next(waiting, ["bulk"], 30) == "web"
+
+
+def test_no_eviction_when_it_fits() -> None:
+    assert choose_victims([Cached("a", 10)], incoming_bytes=10, max_models=2, memory_budget_bytes=None) == []
+
+
+def test_lru_victim_by_count() -> None:
+    cached = [Cached("old", 10), Cached("new", 10)]
+    assert choose_victims(cached, incoming_bytes=10, max_models=2, memory_budget_bytes=None) == ["old"]
+
+
+def test_pinned_models_are_never_victims() -> None:
+    cached = [Cached("old", 10, pinned=True), Cached("new", 10)]
+    assert choose_victims(cached, incoming_bytes=10, max_models=2, memory_budget_bytes=None) == ["new"]
+    all_pinned = [Cached("a", 10, pinned=True), Cached("b", 10, pinned=True)]
+    assert choose_victims(all_pinned, incoming_bytes=10, max_models=2, memory_budget_bytes=None) is None
+
+
+def test_memory_budget_evicts_as_many_as_needed() -> None:
+    cached = [Cached("a", 40), Cached("b", 40), Cached("c", 10)]
+    assert choose_victims(cached, incoming_bytes=50, max_models=10, memory_budget_bytes=100) == ["a"]
+    assert choose_victims(cached, incoming_bytes=95, max_models=10, memory_budget_bytes=100) == ["a", "b", "c"]
+    assert choose_victims(cached, incoming_bytes=90, max_models=10, memory_budget_bytes=100) == ["a", "b"]
+
+
+def test_models_without_waiting_work_go_first() -> None:
+    cached = [Cached("busy-old", 10), Cached("idle-new", 10)]
+    victims = choose_victims(cached, incoming_bytes=10, max_models=2, memory_budget_bytes=None, keep={"busy-old": 5})
+    assert victims == ["idle-new"]
