@@ -17,12 +17,20 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_MAX_GROUP              | 256 jobs                   | most jobs of one model run before the scheduler decides again |
 | SWAPLESS_MAX_WAIT_S             | 30 s                       | a job older than this is served next even if its model is cold |
 | SWAPLESS_RESULT_EXPIRES_S       | 86400 s                    | how long results stay in Redis |
-| SWAPLESS_VISIBILITY_TIMEOUT_S   | 600 s                      | an unacked job is redelivered after this (worker refuses batches that could outlive it) |
+| SWAPLESS_MAX_ATTEMPTS           | 3                          | a job in flight at this many worker deaths fails as a poison job |
+| SWAPLESS_PLUGINS                | unset                      | comma-separated modules imported at worker start (custom frameworks) |
+| SWAPLESS_VISIBILITY_TIMEOUT_S   | 60 s                       | a dead worker's jobs are redelivered after this (plus the sweep) |
+| SWAPLESS_VISIBILITY_REFRESH_S   | 10 s                       | a live worker re-stamps the jobs it holds this often; must be ≤ timeout / 3 |
 | SWAPLESS_TRITON_URL             | 127.0.0.1:8000             | default Triton HTTP endpoint |
 | SWAPLESS_INPUT_ROOT             | unset (paths refused)      | directory image file paths must stay under |
 | SWAPLESS_MAX_TEXT_CHARS         | 100000 characters          | longer text inputs fail their job |
 | SWAPLESS_MAX_IMAGE_BYTES        | 20 MiB                     | larger encoded images fail their job |
 | SWAPLESS_MAX_IMAGE_PIXELS       | 89478485 pixels            | Pillow's decompression-bomb limit |
+| SWAPLESS_HEARTBEAT_INTERVAL_S   | 2 s                        | how often a worker publishes its status; the key expires after 3 intervals |
+| SWAPLESS_METRICS_PORT           | unset (no metrics server)  | port of the worker's Prometheus endpoint (``/metrics``) |
+| SWAPLESS_METRICS_HOST           | 127.0.0.1                  | address the Prometheus endpoint binds to |
+| SWAPLESS_GATEWAY_MAX_BODY_BYTES | 33554432 bytes (32 MiB)    | larger request bodies get 413 from the HTTP gateway |
+| SWAPLESS_PREDICT_TIMEOUT_S      | 30 s                       | how long ``POST /predict`` waits before answering 504 with the job id |
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["DEFAULT_MODELS_FILE", "DEFAULT_REDIS_URL", "Settings", "get_settings", "parse_bytes"]
@@ -82,12 +90,20 @@ class Settings(BaseSettings):
     max_group: int = Field(256, ge=1)
     max_wait_s: float = Field(30.0, gt=0)
     result_expires_s: int = Field(86400, ge=1)
-    visibility_timeout_s: int = Field(600, ge=10)
+    max_attempts: int = Field(3, ge=1)
+    plugins: str = ""
+    visibility_timeout_s: int = Field(60, ge=3)
+    visibility_refresh_s: float = Field(10.0, gt=0)
     triton_url: str = "127.0.0.1:8000"
     input_root: Path | None = None
     max_text_chars: int = Field(100_000, ge=1)
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1)
     max_image_pixels: int = Field(89_478_485, ge=1)
+    heartbeat_interval_s: float = Field(2.0, gt=0)
+    metrics_port: int | None = Field(None, ge=1, le=65535)
+    metrics_host: str = "127.0.0.1"
+    gateway_max_body_bytes: int = Field(32 * 1024 * 1024, ge=1)
+    predict_timeout_s: float = Field(30.0, gt=0)
 
     @field_validator("memory_budget", mode="before")
     @classmethod
@@ -97,6 +113,23 @@ class Settings(BaseSettings):
         if isinstance(value, (str, int, float)):
             return parse_bytes(value)
         raise ValueError(f"cannot read {value!r} as a size")
+
+    @model_validator(mode="after")
+    def _check_visibility(self) -> Settings:
+        # A live worker must re-stamp the jobs it holds several times per timeout, or a long wait or batch could
+        # outlive the timeout and the jobs would be redelivered to another worker while this one still runs them.
+        if self.visibility_refresh_s * 3 > self.visibility_timeout_s:
+            raise ValueError(
+                f"SWAPLESS_VISIBILITY_REFRESH_S ({self.visibility_refresh_s:g} s) must be at most a third of "
+                f"SWAPLESS_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s} s): a batch could outlive the timeout "
+                "and be redelivered while it runs"
+            )
+        return self
+
+    @property
+    def restore_sweep_s(self) -> int:
+        """How often a worker looks for dead workers' jobs (kombu's unacked restore sweep)."""
+        return max(1, round(self.visibility_refresh_s))
 
     @property
     def broker_url(self) -> str:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 
 from manager.specs import ModelSpec
+from manager.tuning import BatchTuner
 from manager.worker import ModelWorker, WorkerLimits, WorkerRegistry, registry
 
 __all__ = ["BUILTIN_WORKERS", "ModelEngine", "load_builtin_workers"]
@@ -36,6 +38,8 @@ class ModelEngine:
     def __init__(self, limits: WorkerLimits | None = None, workers: WorkerRegistry | None = None) -> None:
         self.limits = limits or WorkerLimits()
         self.workers = workers if workers is not None else registry
+        # Batch-size measurements outlive a model's unload: one tuner per model id for the engine's lifetime.
+        self._tuners: dict[str, BatchTuner] = {}
 
     @property
     def frameworks(self) -> list[str]:
@@ -50,7 +54,21 @@ class ModelEngine:
         """
         if spec.framework not in self.workers and spec.framework in BUILTIN_WORKERS:
             importlib.import_module(BUILTIN_WORKERS[spec.framework])
+            if spec.framework in registry:  # a custom registry still gets the built-in class
+                self.workers.setdefault(spec.framework, registry[spec.framework])
         cls = self.workers[spec.framework]
-        return cls(spec, self.limits)
+        worker = cls(spec, self.limits)
+        if self.limits.tune_batch_size and not worker.remote:
+            worker.tuner = self._tuners.setdefault(spec.id, BatchTuner(worker.batch_size))
+        return worker
+
+    def warm_up(self, frameworks: Iterable[str]) -> None:
+        """Import the libraries of ``frameworks`` now (worker start-up) so the first job does not pay for it."""
+        for framework in sorted(set(frameworks)):
+            if framework not in self.workers and framework in BUILTIN_WORKERS:
+                importlib.import_module(BUILTIN_WORKERS[framework])
+            cls = self.workers.get(framework)
+            if cls is not None:
+                cls.warm_up()
 
     __call__ = build

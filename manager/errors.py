@@ -13,6 +13,7 @@ rebuilds the very same error, message included.
     ├── ModelLoadError          a model could not be loaded
     │   └── ModelTooLarge       a model does not fit the memory budget even with everything else evicted
     ├── PredictionFailed        the model raised on this job's input
+    ├── PoisonJob               the job was in flight each time its worker died; not retried again
     ├── BackendUnavailable      a remote inference server did not answer (retryable)
     ├── JobFailed               client side: the job failed with an error this process cannot rebuild
     └── JobTimeout              client side: no result within the timeout (also a TimeoutError)
@@ -31,6 +32,7 @@ __all__ = [
     "JobTimeout",
     "ModelLoadError",
     "ModelTooLarge",
+    "PoisonJob",
     "PredictionFailed",
     "SwaplessError",
     "UnknownFramework",
@@ -167,6 +169,22 @@ class PredictionFailed(SwaplessError):
     @property
     def message(self) -> str:
         return f"model {self.model_id!r} failed on this input: {self.problem}"
+
+
+class PoisonJob(SwaplessError):
+    """The job was running each time its worker process died (a crash in native code, the OOM killer)."""
+
+    def __init__(self, model_id: str, attempts: int) -> None:
+        super().__init__(model_id, attempts)
+        self.model_id = model_id
+        self.attempts = attempts
+
+    @property
+    def message(self) -> str:
+        return (
+            f"this job was running on model {self.model_id!r} each of the {self.attempts} times its worker died; "
+            "it is not retried again (its input may crash the model: check the worker's logs)"
+        )
 
 
 class BackendUnavailable(SwaplessError):

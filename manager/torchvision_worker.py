@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,10 @@ class TorchVisionWorker(ModelWorker, framework="torchvision"):
     """
 
     model: Any = None
+
+    @classmethod
+    def warm_up(cls) -> None:
+        import torchvision.models  # noqa: F401 - the import is the warm-up
 
     def load(self) -> None:
         import torchvision
@@ -82,13 +87,14 @@ class TorchVisionWorker(ModelWorker, framework="torchvision"):
     def predict(self, batch: Sequence[torch.Tensor]) -> list[Any]:
         outputs: list[Any] = []
         with torch.inference_mode():
-            for start in range(0, len(batch), self.batch_size):
-                stacked = torch.stack(list(batch[start : start + self.batch_size])).to(self.device)
+            for chunk in self.batched(batch):
+                stacked = torch.stack(list(chunk)).to(self.device)
                 probabilities = torch.softmax(self.model(stacked), dim=-1)
                 outputs.extend(top_k(probabilities, self.labels, self.spec.top_k))
         return outputs
 
     def unload(self) -> None:
+        dropped = weakref.ref(self.model) if self.model is not None else None
         self.model = None
         self.memory_bytes = 0
-        free_memory(getattr(self, "device", None))
+        free_memory(getattr(self, "device", None), dropped)

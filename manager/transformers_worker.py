@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,11 +27,18 @@ class TransformerWorker(ModelWorker, framework="transformers"):
     model: Any = None
     tokenizer: Any = None
 
-    def load(self) -> None:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    @classmethod
+    def warm_up(cls) -> None:
+        import transformers
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # a progress bar per load floods worker logs
+        _ = transformers.AutoModelForSequenceClassification, transformers.AutoTokenizer  # resolve the lazy imports
+
+    def load(self) -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.warm_up()
 
         source = str(self.spec.path or self.spec.name)
         if self.spec.path is not None and not self.spec.path.exists():
@@ -55,8 +63,7 @@ class TransformerWorker(ModelWorker, framework="transformers"):
         order = sorted(range(len(batch)), key=lambda i: len(batch[i]))
         outputs: list[Any] = [None] * len(batch)
         with torch.inference_mode():
-            for start in range(0, len(order), self.batch_size):
-                chunk = order[start : start + self.batch_size]
+            for chunk in self.batched(order):
                 encoded = self.tokenizer(
                     [batch[i] for i in chunk],
                     padding=True,
@@ -70,7 +77,8 @@ class TransformerWorker(ModelWorker, framework="transformers"):
         return outputs
 
     def unload(self) -> None:
+        dropped = weakref.ref(self.model) if self.model is not None else None
         self.model = None
         self.tokenizer = None
         self.memory_bytes = 0
-        free_memory(getattr(self, "device", None))
+        free_memory(getattr(self, "device", None), dropped)

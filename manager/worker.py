@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar, TypeVar
 
 from manager.errors import DuplicateFramework, InputError, UnknownFramework
+from manager.image_files import looks_like_path, read_image_file  # issue #5: image paths
 from manager.specs import InputType, ModelSpec
+from manager.tuning import BatchTuner
+
+T = TypeVar("T")
 
 __all__ = ["ModelWorker", "WorkerLimits", "WorkerRegistry", "registry"]
 
@@ -46,7 +51,8 @@ class WorkerLimits:
         self,
         *,
         device: str = "cpu",
-        max_batch_size: int = 32,
+        max_batch_size: int = 64,
+        tune_batch_size: bool = True,
         max_text_chars: int = 100_000,
         max_image_bytes: int = 20 * 1024 * 1024,
         max_image_pixels: int = 89_478_485,
@@ -55,6 +61,7 @@ class WorkerLimits:
     ) -> None:
         self.device = device
         self.max_batch_size = max_batch_size
+        self.tune_batch_size = tune_batch_size
         self.max_text_chars = max_text_chars
         self.max_image_bytes = max_image_bytes
         self.max_image_pixels = max_image_pixels
@@ -69,7 +76,8 @@ class ModelWorker(ABC):
     - ``prepare(value)`` checks and decodes one job's raw input; raises ``InputError`` naming what is wrong.
       It is called per job so that one bad input fails alone.
     - ``predict(batch) -> list`` takes prepared inputs and returns one JSON-serializable output per input, in order.
-      It splits the batch into forward passes of at most ``batch_size`` inputs itself.
+      It splits the batch into forward passes itself (``batched``: at most ``batch_size`` inputs each, sized by
+      measurement when a tuner is set).
     - ``unload()`` frees what ``load()`` took, for real. The worker may be loaded again afterwards.
     - ``memory_bytes`` is what the loaded model takes in this process (0 for remote models).
     """
@@ -88,11 +96,30 @@ class ModelWorker(ABC):
         self.spec = spec
         self.limits = limits or WorkerLimits()
         self.memory_bytes = 0
+        #: Chooses forward-pass sizes by measurement (set by ModelEngine; None: always ``batch_size``).
+        self.tuner: BatchTuner | None = None
 
     @property
     def batch_size(self) -> int:
         """Inputs per forward pass: the model entry's ``max_batch_size``, else the process default."""
         return self.spec.max_batch_size or self.limits.max_batch_size
+
+    def batched(self, items: Sequence[T]) -> Iterator[Sequence[T]]:
+        """Cut ``items`` into forward passes of at most ``batch_size``; with a tuner, of the size it picks, and
+        each pass (the caller's work between two yields) is timed so the tuner learns."""
+        start = 0
+        while start < len(items):
+            size = min(self.tuner.next_size(), self.batch_size) if self.tuner else self.batch_size
+            chunk = items[start : start + size]
+            started = time.perf_counter()
+            yield chunk
+            if self.tuner is not None:
+                self.tuner.record(size, len(chunk), time.perf_counter() - started)
+            start += len(chunk)
+
+    @classmethod
+    def warm_up(cls) -> None:
+        """Import heavy libraries ahead of the first load (called once per process at worker start-up)."""
 
     @abstractmethod
     def load(self) -> None:
@@ -148,6 +175,8 @@ class ModelWorker(ABC):
         try:
             return base64.b64decode(text, validate=True)
         except (binascii.Error, ValueError):
+            if looks_like_path(text):  # issue #5: an image file, read only from under SWAPLESS_INPUT_ROOT
+                return read_image_file(self.spec.id, text, self.limits.input_root, self.limits.max_image_bytes)
             raise InputError(
                 self.spec.id,
                 "image is not valid base64; this is an image model (did you send plain text or a file path?)",

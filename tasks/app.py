@@ -5,22 +5,38 @@ Celery's own lowercase setting names are used, so anything here can be overridde
 
 from __future__ import annotations
 
-from celery import Celery
+import time
+from typing import Any
+
+from celery import Celery, signals
 
 from config.settings import Settings, get_settings
 
-__all__ = ["PREDICT_TASK", "PRIORITY_BULK", "PRIORITY_INTERACTIVE", "app", "configure", "make_app"]
+__all__ = [
+    "PREDICT_TASK",
+    "PRIORITY_BULK",
+    "PRIORITY_INTERACTIVE",
+    "PRIORITY_STEPS",
+    "SENT_AT_HEADER",
+    "app",
+    "configure",
+    "make_app",
+]
 
 #: The one task name jobs are sent to; args are ``[model_id, input]``.
 PREDICT_TASK = "swapless.predict"
 #: Message priorities (Redis transport: 0 is served first). Interactive jobs overtake queued bulk work.
 PRIORITY_INTERACTIVE = 0
 PRIORITY_BULK = 6
+#: The Redis transport's priority sub-queues (``queue``, ``queue\x06\x163``, ...); tasks.status reads their lengths.
+PRIORITY_STEPS = (PRIORITY_INTERACTIVE, 3, PRIORITY_BULK, 9)
+#: Message header with the producer's wall-clock send time (epoch seconds): the worker measures queue wait from it.
+SENT_AT_HEADER = "swapless_sent_at"
 
 
 def make_app(settings: Settings | None = None) -> Celery:
     """A Celery app for ``settings`` (the environment's by default). Connects to nothing until used."""
-    app = Celery("swapless", include=["tasks.batch"])
+    app = Celery("swapless", include=["tasks.batch", "tasks.chunk_task"])  # issue #5: chunk_task
     configure(app, settings or get_settings())
     return app
 
@@ -49,9 +65,13 @@ def configure(app: Celery, s: Settings) -> None:
         # How many unacked jobs one worker holds (the backlog its scheduler sees).
         worker_prefetch_multiplier=s.prefetch,
         broker_transport_options={
+            # A dead worker's jobs come back after the timeout, found by a sweep every restore_sweep_s
+            # (kombu's default sweep runs only every 100 s); live workers refresh theirs (tasks.acks).
             "visibility_timeout": s.visibility_timeout_s,
+            "unacked_restore_interval": s.restore_sweep_s,
+            "unacked_restore_throttle": 1,
             "queue_order_strategy": "priority",
-            "priority_steps": [PRIORITY_INTERACTIVE, 3, PRIORITY_BULK, 9],
+            "priority_steps": list(PRIORITY_STEPS),
             **({"global_keyprefix": s.key_prefix} if s.key_prefix else {}),
         },
         result_backend_transport_options={"global_keyprefix": s.key_prefix} if s.key_prefix else {},
@@ -64,6 +84,13 @@ def configure(app: Celery, s: Settings) -> None:
         worker_send_task_events=True,
         worker_hijack_root_logger=False,
     )
+
+
+@signals.before_task_publish.connect(dispatch_uid="swapless-sent-at")
+def _stamp_sent_at(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    # Celery messages carry no enqueue time; every producer that imports this module (Client, CLI, gateway) adds one.
+    if headers is not None:
+        headers.setdefault(SENT_AT_HEADER, time.time())
 
 
 app = make_app()

@@ -15,6 +15,7 @@ seconds, hands the batch to the pool, and acks late messages when the batch retu
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 import time
@@ -22,11 +23,15 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celery import signals
+from celery import bootsteps, signals
 from celery_batches import Batches
 
 from config.settings import Settings, get_settings
 from manager import (
+    ConfigError,
+    Outcome,
+    PoisonJob,
+    PredictionFailed,
     Backlog,
     InputError,
     Job,
@@ -37,7 +42,11 @@ from manager import (
     WorkerLimits,
     run_group,
 )
+from tasks import status  # issue #7: heartbeat and metrics
 from tasks.app import PREDICT_TASK, PRIORITY_BULK, app
+from tasks.chunks import CHUNK_TASK, ChunkAssembler  # issue #5: chunk messages
+from tasks.observe import NULL_OBSERVER, SchedulerObserver  # issue #7
+from tasks.acks import AckQueue, refresh_visibility
 from tasks.results import ResultStore
 
 __all__ = ["BatchScheduler", "Runtime", "SwaplessBatches", "build_runtime", "predict", "run_now"]
@@ -54,9 +63,19 @@ class Runtime:
     manager: ModelManager
 
 
-def build_runtime(settings: Settings | None = None) -> Runtime:
-    """Read the models file (failing at start-up on a bad entry) and build an empty cache."""
+def build_runtime(settings: Settings | None = None, *, warm_up: bool = False) -> Runtime:
+    """Read the models file (failing at start-up on a bad entry) and build an empty cache.
+
+    Args:
+        settings: the process settings (the environment's by default).
+        warm_up: import the frameworks' libraries now, so that the first job does not wait for them.
+    """
     s = settings or get_settings()
+    for module in filter(None, (name.strip() for name in s.plugins.split(","))):
+        try:
+            importlib.import_module(module)  # registers custom frameworks
+        except ImportError as err:
+            raise ConfigError("SWAPLESS_PLUGINS", f"cannot import {module!r}: {err}") from None
     limits = WorkerLimits(
         device=s.device,
         max_batch_size=s.max_batch_size,
@@ -68,6 +87,8 @@ def build_runtime(settings: Settings | None = None) -> Runtime:
     )
     engine = ModelEngine(limits)
     store = ModelStore.from_file(s.models_file, engine.frameworks)
+    if warm_up:
+        engine.warm_up(spec.framework for spec in store)
     manager = ModelManager(
         store,
         engine,
@@ -105,6 +126,12 @@ class BatchScheduler:
         results_factory: builds the ResultStore (called in the scheduler thread).
     """
 
+    #: Acks go through it, in bulk, on the consumer's thread (set by SwaplessBatches; default: ack directly).
+    acks: AckQueue = AckQueue(None)
+
+    #: Told about every group run (issue #7: ``tasks.status.start_worker_reporting`` sets the worker's).
+    observer: SchedulerObserver = NULL_OBSERVER
+
     def __init__(self, runtime: Runtime, results_factory: Callable[[], ResultStore]) -> None:
         self.runtime = runtime
         self.results_factory = results_factory
@@ -112,6 +139,7 @@ class BatchScheduler:
         self.jobs_done = 0
         self.jobs_failed = 0
         self._requests: dict[str, Any] = {}
+        self.chunks = ChunkAssembler()  # issue #5: chunk requests in progress, by chunk id
         self._rejected: list[tuple[Any, SwaplessError]] = []
         self._cond = threading.Condition()
         self._stopping = False
@@ -126,6 +154,9 @@ class BatchScheduler:
         with self._cond:
             for request in requests:
                 try:
+                    if request.name == CHUNK_TASK:  # issue #5: one Job per item; self.chunks keeps the request
+                        jobs.extend(self.chunks.expand(request, self.runtime.store, now))
+                        continue
                     jobs.append(job_from_request(request, self.runtime.store, now))
                     self._requests[request.id] = request
                 except SwaplessError as err:
@@ -176,23 +207,40 @@ class BatchScheduler:
                 logger.exception("group failed to complete; its jobs stay unacked and will be redelivered")
 
     def _run(self, results: ResultStore, group: Sequence[Job]) -> None:
+        """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
         model_id = group[0].model_id
-        done_before = results.existing([job.id for job in group])
+        done_before, attempts = results.prior([job.id for job in group])
         if done_before:
             # Redelivered copies of jobs that already have a final result: do not run them again.
             logger.info("%d redelivered job(s) of %s already have results; acking", len(done_before), model_id)
             self._finish(results, [(self._pop(job.id), None, None) for job in group if job.id in done_before], store=False)
-            group = [job for job in group if job.id not in done_before]
-            if not group:
-                return
-        with self._cond:
-            waiting = self.backlog.counts()
-        started = time.perf_counter()
-        outcomes = run_group(self.runtime.manager, model_id, group, waiting)
-        elapsed = time.perf_counter() - started
-        failed = sum(1 for o in outcomes if not o.ok)
-        logger.info("ran %d job(s) on %s in %.3f s (%d failed)", len(outcomes), model_id, elapsed, failed)
-        self._finish(results, [(self._pop(o.job.id), o.result, o.error) for o in outcomes])
+        max_attempts = self.runtime.settings.max_attempts
+        poison = [job for job in group if attempts.get(job.id, 0) >= max_attempts]
+        if poison:
+            logger.error("%d job(s) of %s were in flight at %d worker deaths each: failing them", len(poison), model_id, max_attempts)
+            self._complete(results, model_id, [Outcome(job, error=PoisonJob(model_id, attempts[job.id])) for job in poison])
+        # Jobs that were in flight when a worker died run alone, so that one poison input cannot take others down.
+        suspects = [job for job in group if 0 < attempts.get(job.id, 0) < max_attempts and job.id not in done_before]
+        rest = [job for job in group if job.id not in attempts and job.id not in done_before]
+        for batch in [[job] for job in suspects] + ([rest] if rest else []):
+            try:
+                results.start([job.id for job in batch])
+                with self._cond:
+                    waiting = self.backlog.counts()
+                started = time.perf_counter()
+                outcomes = run_group(self.runtime.manager, model_id, batch, waiting)
+                elapsed = time.perf_counter() - started
+                self.observer.on_group(model_id, batch, outcomes, elapsed)  # issue #7: heartbeat and metrics; never raises
+                failed = sum(1 for o in outcomes if not o.ok)
+                logger.info("ran %d job(s) on %s in %.3f s (%d failed)", len(outcomes), model_id, elapsed, failed)
+            except Exception as err:  # noqa: BLE001 - a bug here must still give every job an answer
+                logger.exception("internal error running %d job(s) on %s", len(batch), model_id)
+                outcomes = [Outcome(job, error=PredictionFailed(model_id, f"internal error in the worker: {err!r}")) for job in batch]
+            self._complete(results, model_id, outcomes)
+
+    def _complete(self, results: ResultStore, model_id: str, outcomes: list[Outcome]) -> None:
+        outcomes, chunks_done = self.chunks.collect(outcomes)  # issue #5: items of chunks -> complete chunks
+        self._finish(results, [(self._pop(o.job.id), o.result, o.error) for o in outcomes] + chunks_done)
 
     def _pop(self, job_id: str) -> Any:
         with self._cond:
@@ -203,8 +251,8 @@ class BatchScheduler:
     ) -> None:
         if store:
             results.store([(request.id, result, error) for request, result, error in items])
-        for request, _, error in items:
-            request.acknowledge()
+        self.acks.ack([request for request, _, _ in items])  # only once the results are stored
+        for _, _, error in items:
             if error is None:
                 self.jobs_done += 1
             else:
@@ -221,11 +269,52 @@ class SwaplessBatches(Batches):
     flush_interval = 0.5
 
     scheduler: BatchScheduler | None = None
+    acks: AckQueue | None = None
+    _refresh_tref: Any = None
+
+    def Strategy(self, task: Any, app: Any, consumer: Any) -> Callable[..., Any]:  # noqa: N802 - Celery's name
+        """Called by the consumer at each (re)connection: bulk acks on its thread, and the visibility refresh."""
+        self.acks = AckQueue(consumer.call_soon)
+        if self.scheduler is not None:
+            self.scheduler.acks = self.acks
+        if self._refresh_tref is not None:
+            self._refresh_tref.cancel()
+        settings = get_settings()
+
+        def refresh() -> None:
+            task_consumer = getattr(consumer, "task_consumer", None)
+            if task_consumer is not None:
+                refresh_visibility(task_consumer.channel)
+
+        self._refresh_tref = consumer.timer.call_repeatedly(settings.visibility_refresh_s, refresh)
+        return super().Strategy(task, app, consumer)
 
     def flush(self, requests: Collection[Any]) -> None:
         if self.scheduler is None:
             self.scheduler = BatchScheduler(build_runtime(), lambda: ResultStore(self.app))
+        if self.acks is not None:
+            self.scheduler.acks = self.acks
         self.scheduler.submit(requests)
+
+
+class FinishInHand(bootsteps.StartStopStep):
+    """Warm shutdown (SIGTERM): finish the group in hand and ack it while the broker connection is still open.
+
+    A consumer step that needs the task consumer, so it shuts down before the connection does. Jobs still
+    waiting in the backlog stay unacked; kombu puts them back on the queue when the channel closes.
+    """
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def shutdown(self, parent: Any) -> None:
+        task = app.tasks.get(PREDICT_TASK)
+        scheduler = getattr(task, "scheduler", None)
+        if scheduler is not None:
+            scheduler.stop(timeout_s=get_settings().visibility_timeout_s)
+            scheduler.acks.drain()
+
+
+app.steps["consumer"].add(FinishInHand)
 
 
 
@@ -257,12 +346,13 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     # Build the runtime before the first message (a bad models file stops the worker at start-up).
     task = app.tasks[PREDICT_TASK]
     try:
-        runtime = build_runtime()
+        runtime = build_runtime(warm_up=True)
     except SwaplessError as err:
         logger.critical("cannot start: %s", err)
         raise SystemExit(2) from None  # not an Exception: Celery's signal dispatch lets it stop the worker
     task.scheduler = BatchScheduler(runtime, lambda: ResultStore(task.app))
     logger.info("swapless worker ready: models %s", ", ".join(task.scheduler.runtime.store.ids()))
+    status.start_worker_reporting(task.scheduler, getattr(sender, "hostname", None))  # issue #7
 
 
 @signals.worker_shutdown.connect
@@ -271,4 +361,5 @@ def _on_worker_shutdown(sender: Any = None, **_: Any) -> None:
     scheduler = getattr(task, "scheduler", None)
     if scheduler is not None:
         scheduler.stop()
+        status.stop_worker_reporting()  # issue #7
         scheduler.runtime.manager.close()

@@ -1,8 +1,9 @@
-"""The ``swapless`` command line (typer): worker, submit, result, models."""
+"""The ``swapless`` command line (typer): worker, submit, result, models; bulk, demo, demo-models (tasks.cli_bulk)."""
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import sys
@@ -55,6 +56,10 @@ def worker(
     prefetch: Annotated[int | None, typer.Option(help="unacked jobs held, the scheduler's window [default: 1024]")] = None,
     loglevel: Annotated[str, typer.Option(help="celery log level")] = "INFO",
     hostname: Annotated[str | None, typer.Option(help="worker node name (celery -n)")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="serve Prometheus metrics on this port [default: off]")
+    ] = None,
+    metrics_host: Annotated[str | None, typer.Option(help="address of the metrics endpoint [default: 127.0.0.1]")] = None,
 ) -> None:
     """Run the GPU worker: consume jobs, group them by model, run them through the model cache."""
     if memory_budget is not None:
@@ -64,7 +69,7 @@ def worker(
             _fail(err)
     _set_env(
         models_file=models, max_models=max_models, memory_budget=memory_budget, device=device, queue=queue,
-        prefetch=prefetch,
+        prefetch=prefetch, metrics_port=metrics_port, metrics_host=metrics_host,
     )
     from tasks.app import app as celery_app
     from tasks.app import configure
@@ -106,8 +111,16 @@ def submit(
     timeout: Annotated[float, typer.Option(help="seconds to wait with --wait")] = 60.0,
     models: ModelsOption = None,
 ) -> None:
-    """Queue one job; print its id (or, with --wait, its result as JSON)."""
+    """Queue one job; print its id (or, with --wait, its result as JSON).
+
+    Without SWAPLESS_REDIS_URL it runs in local mode: an embedded Redis and a worker, started and stopped for this
+    one job (so it always waits)."""
     _set_env(models_file=models)
+    if get_settings().redis_url is None:  # issue #5: local mode
+        from tasks.cli_bulk import submit_local
+
+        submit_local(model, _read_input(input, file), timeout)
+        return
     from tasks.client import Client
 
     try:
@@ -164,6 +177,96 @@ def models(models: ModelsOption = None) -> None:
     for spec in store:
         table.add_row(spec.id, ", ".join(spec.aliases), spec.type.value, spec.framework, spec.name, spec.version, spec.description)
     console.print(table)
+
+
+# -- issue #7: the HTTP gateway and live status ---------------------------------------------------------------
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="port to listen on")] = 8000,
+    models: ModelsOption = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+) -> None:
+    """Run the HTTP gateway: POST /jobs, GET /jobs/{id}, POST /predict, GET /models, GET /healthz, /docs."""
+    _set_env(models_file=models)
+    try:
+        import uvicorn
+
+        from tasks.gateway import create_app
+    except ImportError as err:
+        _fail(RuntimeError(f"the gateway needs {err.name}: pip install 'swapless[gateway]'"))
+    try:
+        gateway = create_app(get_settings())
+    except SwaplessError as err:
+        _fail(err)
+    uvicorn.run(gateway, host=host, port=port, log_level=log_level.lower())
+
+
+@app.command()
+def status(
+    watch: Annotated[bool, typer.Option("--watch", help="keep refreshing (Ctrl-C stops)")] = False,
+    interval: Annotated[float, typer.Option(min=0.1, help="seconds between refreshes with --watch")] = 2.0,
+    count: Annotated[int, typer.Option(min=0, help="with --watch, stop after this many refreshes (0: never)")] = 0,
+    sample: Annotated[
+        int, typer.Option(min=1, help="queued messages read per priority level to count jobs per model")
+    ] = 200,
+    queue: Annotated[str | None, typer.Option(help="queue to show [default: swapless]")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the status as JSON instead of tables")] = False,
+) -> None:
+    """Show the queue per model and each live worker: loaded models, cache hits/misses/evictions, loads, jobs, waits."""
+    import time
+
+    import redis
+
+    from tasks.status import client_url, read_heartbeats, read_queue_depth
+    from tasks.status_view import render_status
+
+    _set_env(queue=queue)
+    settings = get_settings()
+    client = redis.Redis.from_url(client_url(settings.broker_url), socket_connect_timeout=5, socket_timeout=10)
+
+    def render() -> Any:
+        return render_status(read_queue_depth(client, settings, sample), read_heartbeats(client, settings.key_prefix))
+
+    try:
+        if as_json:
+            depth = read_queue_depth(client, settings, sample)
+            payload = {
+                "queue": {**dataclasses.asdict(depth), "total": depth.total},
+                "workers": [beat.model_dump() for beat in read_heartbeats(client, settings.key_prefix)],
+            }
+            sys.stdout.write(json.dumps(payload) + "\n")
+            return
+        view = render()
+    except redis.RedisError as err:
+        _fail(RuntimeError(f"cannot read the status from Redis at {settings.broker_url}: {err}"))
+    if not watch:
+        console.print(view)
+        return
+    from rich.live import Live
+    from rich.text import Text
+
+    refreshes = 1
+    with Live(view, console=console, auto_refresh=False) as live:
+        try:
+            while not count or refreshes < count:
+                time.sleep(interval)
+                try:
+                    view = render()
+                except redis.RedisError as err:
+                    view = Text(f"cannot read the status from Redis ({err}); retrying every {interval:g} s")
+                live.update(view, refresh=True)
+                refreshes += 1
+        except KeyboardInterrupt:
+            pass
+
+
+# -- issue #5: bulk jobs, the demo, local mode (the commands live in tasks.cli_bulk) ------------------------------
+from tasks.cli_bulk import register as _register_bulk  # noqa: E402 - after the app and its own commands
+
+_register_bulk(app)
 
 
 def main() -> None:

@@ -6,13 +6,18 @@
     job.id                                              # keep it to look the job up later: client.job(job_id)
     job.get(timeout=30)                                 # [{"label": "POSITIVE", "score": 0.99}, ...]
     await job.aget(timeout=30)                          # the same, for asyncio code
+
+    for prediction in client.map("sentiment", texts):  # many inputs: chunked messages, results in input order
+        ...
+    jobs = client.submit_many("sentiment", texts)       # one Job per input, sent as chunks of 256
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from celery import Celery, states
@@ -22,11 +27,41 @@ from manager.errors import JobFailed, JobTimeout, SwaplessError
 from manager.specs import ModelSpec
 from manager.store import ModelStore
 from tasks.app import PREDICT_TASK, PRIORITY_BULK, PRIORITY_INTERACTIVE, make_app
+from tasks.chunks import decode_outcome, item_id, split_item_id
 from tasks.results import ResultStore, StoredResult
+from tasks.stream import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_IN_FLIGHT, ChunkEvent, ChunkStream
 
 __all__ = ["Client", "Job"]
 
 _PRIORITIES = {"interactive": PRIORITY_INTERACTIVE, "bulk": PRIORITY_BULK}
+
+
+def _batched(values: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    if size < 1:
+        raise ValueError(f"chunk_size must be at least 1, not {size}")
+    iterator = iter(values)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
+
+
+def _storage_id(job_id: str) -> str:
+    """The id a job's result is stored under: its chunk's id for an item of a chunk, else its own."""
+    parts = split_item_id(job_id)
+    return parts[0] if parts is not None else job_id
+
+
+def _item_result(job_id: str, chunk: StoredResult) -> StoredResult:
+    """The state of item ``job_id`` of a chunk, from the chunk's stored state."""
+    parts = split_item_id(job_id)
+    if parts is None or not chunk.ready:
+        return StoredResult(job_id, chunk.state) if parts is not None else chunk
+    index = parts[1]
+    if chunk.state != states.SUCCESS:
+        return StoredResult(job_id, chunk.state, chunk.value)  # the whole chunk failed: so did each item
+    if not isinstance(chunk.value, list) or index >= len(chunk.value):
+        return StoredResult(job_id, states.FAILURE, JobFailed(job_id, "MalformedResult", "no such item in its chunk"))
+    ok, value = decode_outcome(chunk.value[index], job_id)
+    return StoredResult(job_id, states.SUCCESS if ok else states.FAILURE, value)
 
 
 def _raise_for(stored: StoredResult) -> Any:
@@ -39,7 +74,11 @@ def _raise_for(stored: StoredResult) -> Any:
 
 
 class Job:
-    """A handle on one submitted job. Cheap to create: ``Client().job(job_id)`` works for any id."""
+    """A handle on one submitted job. Cheap to create: ``Client().job(job_id)`` works for any id.
+
+    Jobs of ``submit_many`` are items of chunk messages; their ids are ``"<chunk id>:<index>"`` and they read their
+    own item of the chunk's stored result.
+    """
 
     def __init__(self, client: Client, job_id: str) -> None:
         self.client = client
@@ -50,7 +89,7 @@ class Job:
 
     def status(self) -> StoredResult:
         """The stored state now: PENDING (queued, running, or unknown id), SUCCESS or FAILURE."""
-        return self.client.results.fetch([self.id])[0]
+        return self.client.fetch([self.id])[0]
 
     @property
     def state(self) -> str:
@@ -72,9 +111,9 @@ class Job:
         results = self.client.results
         pubsub = results.client.pubsub(ignore_subscribe_messages=True)
         try:
-            pubsub.subscribe(results.key(self.id))
+            pubsub.subscribe(results.key(_storage_id(self.id)))
             while True:
-                stored = results.fetch([self.id])[0]
+                stored = self.client.fetch([self.id])[0]
                 if stored.ready:
                     return _raise_for(stored)
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -145,22 +184,85 @@ class Client:
         )
         return Job(self, result.id)
 
-    def submit_many(self, model_id: str, inputs: Iterable[Any], *, priority: str = "bulk") -> list[Job]:
-        """Queue one job per input (bulk priority by default) over one connection."""
+    def submit_many(
+        self, model_id: str, inputs: Iterable[Any], *, priority: str = "bulk", chunk_size: int = DEFAULT_CHUNK_SIZE
+    ) -> list[Job]:
+        """Queue one job per input, sent as chunk messages of ``chunk_size`` inputs (bulk priority by default).
+
+        Returns at once with one Job per input, in order (``gather`` them, or ``get`` each). For inputs too many to
+        hold, use ``map``, which keeps a bounded number of chunks in flight.
+
+        Raises:
+            UnknownModel: ``validate`` is on and the id is not in the registry.
+            ValueError: unknown ``priority`` or ``chunk_size`` below 1.
+        """
+        stream = self.stream(model_id, priority)
+        jobs: list[Job] = []
+        for batch in _batched(inputs, chunk_size):
+            chunk_id = stream.send(batch)
+            jobs.extend(Job(self, item_id(chunk_id, index)) for index in range(len(batch)))
+        return jobs
+
+    def map(
+        self,
+        model_id: str,
+        inputs: Iterable[Any],
+        *,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        priority: str = "bulk",
+        timeout: float | None = None,
+        return_exceptions: bool = False,
+        on_event: Callable[[ChunkEvent], None] | None = None,
+    ) -> Iterator[Any]:
+        """Predict every input, yielding the predictions in input order as they finish.
+
+        ``inputs`` is read lazily, ``chunk_size`` at a time, and at most ``max_in_flight`` chunks are queued or
+        waiting to be read: memory stays flat for any number of inputs.
+
+        Args:
+            model_id: a model id or alias from the registry.
+            inputs: the inputs (strings; base64 images or, with SWAPLESS_INPUT_ROOT set on the worker, image paths).
+            chunk_size: inputs per queue message.
+            max_in_flight: chunks sent and not yet read back, at most.
+            priority: ``bulk`` (default) or ``interactive``.
+            timeout: seconds a chunk may take from being sent to its result (None: no limit).
+            return_exceptions: yield a failed input's error instead of raising it.
+            on_event: called with a ``ChunkEvent`` per chunk sent and read (progress, instrumentation).
+
+        Raises:
+            SwaplessError: the first failed input's error (InputError, ...), unless ``return_exceptions``.
+            JobTimeout: a chunk had no result within ``timeout``.
+        """
+        stream = self.stream(model_id, priority, max_in_flight=max_in_flight, timeout_s=timeout, on_event=on_event)
+        for _, outcomes in stream.run((None, batch) for batch in _batched(inputs, chunk_size)):
+            for ok, value in outcomes:
+                if ok or return_exceptions:
+                    yield value
+                else:
+                    raise value
+
+    def stream(self, model_id: str, priority: str = "bulk", **options: Any) -> ChunkStream:
+        """A ``ChunkStream`` for ``model_id`` (what ``map`` and bulk jobs run on); ``options`` are its own.
+
+        Raises:
+            UnknownModel: ``validate`` is on and the id is not in the registry.
+            ValueError: unknown ``priority``.
+        """
+        if priority not in _PRIORITIES:
+            raise ValueError(f"priority must be one of {', '.join(_PRIORITIES)}, not {priority!r}")
         if self._validate:
             self.store.get(model_id)
-        jobs = []
-        with self.app.producer_or_acquire() as producer:
-            for value in inputs:
-                result = self.app.send_task(
-                    PREDICT_TASK,
-                    args=[model_id, value],
-                    queue=self.settings.queue,
-                    priority=_PRIORITIES[priority],
-                    producer=producer,
-                )
-                jobs.append(Job(self, result.id))
-        return jobs
+        return ChunkStream(self, model_id, priority=_PRIORITIES[priority], **options)
+
+    def fetch(self, job_ids: Sequence[str]) -> list[StoredResult]:
+        """The stored states of many jobs now (batched MGETs; items of one chunk share one read)."""
+        storage_ids = list(dict.fromkeys(_storage_id(job_id) for job_id in job_ids))
+        stored: dict[str, StoredResult] = {}
+        for start in range(0, len(storage_ids), 1000):
+            for found in self.results.fetch(storage_ids[start : start + 1000]):
+                stored[found.job_id] = found
+        return [_item_result(job_id, stored[_storage_id(job_id)]) for job_id in job_ids]
 
     def job(self, job_id: str) -> Job:
         """A handle on a job submitted earlier, by id."""
@@ -177,10 +279,9 @@ class Client:
         pending = [job.id for job in jobs]
         pause_s = 0.002
         while pending:
-            for start in range(0, len(pending), 1000):
-                for stored in self.results.fetch(pending[start : start + 1000]):
-                    if stored.ready:
-                        found[stored.job_id] = stored
+            for stored in self.fetch(pending):
+                if stored.ready:
+                    found[stored.job_id] = stored
             pending = [job_id for job_id in pending if job_id not in found]
             if not pending:
                 break

@@ -6,20 +6,30 @@ in exactly the format ``celery.result.AsyncResult`` reads (``celery-task-meta-<i
 its key prefix and expiry).
 
 Writes are first-wins: a result is stored with ``SET NX``, so a redelivered copy of a job that already has a
-final result never overwrites it (at-least-once delivery, idempotent results).
+final result never overwrites it (at-least-once delivery, idempotent results). Each job's started attempts are
+counted beside its result (``swapless-attempts-<id>``) until the result is stored: a job that was in flight
+each time its worker died is a poison job. Connection failures (a Redis restart) are retried with backoff.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Celery, states
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from manager.errors import SwaplessError
 
 __all__ = ["ResultStore", "StoredResult"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Store only if absent, and publish so that Celery's own AsyncResult.get() (pub/sub) wakes up.
 _SET_FIRST_WINS = """
@@ -52,12 +62,33 @@ class ResultStore:
         app: the Celery app whose result backend (Redis) holds the results.
     """
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, retry_s: float = 60.0) -> None:
         self.app = app
         self.backend = app.backend
         self.client = self.backend.client
-        self._set_first_wins = self.client.register_script(_SET_FIRST_WINS)
+        self.retry_s = retry_s
         self.expires_s = int(self.backend.expires or 0) or 365 * 86400
+        self._sha: str | None = None
+
+    def _retrying(self, operation: Callable[[], T]) -> T:
+        """Run a Redis operation, retrying connection failures with backoff for up to ``retry_s`` (Redis restarts)."""
+        deadline = time.monotonic() + self.retry_s
+        pause_s = 0.1
+        while True:
+            try:
+                return operation()
+            except NoScriptError:  # Redis restarted and lost its scripts: load ours again
+                self._sha = None
+            except (RedisConnectionError, RedisTimeoutError) as err:
+                if time.monotonic() + pause_s > deadline:
+                    raise
+                logger.warning("Redis unavailable (%s); retrying in %.1f s", err, pause_s)
+                time.sleep(pause_s)
+                pause_s = min(pause_s * 2, 2.0)
+
+    def attempts_key(self, job_id: str) -> str:
+        """Where the number of started attempts of a job is counted (poison-job detection)."""
+        return self.key(job_id).replace("celery-task-meta-", "swapless-attempts-", 1)
 
     def key(self, job_id: str) -> str:
         return self.backend.get_key_for_task(job_id).decode()
@@ -68,9 +99,17 @@ class ResultStore:
         Returns:
             per job, whether this write stored it (False: a final result was already there, kept as it was).
         """
+        items = list(outcomes)
+        if not items:
+            return []
+        return self._retrying(lambda: self._store(items))
+
+    def _store(self, items: list[tuple[str, Any, SwaplessError | None]]) -> list[bool]:
+        if self._sha is None:
+            # EVALSHA in the pipeline directly: redis-py's Script objects send SCRIPT EXISTS before every pipeline.
+            self._sha = self.client.script_load(_SET_FIRST_WINS)
         pipe = self.client.pipeline(transaction=False)
-        count = 0
-        for job_id, result, error in outcomes:
+        for job_id, result, error in items:
             if error is None:
                 meta = self.backend._get_result_meta(result=result, state=states.SUCCESS, traceback=None, request=None)
             else:
@@ -78,18 +117,51 @@ class ResultStore:
                     result=self.backend.prepare_exception(error), state=states.FAILURE, traceback=None, request=None
                 )
             meta["task_id"] = job_id
-            self._set_first_wins(keys=[self.key(job_id)], args=[self.backend.encode(meta), self.expires_s], client=pipe)
-            count += 1
-        if not count:
-            return []
-        return [bool(stored) for stored in pipe.execute()]
+            pipe.evalsha(self._sha, 1, self.key(job_id), self.backend.encode(meta), self.expires_s)
+            pipe.delete(self.attempts_key(job_id))
+        return [bool(stored) for stored in pipe.execute()[::2]]
 
     def existing(self, job_ids: Sequence[str]) -> set[str]:
         """The ids among ``job_ids`` that already have a stored result (one MGET)."""
+        return self.prior(job_ids)[0]
+
+    def prior(self, job_ids: Sequence[str]) -> tuple[set[str], dict[str, int]]:
+        """In one round trip: which jobs already have a result, and how often each was started before.
+
+        Returns:
+            (ids with a stored result, {id: attempts started} for ids started at least once without a result).
+        """
         if not job_ids:
-            return set()
-        values = self.client.mget([self.key(job_id) for job_id in job_ids])
-        return {job_id for job_id, value in zip(job_ids, values, strict=True) if value is not None}
+            return set(), {}
+
+        def read() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.mget([self.key(job_id) for job_id in job_ids])
+            pipe.mget([self.attempts_key(job_id) for job_id in job_ids])
+            return pipe.execute()  # type: ignore[no-any-return]
+
+        values, attempts = self._retrying(read)
+        done = {job_id for job_id, value in zip(job_ids, values, strict=True) if value is not None}
+        started = {
+            job_id: int(count)
+            for job_id, count in zip(job_ids, attempts, strict=True)
+            if count is not None and job_id not in done
+        }
+        return done, started
+
+    def start(self, job_ids: Sequence[str]) -> None:
+        """Count one more started attempt of each job (cleared when its result is stored)."""
+        if not job_ids:
+            return
+
+        def write() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for job_id in job_ids:
+                pipe.incr(self.attempts_key(job_id))
+                pipe.expire(self.attempts_key(job_id), self.expires_s)
+            pipe.execute()
+
+        self._retrying(write)
 
     def fetch(self, job_ids: Sequence[str]) -> list[StoredResult]:
         """Read many results in one MGET; jobs without a stored result are PENDING (queued or unknown)."""

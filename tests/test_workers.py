@@ -386,7 +386,11 @@ IMAGE_MODEL_ERRORS = [
     (7, "this is an image model; send a base64 string of a PNG/JPEG/WebP, not a number"),
     ("", "empty image; send a base64 string of a PNG/JPEG/WebP"),
     ("a photo of a cat", "image is not valid base64; this is an image model (did you send plain text or a file path?)"),
-    ("/data/cat.png", "image is not valid base64; this is an image model (did you send plain text or a file path?)"),
+    (
+        "/data/cat.png",
+        "'/data/cat.png' is not valid base64 and looks like a file path, but this worker reads no files: set "
+        "SWAPLESS_INPUT_ROOT on the worker to a directory, and send paths under it",
+    ),
     (
         base64.b64encode(b"these bytes are not an image at all").decode("ascii"),
         "the bytes are not an image Pillow can read (PNG, JPEG, WEBP, GIF, BMP)",

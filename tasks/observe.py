@@ -1,0 +1,200 @@
+"""What the batch scheduler reports after each group, and how it is turned into per-model accounting.
+
+``BatchScheduler`` calls ``observer.on_group(model_id, jobs, outcomes, run_s)`` once per group, in its own thread,
+after the group ran and before its results are stored. ``GroupAccounting`` turns each call into a ``GroupReport``
+and hands it to its listeners (the heartbeat's ``WorkerStats``, the Prometheus ``WorkerMetrics``).
+
+The cache's counters are totals (``ModelManager.stats``); the accounting attributes their changes to the group that
+caused them. That is exact because only the scheduler thread uses the cache: whatever changed since the previous
+group (a hit or a miss, the load and its time, the models that left the cache) happened during this one.
+
+Queue wait is measured from the producer's send time (the ``swapless_sent_at`` header every producer that imports
+``tasks.app`` adds; wall clocks, so it includes any clock skew between hosts, clamped at 0) to the start of the
+job's group. Jobs sent without the header are measured from their receipt by this worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from manager import Job, ModelManager, Outcome
+
+__all__ = ["NULL_OBSERVER", "GroupAccounting", "GroupReport", "NullObserver", "SchedulerObserver", "SentTimes"]
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerObserver(Protocol):
+    """Told about every group a scheduler runs. Called in the scheduler thread; must be quick and never raise."""
+
+    def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
+        """One group ran.
+
+        Args:
+            model_id: the model the group ran on.
+            jobs: the jobs of the group, as run.
+            outcomes: one per job: a result or an error.
+            run_s: seconds the group took, model load included.
+        """
+
+
+class NullObserver:
+    """The default observer: ignores everything."""
+
+    def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
+        return None
+
+
+NULL_OBSERVER = NullObserver()
+
+
+@dataclass(frozen=True)
+class GroupReport:
+    """One group, with the cache activity it caused.
+
+    Attributes:
+        model_id: the model.
+        succeeded: jobs with a result.
+        errors: failed jobs per error type name (``InputError``, ``ModelLoadError``, ...).
+        run_s: seconds the group took, load included.
+        queue_wait_s: per job, seconds from its send (or receipt) to the start of the group.
+        hits: cache hits during the group (0 or 1: a group uses the cache once).
+        misses: cache misses during the group.
+        load_s: seconds of each load of ``model_id`` during the group.
+        load_failures: failed loads during the group.
+        evicted: the models that left the cache to make room.
+    """
+
+    model_id: str
+    succeeded: int
+    errors: dict[str, int]
+    run_s: float
+    queue_wait_s: tuple[float, ...]
+    hits: int
+    misses: int
+    load_s: tuple[float, ...]
+    load_failures: int
+    evicted: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        """Jobs in the group."""
+        return self.succeeded + sum(self.errors.values())
+
+    @property
+    def failed(self) -> int:
+        return sum(self.errors.values())
+
+
+class SentTimes:
+    """Producers' send times by job id, recorded when the worker receives a message and taken when its group runs.
+
+    Bounded: a job that never reaches a group (rejected at receipt, a redelivered duplicate) is forgotten once
+    ``max_entries`` newer jobs have arrived.
+
+    Args:
+        max_entries: most send times kept.
+    """
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self.max_entries = max_entries
+        self._times: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()  # recorded in the consumer thread, taken in the scheduler thread
+
+    def record(self, job_id: str, sent_at: float) -> None:
+        with self._lock:
+            self._times[job_id] = sent_at
+            while len(self._times) > self.max_entries:
+                self._times.popitem(last=False)
+
+    def take(self, job_id: str) -> float | None:
+        """The send time of ``job_id``, forgotten once taken; the items of a chunk (``<chunk id>:<index>``)
+        share their chunk's, which stays until it ages out."""
+        with self._lock:
+            sent_at = self._times.pop(job_id, None)
+            if sent_at is None and ":" in job_id:
+                sent_at = self._times.get(job_id.rpartition(":")[0])
+            return sent_at
+
+    def __len__(self) -> int:
+        return len(self._times)
+
+
+class GroupAccounting:
+    """The worker's observer: builds a ``GroupReport`` per group and hands it to each listener.
+
+    Args:
+        manager: the worker's cache (read after each group, never changed).
+        listeners: called with each report, in order.
+        sent_times: producers' send times of received jobs (empty: queue wait is measured from receipt).
+        clock: wall clock (epoch seconds), to compare with send times.
+        monotonic: the clock ``Job.received_s`` comes from.
+    """
+
+    def __init__(
+        self,
+        manager: ModelManager,
+        listeners: Sequence[Callable[[GroupReport], None]] = (),
+        sent_times: SentTimes | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.manager = manager
+        self.listeners = list(listeners)
+        self.sent_times = sent_times if sent_times is not None else SentTimes()
+        self.clock = clock
+        self.monotonic = monotonic
+        self._hits = 0
+        self._misses = 0
+        self._load_failures = 0
+        self._loads_seen: dict[str, int] = {}
+        self._loaded: set[str] = set()
+
+    def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
+        try:
+            report = self.report(model_id, jobs, outcomes, run_s)
+            for listener in self.listeners:
+                listener(report)
+        except Exception:  # noqa: BLE001 - accounting must never cost a group its results
+            logger.exception("could not account for a group of %d job(s) on %s", len(jobs), model_id)
+
+    def report(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> GroupReport:
+        """The report of one group (also advances the accounting: call it once per group)."""
+        started_wall = self.clock() - run_s
+        started_mono = self.monotonic() - run_s
+        waits = []
+        for job in jobs:
+            sent_at = self.sent_times.take(job.id)
+            wait = started_wall - sent_at if sent_at is not None else started_mono - job.received_s
+            waits.append(max(0.0, wait))
+
+        stats = self.manager.stats
+        hits, self._hits = stats.hits - self._hits, stats.hits
+        misses, self._misses = stats.misses - self._misses, stats.misses
+        load_failures, self._load_failures = stats.load_failures - self._load_failures, stats.load_failures
+        all_loads = stats.load_seconds.get(model_id, [])
+        new_loads = tuple(all_loads[self._loads_seen.get(model_id, 0) :])
+        self._loads_seen[model_id] = len(all_loads)
+        loaded = set(self.manager.loaded_ids())
+        evicted = tuple(sorted(self._loaded - loaded))
+        self._loaded = loaded
+
+        errors = Counter(type(o.error).__name__ for o in outcomes if o.error is not None)
+        return GroupReport(
+            model_id=model_id,
+            succeeded=sum(1 for o in outcomes if o.error is None),
+            errors=dict(errors),
+            run_s=run_s,
+            queue_wait_s=tuple(waits),
+            hits=hits,
+            misses=misses,
+            load_s=new_loads,
+            load_failures=load_failures,
+            evicted=evicted,
+        )

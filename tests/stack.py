@@ -1,0 +1,159 @@
+"""Helpers for the gateway, status and metrics tests: a private Redis corner shared by a module, a real
+`swapless serve` process, free ports, and the listening sockets of a process (read from /proc)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import redis
+
+from config.settings import get_settings
+from tests.conftest import REPO
+
+__all__ = ["GatewayProcess", "free_port", "listening_ports", "private_env", "run_cli", "wait_for"]
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], T | None], timeout_s: float = 10.0, interval_s: float = 0.05, what: str = "condition") -> T:
+    """Poll ``predicate`` until it returns something truthy; return that, or fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+@contextmanager
+def private_env(redis_url: str, models_file: Path, **extra: str) -> Iterator[dict[str, str]]:
+    """Like conftest's ``swapless_env``, for a whole module: set the variables here, delete the keys afterwards."""
+    prefix = f"swapless-test-{uuid.uuid4().hex[:10]}:"
+    env = {
+        "SWAPLESS_REDIS_URL": redis_url,
+        "SWAPLESS_KEY_PREFIX": prefix,
+        "SWAPLESS_QUEUE": prefix + "jobs",
+        "SWAPLESS_MODELS_FILE": str(models_file),
+        "SWAPLESS_DEVICE": "cpu",
+        **extra,
+    }
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    get_settings.cache_clear()
+    try:
+        yield env
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        get_settings.cache_clear()
+        client = redis.Redis.from_url(redis_url)
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m tasks.cli ARGS`` with a wide terminal, so tables are not cut."""
+    return subprocess.run(
+        [sys.executable, "-m", "tasks.cli", *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {}), "COLUMNS": "200", "TERM": "dumb"},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+class GatewayProcess:
+    """A real `swapless serve` process on a free port, with its log in a file."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tasks.cli", "serve", "--port", str(self.port), "--log-level", "warning", *args],
+            cwd=REPO,
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"gateway exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            try:
+                httpx.get(self.url + "/openapi.json", timeout=1.0)
+                return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise AssertionError(f"gateway not ready after {timeout_s} s:\n{self.log()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+
+
+def listening_ports(pid: int) -> list[tuple[str, int]]:
+    """The TCP ``(address, port)`` pairs process ``pid`` listens on (Linux: its socket inodes in /proc/net/tcp*)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    found = []
+    for table, size in (("tcp", 4), ("tcp6", 16)):
+        lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            address_hex, port_hex = local.split(":")
+            raw = bytes.fromhex(address_hex)
+            if size == 4:
+                address = socket.inet_ntop(socket.AF_INET, raw[::-1])
+            else:
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+                address = socket.inet_ntop(socket.AF_INET6, words)
+            found.append((address, int(port_hex, 16)))
+    return sorted(found)

@@ -1,0 +1,144 @@
+"""Chunk expansion and assembly (tasks.chunks): plain data, no Redis, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from manager import InputError, InputType, Outcome, PredictionFailed, UnknownModel
+from manager.errors import JobFailed
+from manager.specs import ModelSpec
+from manager.store import ModelStore
+from tasks.chunks import (
+    CHUNK_TASK,
+    ChunkAssembler,
+    decode_outcome,
+    encode_outcome,
+    item_id,
+    jobs_from_chunk,
+    split_item_id,
+)
+
+
+@dataclass
+class Request:
+    """What the scheduler sees of a Celery request."""
+
+    id: str
+    args: Any
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    delivery_info: dict[str, Any] = field(default_factory=lambda: {"priority": 6})
+    name: str = CHUNK_TASK
+
+
+@pytest.fixture
+def store() -> ModelStore:
+    return ModelStore(
+        [
+            ModelSpec(id="sentiment", aliases=("senti",), name="x", type=InputType.TEXT, framework="fake"),
+            ModelSpec(id="spam", name="y", type=InputType.TEXT, framework="fake"),
+        ]
+    )
+
+
+def test_item_ids_round_trip() -> None:
+    assert item_id("0f1e-2d", 17) == "0f1e-2d:17"
+    assert split_item_id("0f1e-2d:17") == ("0f1e-2d", 17)
+    assert split_item_id("0f1e-2d") is None
+    assert split_item_id("a:b") is None
+    assert split_item_id(":3") is None
+
+
+def test_a_chunk_becomes_one_job_per_item_with_the_canonical_model_id(store: ModelStore) -> None:
+    jobs = jobs_from_chunk(Request("c1", ["senti", ["a", "b", "c"]]), store, received_s=5.0)
+    assert [job.id for job in jobs] == ["c1:0", "c1:1", "c1:2"]
+    assert [job.input for job in jobs] == ["a", "b", "c"]
+    assert {job.model_id for job in jobs} == {"sentiment"}
+    assert {job.received_s for job in jobs} == {5.0}
+    assert not any(job.urgent for job in jobs)
+    urgent = jobs_from_chunk(Request("c2", ["spam", ["a"]], delivery_info={"priority": 0}), store, 0.0)
+    assert urgent[0].urgent
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        (["sentiment"], {}, "malformed chunk payload: expected args [model_id, [input, ...]] and no kwargs"),
+        (["sentiment", ["a"]], {"x": 1}, "malformed chunk payload: expected args"),
+        ([3, ["a"]], {}, "model id must be a string, not int"),
+        (["sentiment", "a"], {}, "inputs must be a non-empty list"),
+        (["sentiment", []], {}, "inputs must be a non-empty list"),
+    ],
+)
+def test_malformed_chunks_fail_whole(store: ModelStore, args: Any, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        jobs_from_chunk(Request("c", args, kwargs), store, 0.0)
+
+
+def test_unknown_model_fails_the_whole_chunk_and_registers_nothing(store: ModelStore) -> None:
+    chunks = ChunkAssembler()
+    with pytest.raises(UnknownModel, match="unknown model 'sentimnt' \\(known: sentiment, spam\\)"):
+        chunks.expand(Request("c", ["sentimnt", ["a"]]), store, 0.0)
+    assert len(chunks) == 0
+
+
+def test_outcomes_are_assembled_in_item_order_across_groups(store: ModelStore) -> None:
+    chunks = ChunkAssembler()
+    request = Request("c1", ["sentiment", ["a", "b", "c"]])
+    jobs = chunks.expand(request, store, 0.0)
+    assert len(chunks) == 1 and chunks.owns("c1:2") and not chunks.owns("plain-job")
+    plain = Outcome(jobs[0].__class__(id="plain-job", model_id="sentiment", input="x"), result="p")
+    # The scheduler may run a chunk's items in several groups, in any order, mixed with plain jobs.
+    others, done = chunks.collect([Outcome(jobs[2], result=[{"label": "x", "score": 1.0}]), plain])
+    assert others == [plain] and done == []
+    others, done = chunks.collect(
+        [Outcome(jobs[1], error=InputError("sentiment", "empty text")), Outcome(jobs[0], result="first")]
+    )
+    assert others == []
+    assert done == [
+        (
+            request,
+            [
+                {"ok": "first"},
+                {
+                    "error": "bad input for model 'sentiment': empty text",
+                    "type": "InputError",
+                    "args": ["sentiment", "empty text"],
+                },
+                {"ok": [{"label": "x", "score": 1.0}]},
+            ],
+            None,
+        )
+    ]
+    assert len(chunks) == 0 and not chunks.owns("c1:0")
+
+
+def test_a_second_delivery_of_a_chunk_in_progress_is_acked_with_the_first(store: ModelStore) -> None:
+    chunks = ChunkAssembler()
+    first, again = Request("c1", ["spam", ["a", "b"]]), Request("c1", ["spam", ["a", "b"]])
+    jobs = chunks.expand(first, store, 0.0)
+    assert chunks.expand(again, store, 0.0) == []  # no second copy of the work
+    _, done = chunks.collect([Outcome(job, result=i) for i, job in enumerate(jobs)])
+    assert [request for request, _, _ in done] == [first, again]
+    assert done[0][1] == done[1][1] == [{"ok": 0}, {"ok": 1}]
+
+
+def test_decode_rebuilds_the_workers_error() -> None:
+    assert decode_outcome({"ok": [1, 2]}) == (True, [1, 2])
+    ok, error = decode_outcome(encode_outcome(None, PredictionFailed("spam", "RuntimeError: boom")), "c:1")
+    assert not ok and isinstance(error, PredictionFailed)
+    assert str(error) == "model 'spam' failed on this input: RuntimeError: boom"
+    ok, error = decode_outcome({"error": "it broke", "type": "ValueError", "args": ["it broke"]}, "c:1")
+    assert isinstance(error, JobFailed) and str(error) == "job c:1 failed: ValueError: it broke"
+    ok, error = decode_outcome("garbage", "c:2")
+    assert isinstance(error, JobFailed) and "unexpected item outcome 'garbage'" in str(error)
+
+
+def test_errors_with_unserializable_args_keep_their_message() -> None:
+    class Odd(Exception):
+        pass
+
+    encoded = encode_outcome(None, Odd(object()))
+    assert encoded["type"] == "Odd" and "args" not in encoded and encoded["error"].startswith("<object")

@@ -1,0 +1,224 @@
+"""Live status: the accounting of groups (pure), queue depth and heartbeats against the real Redis, and
+`swapless status` against a real worker, whose heartbeat disappears when it is killed."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from config.settings import Settings
+from manager import InputError, Job, ModelEngine, ModelManager, ModelStore, Outcome, run_group
+from tasks.client import Client
+from tasks.observe import GroupAccounting, GroupReport, SentTimes
+from tasks.status import (
+    HeartbeatPublisher,
+    WorkerStats,
+    message_jobs,
+    read_heartbeats,
+    read_queue_depth,
+    worker_key,
+)
+from tests.conftest import WorkerProcess
+from tests.fakes import FakeWorker, write_fake_models
+from tests.stack import listening_ports, run_cli, wait_for
+from tests.tinymodels import encode_image
+
+# -- the accounting, without Redis --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_manager(tmp_path: Path) -> Iterator[ModelManager]:
+    FakeWorker.reset()
+    engine = ModelEngine()
+    store = ModelStore.from_file(write_fake_models(tmp_path, {"a": 10, "b": 20, "c": 30}), engine.frameworks)
+    yield ModelManager(store, engine, max_models=2)
+    FakeWorker.reset()
+
+
+def test_each_group_gets_the_cache_activity_it_caused(fake_manager: ModelManager) -> None:
+    reports: list[GroupReport] = []
+    sent = SentTimes()
+    now = [1000.0]
+    accounting = GroupAccounting(fake_manager, [reports.append], sent, clock=lambda: now[0], monotonic=lambda: 50.0)
+
+    def run(model_id: str, *texts: str) -> GroupReport:
+        jobs = [Job(f"{model_id}-{i}", model_id, text, received_s=49.0) for i, text in enumerate(texts)]
+        accounting.on_group(model_id, jobs, run_group(fake_manager, model_id, jobs), run_s=0.25)
+        return reports[-1]
+
+    sent.record("a-0", 990.0)  # sent 10 s before its group started (1000 - 0.25)
+    first = run("a", "x", "y")
+    assert (first.hits, first.misses, len(first.load_s), first.evicted, first.size) == (0, 1, 1, (), 2)
+    assert first.queue_wait_s == (pytest.approx(9.75), pytest.approx(0.75)), "sent time if known, else receipt"
+    assert run("a", "z").hits == 1
+    run("b", "x")
+    third = run("c", "x", "boom", "   ")
+    assert (third.misses, third.evicted) == (1, ("a",))
+    assert third.succeeded == 1 and third.errors == {"PredictionFailed": 1, "InputError": 1}
+    assert len(sent) == 0
+
+
+def test_sent_times_are_taken_once_and_shared_by_the_items_of_a_chunk() -> None:
+    sent = SentTimes(max_entries=2)
+    sent.record("job", 1.0)
+    sent.record("chunk", 2.0)
+    assert (sent.take("job"), sent.take("job")) == (1.0, None)
+    assert (sent.take("chunk:0"), sent.take("chunk:7")) == (2.0, 2.0)
+    sent.record("x", 3.0)
+    sent.record("y", 4.0)
+    assert sent.take("chunk:8") is None and len(sent) == 2, "bounded: the oldest is forgotten"
+
+
+def test_a_failing_listener_never_reaches_the_scheduler(fake_manager: ModelManager) -> None:
+    def broken(_: GroupReport) -> None:
+        raise RuntimeError("listener bug")
+
+    seen: list[GroupReport] = []
+    accounting = GroupAccounting(fake_manager, [broken, seen.append])
+    job = Job("j", "a", "x")
+    accounting.on_group("a", [job], [Outcome(job, error=InputError("a", "bad"))], 0.1)  # does not raise
+    assert seen == []
+
+
+def test_worker_stats_sum_reports_per_model() -> None:
+    stats = WorkerStats(window=3)
+    stats(GroupReport("a", 2, {}, 0.5, (0.1, 0.2), 0, 1, (0.4,), 0, ()))
+    stats(GroupReport("b", 1, {"InputError": 1}, 0.5, (0.3, 0.4), 0, 1, (0.6,), 0, ("a",)))
+    models = stats.models()
+    assert (models["a"].jobs_done, models["a"].misses, models["a"].evictions, models["a"].load_s_last) == (2, 1, 1, 0.4)
+    assert (models["b"].jobs_failed, models["b"].loads) == (1, 1)
+    wait = stats.queue_wait()
+    assert (wait.count, wait.window, wait.max_s) == (4, 3, 0.4) and wait.mean_s == pytest.approx(0.3)
+
+
+def test_message_jobs_reads_kombu_envelopes_and_survives_garbage() -> None:
+    def envelope(args: list[object]) -> str:
+        body = base64.b64encode(json.dumps([args, {}, {}]).encode()).decode()
+        return json.dumps({"body": body, "properties": {"body_encoding": "base64"}})
+
+    assert message_jobs(envelope(["spam", "hi"])) == ("spam", 1)
+    assert message_jobs(envelope(["spam", ["a", "b", "c"]])) == ("spam", 3), "a chunk counts its items"
+    junk: list[bytes | str] = [b"not json", b"{}", json.dumps({"body": "!!", "properties": {"body_encoding": "base64"}}), b"[]"]
+    for raw in junk:
+        assert message_jobs(raw) is None
+
+
+# -- Redis, no worker ---------------------------------------------------------------------------------------
+
+
+def test_queue_depth_per_priority_and_model_exact_then_sampled(swapless_env: dict[str, str], settings: Settings) -> None:
+    client = Client()
+    for i in range(30):
+        client.submit("sentiment", f"text {i}")
+    for i in range(10):
+        client.submit("spam", "hi", priority="bulk")
+        client.submit("spam", "hi", priority="bulk")
+        client.submit("vision", encode_image(i), priority="bulk")
+    r = redis.Redis.from_url(settings.broker_url)
+    depth = read_queue_depth(r, settings)
+    assert depth.by_priority == {0: 30, 3: 0, 6: 30, 9: 0} and depth.total == 60
+    assert depth.by_model == {"sentiment": 30, "spam": 20, "vision": 10} and not depth.sampled
+    sampled = read_queue_depth(r, settings, sample=9)
+    assert sampled.sampled and sampled.total == 60
+    assert sampled.by_model["sentiment"] == 30, "one model per level: the estimate is exact"
+    assert sampled.by_model["spam"] == 20 and sampled.by_model["vision"] == 10, "9 oldest: 6 spam, 3 vision, x 30/9"
+
+    shown = run_cli("status", "--sample", "9")
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert f"queue {settings.queue}: 60 messages waiting in Redis (priority 0: 30, priority 6: 30)" in out
+    assert "sentiment" in out and "~30" in out and "~20" in out and "~10" in out
+    assert "per-model counts are estimates: read from a sample of the 9 next messages" in out
+    assert "no live workers" in out
+    as_json = json.loads(run_cli("status", "--json").stdout)
+    assert as_json["queue"]["by_model"] == {"sentiment": 30, "spam": 20, "vision": 10} and as_json["workers"] == []
+
+
+def test_heartbeat_publisher_expires_and_cleans_up(settings: Settings) -> None:
+    from tasks.status import CacheInfo, Heartbeat, WaitSummary
+
+    r = redis.Redis.from_url(settings.broker_url)
+    cache = CacheInfo(max_models=2, memory_budget_bytes=None, used_bytes=0, hits=0, misses=0, loads=0, evictions=0, load_failures=0)
+    beat = Heartbeat(
+        hostname="unit@host", pid=1, queue=settings.queue, started_at=time.time(), sent_at=time.time(), interval_s=0.4,
+        cache=cache, loaded=[], models={}, jobs_done=0, jobs_failed=0, backlog=0, queue_wait=WaitSummary(),
+    )
+    publisher = HeartbeatPublisher(r, settings.key_prefix, "unit@host", lambda: beat, interval_s=0.4)
+    publisher.beat()
+    assert [b.hostname for b in read_heartbeats(r, settings.key_prefix)] == ["unit@host"]
+    assert 0 < r.pttl(worker_key(settings.key_prefix, "unit@host")) <= 1200
+    wait_for(lambda: not read_heartbeats(r, settings.key_prefix), 3, what="the heartbeat to expire")
+    publisher.start()
+    wait_for(lambda: read_heartbeats(r, settings.key_prefix), 3, what="the thread's first beat")
+    publisher.stop()
+    assert read_heartbeats(r, settings.key_prefix) == [] and r.zcard(f"{settings.key_prefix}swapless:workers") == 0
+
+
+# -- a real worker ------------------------------------------------------------------------------------------
+
+pytest_slow = pytest.mark.slow
+
+
+@pytest_slow
+def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
+    start_worker: Callable[..., WorkerProcess], settings: Settings
+) -> None:
+    worker = start_worker("--hostname", "st@%h", env={"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5"})
+    assert listening_ports(worker.proc.pid) == [], "without --metrics-port the worker opens no port"
+    client = Client()
+    # one job at a time: each is its own group, so the counts below are exact
+    for model_id in ["sentiment", "sentiment", "spam", "topic", "sentiment"]:
+        client.submit(model_id, "hello there").get(timeout=60)
+    with pytest.raises(InputError):
+        client.submit("spam", " ").get(timeout=60)
+    r = redis.Redis.from_url(settings.broker_url)
+
+    def beat_after_all_jobs():  # type: ignore[no-untyped-def]
+        beats = read_heartbeats(r, settings.key_prefix)
+        return beats[0] if beats and beats[0].jobs_done + beats[0].jobs_failed == 6 else None
+
+    beat = wait_for(beat_after_all_jobs, 10, what="a heartbeat counting all jobs")
+    assert beat.hostname.startswith("st@") and beat.queue == settings.queue and beat.pid == worker.proc.pid
+    assert [e.model_id for e in beat.loaded] == ["sentiment", "spam"], "least recently used first"
+    assert all(e.bytes > 1_000_000 and e.load_s > 0 and not e.busy for e in beat.loaded)
+    assert (beat.cache.hits, beat.cache.misses, beat.cache.evictions, beat.cache.max_models) == (1, 5, 3, 2)
+    activity = {model_id: a for model_id, a in beat.models.items()}
+    assert (activity["sentiment"].hits, activity["sentiment"].misses, activity["sentiment"].evictions) == (1, 2, 1)
+    assert (activity["spam"].hits, activity["spam"].misses, activity["spam"].loads, activity["spam"].evictions) == (0, 2, 2, 1)
+    assert (activity["spam"].jobs_done, activity["spam"].jobs_failed) == (1, 1)
+    assert (activity["topic"].misses, activity["topic"].evictions, activity["topic"].jobs_done) == (1, 1, 1)
+    assert beat.jobs_done == 5 and beat.jobs_failed == 1 and beat.queue_wait.count == 6
+
+    # jobs on another queue, which this worker does not consume: `status --queue` shows them beside the worker
+    other = settings.model_copy(update={"queue": f"{settings.key_prefix}other"})
+    parked = Client(settings=other)
+    for i in range(7):
+        parked.submit("vision", encode_image(i), priority="bulk")
+    parked.submit("topic", "later")
+    shown = run_cli("status", "--queue", other.queue)
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert f"queue {other.queue}: 8 messages waiting in Redis (priority 0: 1, priority 6: 7)" in out
+    assert f"worker {beat.hostname} (pid {worker.proc.pid}, queue {settings.queue}" in out
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") > 4}
+    assert rows["spam"][:7] == ["spam", "loaded", rows["spam"][2], "0", "2", "1", "2"] and rows["spam"][-3:] == ["1", "1", "0"]
+    assert rows["topic"][1] == "-" and rows["sentiment"][1] == "loaded" and rows["spam"][2].endswith("MiB")
+    assert "jobs 5 done, 1 failed" in out and "hits 1, misses 5, evictions 3" in out
+    assert any(line.split("│")[1].strip() == "vision" and line.split("│")[2].strip() == "7" for line in out.splitlines() if "│" in line)
+
+    watched = run_cli("status", "--watch", "--interval", "0.2", "--count", "3")
+    assert watched.returncode == 0 and f"worker {beat.hostname}" in watched.stdout
+
+    worker.stop(signal.SIGKILL)
+    killed_at = time.monotonic()
+    assert read_heartbeats(r, settings.key_prefix), "a killed worker deletes nothing: its heartbeat lingers"
+    wait_for(lambda: not read_heartbeats(r, settings.key_prefix), 5, what="the heartbeat to expire")
+    assert time.monotonic() - killed_at <= 1.5 + 0.5, "gone within its TTL (3 intervals of 0.5 s)"
+    assert "no live workers" in run_cli("status").stdout
