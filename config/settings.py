@@ -39,8 +39,10 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from manager.errors import ConfigError
 
 __all__ = ["DEFAULT_MODELS_FILE", "DEFAULT_REDIS_URL", "Settings", "get_settings", "parse_bytes"]
 
@@ -139,5 +141,15 @@ class Settings(BaseSettings):
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings, read from the environment once."""
-    return Settings()
+    """The process-wide settings, read from the environment once.
+
+    Raises:
+        ConfigError: a variable is invalid; the message names it and what is wrong.
+    """
+    try:
+        return Settings()
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        where = f"SWAPLESS_{field.upper()}" if field else "SWAPLESS_* settings"
+        raise ConfigError(where, first["msg"].removeprefix("Value error, ")) from None

@@ -44,7 +44,7 @@ from manager import (
 )
 from tasks import status  # issue #7: heartbeat and metrics
 from tasks.app import PREDICT_TASK, PRIORITY_BULK, app
-from tasks.chunks import CHUNK_TASK, ChunkAssembler  # issue #5: chunk messages
+from tasks.chunks import CHUNK_TASK, ChunkAssembler, item_id  # issue #5: chunk messages
 from tasks.observe import NULL_OBSERVER, SchedulerObserver  # issue #7
 from tasks.acks import AckQueue, refresh_visibility
 from tasks.results import ResultStore
@@ -241,6 +241,8 @@ class BatchScheduler:
     def _complete(self, results: ResultStore, model_id: str, outcomes: list[Outcome]) -> None:
         outcomes, chunks_done = self.chunks.collect(outcomes)  # issue #5: items of chunks -> complete chunks
         self._finish(results, [(self._pop(o.job.id), o.result, o.error) for o in outcomes] + chunks_done)
+        if chunks_done:  # issue #5: the items' attempt counters end with their chunk's stored result
+            results.clear_attempts([item_id(r.id, i) for r, value, _ in chunks_done for i in range(len(value))])
 
     def _pop(self, job_id: str) -> Any:
         with self._cond:

@@ -24,6 +24,7 @@ app = typer.Typer(
     help="Serve many models from limited GPU memory as a queue-based batch inference worker.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
 console = Console()
 err_console = Console(stderr=True)
@@ -270,8 +271,12 @@ _register_bulk(app)
 
 
 def main() -> None:
-    """Entry point of the ``swapless`` script."""
-    app()
+    """Entry point of the ``swapless`` script: a SwaplessError anywhere is one clear line and exit status 2."""
+    try:
+        app()
+    except SwaplessError as err:
+        err_console.print(f"[bold red]error:[/] {err}", highlight=False)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -25,7 +25,15 @@ from typing import Protocol
 
 from manager import Job, ModelManager, Outcome
 
-__all__ = ["NULL_OBSERVER", "GroupAccounting", "GroupReport", "NullObserver", "SchedulerObserver", "SentTimes"]
+__all__ = [
+    "NULL_OBSERVER",
+    "GroupAccounting",
+    "GroupReport",
+    "NullObserver",
+    "Observers",
+    "SchedulerObserver",
+    "SentTimes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +60,20 @@ class NullObserver:
 
 
 NULL_OBSERVER = NullObserver()
+
+
+class Observers:
+    """Several observers as one; one that raises is logged and the others still run."""
+
+    def __init__(self, observers: Sequence[SchedulerObserver]) -> None:
+        self.observers = list(observers)
+
+    def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
+        for observer in self.observers:
+            try:
+                observer.on_group(model_id, jobs, outcomes, run_s)
+            except Exception:  # noqa: BLE001 - an observer must never cost a group its results
+                logger.exception("observer %r failed on a group of %s", observer, model_id)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ need each message's body, so at most ``sample`` messages per priority level are 
 served); beyond that the counts are scaled up from the sample and marked as estimates.
 
 ``start_worker_reporting`` (on ``worker_init``) sets the scheduler's observer, starts the heartbeat
-(``tasks.heartbeat``) and, when ``metrics_port`` is set, the Prometheus endpoint (``tasks.metrics``);
+(``tasks.heartbeat``), the Celery task events (``tasks.events``) and, when ``metrics_port`` is set, the
+Prometheus endpoint (``tasks.metrics``);
 ``stop_worker_reporting`` (on ``worker_shutdown``) stops both. The heartbeat names are re-exported here.
 """
 
@@ -27,6 +28,7 @@ from celery import signals
 
 from config.settings import Settings
 from tasks.app import PRIORITY_STEPS, SENT_AT_HEADER
+from tasks.events import TaskEvents
 from tasks.heartbeat import (
     CacheInfo,
     Heartbeat,
@@ -43,7 +45,7 @@ from tasks.heartbeat import (
     worker_key,
     workers_index_key,
 )
-from tasks.observe import GroupAccounting, GroupReport, SentTimes
+from tasks.observe import GroupAccounting, GroupReport, Observers, SentTimes
 
 if TYPE_CHECKING:
     from tasks.batch import BatchScheduler
@@ -198,7 +200,8 @@ _active: _Reporting | None = None
 def start_worker_reporting(scheduler: BatchScheduler, hostname: str | None = None) -> None:
     """Start this worker's heartbeat (and its Prometheus endpoint when ``metrics_port`` is set); call on worker_init.
 
-    Sets ``scheduler.observer`` so each group feeds the heartbeat and the metrics.
+    Sets ``scheduler.observer`` so each group feeds the heartbeat, the metrics and Celery's task events
+    (``tasks.events``, for Flower).
 
     Raises:
         SystemExit: the metrics port cannot be opened (the worker stops, as on a bad models file).
@@ -212,7 +215,10 @@ def start_worker_reporting(scheduler: BatchScheduler, hostname: str | None = Non
     stop_metrics = None
     if settings.metrics_port is not None:
         try:
-            from tasks.metrics import MetricsUnavailable, WorkerMetrics  # prometheus-client: only when asked for
+            from tasks.metrics import (  # prometheus-client: only when asked for
+                MetricsUnavailable,
+                WorkerMetrics,
+            )
         except ImportError as err:
             logger.critical("cannot start: --metrics-port needs %s: pip install 'swapless[gateway]'", err.name)
             raise SystemExit(2) from None
@@ -224,13 +230,16 @@ def start_worker_reporting(scheduler: BatchScheduler, hostname: str | None = Non
             raise SystemExit(2) from None
         listeners.append(metrics.observe)
         logger.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
-    sent_times = SentTimes(max_entries=max(10_000, 4 * settings.prefetch))
-    scheduler.observer = GroupAccounting(scheduler.runtime.manager, listeners, sent_times)
+    remembered = max(10_000, 4 * settings.prefetch)
+    sent_times = SentTimes(max_entries=remembered)
+    events = TaskEvents(max_entries=remembered)
+    scheduler.observer = Observers([GroupAccounting(scheduler.runtime.manager, listeners, sent_times), events])
 
     def on_received(request: Any = None, **_: Any) -> None:
         sent_at = (getattr(request, "request_dict", None) or {}).get(SENT_AT_HEADER)
         if isinstance(sent_at, (int, float)):
             sent_times.record(request.id, float(sent_at))
+        events.on_received(request)
 
     signals.task_received.connect(on_received, weak=False, dispatch_uid="swapless-status-received")
     started_at = time.time()

@@ -6,9 +6,11 @@ from __future__ import annotations
 import base64
 import json
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -16,6 +18,7 @@ import redis
 from config.settings import Settings
 from manager import InputError, Job, ModelEngine, ModelManager, ModelStore, Outcome, run_group
 from tasks.client import Client
+from tasks.events import TaskEvents
 from tasks.observe import GroupAccounting, GroupReport, SentTimes
 from tasks.status import (
     HeartbeatPublisher,
@@ -74,6 +77,36 @@ def test_sent_times_are_taken_once_and_shared_by_the_items_of_a_chunk() -> None:
     sent.record("x", 3.0)
     sent.record("y", 4.0)
     assert sent.take("chunk:8") is None and len(sent) == 2, "bounded: the oldest is forgotten"
+
+
+class _Request:
+    """What TaskEvents reads of a Celery request, recording the events sent."""
+
+    def __init__(self, task_id: str, args: list[Any], sent: list[tuple[str, str, dict[str, Any]]]) -> None:
+        self.id, self.args, self.name, self.argsrepr, self.kwargsrepr = task_id, args, "swapless.predict", repr(args), "{}"
+        self._sent = sent
+
+    def send_event(self, kind: str, **fields: Any) -> None:
+        self._sent.append((kind, self.id, fields))
+
+
+def test_task_events_for_jobs_and_whole_chunks() -> None:
+    sent: list[tuple[str, str, dict[str, Any]]] = []
+    events = TaskEvents()
+    events.on_received(_Request("j1", ["a", "x"], sent))
+    events.on_received(_Request("j2", ["a", " "], sent))
+    events.on_received(_Request("c", ["a", ["p", "q", "r"]], sent))
+    jobs = [Job("j1", "a", "x"), Job("j2", "a", " "), Job("c:0", "a", "p"), Job("c:1", "a", "q")]
+    outcomes = [Outcome(jobs[0], result=[1]), Outcome(jobs[1], error=InputError("a", "empty")), Outcome(jobs[2], result=2),
+                Outcome(jobs[3], result=3)]
+    events.on_group("a", jobs, outcomes, 0.5)
+    assert [(kind, task_id) for kind, task_id, _ in sent] == [
+        ("task-received", "j1"), ("task-received", "j2"), ("task-received", "c"), ("task-succeeded", "j1"), ("task-failed", "j2")
+    ]
+    assert sent[3][2] == {"result": "[1]", "runtime": 0.5} and "empty" in sent[4][2]["exception"]
+    last = Job("c:2", "a", "r")
+    events.on_group("a", [last], [Outcome(last, result=4)], 0.25)
+    assert sent[-1] == ("task-succeeded", "c", {"result": "4", "runtime": 0.75}), "a chunk succeeds once all its items are done"
 
 
 def test_a_failing_listener_never_reaches_the_scheduler(fake_manager: ModelManager) -> None:
@@ -166,6 +199,34 @@ def test_heartbeat_publisher_expires_and_cleans_up(settings: Settings) -> None:
 pytest_slow = pytest.mark.slow
 
 
+class EventLog:
+    """Celery events captured in a thread, as Flower receives them."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.types: list[str] = []
+        self._stop = threading.Event()
+
+        def capture() -> None:
+            with client.app.connection() as conn:
+                receiver = client.app.events.Receiver(conn, handlers={"*": lambda event: self.types.append(event["type"])})
+                while not self._stop.is_set():
+                    try:
+                        receiver.capture(limit=None, timeout=0.3, wakeup=False)
+                    except (TimeoutError, OSError):
+                        continue
+
+        self._thread = threading.Thread(target=capture, daemon=True)
+        self._thread.start()
+
+    def count(self, kind: str) -> int:
+        return self.types.count(kind)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 @pytest_slow
 def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     start_worker: Callable[..., WorkerProcess], settings: Settings
@@ -173,6 +234,9 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     worker = start_worker("--hostname", "st@%h", env={"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5"})
     assert listening_ports(worker.proc.pid) == [], "without --metrics-port the worker opens no port"
     client = Client()
+    events = EventLog(client)
+    # Redis delivers events by pub/sub: only once one arrives is the receiver surely subscribed
+    wait_for(lambda: events.count("worker-heartbeat"), 10, what="a worker-heartbeat event")
     # one job at a time: each is its own group, so the counts below are exact
     for model_id in ["sentiment", "sentiment", "spam", "topic", "sentiment"]:
         client.submit(model_id, "hello there").get(timeout=60)
@@ -185,6 +249,10 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
         return beats[0] if beats and beats[0].jobs_done + beats[0].jobs_failed == 6 else None
 
     beat = wait_for(beat_after_all_jobs, 10, what="a heartbeat counting all jobs")
+    # Celery task events, as Flower reads them: each job received, then succeeded or failed
+    wait_for(lambda: events.count("task-succeeded") == 5 and events.count("task-failed") == 1, 10, what="task events")
+    events.stop()
+    assert events.count("task-received") == 6 and events.count("worker-heartbeat") >= 1
     assert beat.hostname.startswith("st@") and beat.queue == settings.queue and beat.pid == worker.proc.pid
     assert [e.model_id for e in beat.loaded] == ["sentiment", "spam"], "least recently used first"
     assert all(e.bytes > 1_000_000 and e.load_s > 0 and not e.busy for e in beat.loaded)
