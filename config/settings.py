@@ -151,5 +151,5 @@ def get_settings() -> Settings:
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
-        where = f"SWAPLESS_{field.upper()}" if field else "SWAPLESS_* settings"
+        where = f"SWAPLESS_{field.upper()}" if field else "settings"
         raise ConfigError(where, first["msg"].removeprefix("Value error, ")) from None

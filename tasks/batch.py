@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import bootsteps, signals
+from celery.exceptions import InvalidTaskError
+from kombu.exceptions import ContentDisallowed, DecodeError
 from celery_batches import Batches
 
 from config.settings import Settings, get_settings
@@ -139,6 +141,7 @@ class BatchScheduler:
         self.jobs_done = 0
         self.jobs_failed = 0
         self._requests: dict[str, Any] = {}
+        self._duplicates: dict[str, list[Any]] = {}
         self.chunks = ChunkAssembler()  # issue #5: chunk requests in progress, by chunk id
         self._rejected: list[tuple[Any, SwaplessError]] = []
         self._cond = threading.Condition()
@@ -153,6 +156,11 @@ class BatchScheduler:
         jobs = []
         with self._cond:
             for request in requests:
+                if request.id in self._requests:
+                    # A second copy of a message this worker already holds (a producer's publish retry, a
+                    # redelivery): run once, ack every copy with the first.
+                    self._duplicates.setdefault(request.id, []).append(request)
+                    continue
                 try:
                     if request.name == CHUNK_TASK:  # issue #5: one Job per item; self.chunks keeps the request
                         jobs.extend(self.chunks.expand(request, self.runtime.store, now))
@@ -204,7 +212,16 @@ class BatchScheduler:
                 if group:
                     self._run(results, group)
             except Exception:  # noqa: BLE001 - the scheduler must outlive any one group
-                logger.exception("group failed to complete; its jobs stay unacked and will be redelivered")
+                logger.exception("a group of %d job(s) failed to complete; putting them back on the queue", len(group))
+                self._give_back(group)
+
+    def _give_back(self, group: Sequence[Job]) -> None:
+        """Requeue the messages of jobs that got no result (e.g. Redis stayed down longer than the retries)."""
+        with self._cond:
+            requests = [self._requests.pop(job.id) for job in group if job.id in self._requests]
+            requests += [dup for job in group for dup in self._duplicates.pop(job.id, [])]
+        for request in requests:
+            request.reject(requeue=True)
 
     def _run(self, results: ResultStore, group: Sequence[Job]) -> None:
         """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
@@ -253,7 +270,9 @@ class BatchScheduler:
     ) -> None:
         if store:
             results.store([(request.id, result, error) for request, result, error in items])
-        self.acks.ack([request for request, _, _ in items])  # only once the results are stored
+        with self._cond:
+            copies = [dup for request, _, _ in items for dup in self._duplicates.pop(request.id, [])]
+        self.acks.ack([request for request, _, _ in items] + copies)  # only once the results are stored
         for _, _, error in items:
             if error is None:
                 self.jobs_done += 1
@@ -289,7 +308,36 @@ class SwaplessBatches(Batches):
                 refresh_visibility(task_consumer.channel)
 
         self._refresh_tref = consumer.timer.call_repeatedly(settings.visibility_refresh_s, refresh)
-        return super().Strategy(task, app, consumer)
+        handler = super().Strategy(task, app, consumer)
+
+        def guarded(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any) -> None:
+            # A message whose JSON is not a job (an object, null, a list of the wrong length) makes Celery's
+            # request parsing raise; anything but InvalidTaskError there stops the whole worker, and the message
+            # would stop the next one too. Answer it with an error result instead, and drop it.
+            try:
+                handler(message, body, ack, reject, callbacks, **kwargs)
+            except InvalidTaskError:
+                raise
+            except Exception as err:  # noqa: BLE001 - any parse failure of one message
+                self._answer_malformed(message, err)
+                raise InvalidTaskError(f"malformed job message: {err!r}") from err
+
+        return guarded
+
+    def _answer_malformed(self, message: Any, err: Exception) -> None:
+        job_id = (getattr(message, "headers", None) or {}).get("id")
+        if not isinstance(job_id, str):
+            return
+        if isinstance(err, ContentDisallowed):
+            problem = f"message refused, nothing in it was decoded: {err}; send JSON"
+        elif isinstance(err, DecodeError):
+            problem = f"message body is not valid JSON ({err})"
+        else:
+            problem = f"malformed job message: expected args [model_id, input] ({type(err).__name__}: {err})"
+        try:
+            ResultStore(self.app, retry_s=5).store([(job_id, None, InputError("?", problem))])
+        except Exception:  # noqa: BLE001 - best effort: the message is dropped either way
+            logger.warning("could not store the error of malformed message %s", job_id, exc_info=True)
 
     def flush(self, requests: Collection[Any]) -> None:
         if self.scheduler is None:

@@ -27,7 +27,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 ModelsOption = Annotated[
     Path | None, typer.Option("--models", help="models file (default: SWAPLESS_MODELS_FILE, else config/models.json)")

