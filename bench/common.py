@@ -120,7 +120,7 @@ def collect(client: redis.Redis, key_prefix: str, job_ids: Sequence[str], timeou
                 done[job_id] = datetime.fromisoformat(meta["date_done"]).timestamp()
         pending = still
         if pending:
-            time.sleep(0.01)
+            time.sleep(0.1)  # a slow poll: date_done is stamped by the worker, and polling must not steal CPU
     if pending:
         raise TimeoutError(f"{len(pending)} of {len(job_ids)} jobs had no result after {timeout_s} s")
     return Collected(done, states)

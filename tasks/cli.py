@@ -55,6 +55,9 @@ def worker(
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N [default: auto]")] = None,
     queue: Annotated[str | None, typer.Option(help="queue to consume [default: swapless]")] = None,
     prefetch: Annotated[int | None, typer.Option(help="unacked jobs held, the scheduler's window [default: 1024]")] = None,
+    task_events: Annotated[
+        bool | None, typer.Option("--task-events/--no-task-events", help="Celery task events for Flower [default: on]")
+    ] = None,
     loglevel: Annotated[str, typer.Option(help="celery log level")] = "INFO",
     hostname: Annotated[str | None, typer.Option(help="worker node name (celery -n)")] = None,
     metrics_port: Annotated[
@@ -71,6 +74,7 @@ def worker(
     _set_env(
         models_file=models, max_models=max_models, memory_budget=memory_budget, device=device, queue=queue,
         prefetch=prefetch, metrics_port=metrics_port, metrics_host=metrics_host,
+        task_events=None if task_events is None else str(task_events).lower(),
     )
     from tasks.app import app as celery_app
     from tasks.app import configure
