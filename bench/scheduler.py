@@ -25,7 +25,6 @@ from typing import Any
 import redis
 
 from bench.common import (
-    IMAGE_MODEL,
     MODEL_IDS,
     OUT,
     REPO,

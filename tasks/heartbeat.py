@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tasks.observe import GroupReport
 
 if TYPE_CHECKING:
-    from tasks.batch import BatchScheduler
+    from tasks.scheduler import BatchScheduler
 
 __all__ = [
     "CacheInfo",

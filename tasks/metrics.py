@@ -36,7 +36,7 @@ from tasks.heartbeat import backlog_counts
 from tasks.observe import GroupReport
 
 if TYPE_CHECKING:
-    from tasks.batch import BatchScheduler
+    from tasks.scheduler import BatchScheduler
 
 __all__ = ["MetricsUnavailable", "WorkerMetrics"]
 

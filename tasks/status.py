@@ -48,7 +48,7 @@ from tasks.heartbeat import (
 from tasks.observe import GroupAccounting, GroupReport, Observers, SentTimes
 
 if TYPE_CHECKING:
-    from tasks.batch import BatchScheduler
+    from tasks.scheduler import BatchScheduler
 
 __all__ = [
     "CacheInfo",

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from config.settings import Settings
 from manager import InputError, ModelEngine, ModelManager, ModelStore
-from tasks.batch import BatchScheduler, Runtime
+from tasks.scheduler import BatchScheduler, Runtime
 from tasks.client import Client
 from tasks.metrics import WorkerMetrics
 from tasks.observe import GroupReport

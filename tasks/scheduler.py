@@ -1,0 +1,228 @@
+"""BatchScheduler: one worker's backlog and the thread that runs it.
+
+The consumer thread hands every request to ``submit``; the scheduler thread takes the next group the moment it
+is idle (``Backlog.next_group``: loaded models first, then the cold model with the most waiting work per second
+of load, a starved job first), runs it through the model cache, stores each job's result in one pipeline and acks
+the messages in bulk. Jobs that were in flight when a worker died run alone; at ``SWAPLESS_MAX_ATTEMPTS`` deaths a
+job fails as a poison job. Nothing is acked before its result is stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from config.settings import Settings
+from manager import (
+    Backlog,
+    InputError,
+    Job,
+    ModelManager,
+    ModelStore,
+    Outcome,
+    PoisonJob,
+    PredictionFailed,
+    SwaplessError,
+    run_group,
+)
+from tasks.acks import AckQueue
+from tasks.app import PRIORITY_BULK
+from tasks.chunks import CHUNK_TASK, ChunkAssembler, item_id  # issue #5: chunk messages
+from tasks.observe import NULL_OBSERVER, SchedulerObserver  # issue #7
+from tasks.results import ResultStore
+
+__all__ = ["BatchScheduler", "Runtime", "job_from_request"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    """What one worker process holds: the registry, the cache and the settings."""
+
+    settings: Settings
+    store: ModelStore
+    manager: ModelManager
+
+
+def job_from_request(request: Any, store: ModelStore, received_s: float) -> Job:
+    """Turn one Celery request into a Job, or raise an error that fails this job alone.
+
+    Raises:
+        InputError: the payload is not ``[model_id, input]``.
+        UnknownModel: the model id is not in the registry.
+    """
+    args = request.args
+    if not isinstance(args, (list, tuple)) or len(args) != 2 or request.kwargs:
+        raise InputError("?", "malformed job payload: expected args [model_id, input] and no kwargs")
+    model_id, value = args
+    if not isinstance(model_id, str):
+        raise InputError("?", f"malformed job payload: model id must be a string, not {type(model_id).__name__}")
+    spec = store.get(model_id)
+    priority = (request.delivery_info or {}).get("priority")
+    urgent = priority is None or priority < PRIORITY_BULK
+    return Job(id=request.id, model_id=spec.id, input=value, received_s=received_s, urgent=urgent)
+
+
+class BatchScheduler:
+    """Owns the backlog of one worker and the thread that runs it. Thread-safe ``submit``.
+
+    Args:
+        runtime: store, cache and settings.
+        results_factory: builds the ResultStore (called in the scheduler thread).
+    """
+
+    #: Acks go through it, in bulk, on the consumer's thread (set by SwaplessBatches; default: ack directly).
+    acks: AckQueue = AckQueue(None)
+
+    #: Told about every group run (issue #7: ``tasks.status.start_worker_reporting`` sets the worker's).
+    observer: SchedulerObserver = NULL_OBSERVER
+
+    def __init__(self, runtime: Runtime, results_factory: Callable[[], ResultStore]) -> None:
+        self.runtime = runtime
+        self.results_factory = results_factory
+        self.backlog = Backlog(runtime.settings.max_wait_s)
+        self.jobs_done = 0
+        self.jobs_failed = 0
+        self._requests: dict[str, Any] = {}
+        self._duplicates: dict[str, list[Any]] = {}
+        self.chunks = ChunkAssembler()  # issue #5: chunk requests in progress, by chunk id
+        self._rejected: list[tuple[Any, SwaplessError]] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # -- consumer side -----------------------------------------------------------------------------------
+
+    def submit(self, requests: Collection[Any]) -> None:
+        """Add Celery requests to the backlog (called from the consumer thread) and wake the scheduler."""
+        now = time.monotonic()
+        jobs = []
+        with self._cond:
+            for request in requests:
+                if request.id in self._requests:
+                    # A second copy of a message this worker already holds (a producer's publish retry, a
+                    # redelivery): run once, ack every copy with the first.
+                    self._duplicates.setdefault(request.id, []).append(request)
+                    continue
+                try:
+                    if request.name == CHUNK_TASK:  # issue #5: one Job per item; self.chunks keeps the request
+                        jobs.extend(self.chunks.expand(request, self.runtime.store, now))
+                        continue
+                    jobs.append(job_from_request(request, self.runtime.store, now))
+                    self._requests[request.id] = request
+                except SwaplessError as err:
+                    self._rejected.append((request, err))
+            self.backlog.add(jobs)
+            self._cond.notify()
+        self.start()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="swapless-scheduler", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Finish the group in hand, then stop. Jobs still in the backlog stay unacked and are redelivered."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    # -- scheduler thread --------------------------------------------------------------------------------
+
+    def _take(self) -> tuple[list[tuple[Any, SwaplessError]], list[Job]] | None:
+        manager = self.runtime.manager
+        with self._cond:
+            while not self._stopping and not self._rejected and not len(self.backlog):
+                self._cond.wait()
+            if self._stopping:
+                return None
+            rejected, self._rejected = self._rejected, []
+            group = self.backlog.next_group(manager.loaded_ids(), manager.load_cost_s, self.runtime.settings.max_group)
+            return rejected, group
+
+    def _loop(self) -> None:
+        results = self.results_factory()
+        while True:
+            taken = self._take()
+            if taken is None:
+                return
+            rejected, group = taken
+            try:
+                if rejected:
+                    self._finish(results, [(request, None, err) for request, err in rejected])
+                if group:
+                    self._run(results, group)
+            except Exception:  # noqa: BLE001 - the scheduler must outlive any one group
+                logger.exception("a group of %d job(s) failed to complete; putting them back on the queue", len(group))
+                self._give_back(group)
+
+    def _give_back(self, group: Sequence[Job]) -> None:
+        """Requeue the messages of jobs that got no result (e.g. Redis stayed down longer than the retries)."""
+        with self._cond:
+            requests = [self._requests.pop(job.id) for job in group if job.id in self._requests]
+            requests += [dup for job in group for dup in self._duplicates.pop(job.id, [])]
+        for request in requests:
+            request.reject(requeue=True)
+
+    def _run(self, results: ResultStore, group: Sequence[Job]) -> None:
+        """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
+        model_id = group[0].model_id
+        done_before, attempts = results.prior([job.id for job in group])
+        if done_before:
+            # Redelivered copies of jobs that already have a final result: do not run them again.
+            logger.info("%d redelivered job(s) of %s already have results; acking", len(done_before), model_id)
+            self._finish(results, [(self._pop(job.id), None, None) for job in group if job.id in done_before], store=False)
+        max_attempts = self.runtime.settings.max_attempts
+        poison = [job for job in group if attempts.get(job.id, 0) >= max_attempts]
+        if poison:
+            logger.error("%d job(s) of %s were in flight at %d worker deaths each: failing them", len(poison), model_id, max_attempts)
+            self._complete(results, model_id, [Outcome(job, error=PoisonJob(model_id, attempts[job.id])) for job in poison])
+        # Jobs that were in flight when a worker died run alone, so that one poison input cannot take others down.
+        suspects = [job for job in group if 0 < attempts.get(job.id, 0) < max_attempts and job.id not in done_before]
+        rest = [job for job in group if job.id not in attempts and job.id not in done_before]
+        for batch in [[job] for job in suspects] + ([rest] if rest else []):
+            try:
+                results.start([job.id for job in batch])
+                with self._cond:
+                    waiting = self.backlog.counts()
+                started = time.perf_counter()
+                outcomes = run_group(self.runtime.manager, model_id, batch, waiting)
+                elapsed = time.perf_counter() - started
+                self.observer.on_group(model_id, batch, outcomes, elapsed)  # issue #7: heartbeat and metrics; never raises
+                failed = sum(1 for o in outcomes if not o.ok)
+                logger.info("ran %d job(s) on %s in %.3f s (%d failed)", len(outcomes), model_id, elapsed, failed)
+            except Exception as err:  # noqa: BLE001 - a bug here must still give every job an answer
+                logger.exception("internal error running %d job(s) on %s", len(batch), model_id)
+                outcomes = [Outcome(job, error=PredictionFailed(model_id, f"internal error in the worker: {err!r}")) for job in batch]
+            self._complete(results, model_id, outcomes)
+
+    def _complete(self, results: ResultStore, model_id: str, outcomes: list[Outcome]) -> None:
+        outcomes, chunks_done = self.chunks.collect(outcomes)  # issue #5: items of chunks -> complete chunks
+        self._finish(results, [(self._pop(o.job.id), o.result, o.error) for o in outcomes] + chunks_done)
+        if chunks_done:  # issue #5: the items' attempt counters end with their chunk's stored result
+            results.clear_attempts([item_id(r.id, i) for r, value, _ in chunks_done for i in range(len(value))])
+
+    def _pop(self, job_id: str) -> Any:
+        with self._cond:
+            return self._requests.pop(job_id)
+
+    def _finish(
+        self, results: ResultStore, items: Sequence[tuple[Any, Any, SwaplessError | None]], store: bool = True
+    ) -> None:
+        if store:
+            results.store([(request.id, result, error) for request, result, error in items])
+        with self._cond:
+            copies = [dup for request, _, _ in items for dup in self._duplicates.pop(request.id, [])]
+        self.acks.ack([request for request, _, _ in items] + copies)  # only once the results are stored
+        for _, _, error in items:
+            if error is None:
+                self.jobs_done += 1
+            else:
+                self.jobs_failed += 1
