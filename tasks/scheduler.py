@@ -31,7 +31,7 @@ from manager import (
 )
 from tasks.acks import AckQueue
 from tasks.app import PRIORITY_BULK
-from tasks.chunks import CHUNK_TASK, ChunkAssembler, item_id  # issue #5: chunk messages
+from tasks.chunks import CHUNK_TASK, ChunkAssembler, item_id, split_item_id  # issue #5: chunk messages
 from tasks.observe import NULL_OBSERVER, SchedulerObserver  # issue #7
 from tasks.results import ResultStore
 
@@ -174,7 +174,9 @@ class BatchScheduler:
     def _run(self, results: ResultStore, group: Sequence[Job]) -> None:
         """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
         model_id = group[0].model_id
-        done_before, attempts = results.prior([job.id for job in group])
+        done_before, attempts = results.prior(
+            [job.id for job in group], [job.id for job in group if split_item_id(job.id) is None]
+        )
         if done_before:
             # Redelivered copies of jobs that already have a final result: do not run them again.
             logger.info("%d redelivered job(s) of %s already have results; acking", len(done_before), model_id)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from manager import InputError, InputType, UnknownModel
 from manager.image_files import looks_like_path, read_image_file
@@ -264,7 +265,9 @@ def test_an_interrupted_bulk_job_resumes_with_no_duplicates_and_no_gaps(
 
 
 @pytest.mark.slow
-def test_chunks_in_flight_never_exceed_the_bound(start_worker: Callable[..., WorkerProcess], tmp_path: Path) -> None:
+def test_chunks_in_flight_never_exceed_the_bound_and_nothing_is_left_in_redis(
+    start_worker: Callable[..., WorkerProcess], tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
     start_worker()
     events: list[ChunkEvent] = []
     source = write_jsonl(tmp_path / "in.jsonl", texts(400))
@@ -275,6 +278,9 @@ def test_chunks_in_flight_never_exceed_the_bound(start_worker: Callable[..., Wor
     assert len(sent) == 40 == summary.chunks_sent
     assert max(e.in_flight for e in events) == 3 == summary.max_in_flight_seen  # reached, never passed
     assert keys_of(tmp_path / "out.jsonl") == [f"k{i}" for i in range(400)]
+    # Results are deleted once written and per-item bookkeeping ends with its chunk: Redis does not grow with the input.
+    left = [key.decode() for key in redis.Redis.from_url(redis_url).scan_iter(match=f"{key_prefix}*", count=1000)]
+    assert [key for key in left if "_kombu" not in key and ":swapless:worker" not in key] == []  # bindings, heartbeats
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,7 +46,7 @@ class Cli:
         while self.proc.poll() is None and time.monotonic() < until:
             try:
                 for child in parent.children(recursive=True):
-                    self.descendants.setdefault(child.pid, " ".join(child.cmdline()[:3]))
+                    self.descendants.setdefault(child.pid, " ".join(child.cmdline()))
             except psutil.Error:
                 pass
             time.sleep(0.05)
@@ -85,7 +86,9 @@ def test_bulk_without_redis_runs_on_an_embedded_redis_and_cleans_up(local_env: d
     assert any("redis-server" in cmd for cmd in cli.descendants.values()), cli.descendants
     assert any("tasks.cli" in cmd for cmd in cli.descendants.values()), cli.descendants
     cli.assert_nothing_left()
-    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("swapless-local-*/redis.sock"))
+    redis_cmd = next(cmd for cmd in cli.descendants.values() if "redis-server" in cmd)  # "... unixsocket:<path>"
+    socket = Path(re.search(r"(/\S+/redis\.sock)", redis_cmd).group(1))  # type: ignore[union-attr]
+    assert socket.parent.name.startswith("swapless-local-") and not socket.parent.exists(), "its temp dir is removed"
 
 
 def test_killed_producer_takes_its_embedded_redis_and_worker_with_it(local_env: dict[str, str], tmp_path: Path) -> None:
