@@ -101,7 +101,7 @@ class Collected:
     states: dict[str, str]
 
 
-def collect(client: redis.Redis, key_prefix: str, job_ids: Sequence[str], timeout_s: float) -> Collected:
+def collect(client: redis.Redis, key_prefix: str, job_ids: Sequence[str], timeout_s: float, poll_s: float = 0.1) -> Collected:
     """Wait for Celery results (any Celery app) and read each one's ``date_done`` as a wall-clock time."""
     deadline = time.monotonic() + timeout_s
     done: dict[str, float] = {}
@@ -120,7 +120,7 @@ def collect(client: redis.Redis, key_prefix: str, job_ids: Sequence[str], timeou
                 done[job_id] = datetime.fromisoformat(meta["date_done"]).timestamp()
         pending = still
         if pending:
-            time.sleep(0.1)  # a slow poll: date_done is stamped by the worker, and polling must not steal CPU
+            time.sleep(poll_s)  # slow by default: date_done is stamped by the worker; polling must not steal CPU
     if pending:
         raise TimeoutError(f"{len(pending)} of {len(job_ids)} jobs had no result after {timeout_s} s")
     return Collected(done, states)
