@@ -68,14 +68,14 @@ def settings(swapless_env: dict[str, str]) -> Settings:
     return Settings()
 
 
-class WorkerProcess:
-    """A real `swapless worker` process with its log in a file."""
+class CliProcess:
+    """A real `swapless <command>` process in its own session, with its log in a file."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tasks.cli", "worker", *args],
+            [sys.executable, "-m", "tasks.cli", *argv],
             cwd=REPO,
             env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
             stdout=self._log,
@@ -85,16 +85,6 @@ class WorkerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if "ready." in self.log():
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
-            time.sleep(0.1)
-        raise AssertionError(f"worker not ready after {timeout_s} s:\n{self.log()[-4000:]}")
 
     def count(self, text: str) -> int:
         return self.log().count(text)
@@ -109,6 +99,23 @@ class WorkerProcess:
                 self.proc.wait(10)
         self._log.close()
         return self.proc.returncode
+
+
+class WorkerProcess(CliProcess):
+    """A real `swapless worker` process."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        super().__init__(["worker", *args], env, log_path)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if "ready." in self.log():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            time.sleep(0.1)
+        raise AssertionError(f"worker not ready after {timeout_s} s:\n{self.log()[-4000:]}")
 
 
 @pytest.fixture

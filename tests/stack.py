@@ -19,7 +19,7 @@ import httpx
 import redis
 
 from config.settings import get_settings
-from tests.conftest import REPO
+from tests.conftest import REPO, CliProcess
 
 __all__ = ["GatewayProcess", "free_port", "listening_ports", "private_env", "run_cli", "wait_for"]
 
@@ -87,25 +87,13 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 60
     )
 
 
-class GatewayProcess:
-    """A real `swapless serve` process on a free port, with its log in a file."""
+class GatewayProcess(CliProcess):
+    """A real `swapless serve` process on a free port."""
 
     def __init__(self, env: dict[str, str], log_path: Path, *args: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tasks.cli", "serve", "--port", str(self.port), "--log-level", "warning", *args],
-            cwd=REPO,
-            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        super().__init__(["serve", "--port", str(self.port), "--log-level", "warning", *args], env, log_path)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -119,15 +107,8 @@ class GatewayProcess:
                 time.sleep(0.1)
         raise AssertionError(f"gateway not ready after {timeout_s} s:\n{self.log()[-4000:]}")
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self._log.close()
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
+        return super().stop(sig, timeout_s)
 
 
 def listening_ports(pid: int) -> list[tuple[str, int]]:
