@@ -8,14 +8,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from config.settings import get_settings, parse_bytes
-from manager.errors import SwaplessError
+from manager.errors import JobTimeout, SwaplessError
 
 __all__ = ["app", "main"]
 
@@ -149,19 +149,24 @@ def result(
     from tasks.client import Client
 
     job = Client(validate=False).job(job_id)
-    try:
-        value = job.get(timeout=wait) if wait > 0 else None
-        stored = job.status()
-    except SwaplessError as err:
-        sys.stdout.write(json.dumps({"job_id": job_id, "state": "FAILURE", "error": str(err), "type": type(err).__name__}) + "\n")
-        raise typer.Exit(1) from None
-    if stored.state == "SUCCESS":
-        value = stored.value
-        sys.stdout.write(json.dumps({"job_id": job_id, "state": "SUCCESS", "result": value}) + "\n")
-    elif stored.state == "FAILURE":
-        err = stored.value
-        sys.stdout.write(json.dumps({"job_id": job_id, "state": "FAILURE", "error": str(err), "type": type(err).__name__}) + "\n")
+    def failed(error: object) -> NoReturn:
+        sys.stdout.write(
+            json.dumps({"job_id": job_id, "state": "FAILURE", "error": str(error), "type": type(error).__name__}) + "\n"
+        )
         raise typer.Exit(1)
+
+    try:
+        if wait > 0:
+            job.get(timeout=wait)
+    except JobTimeout:
+        pass  # still pending: reported as such below
+    except SwaplessError as err:
+        failed(err)
+    stored = job.status()
+    if stored.state == "SUCCESS":
+        sys.stdout.write(json.dumps({"job_id": job_id, "state": "SUCCESS", "result": stored.value}) + "\n")
+    elif stored.state == "FAILURE":
+        failed(stored.value)
     else:
         sys.stdout.write(json.dumps({"job_id": job_id, "state": "PENDING", "note": "queued, running, or unknown id"}) + "\n")
 
