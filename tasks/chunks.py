@@ -35,6 +35,7 @@ __all__ = [
     "encode_outcome",
     "item_id",
     "jobs_from_chunk",
+    "read_payload",
     "split_item_id",
 ]
 
@@ -91,6 +92,27 @@ def decode_outcome(item: Any, job_id: str = "?") -> tuple[bool, Any]:
     return False, JobFailed(job_id, error_type, str(item["error"]))
 
 
+def read_payload(request: Any, kind: str, expected: str) -> tuple[str, Any, bool]:
+    """``(model_id, value, urgent)`` of a job or chunk request whose args must be ``[model_id, value]``.
+
+    Args:
+        request: a Celery request (or anything with ``args``, ``kwargs``, ``delivery_info``).
+        kind: ``job`` or ``chunk``, for the message.
+        expected: the args' shape, for the message (``[model_id, input]``).
+
+    Raises:
+        InputError: the args are not two values, there are kwargs, or the model id is not a string.
+    """
+    args = request.args
+    if not isinstance(args, (list, tuple)) or len(args) != 2 or request.kwargs:
+        raise InputError("?", f"malformed {kind} payload: expected args {expected} and no kwargs")
+    model_id, value = args
+    if not isinstance(model_id, str):
+        raise InputError("?", f"malformed {kind} payload: model id must be a string, not {type(model_id).__name__}")
+    priority = (getattr(request, "delivery_info", None) or {}).get("priority")
+    return model_id, value, priority is None or priority < _PRIORITY_BULK
+
+
 def jobs_from_chunk(request: Any, store: ModelStore, received_s: float) -> list[Job]:
     """The item Jobs of one chunk request (a Celery request or anything with ``id``, ``args``, ``kwargs``).
 
@@ -98,17 +120,10 @@ def jobs_from_chunk(request: Any, store: ModelStore, received_s: float) -> list[
         InputError: the payload is not ``[model_id, [input, ...]]`` with at least one input.
         UnknownModel: the model id is not in the registry.
     """
-    args = request.args
-    if not isinstance(args, (list, tuple)) or len(args) != 2 or request.kwargs:
-        raise InputError("?", "malformed chunk payload: expected args [model_id, [input, ...]] and no kwargs")
-    model_id, values = args
-    if not isinstance(model_id, str):
-        raise InputError("?", f"malformed chunk payload: model id must be a string, not {type(model_id).__name__}")
+    model_id, values, urgent = read_payload(request, "chunk", "[model_id, [input, ...]]")
     if not isinstance(values, (list, tuple)) or not values:
         raise InputError(model_id, "malformed chunk payload: inputs must be a non-empty list")
     spec = store.get(model_id)
-    priority = (getattr(request, "delivery_info", None) or {}).get("priority")
-    urgent = priority is None or priority < _PRIORITY_BULK
     return [
         Job(id=item_id(request.id, index), model_id=spec.id, input=value, received_s=received_s, urgent=urgent)
         for index, value in enumerate(values)

@@ -19,7 +19,6 @@ from typing import Any
 from config.settings import Settings
 from manager import (
     Backlog,
-    InputError,
     Job,
     ModelManager,
     ModelStore,
@@ -30,8 +29,7 @@ from manager import (
     run_group,
 )
 from tasks.acks import AckQueue
-from tasks.app import PRIORITY_BULK
-from tasks.chunks import CHUNK_TASK, ChunkAssembler, item_id, split_item_id  # issue #5: chunk messages
+from tasks.chunks import CHUNK_TASK, ChunkAssembler, item_id, read_payload, split_item_id  # issue #5: chunk messages
 from tasks.observe import NULL_OBSERVER, SchedulerObserver  # issue #7
 from tasks.results import ResultStore
 
@@ -56,15 +54,8 @@ def job_from_request(request: Any, store: ModelStore, received_s: float) -> Job:
         InputError: the payload is not ``[model_id, input]``.
         UnknownModel: the model id is not in the registry.
     """
-    args = request.args
-    if not isinstance(args, (list, tuple)) or len(args) != 2 or request.kwargs:
-        raise InputError("?", "malformed job payload: expected args [model_id, input] and no kwargs")
-    model_id, value = args
-    if not isinstance(model_id, str):
-        raise InputError("?", f"malformed job payload: model id must be a string, not {type(model_id).__name__}")
+    model_id, value, urgent = read_payload(request, "job", "[model_id, input]")
     spec = store.get(model_id)
-    priority = (request.delivery_info or {}).get("priority")
-    urgent = priority is None or priority < PRIORITY_BULK
     return Job(id=request.id, model_id=spec.id, input=value, received_s=received_s, urgent=urgent)
 
 
