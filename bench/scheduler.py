@@ -249,7 +249,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lone-jobs", type=int, default=30)
     parser.add_argument("--bulk-jobs", type=int, default=1000)
     parser.add_argument("--write", type=Path, default=REPO / "bench" / "RESULTS.md")
+    parser.add_argument("--systems", default="naive,swapless", help="comma-separated: naive, swapless")
+    parser.add_argument("--workloads", default="mixed,stream,lone,priority",
+                        help="comma-separated: mixed, stream, lone, priority (the limit is always measured)")
     args = parser.parse_args(argv)
+    systems = [{"naive": Naive, "swapless": Swapless}[name.strip()] for name in args.systems.split(",")]
+    workloads = {name.strip() for name in args.workloads.split(",")}
 
     from bench.common import build_models
 
@@ -276,22 +281,26 @@ def main(argv: list[str] | None = None) -> None:
         inference = lone_inference_s(models_file, STREAM_MODEL, lone_value)
         add("lone", "limit", Run(1.0 / inference, 0, inference, inference))
 
-        for cls in (Naive, Swapless):
+        for cls in systems:
             system = cls(args.redis_url, models_file, f"rep{rep}")
             try:
                 system.start()
-                add("mixed", system.name, burst(system, jobs, timeout_s=600))
+                if "mixed" in workloads:
+                    add("mixed", system.name, burst(system, jobs, timeout_s=600))
                 # warm the stream model, then the stream
                 system.get_one(STREAM_MODEL, lone_value)
-                count = args.naive_stream_jobs if cls is Naive else args.stream_jobs
-                add("stream", system.name, burst(system, [(STREAM_MODEL, v) for v in stream_inputs[:count]], 600))
-                times = sorted(system.get_one(STREAM_MODEL, lone_value) for _ in range(args.lone_jobs))
-                add("lone", system.name, Run(1.0 / statistics.median(times), 0, percentile(times, 50), percentile(times, 99),
-                                             {"overhead_s": percentile(times, 50) - inference}))
-                bulk = [("mini", v) for v in inputs_for("mini", rng, args.bulk_jobs)]
-                interactive = [("tiny-b", v) for v in inputs_for("tiny-b", rng, 15)]
-                system.get_one("tiny-b", lone_value)  # both models loaded: the test is about queueing, not loading
-                add("priority", system.name, priority(system, bulk, interactive, every_s=0.2))
+                if "stream" in workloads:
+                    count = args.naive_stream_jobs if cls is Naive else args.stream_jobs
+                    add("stream", system.name, burst(system, [(STREAM_MODEL, v) for v in stream_inputs[:count]], 600))
+                if "lone" in workloads:
+                    times = sorted(system.get_one(STREAM_MODEL, lone_value) for _ in range(args.lone_jobs))
+                    add("lone", system.name, Run(1.0 / statistics.median(times), 0, percentile(times, 50),
+                                                 percentile(times, 99), {"overhead_s": percentile(times, 50) - inference}))
+                if "priority" in workloads:
+                    bulk = [("mini", v) for v in inputs_for("mini", rng, args.bulk_jobs)]
+                    interactive = [("tiny-b", v) for v in inputs_for("tiny-b", rng, 15)]
+                    system.get_one("tiny-b", lone_value)  # both models loaded: the test is about queueing, not loading
+                    add("priority", system.name, priority(system, bulk, interactive, every_s=0.2))
             finally:
                 system.stop()
         print(f"  best batch sizes (in-process): {best_sizes}", flush=True)

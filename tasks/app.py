@@ -11,6 +11,7 @@ from typing import Any
 from celery import Celery, signals
 
 from config.settings import Settings, get_settings
+from tasks.transport import broker_connection
 
 __all__ = [
     "PREDICT_TASK",
@@ -43,8 +44,12 @@ def make_app(settings: Settings | None = None) -> Celery:
 
 def configure(app: Celery, s: Settings) -> None:
     """Apply ``s`` to ``app``'s configuration (the CLI calls this again after reading its flags)."""
+    broker_url, broker_transport = broker_connection(s.broker_url)
     app.conf.update(
-        broker_url=s.broker_url,
+        # tasks.transport: kombu's Redis transport with an atomic fetch (no job lost between BRPOP and its unacked
+        # record) that takes many messages per round trip.
+        broker_url=broker_url,
+        broker_transport=broker_transport,
         result_backend=s.broker_url,
         # JSON only: a message with any other content type is rejected before anything is decoded.
         task_serializer="json",

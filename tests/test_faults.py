@@ -209,24 +209,19 @@ def test_a_live_worker_keeps_its_jobs_past_the_visibility_timeout(faults: FaultE
     assert held_long, "some jobs waited behind a long batch"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit of kombu's Redis transport (celery/kombu#305): BRPOP takes the message off the queue and "
-    "only a second round trip records it as unacked; a worker killed or cut off in between loses that one job. "
-    "Documented in the README; strict, so a fix shows up here as XPASS",
-)
 @pytest.mark.parametrize("fault", ["killed", "disconnected"])
 def test_a_job_redis_just_handed_to_a_worker_survives_the_worker_dying_or_losing_redis(
     faults: FaultEnv, fault: str
 ) -> None:
-    # kombu's Redis transport takes a message off the queue with BRPOP, then records it as unacked in a second round
-    # trip. A worker that dies, or loses its Redis connection, between the two holds the only copy. The proxy cuts
-    # the worker off right after the BRPOP reply, so the fault lands in that window every time; by chance, a kill or
-    # a Redis restart while a burst of jobs is being fetched lands there about one time in two to eight.
-    scenario = Scenario(f"2/6. worker {fault} between fetch and unacked record")
+    # kombu's own Redis transport takes a message off the queue with BRPOP, then records it as unacked in a second
+    # round trip: a worker that died, or lost Redis, between the two held the only copy (celery/kombu#305; a kill
+    # during a burst landed there one time in two to eight). tasks.transport pops and records in one Lua script.
+    # The proxy cuts the worker off right after the script's reply (one message: ``*2 :1 $...``), so the fault
+    # lands every time at the moment the job exists only in the worker's memory and the unacked records.
+    scenario = Scenario(f"2/6. worker {fault} right after Redis handed it a job")
     redis_url = faults.base_env["SWAPLESS_REDIS_URL"]
     redis_port, db = int(redis_url.rsplit(":", 1)[1].split("/")[0]), int(redis_url.rsplit("/", 1)[1])
-    proxy = FreezingProxy(redis_port, trigger=b'"delivery_tag"')
+    proxy = FreezingProxy(redis_port, trigger=b"*2\r\n:1\r\n$")
     try:
         worker = faults.worker(env={"SWAPLESS_REDIS_URL": proxy.url(db)})
         client = Client()

@@ -45,10 +45,16 @@ class Cli:
         parent = psutil.Process(self.proc.pid)
         while self.proc.poll() is None and time.monotonic() < until:
             try:
-                for child in parent.children(recursive=True):
-                    self.descendants.setdefault(child.pid, " ".join(child.cmdline()))
+                children = parent.children(recursive=True)
             except psutil.Error:
-                pass
+                children = []
+            for child in children:
+                try:  # one child starting or exiting (no cmdline yet, a zombie) must not hide the others
+                    cmdline = child.cmdline()
+                except psutil.Error:
+                    continue
+                if cmdline:
+                    self.descendants.setdefault(child.pid, " ".join(cmdline))
             time.sleep(0.05)
 
     def finish(self, timeout_s: float = 180) -> tuple[int, str, str]:
