@@ -17,7 +17,8 @@ class BatchTuner:
     Args:
         max_size: the largest batch allowed (the model entry's ``max_batch_size`` or the process default).
         start: the first size tried (clamped to ``max_size``).
-        smoothing: weight of a new measurement in the moving average of seconds per input.
+        smoothing: weight of a slower measurement in the moving average of seconds per input (a faster one is
+            taken as is).
         revisit_every: after this many passes at the best size, measure a neighbour again (loads change).
     """
 
@@ -36,6 +37,8 @@ class BatchTuner:
         self.smoothing = smoothing
         self.revisit_every = revisit_every
         self.cost_s: dict[int, float] = {}
+        self._measured_at: dict[int, int] = {}  # size -> number of the pass that last measured it
+        self._passes = 0
         self._since_explore = 0
 
     def best(self) -> int:
@@ -55,8 +58,9 @@ class BatchTuner:
             if size not in self.cost_s:
                 return size
         if self._since_explore >= self.revisit_every and neighbours:
+            # the neighbour measured longest ago: each gets its turn, whatever a noisy pass once said of it
             self._since_explore = 0
-            return min(neighbours, key=self.cost_s.__getitem__)
+            return min(neighbours, key=lambda size: self._measured_at.get(size, -1))
         self._since_explore += 1
         return best
 
@@ -65,8 +69,15 @@ class BatchTuner:
         if items != size or size not in self.sizes or items <= 0:
             return
         per_item = seconds / items
+        self._passes += 1
+        self._measured_at[size] = self._passes
         old = self.cost_s.get(size)
-        self.cost_s[size] = per_item if old is None else (1 - self.smoothing) * old + self.smoothing * per_item
+        if old is None:
+            self.cost_s[size] = per_item
+        else:
+            # Down at once, up slowly: on a shared machine a pass is only ever slowed by others, so a fast pass is
+            # what the size can do, while a slow one may be noise (the moving average still follows lasting change).
+            self.cost_s[size] = min(per_item, (1 - self.smoothing) * old + self.smoothing * per_item)
 
     def chunks(self, total: int) -> list[int]:
         """Cut ``total`` inputs into batch sizes, asking ``next_size`` before each (without measuring)."""

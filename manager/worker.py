@@ -98,6 +98,9 @@ class ModelWorker(ABC):
         self.memory_bytes = 0
         #: Chooses forward-pass sizes by measurement (set by ModelEngine; None: always ``batch_size``).
         self.tuner: BatchTuner | None = None
+        # The first forward pass after a load pays one-off costs (allocator growth, kernel choice, lazy init): it is
+        # not shown to the tuner, which would otherwise rule out that size for good.
+        self._first_pass = True
 
     @property
     def batch_size(self) -> int:
@@ -113,8 +116,9 @@ class ModelWorker(ABC):
             chunk = items[start : start + size]
             started = time.perf_counter()
             yield chunk
-            if self.tuner is not None:
+            if self.tuner is not None and not self._first_pass:
                 self.tuner.record(size, len(chunk), time.perf_counter() - started)
+            self._first_pass = False
             start += len(chunk)
 
     @classmethod

@@ -4,7 +4,8 @@ Why not plain celery-batches: its strategy is kept (it turns each message into a
 its flushing is replaced. celery-batches flushes every ``flush_every`` messages or every ``flush_interval``
 seconds, hands the batch to the pool, and acks late messages when the batch returns, even if it raised. Here:
 
-- every message goes into this worker's backlog as soon as it arrives (``flush_every = 1``);
+- every message goes into this worker's backlog as soon as it arrives: everything one read of the transport
+  delivered is flushed at once, on the event loop's next tick (``_flush_per_tick``);
 - one scheduler thread takes the next group from the backlog the moment it is idle, so a lone job never waits
   for a timer and, while a group computes, the consumer keeps fetching (the backlog grows in the meantime);
 - the scheduler sees the whole backlog (up to ``SWAPLESS_PREFETCH`` unacked jobs), serves loaded models first,
@@ -88,7 +89,8 @@ class SwaplessBatches(Batches):
     """celery-batches' strategy with Swapless' scheduler in place of its flush (see the module docstring)."""
 
     abstract = True
-    #: Hand every message to the scheduler as it arrives; the scheduler does the batching.
+    #: Hand every message to the scheduler as it arrives (per event-loop tick when there is a hub, see
+    #: ``_flush_per_tick``); the scheduler does the batching.
     flush_every = 1
     #: Only jobs with an ETA wait for this timer.
     flush_interval = 0.5
@@ -96,6 +98,8 @@ class SwaplessBatches(Batches):
     scheduler: BatchScheduler | None = None
     acks: AckQueue | None = None
     _refresh_tref: Any = None
+    _tick: Callable[[], None] | None = None
+    _tick_hub: Any = None
 
     def Strategy(self, task: Any, app: Any, consumer: Any) -> Callable[..., Any]:  # noqa: N802 - Celery's name
         """Called by the consumer at each (re)connection: bulk acks on its thread, and the visibility refresh."""
@@ -112,6 +116,7 @@ class SwaplessBatches(Batches):
                 refresh_visibility(task_consumer.channel)
 
         self._refresh_tref = consumer.timer.call_repeatedly(settings.visibility_refresh_s, refresh)
+        self._flush_per_tick(getattr(consumer, "hub", None))
         handler = super().Strategy(task, app, consumer)
 
         def guarded(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any) -> None:
@@ -127,6 +132,28 @@ class SwaplessBatches(Batches):
                 raise InvalidTaskError(f"malformed job message: {err!r}") from err
 
         return guarded
+
+    def _flush_per_tick(self, hub: Any) -> None:
+        """Hand the scheduler everything that arrived in one turn of the event loop at once.
+
+        The transport delivers up to ``swapless_fetch_limit`` messages per read; flushing each one alone (celery-batches'
+        ``flush_every = 1``) took the scheduler's lock and woke its thread once per job. The hub runs ``on_tick``
+        before each poll, so one flush follows each read. Without a hub, every message is flushed as it comes.
+        """
+        if self._tick is not None and self._tick_hub is not None:
+            self._tick_hub.on_tick.discard(self._tick)
+            self._tick = self._tick_hub = None
+        if hub is None:
+            self.flush_every = 1
+            return
+
+        def tick() -> None:
+            if not self._buffer.empty():
+                self._do_flush()
+
+        self._tick, self._tick_hub = tick, hub
+        hub.on_tick.add(tick)
+        self.flush_every = 1 << 30
 
     def _answer_malformed(self, message: Any, err: Exception) -> None:
         job_id = (getattr(message, "headers", None) or {}).get("id")

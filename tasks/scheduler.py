@@ -180,21 +180,50 @@ class BatchScheduler:
         # Jobs that were in flight when a worker died run alone, so that one poison input cannot take others down.
         suspects = [job for job in group if 0 < attempts.get(job.id, 0) < max_attempts and job.id not in done_before]
         rest = [job for job in group if job.id not in attempts and job.id not in done_before]
-        for batch in [[job] for job in suspects] + ([rest] if rest else []):
-            try:
-                results.start([job.id for job in batch])
+        for job in suspects:
+            self._complete(results, model_id, self._run_batch(results, model_id, [job]))
+        if rest:
+            self._complete(results, model_id, self._run_sliced(results, model_id, rest))
+
+    def _run_sliced(self, results: ResultStore, model_id: str, jobs: Sequence[Job]) -> list[Outcome]:
+        """Run a bulk group in slices of ``max_batch_size`` jobs; yield to interactive jobs between slices.
+
+        Interactive jobs that arrive while a long bulk group computes wait for one slice (a forward pass or two),
+        not for the whole group: the unstarted rest goes back to the backlog, and the scheduler picks again.
+        Interactive groups, and groups that fit in one slice, run whole.
+        """
+        size = self.runtime.settings.max_batch_size
+        if len(jobs) <= size or any(job.urgent for job in jobs):
+            return self._run_batch(results, model_id, jobs)
+        outcomes: list[Outcome] = []
+        for start in range(0, len(jobs), size):
+            outcomes += self._run_batch(results, model_id, jobs[start : start + size])
+            rest = jobs[start + size :]
+            if rest:
                 with self._cond:
-                    waiting = self.backlog.counts()
-                started = time.perf_counter()
-                outcomes = run_group(self.runtime.manager, model_id, batch, waiting)
-                elapsed = time.perf_counter() - started
-                self.observer.on_group(model_id, batch, outcomes, elapsed)  # issue #7: heartbeat and metrics; never raises
-                failed = sum(1 for o in outcomes if not o.ok)
-                logger.info("ran %d job(s) on %s in %.3f s (%d failed)", len(outcomes), model_id, elapsed, failed)
-            except Exception as err:  # noqa: BLE001 - a bug here must still give every job an answer
-                logger.exception("internal error running %d job(s) on %s", len(batch), model_id)
-                outcomes = [Outcome(job, error=PredictionFailed(model_id, f"internal error in the worker: {err!r}")) for job in batch]
-            self._complete(results, model_id, outcomes)
+                    if self.backlog.urgent:
+                        self.backlog.add(rest)  # never started: back as they were
+                        logger.info("%s: yielding to interactive jobs after %d of %d bulk job(s)", model_id,
+                                    start + size, len(jobs))
+                        break
+        return outcomes
+
+    def _run_batch(self, results: ResultStore, model_id: str, batch: Sequence[Job]) -> list[Outcome]:
+        """Mark ``batch`` started, run it, return one outcome per job (never raises)."""
+        try:
+            results.start([job.id for job in batch])
+            with self._cond:
+                waiting = self.backlog.counts()
+            started = time.perf_counter()
+            outcomes = run_group(self.runtime.manager, model_id, batch, waiting)
+            elapsed = time.perf_counter() - started
+            self.observer.on_group(model_id, batch, outcomes, elapsed)  # issue #7: heartbeat and metrics; never raises
+            failed = sum(1 for o in outcomes if not o.ok)
+            logger.info("ran %d job(s) on %s in %.3f s (%d failed)", len(outcomes), model_id, elapsed, failed)
+        except Exception as err:  # noqa: BLE001 - a bug here must still give every job an answer
+            logger.exception("internal error running %d job(s) on %s", len(batch), model_id)
+            outcomes = [Outcome(job, error=PredictionFailed(model_id, f"internal error in the worker: {err!r}")) for job in batch]
+        return outcomes
 
     def _complete(self, results: ResultStore, model_id: str, outcomes: list[Outcome]) -> None:
         outcomes, chunks_done = self.chunks.collect(outcomes)  # issue #5: items of chunks -> complete chunks

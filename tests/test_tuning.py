@@ -57,3 +57,42 @@ def test_chunks_cover_the_total() -> None:
     tuner = BatchTuner(8, start=8)
     assert sum(tuner.chunks(21)) == 21
     assert max(tuner.chunks(21)) <= 8
+
+
+def test_one_slow_pass_does_not_rule_a_size_out_for_good() -> None:
+    # The machine is shared: size 4 is measured once while something else runs (3x its real cost). A later, faster
+    # measurement of it is taken at once, so the tuner ends on it instead of staying on a worse neighbour.
+    curve = {1: 3.0, 2: 2.0, 4: 1.0, 8: 1.5, 16: 3.0}
+    tuner = BatchTuner(16, start=4, revisit_every=3)
+    tuner.record(4, 4, 3.0 * 4)
+    used = simulate(tuner, curve, 30)
+    assert tuner.best() == 4 and tuner.cost_s[4] == pytest.approx(1.0)
+    assert used[-12:].count(4) >= 9, used  # the rest are the periodic revisits of its neighbours
+
+
+def test_a_slower_pass_moves_the_cost_up_only_gradually() -> None:
+    tuner = BatchTuner(8, smoothing=0.3)
+    tuner.record(8, 8, 8.0)
+    tuner.record(8, 8, 16.0)
+    assert tuner.cost_s[8] == pytest.approx(1.3)
+    tuner.record(8, 8, 4.0)
+    assert tuner.cost_s[8] == pytest.approx(0.5)
+
+
+def test_the_first_forward_pass_after_a_load_is_not_shown_to_the_tuner() -> None:
+    from manager.specs import InputType, ModelSpec
+    from manager.worker import ModelWorker
+
+    class Counting(ModelWorker):
+        def load(self) -> None: ...
+        def unload(self) -> None: ...
+
+        def predict(self, batch):  # type: ignore[no-untyped-def]
+            return [len(chunk) for chunk in self.batched(batch) for _ in chunk]
+
+    worker = Counting(ModelSpec(id="m", name="m", framework="none", type=InputType.TEXT))
+    worker.tuner = BatchTuner(8, start=4)
+    worker.predict(["x"] * 4)  # pays the one-off costs: not recorded
+    assert worker.tuner.cost_s == {}
+    worker.predict(["x"] * 4)
+    assert set(worker.tuner.cost_s) == {4}

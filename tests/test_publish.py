@@ -1,0 +1,78 @@
+"""Client.submit_jobs: many single jobs in one round trip, as messages identical to send_task's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from manager import InputError, UnknownModel
+from tasks.app import PRIORITY_BULK, PRIORITY_INTERACTIVE
+from tasks.client import Client
+from tasks.publish import queue_key
+from tests.conftest import WorkerProcess
+from tests.tinymodels import encode_image
+
+# differ by design between any two messages
+_PER_MESSAGE = {"id", "root_id", "argsrepr", "swapless_sent_at", "correlation_id", "delivery_tag"}
+
+
+def _strip(message: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "body": message["body"],
+        **{k: v for k, v in message.items() if k not in ("headers", "properties", "body")},
+        "headers": {k: v for k, v in message["headers"].items() if k not in _PER_MESSAGE},
+        "properties": {k: v for k, v in message["properties"].items() if k not in _PER_MESSAGE},
+    }
+
+
+@pytest.mark.parametrize(("priority", "level"), [("interactive", PRIORITY_INTERACTIVE), ("bulk", PRIORITY_BULK)])
+def test_messages_are_those_send_task_makes(swapless_env: dict[str, str], redis_url: str, priority: str, level: int) -> None:
+    client = Client()
+    r = redis.Redis.from_url(redis_url)
+    key = queue_key(client.settings, level)
+    by_send_task = client.submit("sentiment", "same input", priority=priority)
+    [ours] = client.submit_jobs([("sentiment", "same input")], priority=priority)
+    raw = [json.loads(m) for m in reversed(r.lrange(key, 0, -1))]  # oldest first
+    assert [m["headers"]["id"] for m in raw] == [by_send_task.id, ours.id]
+    celery_msg, our_msg = raw
+    assert _strip(our_msg) == _strip(celery_msg)
+    assert our_msg["headers"]["argsrepr"] == celery_msg["headers"]["argsrepr"] == "['sentiment', 'same input']"
+    assert our_msg["headers"]["root_id"] == our_msg["properties"]["correlation_id"] == ours.id
+    assert our_msg["properties"]["delivery_tag"] != celery_msg["properties"]["delivery_tag"]
+    r.close()
+
+
+def test_nothing_is_sent_when_one_job_is_invalid(swapless_env: dict[str, str], redis_url: str) -> None:
+    client = Client()
+    r = redis.Redis.from_url(redis_url)
+    with pytest.raises(UnknownModel, match="nope"):
+        client.submit_jobs([("sentiment", "ok"), ("nope", "x")])
+    with pytest.raises(ValueError, match=r"job 1 \(spam\): its input cannot be sent as JSON"):
+        client.submit_jobs([("sentiment", "ok"), ("spam", {1, 2})])
+    with pytest.raises(ValueError, match="priority must be one of interactive, bulk"):
+        client.submit_jobs([("sentiment", "ok")], priority="urgent")
+    assert all(r.llen(queue_key(client.settings, level)) == 0 for level in (PRIORITY_INTERACTIVE, PRIORITY_BULK))
+    r.close()
+
+
+def test_a_real_worker_answers_each_job_like_submit(start_worker: Callable[..., WorkerProcess]) -> None:
+    start_worker("--max-models", "2")
+    client = Client()
+    image = encode_image(3)
+    pairs = [("sentiment", f"text number {i}") for i in range(20)] + [("vision", image)] * 5 + [("spam", "")]
+    pairs += [("spam", f"win a prize {i}") for i in range(20)]
+    jobs = client.submit_jobs(pairs)
+    assert len({job.id for job in jobs}) == len(pairs)
+    results = client.gather(jobs, timeout=120)
+    one_by_one = client.gather([client.submit(m, v) for m, v in pairs], timeout=120)
+    for (model_id, _), got, want in zip(pairs, results, one_by_one):
+        assert got.state == want.state, (model_id, got, want)
+        if got.state == "SUCCESS":
+            assert [p["label"] for p in got.value] == [p["label"] for p in want.value]
+            assert [p["score"] for p in got.value] == pytest.approx([p["score"] for p in want.value], abs=1e-5)
+    empty = results[25]
+    assert empty.state == "FAILURE" and isinstance(empty.value, InputError) and "empty text" in str(empty.value)

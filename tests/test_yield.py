@@ -1,0 +1,46 @@
+"""Interactive jobs overtake a bulk group that is already running: the group yields between slices."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tasks.client import Client
+from tests.conftest import WorkerProcess
+from tests.faultkit import FaultEnv, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def faults(
+    swapless_env: dict[str, str],
+    models_file: Path,
+    start_worker: Callable[..., WorkerProcess],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> FaultEnv:
+    return FaultEnv(tmp_path, swapless_env, models_file, start_worker, monkeypatch)
+
+
+def test_an_interactive_job_waits_one_slice_of_a_running_bulk_group_not_the_whole_group(faults: FaultEnv) -> None:
+    # Slices of 4 jobs; each slice of the bulk group holds 0.3 s: the whole group of 40 takes about 3 s.
+    worker = faults.worker(env={"SWAPLESS_MAX_BATCH_SIZE": "4"})
+    client = Client()
+    bulk = client.submit_jobs([("echo", f"sleep:0.3:bulk-{i}") for i in range(40)], priority="bulk")
+    faults.wait_executed("sleep:0.3:bulk-0")
+    sent = time.monotonic()
+    interactive = client.submit("echo2", "now please")
+    assert interactive.get(timeout=30)["echo"] == "now please"
+    waited = time.monotonic() - sent
+    done_then = sum(1 for r in client.fetch([job.id for job in bulk]) if r.ready)
+    assert done_then < 40, "the interactive job finished before the bulk group did"
+    # it waited for the slice in flight (0.3 s) at most, plus its own run: far from the ~3 s of the whole group
+    assert waited < 1.5, f"the interactive job waited {waited:.2f} s"
+    wait_for(lambda: "yielding to interactive jobs" in worker.log(), 10, "the bulk group to yield")
+    results = client.gather(bulk, timeout=60)
+    assert [r.value["echo"] for r in results] == [f"sleep:0.3:bulk-{i}" for i in range(40)]
+    assert all(n == 1 for n in (faults.executions()[f"sleep:0.3:bulk-{i}"] for i in range(40))), "yielded jobs ran once"
