@@ -95,6 +95,8 @@ class Settings(BaseSettings):
     result_expires_s: int = Field(86400, ge=1)
     max_attempts: int = Field(3, ge=1)
     task_events: bool = True
+    #: Load each local model once at start-up, warm it and seed its batch-size tuner (manager.warmup).
+    warm_start: bool = False
     plugins: str = ""
     visibility_timeout_s: int = Field(60, ge=3)
     visibility_refresh_s: float = Field(10.0, gt=0)

@@ -62,6 +62,10 @@ class ModelEngine:
             worker.tuner = self._tuners.setdefault(spec.id, BatchTuner(worker.batch_size))
         return worker
 
+    def tuner(self, model_id: str) -> BatchTuner | None:
+        """The batch-size tuner of ``model_id`` (None before its first build, or with tuning off)."""
+        return self._tuners.get(model_id)
+
     def warm_up(self, frameworks: Iterable[str]) -> None:
         """Import the libraries of ``frameworks`` now (worker start-up) so the first job does not pay for it."""
         for framework in sorted(set(frameworks)):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -38,6 +39,7 @@ from manager import (
     WorkerLimits,
     run_group,
 )
+from manager.warmup import warm_start
 from tasks import status  # issue #7: heartbeat and metrics
 from tasks.acks import AckQueue, refresh_visibility
 from tasks.app import PREDICT_TASK, app
@@ -232,8 +234,28 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         logger.critical("cannot start: %s", err)
         raise SystemExit(2) from None  # not an Exception: Celery's signal dispatch lets it stop the worker
     task.scheduler = BatchScheduler(runtime, lambda: ResultStore(task.app))
-    logger.info("swapless worker ready: models %s", ", ".join(task.scheduler.runtime.store.ids()))
     status.start_worker_reporting(task.scheduler, getattr(sender, "hostname", None))  # issue #7
+
+
+@signals.celeryd_after_setup.connect
+def _on_worker_setup(**_: Any) -> None:
+    # After Celery has set up logging (worker_init comes before it: what is logged there is lost), before the
+    # consumer starts: the warm start (SWAPLESS_WARM_START) runs before the first job is fetched.
+    scheduler = getattr(app.tasks[PREDICT_TASK], "scheduler", None)
+    if scheduler is None:
+        return
+    runtime = scheduler.runtime
+    engine = runtime.manager.factory
+    if runtime.settings.warm_start and isinstance(engine, ModelEngine):
+
+        def warm() -> None:
+            took = warm_start(runtime.manager, engine)
+            logger.info("warm start on %s: %d model(s) in %.1f s", threading.current_thread().name, len(took),
+                        sum(took.values()))
+
+        scheduler.start(first=warm)  # on the thread that will run the jobs
+        scheduler.ready.wait()
+    logger.info("swapless worker ready: models %s", ", ".join(runtime.store.ids()))
 
 
 @signals.worker_shutdown.connect

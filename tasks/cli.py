@@ -58,6 +58,10 @@ def worker(
     task_events: Annotated[
         bool | None, typer.Option("--task-events/--no-task-events", help="Celery task events for Flower [default: on]")
     ] = None,
+    warm_start: Annotated[
+        bool | None,
+        typer.Option("--warm-start/--no-warm-start", help="warm every local model before taking jobs [default: off]"),
+    ] = None,
     loglevel: Annotated[str, typer.Option(help="celery log level")] = "INFO",
     hostname: Annotated[str | None, typer.Option(help="worker node name (celery -n)")] = None,
     metrics_port: Annotated[
@@ -75,6 +79,7 @@ def worker(
         models_file=models, max_models=max_models, memory_budget=memory_budget, device=device, queue=queue,
         prefetch=prefetch, metrics_port=metrics_port, metrics_host=metrics_host,
         task_events=None if task_events is None else str(task_events).lower(),
+        warm_start=None if warm_start is None else str(warm_start).lower(),
     )
     from tasks.app import app as celery_app
     from tasks.app import configure
