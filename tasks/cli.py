@@ -56,7 +56,7 @@ def worker(
     queue: Annotated[str | None, typer.Option(help="queue to consume [default: swapless]")] = None,
     prefetch: Annotated[int | None, typer.Option(help="unacked jobs held, the scheduler's window [default: 1024]")] = None,
     task_events: Annotated[
-        bool | None, typer.Option("--task-events/--no-task-events", help="Celery task events for Flower [default: on]")
+        bool | None, typer.Option("--task-events/--no-task-events", help="Celery task events for Flower [default: off]")
     ] = None,
     warm_start: Annotated[
         bool | None,

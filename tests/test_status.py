@@ -231,7 +231,7 @@ class EventLog:
 def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     start_worker: Callable[..., WorkerProcess], settings: Settings
 ) -> None:
-    worker = start_worker("--hostname", "st@%h", env={"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5"})
+    worker = start_worker("--hostname", "st@%h", "--task-events", env={"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5"})
     assert listening_ports(worker.proc.pid) == [], "without --metrics-port the worker opens no port"
     client = Client()
     events = EventLog(client)
