@@ -71,17 +71,15 @@ class Backlog:
         self.max_wait_s = max_wait_s
         self.clock = clock
         self._groups: OrderedDict[str, deque[Job]] = OrderedDict()
-        self._urgent = 0
 
     def add(self, jobs: Iterable[Job]) -> None:
         for job in jobs:
             self._groups.setdefault(job.model_id, deque()).append(job)
-            self._urgent += job.urgent
 
     @property
     def urgent(self) -> int:
         """Interactive jobs waiting, over all models."""
-        return self._urgent
+        return sum(1 for group in self._groups.values() for job in group if job.urgent)
 
     def __len__(self) -> int:
         return sum(len(group) for group in self._groups.values())
@@ -116,7 +114,6 @@ class Backlog:
         group = self._groups[model_id]
         ordered = sorted(group, key=lambda job: (not job.urgent, job.received_s))
         taken, rest = ordered[:limit], ordered[limit:]
-        self._urgent -= sum(1 for job in taken if job.urgent)
         if rest:
             self._groups[model_id] = deque(sorted(rest, key=lambda job: job.received_s))
         else:

@@ -160,6 +160,20 @@ class Client:
             self._store = ModelStore.from_file(self.settings.models_file)
         return self._store
 
+    @staticmethod
+    def _level(priority: str) -> int:
+        """The Redis priority of ``priority``; ValueError naming the choices if there is none."""
+        if priority not in _PRIORITIES:
+            raise ValueError(f"priority must be one of {', '.join(_PRIORITIES)}, not {priority!r}")
+        return _PRIORITIES[priority]
+
+    def _checked(self, model_id: str, priority: str) -> int:
+        """Check ``priority`` and (with ``validate``) ``model_id`` before anything is sent; returns the level."""
+        level = self._level(priority)
+        if self._validate:
+            self.store.get(model_id)
+        return level
+
     def models(self) -> list[ModelSpec]:
         """The models that exist (from the models file)."""
         return list(self.store)
@@ -176,13 +190,8 @@ class Client:
             UnknownModel: ``validate`` is on and the id is not in the registry.
             ValueError: unknown ``priority``.
         """
-        if priority not in _PRIORITIES:
-            raise ValueError(f"priority must be one of {', '.join(_PRIORITIES)}, not {priority!r}")
-        if self._validate:
-            self.store.get(model_id)
-        result = self.app.send_task(
-            PREDICT_TASK, args=[model_id, input], queue=self.settings.queue, priority=_PRIORITIES[priority]
-        )
+        level = self._checked(model_id, priority)
+        result = self.app.send_task(PREDICT_TASK, args=[model_id, input], queue=self.settings.queue, priority=level)
         return Job(self, result.id)
 
     def submit_jobs(self, jobs: Iterable[tuple[str, Any]], *, priority: str = "interactive") -> list[Job]:
@@ -196,13 +205,10 @@ class Client:
             UnknownModel: ``validate`` is on and an id is not in the registry (nothing is sent).
             ValueError: unknown ``priority``, or an input JSON cannot encode (nothing is sent).
         """
-        if priority not in _PRIORITIES:
-            raise ValueError(f"priority must be one of {', '.join(_PRIORITIES)}, not {priority!r}")
         pairs = list(jobs)
-        if self._validate:
-            for model_id in {model_id for model_id, _ in pairs}:
-                self.store.get(model_id)
-        level = _PRIORITIES[priority]
+        level = self._level(priority)
+        for model_id in {model_id for model_id, _ in pairs}:
+            self._checked(model_id, priority)
         built = build_messages(self.app, self.settings.queue, pairs, level)
         push(self.results.client, queue_key(self.settings, level), [message for _, message in built])
         return [Job(self, job_id) for job_id, _ in built]
@@ -272,11 +278,8 @@ class Client:
             UnknownModel: ``validate`` is on and the id is not in the registry.
             ValueError: unknown ``priority``.
         """
-        if priority not in _PRIORITIES:
-            raise ValueError(f"priority must be one of {', '.join(_PRIORITIES)}, not {priority!r}")
-        if self._validate:
-            self.store.get(model_id)
-        return ChunkStream(self, model_id, priority=_PRIORITIES[priority], **options)
+        level = self._checked(model_id, priority)
+        return ChunkStream(self, model_id, priority=level, **options)
 
     def fetch(self, job_ids: Sequence[str]) -> list[StoredResult]:
         """The stored states of many jobs now (batched MGETs; items of one chunk share one read)."""

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import socket
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
+from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 
 from config.settings import Settings
@@ -34,7 +33,7 @@ _ARGSREPR_MAX = 1024  # Celery's argsrepr_maxsize
 
 def queue_key(settings: Settings, priority: int) -> str:
     """The Redis list kombu's Redis transport keeps ``settings.queue``'s messages of ``priority`` in."""
-    base = f"{settings.key_prefix}{settings.queue}"
+    base = f"{settings.key_prefix or ''}{settings.queue}"
     return base if priority == 0 else f"{base}{_PRIORITY_SEP}{priority}"
 
 
@@ -44,7 +43,7 @@ def build_messages(app: Celery, queue: str, jobs: Sequence[tuple[str, Any]], pri
     Raises:
         ValueError: an input JSON cannot encode (the index of the job is named).
     """
-    origin = f"gen{os.getpid()}@{socket.gethostname()}"
+    origin = anon_nodename()  # what send_task puts in "origin"
     reply_to = app.thread_oid
     sent_at = time.time()
     out = []

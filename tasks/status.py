@@ -46,6 +46,7 @@ from tasks.heartbeat import (
     workers_index_key,
 )
 from tasks.observe import GroupAccounting, GroupReport, Observers, SentTimes
+from tasks.publish import queue_key
 
 if TYPE_CHECKING:
     from tasks.scheduler import BatchScheduler
@@ -76,7 +77,6 @@ logger = logging.getLogger(__name__)
 
 #: Messages decoded per priority level to split the queue by model, by default.
 DEFAULT_SAMPLE = 200
-_PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: "<queue>\x06\x16<priority>" for priorities above 0
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,7 @@ class QueueDepth:
 
 def queue_keys(settings: Settings) -> list[tuple[int, str]]:
     """``(priority, Redis key)`` of the queue's lists; kombu's key prefix is applied here."""
-    base = f"{settings.key_prefix or ''}{settings.queue}"
-    return [(p, base if p == PRIORITY_STEPS[0] else f"{base}{_PRIORITY_SEP}{p}") for p in PRIORITY_STEPS]
+    return [(p, queue_key(settings, p)) for p in PRIORITY_STEPS]
 
 
 def message_jobs(raw: bytes | str) -> tuple[str, int] | None:

@@ -10,9 +10,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
+
+if TYPE_CHECKING:
+    from tests.faultkit import FaultEnv
 
 from config.settings import Settings, get_settings
 
@@ -134,3 +138,17 @@ def start_worker(swapless_env: dict[str, str], tmp_path: Path) -> Iterator[Calla
     yield start
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture
+def faults(
+    swapless_env: dict[str, str],
+    models_file: Path,
+    start_worker: Callable[..., WorkerProcess],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> FaultEnv:
+    """Workers with the ``crashy`` test framework, its execution log and the Redis views the fault tests read."""
+    from tests.faultkit import FaultEnv  # faultkit imports this module
+
+    return FaultEnv(tmp_path, swapless_env, models_file, start_worker, monkeypatch)

@@ -34,7 +34,6 @@ from manager import InputError, ModelTooLarge, PoisonJob, PredictionFailed, Swap
 from tasks.app import PREDICT_TASK
 from tasks.client import Client, Job
 from tests import faultkit
-from tests.conftest import WorkerProcess
 from tests.faultkit import FaultEnv, Scenario, echoes, fails, labels, publish_raw, settle, wait_for
 from tests.redis_server import FreezingProxy, RedisServer
 from tests.tinymodels import encode_image
@@ -58,17 +57,6 @@ def _print_scenario_table(request: pytest.FixtureRequest) -> Iterator[None]:
     report = os.environ.get("SWAPLESS_FAULTS_REPORT")
     if report:
         Path(report).write_text(text + "\n")
-
-
-@pytest.fixture
-def faults(
-    swapless_env: dict[str, str],
-    models_file: Path,
-    start_worker: Callable[..., WorkerProcess],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> FaultEnv:
-    return FaultEnv(tmp_path, swapless_env, models_file, start_worker, monkeypatch)
 
 
 def hold(client: Client, faults: FaultEnv, seconds: float) -> tuple[Job, faultkit.Expect]:

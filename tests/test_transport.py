@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -48,13 +48,18 @@ def consume(conn: Connection, want: int, prefetch: int | None = None, timeout: f
         channel.basic_qos(0, prefetch, False)
     consumer = conn.Consumer(Queue(QUEUE, Exchange(QUEUE), QUEUE), channel=channel, callbacks=[lambda b, m: got.append(m)])
     consumer.consume()
+    drain(conn, lambda: len(got) >= want, timeout)
+    return got
+
+
+def drain(conn: Connection, done: Callable[[], bool], timeout: float) -> None:
+    """Let ``conn`` deliver messages until ``done()`` or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
-    while len(got) < want and time.monotonic() < deadline:
+    while not done() and time.monotonic() < deadline:
         try:
             conn.drain_events(timeout=0.2)
         except TimeoutError:
             pass
-    return got
 
 
 def unacked(r: redis.Redis, prefix: str) -> dict[str, list[Any]]:
@@ -105,20 +110,11 @@ def test_an_idle_consumer_wakes_for_new_messages_on_any_priority(conn: Connectio
     got: list[Any] = []
     consumer = conn.Consumer(Queue(QUEUE, Exchange(QUEUE), QUEUE), channel=channel, callbacks=[lambda b, m: got.append(m)])
     consumer.consume()
-    for _ in range(3):  # several empty polls: the channel is now waiting (BLMOVE), not fetching
-        try:
-            conn.drain_events(timeout=0.1)
-        except TimeoutError:
-            pass
+    drain(conn, lambda: False, 0.3)  # several empty polls: the channel is now waiting (BLMOVE), not fetching
     with Connection(redis_url, transport=Transport, transport_options={"global_keyprefix": key_prefix}) as producer:
         publish(producer, [{"late": 0}], priority=0)
         publish(producer, [{"late": 1}], priority=6)
-    deadline = time.monotonic() + 5
-    while len(got) < 2 and time.monotonic() < deadline:
-        try:
-            conn.drain_events(timeout=0.2)
-        except TimeoutError:
-            pass
+    drain(conn, lambda: len(got) >= 2, 5)
     assert sorted(m.payload["late"] for m in got) == [0, 1]
 
 

@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from tasks.client import Client
-from tests.conftest import WorkerProcess
 from tests.faultkit import FaultEnv, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def faults(
-    swapless_env: dict[str, str],
-    models_file: Path,
-    start_worker: Callable[..., WorkerProcess],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> FaultEnv:
-    return FaultEnv(tmp_path, swapless_env, models_file, start_worker, monkeypatch)
 
 
 def test_an_interactive_job_waits_one_slice_of_a_running_bulk_group_not_the_whole_group(faults: FaultEnv) -> None:
