@@ -20,8 +20,8 @@ import argparse
 import json
 import os
 import random
-import resource
 import re
+import resource
 import signal
 import statistics
 import subprocess

@@ -36,7 +36,11 @@ MODEL_IDS = [m[0] for m in TEXT_MODELS] + [IMAGE_MODEL]
 
 def build_models(directory: Path = OUT / "models") -> Path:
     """Build the six benchmark models once (offline, random weights) and return their models.json."""
-    from tests.tinymodels import build_image_classifier, build_text_classifier, write_models_file
+    from manager.tiny import (
+        build_image_classifier,
+        build_text_classifier,
+        write_models_file,
+    )
 
     models_file = directory / "models.json"
     if models_file.exists():
@@ -54,14 +58,14 @@ def build_models(directory: Path = OUT / "models") -> Path:
 
 
 def text_inputs(rng: random.Random, n: int) -> list[str]:
-    from tests.tinymodels import vocabulary
+    from manager.tiny import vocabulary
 
     words = [w for w in vocabulary(3000) if w.isalpha()]
     return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 40))) for _ in range(n)]
 
 
 def image_inputs(n: int) -> list[str]:
-    from tests.tinymodels import encode_image
+    from manager.tiny import encode_image
 
     pool = [encode_image(seed, size=(96, 72)) for seed in range(16)]
     return [pool[i % len(pool)] for i in range(n)]

@@ -5,20 +5,23 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | variable                        | default                    | meaning |
 |---------------------------------|----------------------------|---------|
 | SWAPLESS_REDIS_URL              | unset                      | broker and result backend. Unset: the worker uses redis://127.0.0.1:6379/0; ``swapless submit``/``bulk`` start an embedded Redis (local mode) |
+| SWAPLESS_CONNECT_TIMEOUT_S      | 3 s                        | producers (client, CLI, gateway) give up connecting to Redis after this, once retried |
 | SWAPLESS_MODELS_FILE            | config/models.json         | the model registry |
 | SWAPLESS_QUEUE                  | swapless                   | Celery queue the jobs go through |
 | SWAPLESS_KEY_PREFIX             | unset                      | prefix for every Redis key (queues and results), to share one Redis |
 | SWAPLESS_MAX_MODELS             | 2                          | local models loaded at once (count limit of the LRU cache) |
-| SWAPLESS_MEMORY_BUDGET          | unset (no byte limit)      | bytes of loaded local models, e.g. ``4GiB`` |
+| SWAPLESS_MEMORY_BUDGET_BYTES    | unset (no byte limit)      | bytes of loaded local models: ``4GiB``, ``512MB`` or a plain number |
 | SWAPLESS_TRITON_MAX_MODELS      | 4                          | Triton models kept loaded on their servers |
 | SWAPLESS_DEVICE                 | auto                       | ``auto`` (cuda if available, else cpu), ``cpu``, ``cuda``, ``cuda:1`` |
-| SWAPLESS_MAX_BATCH_SIZE         | 32                         | inputs per forward pass unless the model entry says otherwise |
+| SWAPLESS_MAX_BATCH_SIZE         | 32 inputs                  | largest forward pass unless the model entry says otherwise; the best size below it is measured |
+| SWAPLESS_MAX_QUEUED             | unset (no bound)           | most messages the queue may hold (a chunk counts once): producers get ``QueueFull`` beyond it, before Redis is full |
 | SWAPLESS_PREFETCH               | 1024 jobs                  | unacked jobs one worker holds: the backlog its scheduler groups |
 | SWAPLESS_MAX_GROUP              | 256 jobs                   | most jobs of one model run before the scheduler decides again |
 | SWAPLESS_MAX_WAIT_S             | 30 s                       | a job older than this is served next even if its model is cold |
-| SWAPLESS_RESULT_EXPIRES_S       | 86400 s                    | how long results stay in Redis |
+| SWAPLESS_RESULT_EXPIRES_S       | 3600 s                     | how long an unread result stays in Redis (``forget=True`` deletes one once read) |
 | SWAPLESS_MAX_ATTEMPTS           | 3                          | a job in flight at this many worker deaths fails as a poison job |
-| SWAPLESS_TASK_EVENTS            | true                       | Celery task events per job (Flower); off: about 2x the single-model throughput |
+| SWAPLESS_TASK_EVENTS            | false                      | Celery task events per job (Flower); they cost 10-25 % of single-model throughput |
+| SWAPLESS_WARM_START             | false                      | warm each local model and measure its batch sizes before taking jobs |
 | SWAPLESS_PLUGINS                | unset                      | comma-separated modules imported at worker start (custom frameworks) |
 | SWAPLESS_VISIBILITY_TIMEOUT_S   | 60 s                       | a dead worker's jobs are redelivered after this (plus the sweep) |
 | SWAPLESS_VISIBILITY_REFRESH_S   | 10 s                       | a live worker re-stamps the jobs it holds this often; must be ≤ timeout / 3 |
@@ -36,6 +39,8 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -44,6 +49,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from manager.errors import ConfigError
+from manager.worker import DEFAULT_MAX_BATCH_SIZE
 
 __all__ = ["DEFAULT_MODELS_FILE", "DEFAULT_REDIS_URL", "Settings", "get_settings", "parse_bytes"]
 
@@ -81,18 +87,20 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SWAPLESS_", extra="ignore")
 
     redis_url: str | None = None
+    connect_timeout_s: float = Field(3.0, gt=0)
     models_file: Path = DEFAULT_MODELS_FILE
     queue: str = "swapless"
     key_prefix: str | None = None
     max_models: int = Field(2, ge=1)
-    memory_budget: int | None = None
+    memory_budget_bytes: int | None = None
     triton_max_models: int = Field(4, ge=1)
     device: str = "auto"
-    max_batch_size: int = Field(32, ge=1)
+    max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, ge=1)
+    max_queued: int | None = Field(None, ge=1)
     prefetch: int = Field(1024, ge=1)
     max_group: int = Field(256, ge=1)
     max_wait_s: float = Field(30.0, gt=0)
-    result_expires_s: int = Field(86400, ge=1)
+    result_expires_s: int = Field(3600, ge=1)
     max_attempts: int = Field(3, ge=1)
     #: Per-job Celery task events for Flower (off, as in Celery: they cost 10-25 % of single-model throughput here).
     task_events: bool = False
@@ -112,7 +120,7 @@ class Settings(BaseSettings):
     gateway_max_body_bytes: int = Field(32 * 1024 * 1024, ge=1)
     predict_timeout_s: float = Field(30.0, gt=0)
 
-    @field_validator("memory_budget", mode="before")
+    @field_validator("memory_budget_bytes", mode="before")
     @classmethod
     def _parse_budget(cls, value: object) -> int | None:
         if value is None or value == "":
@@ -144,13 +152,34 @@ class Settings(BaseSettings):
         return self.redis_url or DEFAULT_REDIS_URL
 
 
+_PREFIX = "SWAPLESS_"
+
+
+def _misspelt_variable() -> ConfigError | None:
+    """An environment variable that looks like a setting but is none (``SWAPLESS_MEMORY_BUDGET``): it would be
+    ignored silently. Variables of other tools under the prefix (``SWAPLESS_TEST_...``) do not look like one."""
+    known = [name.upper() for name in Settings.model_fields]
+    for variable in sorted(os.environ):
+        if not variable.startswith(_PREFIX) or variable[len(_PREFIX) :] in known:
+            continue
+        name = variable[len(_PREFIX) :]
+        close = [k for k in known if k.startswith(name + "_")] or difflib.get_close_matches(name, known, 1, 0.85)
+        if close:
+            return ConfigError(variable, f"no such setting; did you mean {_PREFIX}{close[0]}? (see config/settings.py)")
+    return None
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The process-wide settings, read from the environment once.
 
     Raises:
-        ConfigError: a variable is invalid; the message names it and what is wrong.
+        ConfigError: a variable is invalid, or looks like a setting's name misspelt; the message names it and what
+            is wrong.
     """
+    misspelt = _misspelt_variable()
+    if misspelt is not None:
+        raise misspelt
     try:
         return Settings()
     except ValidationError as err:

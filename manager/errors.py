@@ -15,21 +15,28 @@ rebuilds the very same error, message included.
     ├── PredictionFailed        the model raised on this job's input
     ├── PoisonJob               the job was in flight each time its worker died; not retried again
     ├── BackendUnavailable      a remote inference server did not answer (retryable)
-    ├── JobFailed               client side: the job failed with an error this process cannot rebuild
-    └── JobTimeout              client side: no result within the timeout (also a TimeoutError)
+    │   └── QueueUnavailable *  Redis, the queue and result store, cannot be reached (retryable)
+    ├── QueueFull *             Redis refuses new jobs: it is out of memory, or the queue is at its bound
+    ├── JobFailed *             the job failed with an error this process cannot rebuild
+    ├── JobTimeout *            no result within the timeout (also a TimeoutError)
+    ├── BulkFileError *         a bulk job's input or output file cannot be used; nothing was sent
+    ├── LocalModeError *        local mode's embedded Redis or worker did not start, or stopped
+    └── MetricsUnavailable *    the worker's metrics endpoint cannot be opened
+
+``*``: the queue side's errors, defined in ``tasks/errors.py`` (the model side never raises them); the others here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from manager.describe import format_bytes
+
 __all__ = [
     "BackendUnavailable",
     "ConfigError",
     "DuplicateFramework",
     "InputError",
-    "JobFailed",
-    "JobTimeout",
     "ModelLoadError",
     "ModelTooLarge",
     "PoisonJob",
@@ -38,15 +45,6 @@ __all__ = [
     "UnknownFramework",
     "UnknownModel",
 ]
-
-
-def _fmt_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover - loop always returns
 
 
 class SwaplessError(Exception):
@@ -153,8 +151,8 @@ class ModelTooLarge(ModelLoadError):
     @property
     def message(self) -> str:
         return (
-            f"model {self.model_id!r} needs {_fmt_bytes(self.size_bytes)}, more than the whole memory budget "
-            f"of {_fmt_bytes(self.budget_bytes)}; raise --memory-budget (SWAPLESS_MEMORY_BUDGET)"
+            f"model {self.model_id!r} needs {format_bytes(self.size_bytes)}, more than the whole memory budget "
+            f"of {format_bytes(self.budget_bytes)}; raise --memory-budget (SWAPLESS_MEMORY_BUDGET_BYTES)"
         )
 
 
@@ -198,34 +196,3 @@ class BackendUnavailable(SwaplessError):
     @property
     def message(self) -> str:
         return f"inference server at {self.url} is unavailable: {self.problem}"
-
-
-class JobFailed(SwaplessError):
-    """Client side: the job failed with an error type this process cannot rebuild."""
-
-    def __init__(self, job_id: str, error_type: str, detail: str) -> None:
-        super().__init__(job_id, error_type, detail)
-        self.job_id = job_id
-        self.error_type = error_type
-        self.detail = detail
-
-    @property
-    def message(self) -> str:
-        return f"job {self.job_id} failed: {self.error_type}: {self.detail}"
-
-
-class JobTimeout(SwaplessError, TimeoutError):
-    """Client side: the job had no final result within the timeout. It may still finish later."""
-
-    def __init__(self, job_id: str, timeout_s: float, state: str) -> None:
-        super().__init__(job_id, timeout_s, state)
-        self.job_id = job_id
-        self.timeout_s = timeout_s
-        self.state = state
-
-    @property
-    def message(self) -> str:
-        return (
-            f"job {self.job_id} has no result after {self.timeout_s:g} s (state {self.state}); "
-            "it may still finish: look it up later with Client().job(job_id)"
-        )

@@ -55,6 +55,9 @@ this time to today too two up us use very want was way we week well were what wh
 winner with won work world would year yes you your amazing awful boring brilliant cheap company dreadful economy
 election exciting fantastic government hate horrible market minister network planet research scored season
 space terrible urgent wonderful
+album annoying battery beautiful broke coffee delicious delivery disappointing end ending excellent food fun happy
+honest hotel kind lot loved lovely minute music penny perfect poor recommend restaurant room rude sad sense service
+slow staff start ugly useless waste worst worth
 """
 
 _SUFFIXES = ["s", "ed", "ing", "ly", "er", "est", "ion", "ness", "ment", "able", "ful", "less"]
@@ -261,15 +264,17 @@ TEXT_MODELS: dict[str, tuple[str, list[str], int]] = {
 IMAGE_MODEL_ID = "vision"
 
 
-def build_demo_models(directory: Path, *, image: bool = True) -> Path:
+def build_demo_models(directory: Path, *, image: bool = True, trained: bool = False) -> Path:
     """Build the tiny models (``sentiment``, ``spam``, ``topic`` and, with ``image``, ``vision``) into ``directory``.
 
     Each text model is a ``tiny`` preset (2 layers, about 1.2 M parameters); ``vision`` is a mobilenet_v2 with
-    the ImageNet categories. All weights are random.
+    the ImageNet categories. The weights are random, but with ``trained`` the ``sentiment`` model is fine-tuned on
+    the shipped sample of labelled reviews (``manager.demo``, a few seconds on a CPU), so its labels mean something.
 
     Args:
         directory: where the models and ``models.json`` go (created if missing).
         image: also build the image model (a few more seconds).
+        trained: train ``sentiment`` on the demo's sample (``swapless demo``); the tests use random weights.
 
     Returns:
         The path of the ``models.json`` that lists them (paths relative to it).
@@ -281,7 +286,17 @@ def build_demo_models(directory: Path, *, image: bool = True) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     entries: list[dict[str, Any]] = []
     for model_id, (arch, labels, seed) in TEXT_MODELS.items():
-        build_text_classifier(root / model_id, arch=arch, preset="tiny", labels=labels, seed=seed)
+        description = f"random-weight {arch} ({', '.join(labels)})"
+        if trained and model_id == "sentiment":
+            from manager.demo import build_trained_demo_sentiment
+
+            report = build_trained_demo_sentiment(root / model_id)
+            description = (
+                f"tiny {arch} (2 layers) trained {report.seconds:.1f} s on the {report.examples} labelled reviews of "
+                f"the demo sample ({report.train_accuracy:.0%} right on them): a toy, not a real sentiment model"
+            )
+        else:
+            build_text_classifier(root / model_id, arch=arch, preset="tiny", labels=labels, seed=seed)
         entries.append(
             {
                 "id": model_id,
@@ -289,7 +304,7 @@ def build_demo_models(directory: Path, *, image: bool = True) -> Path:
                 "type": "text",
                 "framework": "transformers",
                 "version": "1",
-                "description": f"random-weight {arch} ({', '.join(labels)})",
+                "description": description,
                 "path": model_id,
             }
         )

@@ -17,14 +17,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
+from manager.describe import kind
 from manager.errors import DuplicateFramework, InputError, UnknownFramework
-from manager.image_files import looks_like_path, read_image_file  # issue #5: image paths
+from manager.image_files import looks_like_path, read_image_file
 from manager.specs import InputType, ModelSpec
 from manager.tuning import BatchTuner
 
 T = TypeVar("T")
 
-__all__ = ["ModelWorker", "WorkerLimits", "WorkerRegistry", "registry"]
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "ModelWorker", "WorkerLimits", "WorkerRegistry", "registry"]
+
+#: Largest forward pass, in inputs, unless a model entry or SWAPLESS_MAX_BATCH_SIZE says otherwise.
+DEFAULT_MAX_BATCH_SIZE = 32
 
 
 class WorkerRegistry(dict[str, type["ModelWorker"]]):
@@ -51,7 +55,7 @@ class WorkerLimits:
         self,
         *,
         device: str = "cpu",
-        max_batch_size: int = 64,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         tune_batch_size: bool = True,
         max_text_chars: int = 100_000,
         max_image_bytes: int = 20 * 1024 * 1024,
@@ -148,7 +152,7 @@ class ModelWorker(ABC):
     def prepare_text(self, value: Any) -> str:
         """A non-empty string of at most ``max_text_chars`` characters."""
         if not isinstance(value, str):
-            raise InputError(self.spec.id, f"this is a text model; send a string, not {_kind(value)}")
+            raise InputError(self.spec.id, f"this is a text model; send a string, not {kind(value)}")
         if not value.strip():
             raise InputError(self.spec.id, "empty text; send at least one non-blank character")
         if len(value) > self.limits.max_text_chars:
@@ -163,7 +167,7 @@ class ModelWorker(ABC):
         """The encoded image bytes of a base64 string (a ``data:image/...;base64,`` prefix is allowed)."""
         if not isinstance(value, str):
             raise InputError(
-                self.spec.id, f"this is an image model; send a base64 string of a PNG/JPEG/WebP, not {_kind(value)}"
+                self.spec.id, f"this is an image model; send a base64 string of a PNG/JPEG/WebP, not {kind(value)}"
             )
         text = value.strip()
         if text.startswith("data:") and "," in text:
@@ -179,17 +183,10 @@ class ModelWorker(ABC):
         try:
             return base64.b64decode(text, validate=True)
         except (binascii.Error, ValueError):
-            if looks_like_path(text):  # issue #5: an image file, read only from under SWAPLESS_INPUT_ROOT
+            if looks_like_path(text):  # an image file, read only from under SWAPLESS_INPUT_ROOT
                 return read_image_file(self.spec.id, text, self.limits.input_root, self.limits.max_image_bytes)
             raise InputError(
                 self.spec.id,
                 "image is not valid base64; this is an image model (did you send plain text or a file path?)",
             ) from None
 
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {dict: "an object", list: "a list", bool: "a boolean", int: "a number", float: "a number"}.get(
-        type(value), type(value).__name__
-    )

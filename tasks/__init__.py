@@ -1,7 +1,16 @@
-"""The queue side: the Celery app, the batch task, the producer client and the CLI. Nothing here knows a framework.
+"""The queue side: nothing here knows a framework. By role, so that the path says where a file runs:
 
-``celery -A tasks worker`` finds the app as ``tasks.celery``. It is built on first access, not at import, so that
-``python -m tasks.cli`` can report a bad setting as one clear line instead of a traceback.
+- ``protocol``: what producers and workers share (task names, priorities, headers, queue keys, item ids, outcomes);
+- ``errors``: the queue side's errors (the whole tree is drawn in ``manager.errors``);
+- ``app``: the Celery app factory (settings -> Celery's configuration);
+- ``broker/``: the Redis and kombu internals (transport, acks, results, publish, connections);
+- ``worker/``: runs in ``swapless worker`` only (the batch task, the scheduler, chunk assembly, runtime, reporting);
+- ``client/``: runs in producers only (``Client``, ``Job``, chunk streams, bulk files);
+- ``observe/``: accounting, heartbeats, metrics, task events, queue depth and the status view;
+- ``gateway/``: the HTTP gateway (a producer); ``cli/``: the ``swapless`` command and local mode.
+
+``celery -A tasks worker`` finds the worker's app as ``tasks.celery``. It is built on first access, not at import,
+so that ``python -m tasks.cli`` can report a bad setting as one clear line instead of a traceback.
 """
 
 from typing import Any
@@ -11,7 +20,7 @@ __all__ = ["celery"]
 
 def __getattr__(name: str) -> Any:
     if name == "celery":
-        from tasks.app import app
+        from tasks.worker.task import app
 
         return app
     raise AttributeError(f"module 'tasks' has no attribute {name!r}")

@@ -1,43 +1,36 @@
-"""The Celery app, configured from Settings (environment, ``SWAPLESS_`` prefix).
+"""The Celery app factory, configured from Settings (environment, ``SWAPLESS_`` prefix); producers and workers
+each build their own app with it. Importing this module builds none.
 
-Celery's own lowercase setting names are used, so anything here can be overridden the Celery way.
+Celery's own lowercase setting names are used, so anything here can be overridden the Celery way. The worker's app,
+the one with the tasks registered, is ``tasks.worker.task.app`` (``celery -A tasks worker`` finds it).
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any
+from collections.abc import Sequence
 
-from celery import Celery, signals
+from celery import Celery
 
 from config.settings import Settings, get_settings
-from tasks.transport import broker_connection
+from tasks.broker.transport import broker_connection
+from tasks.protocol import (
+    CHUNK_TASK,
+    PREDICT_TASK,
+    PRIORITY_INTERACTIVE,
+    PRIORITY_STEPS,
+)
 
-__all__ = [
-    "PREDICT_TASK",
-    "PRIORITY_BULK",
-    "PRIORITY_INTERACTIVE",
-    "PRIORITY_STEPS",
-    "SENT_AT_HEADER",
-    "app",
-    "configure",
-    "make_app",
-]
-
-#: The one task name jobs are sent to; args are ``[model_id, input]``.
-PREDICT_TASK = "swapless.predict"
-#: Message priorities (Redis transport: 0 is served first). Interactive jobs overtake queued bulk work.
-PRIORITY_INTERACTIVE = 0
-PRIORITY_BULK = 6
-#: The Redis transport's priority sub-queues (``queue``, ``queue\x06\x163``, ...); tasks.status reads their lengths.
-PRIORITY_STEPS = (PRIORITY_INTERACTIVE, 3, PRIORITY_BULK, 9)
-#: Message header with the producer's wall-clock send time (epoch seconds): the worker measures queue wait from it.
-SENT_AT_HEADER = "swapless_sent_at"
+__all__ = ["configure", "make_app"]
 
 
-def make_app(settings: Settings | None = None) -> Celery:
-    """A Celery app for ``settings`` (the environment's by default). Connects to nothing until used."""
-    app = Celery("swapless", include=["tasks.batch", "tasks.chunk_task"])  # issue #5: chunk_task
+def make_app(settings: Settings | None = None, include: Sequence[str] = ()) -> Celery:
+    """A Celery app for ``settings`` (the environment's by default). Connects to nothing until used.
+
+    Args:
+        settings: the process settings.
+        include: modules a worker imports to register its tasks (producers need none).
+    """
+    app = Celery("swapless", include=list(include))
     configure(app, settings or get_settings())
     return app
 
@@ -46,8 +39,8 @@ def configure(app: Celery, s: Settings) -> None:
     """Apply ``s`` to ``app``'s configuration (the CLI calls this again after reading its flags)."""
     broker_url, broker_transport = broker_connection(s.broker_url)
     app.conf.update(
-        # tasks.transport: kombu's Redis transport with an atomic fetch (no job lost between BRPOP and its unacked
-        # record) that takes many messages per round trip.
+        # tasks.broker.transport: kombu's Redis transport with an atomic fetch (no job lost between BRPOP and its
+        # unacked record) that takes many messages per round trip.
         broker_url=broker_url,
         broker_transport=broker_transport,
         result_backend=s.broker_url,
@@ -61,9 +54,9 @@ def configure(app: Celery, s: Settings) -> None:
         task_reject_on_worker_lost=True,
         result_expires=s.result_expires_s,
         task_default_queue=s.queue,
-        task_routes={PREDICT_TASK: {"queue": s.queue}},
+        task_routes={PREDICT_TASK: {"queue": s.queue}, CHUNK_TASK: {"queue": s.queue}},
         task_default_priority=PRIORITY_INTERACTIVE,
-        # One process, one scheduler thread per worker: the pool is not used by the batch task (see tasks.batch),
+        # One process, one scheduler thread per worker: the pool is not used by the batch task (see tasks.worker.task),
         # so `celery -A tasks worker` gets these defaults too.
         worker_pool="solo",
         worker_concurrency=1,
@@ -71,7 +64,7 @@ def configure(app: Celery, s: Settings) -> None:
         worker_prefetch_multiplier=s.prefetch,
         broker_transport_options={
             # A dead worker's jobs come back after the timeout, found by a sweep every restore_sweep_s
-            # (kombu's default sweep runs only every 100 s); live workers refresh theirs (tasks.acks).
+            # (kombu's default sweep runs only every 100 s); live workers refresh theirs (tasks.broker.acks).
             "visibility_timeout": s.visibility_timeout_s,
             "unacked_restore_interval": s.restore_sweep_s,
             "unacked_restore_throttle": 1,
@@ -92,12 +85,3 @@ def configure(app: Celery, s: Settings) -> None:
         worker_hijack_root_logger=False,
     )
 
-
-@signals.before_task_publish.connect(dispatch_uid="swapless-sent-at")
-def _stamp_sent_at(headers: dict[str, Any] | None = None, **_: Any) -> None:
-    # Celery messages carry no enqueue time; every producer that imports this module (Client, CLI, gateway) adds one.
-    if headers is not None:
-        headers.setdefault(SENT_AT_HEADER, time.time())
-
-
-app = make_app()

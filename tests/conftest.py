@@ -1,4 +1,5 @@
-"""Shared fixtures: a private corner of the real Redis, tiny real models, and real worker processes."""
+"""Shared fixtures: a private corner of the real Redis, tiny real models, and real worker processes; and the
+fault suite's scenario table, printed once at the end of the run."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
+
+from tests.redis_server import RedisServer
 
 if TYPE_CHECKING:
     from tests.faultkit import FaultEnv
@@ -152,3 +155,27 @@ def faults(
     from tests.faultkit import FaultEnv  # faultkit imports this module
 
     return FaultEnv(tmp_path, swapless_env, models_file, start_worker, monkeypatch)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """At the end of the run, one table of every fault scenario (``tests.faultkit.print_table``), shown for
+    passing runs too; nothing when no fault test ran (faultkit is not even imported then)."""
+    faultkit = sys.modules.get("tests.faultkit")
+    if faultkit is not None:
+        faultkit.print_table(terminalreporter)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """Factory: a private redis-server (AOF, fsync always) on a free port; all are stopped at the end."""
+    servers: list[RedisServer] = []
+
+    def start(**options: Any) -> RedisServer:
+        server = RedisServer(tmp_path / f"redis-{len(servers)}", **options)
+        servers.append(server)
+        server.start()
+        return server
+
+    yield start
+    for server in servers:
+        server.stop(signal.SIGKILL)

@@ -1,8 +1,10 @@
-"""Plumbing for the fault-injection tests (tests/test_faults.py): the models and environment of a fault test,
-waiting on jobs and on the broker, tallying each scenario's jobs, and publishing raw messages by hand.
+"""Plumbing for the fault-injection tests (tests/test_faults_delivery.py, test_faults_redis.py,
+test_faults_input.py): the models and environment of a fault test, waiting on jobs and on the broker, tallying
+each scenario's jobs, and publishing raw messages by hand.
 
 Each scenario keeps a ``Scenario`` tally (submitted, succeeded, failed as expected, lost, conflicting, recovery
-time); ``SCENARIOS`` collects them so the test module can print the table of the run.
+time); ``SCENARIOS`` collects them over the whole run, and ``print_table`` (called by ``pytest_terminal_summary``
+in tests/conftest.py) prints one table of every scenario at the end.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import base64
 import json
 import os
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,20 +25,24 @@ import redis
 from celery import states
 
 from config.settings import get_settings
-from tasks.app import PREDICT_TASK, PRIORITY_STEPS
+from tasks.broker.results import StoredResult
 from tasks.client import Client, Job
-from tasks.results import StoredResult
+from tasks.protocol import PREDICT_TASK, PRIORITY_STEPS
 from tests.conftest import WorkerProcess
 from tests.crashy import LOG_ENV, crashy_entry, executions
 
 __all__ = [
+    "PRESSURE",
     "SCENARIOS",
+    "PressureRow",
     "Expect",
     "FaultEnv",
     "Scenario",
     "echoes",
     "fails",
+    "hold",
     "labels",
+    "print_table",
     "publish_raw",
     "settle",
     "wait_for",
@@ -184,11 +191,60 @@ class Scenario:
         )
 
 
+@dataclass
+class PressureRow:
+    """One Redis-under-memory-pressure scenario: what producers sent, what Redis took, what came back."""
+
+    name: str
+    submitted: int = 0
+    accepted: int = 0
+    refused: Counter[str] = field(default_factory=Counter)
+    answered: int = 0
+    lost: int = 0
+    recovery_s: float | None = None
+
+    def __post_init__(self) -> None:
+        PRESSURE.append(self)
+
+    def row(self) -> str:
+        refused = ", ".join(f"{n} {kind}" for kind, n in self.refused.items()) or "0"
+        recovery = "-" if self.recovery_s is None else f"{self.recovery_s:.1f} s"
+        return (
+            f"| {self.name} | {self.submitted} | {self.accepted} | {refused} | {self.answered} | {self.lost} | "
+            f"{recovery} |"
+        )
+
+
+#: Every memory-pressure scenario of the run, in order.
+PRESSURE: list[PressureRow] = []
+
+
 def table() -> str:
-    """The markdown table of every scenario run so far."""
-    head = "| scenario | submitted | succeeded | failed as expected | lost | conflicting | recovery |\n"
-    head += "|---|---|---|---|---|---|---|\n"
-    return head + "\n".join(s.row() for s in SCENARIOS)
+    """The markdown tables of every scenario run so far."""
+    parts = []
+    if SCENARIOS:
+        head = "| scenario | submitted | succeeded | failed as expected | lost | conflicting | recovery |\n"
+        head += "|---|---|---|---|---|---|---|\n"
+        parts.append(head + "\n".join(s.row() for s in SCENARIOS))
+    if PRESSURE:
+        head = "| Redis memory scenario | submitted | accepted | refused (error) | answered | lost | recovery |\n"
+        head += "|---|---|---|---|---|---|---|\n"
+        parts.append(head + "\n".join(s.row() for s in PRESSURE))
+    return "\n\n".join(parts)
+
+
+def print_table(reporter: pytest.TerminalReporter) -> None:
+    """Print the table of every scenario run so far (nothing if none ran); also write it to the file named by
+    ``SWAPLESS_FAULTS_REPORT`` when that is set."""
+    if not SCENARIOS and not PRESSURE:
+        return
+    text = table()
+    reporter.write_line("")
+    for line in text.splitlines():
+        reporter.write_line(line)
+    report = os.environ.get("SWAPLESS_FAULTS_REPORT")
+    if report:
+        Path(report).write_text(text + "\n")
 
 
 class FaultEnv:
@@ -347,3 +403,16 @@ def publish_raw(client: Client, body: bytes, content_type: str, task_id: str, co
             headers=message.headers,
             **message.properties,
         )
+
+
+def hold(client: Client, faults: FaultEnv, seconds: float) -> tuple[Job, Expect]:
+    """Keep the worker busy on the ``hold`` model for ``seconds``, so that the jobs sent next wait in its backlog
+    and are grouped into one batch per model.
+
+    Returns:
+        the hold job, and what it should end as.
+    """
+    text = f"sleep:{seconds}:hold-{uuid.uuid4().hex[:6]}"
+    job = client.submit("hold", text)
+    faults.wait_executed(text)
+    return job, echoes(text)

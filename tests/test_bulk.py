@@ -23,10 +23,11 @@ from manager import InputError, InputType, UnknownModel
 from manager.image_files import looks_like_path, read_image_file
 from manager.specs import ModelSpec
 from manager.worker import ModelWorker, WorkerLimits
-from tasks.bulk import BulkJob, BulkRun, scan_output
 from tasks.client import Client
-from tasks.records import BulkFileError, Record, RecordReader
-from tasks.stream import ChunkEvent
+from tasks.client.bulk import BulkJob, BulkRun, scan_output
+from tasks.client.records import Record, RecordReader
+from tasks.client.stream import ChunkEvent
+from tasks.errors import BulkFileError
 from tests.conftest import REPO, WorkerProcess
 from tests.tinymodels import encode_image
 

@@ -1,4 +1,4 @@
-"""Chunk expansion and assembly (tasks.chunks): plain data, no Redis, no torch."""
+"""Chunk expansion and assembly (tasks.protocol, tasks.worker.chunks): plain data, no Redis, no torch."""
 
 from __future__ import annotations
 
@@ -8,18 +8,17 @@ from typing import Any
 import pytest
 
 from manager import InputError, InputType, Outcome, PredictionFailed, UnknownModel
-from manager.errors import JobFailed
 from manager.specs import ModelSpec
 from manager.store import ModelStore
-from tasks.chunks import (
+from tasks.errors import JobFailed
+from tasks.protocol import (
     CHUNK_TASK,
-    ChunkAssembler,
     decode_outcome,
     encode_outcome,
     item_id,
-    jobs_from_chunk,
     split_item_id,
 )
+from tasks.worker.chunks import ChunkAssembler, jobs_from_chunk
 
 
 @dataclass

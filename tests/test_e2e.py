@@ -21,8 +21,8 @@ from PIL import Image
 
 from manager import InputError, UnknownModel
 from manager.store import ModelStore
-from tasks.app import PREDICT_TASK
 from tasks.client import Client
+from tasks.protocol import PREDICT_TASK
 from tests.conftest import REPO, WorkerProcess
 from tests.tinymodels import encode_image
 

@@ -248,8 +248,10 @@ def test_health_and_submit_say_when_redis_is_down_and_recover(stack: Stack, tmp_
             started = time.perf_counter()
             down = http.post("/jobs", json=job)
             assert down.status_code == 503 and time.perf_counter() - started < 5
-            assert down.json()["detail"].startswith("cannot queue the job, Redis is unavailable: ")
-            assert http.get("/jobs/some-job").status_code == 503
+            assert down.json()["detail"].startswith("cannot reach Redis at redis://127.0.0.1:")
+            assert down.headers["retry-after"] == "5"
+            polled = http.get("/jobs/some-job")
+            assert polled.status_code == 503 and polled.json()["detail"].startswith("cannot reach Redis at ")
             server = start_redis()
             assert http.get("/healthz").status_code == 200
             assert http.post("/jobs", json=job).status_code == 202

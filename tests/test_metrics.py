@@ -16,11 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from config.settings import Settings
 from manager import InputError, ModelEngine, ModelManager, ModelStore
-from tasks.scheduler import BatchScheduler, Runtime
 from tasks.client import Client
-from tasks.metrics import WorkerMetrics
-from tasks.observe import GroupReport
-from tasks.status import read_heartbeats
+from tasks.observe.accounting import GroupReport
+from tasks.observe.heartbeat import read_heartbeats
+from tasks.observe.metrics import WorkerMetrics
 from tests.conftest import WorkerProcess
 from tests.fakes import FakeWorker, write_fake_models
 from tests.stack import free_port, listening_ports
@@ -50,8 +49,7 @@ def test_metrics_from_reports(tmp_path: Path) -> None:
     engine = ModelEngine()
     store = ModelStore.from_file(write_fake_models(tmp_path, {"a": 1000}), engine.frameworks)
     manager = ModelManager(store, engine)
-    scheduler = BatchScheduler(Runtime(Settings.model_validate({}), store, manager), results_factory=lambda: None)  # type: ignore[arg-type,return-value]
-    metrics = WorkerMetrics(scheduler)
+    metrics = WorkerMetrics(manager, backlog=lambda: {})
     with manager.use("a") as worker:
         worker.predict(["x"])
     metrics.observe(GroupReport("a", 3, {"InputError": 1}, 0.2, (0.01, 0.02, 3.0, 0.5), 0, 1, (0.3,), 0, ("b",)))

@@ -1,4 +1,4 @@
-"""Client.submit_jobs: many single jobs in one round trip, as messages identical to send_task's."""
+"""Client.submit and submit_jobs: messages built directly, identical to those Celery's send_task makes."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import pytest
 import redis
 
 from manager import InputError, UnknownModel
-from tasks.app import PRIORITY_BULK, PRIORITY_INTERACTIVE
 from tasks.client import Client
-from tasks.publish import queue_key
+from tasks.protocol import PREDICT_TASK, PRIORITY_BULK, PRIORITY_INTERACTIVE, queue_key
 from tests.conftest import WorkerProcess
 from tests.tinymodels import encode_image
 
@@ -33,13 +32,16 @@ def _strip(message: dict[str, Any]) -> dict[str, Any]:
 def test_messages_are_those_send_task_makes(swapless_env: dict[str, str], redis_url: str, priority: str, level: int) -> None:
     client = Client()
     r = redis.Redis.from_url(redis_url)
-    key = queue_key(client.settings, level)
-    by_send_task = client.submit("sentiment", "same input", priority=priority)
+    key = queue_key(client.settings.queue, level, client.settings.key_prefix)
+    by_send_task = client.app.send_task(
+        PREDICT_TASK, args=["sentiment", "same input"], queue=client.settings.queue, priority=level
+    )
     [ours] = client.submit_jobs([("sentiment", "same input")], priority=priority)
+    alone = client.submit("sentiment", "same input", priority=priority)
     raw = [json.loads(m) for m in reversed(r.lrange(key, 0, -1))]  # oldest first
-    assert [m["headers"]["id"] for m in raw] == [by_send_task.id, ours.id]
-    celery_msg, our_msg = raw
-    assert _strip(our_msg) == _strip(celery_msg)
+    assert [m["headers"]["id"] for m in raw] == [by_send_task.id, ours.id, alone.id]
+    celery_msg, our_msg, alone_msg = raw
+    assert _strip(our_msg) == _strip(celery_msg) == _strip(alone_msg)
     assert our_msg["headers"]["argsrepr"] == celery_msg["headers"]["argsrepr"] == "['sentiment', 'same input']"
     assert our_msg["headers"]["root_id"] == our_msg["properties"]["correlation_id"] == ours.id
     assert our_msg["properties"]["delivery_tag"] != celery_msg["properties"]["delivery_tag"]
@@ -55,7 +57,8 @@ def test_nothing_is_sent_when_one_job_is_invalid(swapless_env: dict[str, str], r
         client.submit_jobs([("sentiment", "ok"), ("spam", {1, 2})])
     with pytest.raises(ValueError, match="priority must be one of interactive, bulk"):
         client.submit_jobs([("sentiment", "ok")], priority="urgent")
-    assert all(r.llen(queue_key(client.settings, level)) == 0 for level in (PRIORITY_INTERACTIVE, PRIORITY_BULK))
+    keys = [queue_key(client.settings.queue, level, client.settings.key_prefix) for level in (0, PRIORITY_BULK)]
+    assert all(r.llen(key) == 0 for key in keys)
     r.close()
 
 

@@ -16,18 +16,25 @@ import pytest
 import redis
 
 from config.settings import Settings
-from manager import InputError, Job, ModelEngine, ModelManager, ModelStore, Outcome, run_group
+from manager import (
+    InputError,
+    Job,
+    ModelEngine,
+    ModelManager,
+    ModelStore,
+    Outcome,
+    run_group,
+)
 from tasks.client import Client
-from tasks.events import TaskEvents
-from tasks.observe import GroupAccounting, GroupReport, SentTimes
-from tasks.status import (
+from tasks.observe.accounting import GroupAccounting, GroupReport, SentTimes
+from tasks.observe.events import TaskEvents
+from tasks.observe.heartbeat import (
     HeartbeatPublisher,
     WorkerStats,
-    message_jobs,
     read_heartbeats,
-    read_queue_depth,
     worker_key,
 )
+from tasks.observe.queue import message_jobs, read_queue_depth
 from tests.conftest import WorkerProcess
 from tests.fakes import FakeWorker, write_fake_models
 from tests.stack import listening_ports, run_cli, wait_for
@@ -175,7 +182,7 @@ def test_queue_depth_per_priority_and_model_exact_then_sampled(swapless_env: dic
 
 
 def test_heartbeat_publisher_expires_and_cleans_up(settings: Settings) -> None:
-    from tasks.status import CacheInfo, Heartbeat, WaitSummary
+    from tasks.observe.heartbeat import CacheInfo, Heartbeat, WaitSummary
 
     r = redis.Redis.from_url(settings.broker_url)
     cache = CacheInfo(max_models=2, memory_budget_bytes=None, used_bytes=0, hits=0, misses=0, loads=0, evictions=0, load_failures=0)

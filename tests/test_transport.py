@@ -1,4 +1,4 @@
-"""tasks.transport against the real Redis: the atomic bulk fetch and everything kombu does on top of it."""
+"""tasks.broker.transport against the real Redis: the atomic bulk fetch and everything kombu does on top of it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Queue
 
-from tasks.transport import Transport, broker_connection
+from tasks.broker.transport import Transport, broker_connection
 
 QUEUE = "jobs"
 
@@ -149,7 +149,7 @@ def test_a_queued_item_that_is_not_a_kombu_message_is_dropped_with_an_error_and_
     publish(conn, [{"n": 0}])
     r.lpush(f"{key_prefix}{QUEUE}", b"\x80not json")
     publish(conn, [{"n": 1}])
-    with caplog.at_level(logging.ERROR, logger="tasks.transport"):
+    with caplog.at_level(logging.ERROR, logger="tasks.broker.transport"):
         got = consume(conn, 2)
     assert [m.payload for m in got] == [{"n": 0}, {"n": 1}]
     assert "is not a kombu message" in caplog.text
@@ -157,8 +157,8 @@ def test_a_queued_item_that_is_not_a_kombu_message_is_dropped_with_an_error_and_
 
 
 def test_broker_urls_pick_this_transport_for_redis_and_leave_others_to_kombu() -> None:
-    assert broker_connection("redis://h:6379/0") == ("redis://h:6379/0", "tasks.transport:Transport")
-    assert broker_connection("rediss://:pw@h:6380/0?ssl_cert_reqs=required")[1] == "tasks.transport:Transport"
+    assert broker_connection("redis://h:6379/0") == ("redis://h:6379/0", "tasks.broker.transport:Transport")
+    assert broker_connection("rediss://:pw@h:6380/0?ssl_cert_reqs=required")[1] == "tasks.broker.transport:Transport"
     assert broker_connection("redis+socket:///tmp/r.sock") == ("swapless+socket:///tmp/r.sock", None)
     assert Connection("swapless+socket:///tmp/r.sock").get_transport_cls() is Transport
     assert broker_connection("sentinel://h:26379") == ("sentinel://h:26379", None)

@@ -1,0 +1,230 @@
+"""Reaching Redis: URLs as redis-py reads them, URLs safe to print, clients with bounded timeouts, and one
+translation of Redis failures into the errors a producer sees.
+
+Every producer-side call into Redis (``Client``, ``swapless submit/result/bulk/status``, the gateway) goes through
+``redis_client`` (a connect timeout of ``SWAPLESS_CONNECT_TIMEOUT_S``, one retry) and ``translate``: a Redis
+that is down is ``QueueUnavailable`` within seconds, one out of memory or at its queue bound is ``QueueFull``,
+each naming the URL without its password and saying what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+import redis.asyncio as aredis
+from kombu.exceptions import OperationalError
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from manager.errors import SwaplessError
+from tasks.errors import QueueFull, QueueUnavailable
+
+__all__ = [
+    "WRITE_FIRST_NOTE",
+    "RedisHealth",
+    "async_redis_client",
+    "client_url",
+    "is_refused_write",
+    "redact",
+    "redis_client",
+    "refusal",
+    "translate",
+    "translated",
+    "worker_health",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Why the worker's Lua scripts begin with a write that takes no memory (a DEL, an EXPIRE, a ZREMRANGEBYSCORE of
+#: nothing). Over ``maxmemory`` (with ``noeviction``, the right policy for a queue) Redis refuses a script whose
+#: first write could grow memory, but lets a script that has already written go on, to keep scripts atomic. The
+#: worker's writes pay for themselves: a result replaces its message (acked right after), an attempt counter is
+#: deleted with its job's result, a heartbeat replaces the last one. So each script starts with such a write, and a
+#: full Redis is drained by the workers instead of wedging them; producers' writes (new jobs) are refused there.
+WRITE_FIRST_NOTE = "see tasks.broker.connection.WRITE_FIRST_NOTE"
+
+
+def client_url(url: str) -> str:
+    """``url`` as redis-py reads it: kombu's ``redis+socket://PATH`` (local mode's embedded Redis) is ``unix://PATH``."""
+    if url.startswith("redis+socket://"):
+        return "unix://" + url[len("redis+socket://") :]
+    return url
+
+
+def redact(url: str) -> str:
+    """``url`` with its password (and ACL user's password) replaced by ``***``: safe to print and log."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unreadable URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _options(connect_timeout_s: float, socket_timeout_s: float | None) -> dict[str, Any]:
+    return {
+        "socket_connect_timeout": connect_timeout_s,
+        "socket_timeout": socket_timeout_s,
+        # one retry: a Redis restart is ridden out, a Redis that is down is reported within seconds
+        "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=1),
+    }
+
+
+_pools: dict[tuple[str, float, float | None], redis.ConnectionPool] = {}
+_pools_lock = threading.Lock()
+
+
+def redis_client(url: str, connect_timeout_s: float = 3.0, socket_timeout_s: float | None = 10.0) -> redis.Redis:
+    """A redis-py client for a broker URL (``redis://``, ``rediss://``, ``redis+socket://``) with bounded timeouts.
+
+    Clients of one URL and timeouts share one connection pool for the life of the process (as Celery's backends
+    do), so a producer that makes a ``Client`` per request opens no new connection per request, and no
+    connection is left to the garbage collector. redis-py's pools reset themselves in a forked child.
+    """
+    key = (url, connect_timeout_s, socket_timeout_s)
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None:
+            pool = _pools[key] = redis.ConnectionPool.from_url(
+                client_url(url), **_options(connect_timeout_s, socket_timeout_s)
+            )
+    return redis.Redis(connection_pool=pool)
+
+
+def async_redis_client(url: str, connect_timeout_s: float = 3.0, socket_timeout_s: float | None = 10.0) -> aredis.Redis:
+    """``redis_client`` for asyncio code."""
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    options = _options(connect_timeout_s, socket_timeout_s)
+    options["retry"] = AsyncRetry(ExponentialBackoff(cap=0.5, base=0.05), retries=1)
+    return aredis.Redis.from_url(client_url(url), **options)
+
+
+def refusal(err: BaseException) -> str | None:
+    """Why Redis refused a write (``OOM``, ``READONLY``, ``MISCONF``), or None if ``err`` is no refusal."""
+    if isinstance(err, redis.exceptions.OutOfMemoryError):
+        return "OOM"
+    if isinstance(err, redis.exceptions.ReadOnlyError):
+        return "READONLY"
+    if isinstance(err, redis.exceptions.ResponseError):
+        text = str(err)
+        for code in ("OOM", "READONLY", "MISCONF"):
+            if text.startswith(code) or f" {code} " in text or f"-{code} " in text:
+                return code
+    return None
+
+
+def is_refused_write(err: BaseException) -> bool:
+    """Whether ``err`` is Redis refusing a write (out of memory, a read-only replica, a failed save)."""
+    return refusal(err) is not None
+
+
+class RedisHealth:
+    """What one process has lately seen of Redis: whether it refuses writes (``OOM``, ``READONLY``, ``MISCONF``)
+    or cannot be reached, since when. Thread-safe; every part of the worker reports to the process's one instance
+    (``worker_health``), and the heartbeat shows it.
+
+    A refusal is considered over once a write succeeds again (``ok``), or ``stale_s`` after it was last seen.
+    """
+
+    def __init__(self, stale_s: float = 10.0) -> None:
+        self.stale_s = stale_s
+        self._lock = threading.Lock()
+        self._problem: str | None = None
+        self._since = 0.0
+        self._last = 0.0
+
+    def failed(self, err: BaseException, where: str) -> str:
+        """Record a failure of a Redis call; returns the problem's short name (``OOM``, ``unreachable``, ...)."""
+        problem = refusal(err) or ("unreachable" if isinstance(err, (redis.exceptions.ConnectionError,
+                                                                     redis.exceptions.TimeoutError)) else "error")
+        now = time.time()
+        with self._lock:
+            first = self._problem != problem or now - self._last > self.stale_s
+            if first:
+                self._problem, self._since = problem, now
+            self._last = now
+        if first:
+            what = f"refusing writes: {problem}" if problem not in ("unreachable", "error") else problem
+            logger.warning("Redis %s (%s: %s); the worker keeps its jobs and retries", what, where, err)
+        return problem
+
+    def ok(self) -> None:
+        """A write went through: whatever was wrong is over."""
+        with self._lock:
+            problem, self._problem = self._problem, None
+            since = self._since
+        if problem is not None:
+            logger.warning("Redis accepts writes again after %.1f s (%s)", time.time() - since, problem)
+
+    def problem(self) -> tuple[str, float] | None:
+        """``(problem, since)`` while one lasts (epoch seconds), else None."""
+        with self._lock:
+            if self._problem is None or time.time() - self._last > self.stale_s:
+                return None
+            return self._problem, self._since
+
+    def describe(self) -> str | None:
+        """``"Redis refusing writes: OOM"``, ``"Redis unreachable"``, or None when all is well."""
+        found = self.problem()
+        if found is None:
+            return None
+        problem = found[0]
+        return f"Redis refusing writes: {problem}" if problem in ("OOM", "READONLY", "MISCONF") else f"Redis {problem}"
+
+
+#: This worker process's view of Redis (results, fetches, acks, refreshes and heartbeats report to it).
+worker_health = RedisHealth()
+
+
+_ADVICE = {
+    "OOM": "Redis is out of memory (maxmemory); wait for workers to drain the queue, read (or forget) stored "
+    "results, or raise maxmemory, then send it again",
+    "READONLY": "this Redis is a read-only replica; point SWAPLESS_REDIS_URL at the primary",
+    "MISCONF": "Redis cannot save its data to disk and refuses writes; fix its disk or its save settings",
+}
+
+
+def translate(err: BaseException, url: str) -> BaseException:
+    """The error a producer should see for a Redis failure ``err`` on ``url``; other errors come back as they are."""
+    if isinstance(err, SwaplessError):
+        return err
+    code = refusal(err)
+    where = redact(url)
+    if code == "OOM":
+        return QueueFull(where, _ADVICE[code])
+    if code is not None:
+        return QueueUnavailable(where, _ADVICE[code])
+    if isinstance(err, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
+        return QueueUnavailable(where, f"{err}; check the user and password in SWAPLESS_REDIS_URL")
+    if isinstance(err, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OperationalError, OSError)):
+        detail = str(err).splitlines()[0].rstrip(".") if str(err) else type(err).__name__
+        return QueueUnavailable(
+            where, f"{detail}; is Redis running there? Check SWAPLESS_REDIS_URL (connect timeout: SWAPLESS_CONNECT_TIMEOUT_S)"
+        )
+    return err
+
+
+@contextlib.contextmanager
+def translated(url: str) -> Iterator[None]:
+    """Raise ``translate``'s error for any Redis failure inside the block."""
+    try:
+        yield
+    except (redis.exceptions.RedisError, OperationalError, OSError) as err:
+        better = translate(err, url)
+        if better is err:
+            raise
+        raise better from None

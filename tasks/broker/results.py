@@ -1,0 +1,251 @@
+"""Job results in Celery's Redis result-backend format, many per round trip.
+
+Celery's backend writes one result per round trip (``SETEX`` + ``PUBLISH`` per task) and reads one per ``GET``;
+at thousands of jobs per second that is the bottleneck, so results are written and read here in pipelines,
+in exactly the format ``celery.result.AsyncResult`` reads (``celery-task-meta-<id>``, the backend's encoding,
+its key prefix and expiry).
+
+Writes are first-wins: a result is stored with ``SET NX``, so a redelivered copy of a job that already has a
+final result never overwrites it (at-least-once delivery, idempotent results). Each job's started attempts are
+counted beside its result (``swapless-attempts-<id>``) until the result is stored: a job that was in flight
+each time its worker died is a poison job.
+
+Failures are retried with backoff (0.1 s doubling to 2 s): connection failures (a Redis restart) and refused
+writes (``OOM`` over ``maxmemory``, ``READONLY`` during a failover), for ``retry_s`` seconds or, in the worker, for
+as long as they last: the worker keeps the jobs in hand and stores their results the moment Redis takes them.
+Every script starts with a write that takes no memory, so that Redis over ``maxmemory`` lets it through
+(``tasks.broker.connection.WRITE_FIRST_NOTE``): storing a result is how a full Redis gets drained.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from celery import Celery, states
+from kombu.exceptions import EncodeError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import ResponseError as RedisResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from manager.errors import SwaplessError
+from tasks.broker.connection import RedisHealth, is_refused_write
+from tasks.errors import JobFailed
+
+__all__ = ["ResultStore", "StoredResult"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# KEYS: the result, the job's attempt counter. The counter ends with the result (deleted first: see the module
+# docstring), the result is stored only if absent, and published so that Celery's AsyncResult.get() wakes up.
+_SET_FIRST_WINS = """
+redis.call('DEL', KEYS[2])
+local ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
+if ok then
+  redis.call('PUBLISH', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
+# INCR + EXPIRE every key given, server-side. The first EXPIRE writes nothing new (see the module docstring).
+_COUNT_ATTEMPTS = """
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+for _, key in ipairs(KEYS) do
+  redis.call('INCR', key)
+  redis.call('EXPIRE', key, ARGV[1])
+end
+return #KEYS
+"""
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """A job's state as read back: ``state`` is a Celery state; ``value`` the result or the rebuilt error."""
+
+    job_id: str
+    state: str
+    value: Any = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state in states.READY_STATES
+
+
+class ResultStore:
+    """Pipelined reads and first-wins writes of job results. Use one per thread (Celery backends are per thread).
+
+    Args:
+        app: the Celery app whose result backend (Redis) holds the results: its encoding, key prefix and expiry.
+        retry_s: how long failed writes are retried (with backoff) before they are raised; None: for as long as
+            they fail (the worker).
+        client: the redis-py client to use (default: the backend's own).
+        health: told about each failure and each success (the worker's ``worker_health``).
+    """
+
+    def __init__(
+        self, app: Celery, retry_s: float | None = 60.0, client: Any = None, health: RedisHealth | None = None
+    ) -> None:
+        self.app = app
+        self.backend = app.backend
+        self.client = client if client is not None else self.backend.client
+        self.retry_s = retry_s
+        self.health = health
+        self.expires_s = int(self.backend.expires or 0) or 365 * 86400
+        self._sha: str | None = None
+        self._count_sha: str | None = None
+
+    def _retrying(self, operation: Callable[[], T]) -> T:
+        """Run a Redis operation, retrying connection failures and refused writes with backoff (see the module
+        docstring) for up to ``retry_s``."""
+        deadline = None if self.retry_s is None else time.monotonic() + self.retry_s
+        pause_s = 0.1
+        while True:
+            try:
+                done = operation()
+                if self.health is not None:
+                    self.health.ok()
+                return done
+            except NoScriptError:  # Redis restarted and lost its scripts: load ours again
+                self._sha = None
+                self._count_sha = None
+            except (RedisConnectionError, RedisTimeoutError, RedisResponseError) as err:
+                if isinstance(err, RedisResponseError) and not is_refused_write(err):
+                    raise
+                if deadline is not None and time.monotonic() + pause_s > deadline:
+                    raise
+                if self.health is not None:
+                    self.health.failed(err, "storing results")
+                else:
+                    logger.warning("Redis unavailable (%s); retrying in %.1f s", err, pause_s)
+                time.sleep(pause_s)
+                pause_s = min(pause_s * 2, 2.0)
+
+    def attempts_key(self, job_id: str) -> str:
+        """Where the number of started attempts of a job is counted (poison-job detection)."""
+        return self._attempts_key(self.key(job_id))
+
+    @staticmethod
+    def _attempts_key(result_key: str) -> str:
+        return result_key.replace("celery-task-meta-", "swapless-attempts-", 1)
+
+    def key(self, job_id: str) -> str:
+        return self.backend.get_key_for_task(job_id).decode()
+
+    def store(self, outcomes: Iterable[tuple[str, Any, SwaplessError | None]]) -> list[bool]:
+        """Store ``(job_id, result, error)`` triples in one round trip; a job with ``error`` becomes FAILURE.
+
+        Returns:
+            per job, whether this write stored it (False: a final result was already there, kept as it was).
+        """
+        items = list(outcomes)
+        if not items:
+            return []
+        return self._retrying(lambda: self._store(items))
+
+    def _store(self, items: list[tuple[str, Any, SwaplessError | None]]) -> list[bool]:
+        if self._sha is None:
+            # EVALSHA in the pipeline directly: redis-py's Script objects send SCRIPT EXISTS before every pipeline.
+            self._sha = self.client.script_load(_SET_FIRST_WINS)
+        pipe = self.client.pipeline(transaction=False)
+        for job_id, result, error in items:
+            key = self.key(job_id)
+            pipe.evalsha(self._sha, 2, key, self._attempts_key(key), self._encode(job_id, result, error), self.expires_s)
+        return [bool(stored) for stored in pipe.execute()]
+
+    def _encode(self, job_id: str, result: Any, error: SwaplessError | None) -> Any:
+        """The backend's encoding of one job's result meta. A result JSON cannot encode (a custom framework
+        returning a set or a numpy float) becomes this job's failure: raising here would strand the whole batch."""
+        try:
+            return self.backend.encode(self._meta(job_id, result, error))
+        except EncodeError as err:
+            logger.error("the result of job %s cannot be stored as JSON (%s); storing a failure instead", job_id, err)
+            failure = JobFailed(job_id, "ResultNotStorable", f"the model's output cannot be stored as JSON: {err}")
+            return self.backend.encode(self._meta(job_id, None, failure))
+
+    def _meta(self, job_id: str, result: Any, error: SwaplessError | None) -> dict[str, Any]:
+        if error is None:
+            meta = self.backend._get_result_meta(result=result, state=states.SUCCESS, traceback=None, request=None)
+        else:
+            meta = self.backend._get_result_meta(
+                result=self.backend.prepare_exception(error), state=states.FAILURE, traceback=None, request=None
+            )
+        meta["task_id"] = job_id
+        return meta
+
+    def prior(self, job_ids: Sequence[str], result_ids: Sequence[str] | None = None) -> tuple[set[str], dict[str, int]]:
+        """In one round trip: which jobs already have a result, and how often each was started before.
+
+        Args:
+            job_ids: the jobs whose attempt counters to read.
+            result_ids: the jobs whose results to look for (default: all of ``job_ids``; the items of a chunk have
+                no result of their own, so there is nothing to look for).
+
+        Returns:
+            (ids with a stored result, {id: attempts started} for ids started at least once without a result).
+        """
+        if not job_ids:
+            return set(), {}
+        lookup = list(job_ids if result_ids is None else result_ids)
+
+        def read() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            if lookup:
+                pipe.mget([self.key(job_id) for job_id in lookup])
+            pipe.mget([self.attempts_key(job_id) for job_id in job_ids])
+            replies = pipe.execute()
+            return [replies[0] if lookup else [], replies[-1]]
+
+        values, attempts = self._retrying(read)
+        done = {job_id for job_id, value in zip(lookup, values, strict=True) if value is not None}
+        started = {
+            job_id: int(count)
+            for job_id, count in zip(job_ids, attempts, strict=True)
+            if count is not None and job_id not in done
+        }
+        return done, started
+
+    def start(self, job_ids: Sequence[str]) -> None:
+        """Count one more started attempt of each job (cleared when its result is stored): one script call for the
+        whole group, not two commands per job (a bulk group is 256 jobs)."""
+        if not job_ids:
+            return
+        keys = [self.attempts_key(job_id) for job_id in job_ids]
+
+        def write() -> None:
+            if self._count_sha is None:
+                self._count_sha = self.client.script_load(_COUNT_ATTEMPTS)
+            self.client.evalsha(self._count_sha, len(keys), *keys, self.expires_s)
+
+        self._retrying(write)
+
+    def clear_attempts(self, job_ids: Sequence[str]) -> None:
+        """Drop the attempt counters of jobs whose results were stored under another id (the items of a chunk,
+        whose one result is stored under the chunk's id), in one round trip."""
+        if job_ids:
+            self._retrying(lambda: self.client.delete(*[self.attempts_key(job_id) for job_id in job_ids]))
+
+    def fetch(self, job_ids: Sequence[str]) -> list[StoredResult]:
+        """Read many results in one MGET; jobs without a stored result are PENDING (queued or unknown)."""
+        if not job_ids:
+            return []
+        values = self.client.mget([self.key(job_id) for job_id in job_ids])
+        return [self.decode(job_id, raw) for job_id, raw in zip(job_ids, values, strict=True)]
+
+    def decode(self, job_id: str, raw: bytes | str | None) -> StoredResult:
+        """A job's state from its stored value (None: PENDING), errors rebuilt as the worker's own."""
+        if raw is None:
+            return StoredResult(job_id, states.PENDING)
+        meta = self.backend.decode_result(raw)
+        return StoredResult(job_id, meta["status"], meta.get("result"))
+
+    def forget(self, job_ids: Sequence[str]) -> None:
+        """Delete stored results (read and no longer wanted), in one round trip."""
+        if job_ids:
+            self.client.delete(*[self.key(job_id) for job_id in job_ids])

@@ -1,0 +1,260 @@
+"""kombu's Redis transport, with a fetch that cannot lose a message, and fetches many messages per round trip.
+
+kombu takes a message off the queue with ``BRPOP`` and only then, in a second round trip, records it as unacked
+(``ZADD`` + ``HSET``; celery/kombu#305). A worker killed, or cut off from Redis, between the two holds the only
+copy of that job: it is lost. Here one Lua script (``FETCH``) pops up to ``n`` messages from the queue's priority
+lists **and** records each in kombu's unacked hash and index, atomically: a message is on the queue or in the
+unacked records at every instant, and kombu's ``restore_visible`` sweep brings back those of a dead worker after
+the visibility timeout, like any other unacked message.
+
+Fetching many messages per round trip also takes most of the consumer thread's per-message Redis work away
+(``BRPOP`` and the ``MULTI/EXEC`` of its unacked record, for every job): one script call now serves up to
+``fetch_limit`` jobs, bounded by the prefetch credit.
+
+Lua cannot block, so an idle worker waits with ``BLMOVE key key RIGHT RIGHT timeout`` on the queue's first
+(priority 0) list: it wakes as soon as a message is there and moves nothing (the message stays where it was), then
+runs the script. Other lists (the bulk priorities, other queues) are checked at least every ``idle_poll_s``
+(0.1 s by default, transport option ``swapless_idle_poll_s``); a worker with work in hand never waits.
+
+Everything else (acks, rejects, restores, key prefixes, TLS, reconnects) is kombu's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from queue import Empty
+from typing import Any
+
+from kombu.transport import TRANSPORT_ALIASES, virtual
+from kombu.transport import redis as kombu_redis
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
+from redis.exceptions import ResponseError
+
+from tasks.broker.connection import is_refused_write, worker_health
+
+__all__ = ["FETCH", "Channel", "QoS", "Transport", "broker_connection"]
+
+#: KEYS: unacked hash, unacked index, then the queue lists in the order they are served.
+#: ARGV: most messages to take, the time to stamp (kombu's client clock, as its own ``QoS.append`` uses).
+#: Returns ``[key index, message, key index, message, ...]``. The unacked entry is kombu's
+#: ``[payload, exchange, routing_key]``, built around the raw payload text so the payload is stored byte for byte.
+FETCH = """
+local limit = tonumber(ARGV[1])
+local out = {}
+local taken = 0
+for i = 3, #KEYS do
+  if taken >= limit then break end
+  local items = redis.call('RPOP', KEYS[i], limit - taken)
+  if items then
+    for _, raw in ipairs(items) do
+      local ok, msg = pcall(cjson.decode, raw)
+      local props = ok and type(msg) == 'table' and msg['properties']
+      local tag = type(props) == 'table' and props['delivery_tag']
+      if type(tag) == 'string' then
+        local info = props['delivery_info']
+        local exchange, rkey = '', ''
+        if type(info) == 'table' then
+          if type(info['exchange']) == 'string' then exchange = info['exchange'] end
+          if type(info['routing_key']) == 'string' then rkey = info['routing_key'] end
+        end
+        redis.call('HSET', KEYS[1], tag, '[' .. raw .. ',' .. cjson.encode(exchange) .. ',' .. cjson.encode(rkey) .. ']')
+        redis.call('ZADD', KEYS[2], ARGV[2], tag)
+      end
+      -- a message without a delivery tag cannot be acked; kombu's own path would fail on it too: hand it over
+      -- and let the worker reject it (it is logged there, not silently dropped here)
+      out[#out + 1] = i - 2
+      out[#out + 1] = raw
+      taken = taken + 1
+    end
+  end
+end
+return out
+"""
+
+_FETCH, _WAIT = "fetch", "wait"
+
+logger = logging.getLogger(__name__)
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's Redis QoS, minus the unacked record for messages ``FETCH`` has already recorded, and with a restore
+    sweep that waits quietly while Redis refuses writes (its lock and its pushes are writes)."""
+
+    def restore_visible(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().restore_visible(*args, **kwargs)
+        except ResponseError as err:
+            if not is_refused_write(err):
+                raise
+            worker_health.failed(err, "restoring a dead worker's jobs")  # the next sweep tries again
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        recorded = self.channel._recorded
+        if delivery_tag in recorded:
+            recorded.discard(delivery_tag)
+            virtual.QoS.append(self, message, delivery_tag)
+        else:
+            super().append(message, delivery_tag)
+
+
+class Channel(kombu_redis.Channel):
+    """kombu's Redis channel with the atomic bulk fetch (see the module docstring)."""
+
+    QoS = QoS
+    from_transport_options = kombu_redis.Channel.from_transport_options + (  # type: ignore[assignment]
+        "swapless_idle_poll_s",
+        "swapless_fetch_limit",
+    )
+
+    #: Longest an idle worker takes to see a message on any list but the queue's priority-0 one.
+    swapless_idle_poll_s = 0.1
+    #: Most messages one script call takes (also bounded by the prefetch credit).
+    swapless_fetch_limit = 256
+    #: Seconds the consumer waits before fetching again when Redis refuses the fetch (a read-only replica).
+    swapless_refused_pause_s = 0.5
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._recorded: set[str] = set()
+        self._mode = _FETCH
+        self._fetch_queues: list[str] = []
+        self._fetch_keys: list[str] = []
+
+    def _prefixed(self, key: str) -> str:
+        return f"{self.global_keyprefix or ''}{key}"
+
+    # A worker must start, and reconnect, while Redis is over maxmemory too (it is how a full Redis gets drained):
+    # kombu counts a queue in a MULTI, which Redis then refuses whole, and re-adds a binding that is already there
+    # with SADD, which it refuses too.
+
+    def _size(self, queue: str) -> int:
+        with self.conn_or_acquire() as client:
+            with client.pipeline(transaction=False) as pipe:
+                for pri in self.priority_steps:
+                    pipe.llen(self._q_for_pri(queue, pri))
+                return sum(size for size in pipe.execute() if isinstance(size, int))
+
+    def maybe_refresh_binding_expiry(self) -> None:
+        try:
+            super().maybe_refresh_binding_expiry()
+        except ResponseError as err:
+            if not is_refused_write(err):
+                raise
+            worker_health.failed(err, "refreshing the queue's binding")  # the next cycle tries again
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        try:
+            super()._queue_bind(exchange, routing_key, pattern, queue)
+        except ResponseError as err:
+            if not is_refused_write(err):
+                raise
+            worker_health.failed(err, f"binding queue {queue!r}")  # bound at an earlier start: it still is
+
+    def _brpop_start(self, timeout: float | None = None) -> None:
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        conn = self.client.connection
+        if self._mode == _FETCH:
+            keys = [(q, self._q_for_pri(q, pri)) for pri in self.priority_steps for q in queues]
+            # priority_steps may map several steps to one list; serve each list once
+            keys = list(dict.fromkeys(keys))
+            self._fetch_queues = [q for q, _ in keys]
+            limit = self.qos.can_consume_max_estimate()
+            limit = self.swapless_fetch_limit if limit is None else min(limit, self.swapless_fetch_limit)
+            args = [
+                "EVAL",
+                FETCH,
+                2 + len(keys),
+                self._prefixed(self.unacked_key),
+                self._prefixed(self.unacked_index_key),
+                *(self._prefixed(k) for _, k in keys),
+                max(limit, 1),
+                repr(time.time()),
+            ]
+        else:
+            wait = timeout if timeout is not None else self.brpop_timeout
+            wait = min(wait or self.swapless_idle_poll_s, self.swapless_idle_poll_s)
+            key = self._prefixed(self._q_for_pri(queues[0], 0))
+            args = ["BLMOVE", key, key, "RIGHT", "RIGHT", wait]
+        self._in_poll = conn
+        self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]  # kombu declares it None
+        conn.send_command(*args)
+
+    def _brpop_read(self, **options: Any) -> bool:
+        mode = self._mode
+        try:
+            try:
+                reply = self.client.parse_response(self.client.connection, "EVAL" if mode == _FETCH else "BLMOVE")
+            except self.connection_errors:
+                # as kombu's: drop the connection so the next poll reconnects
+                self.client.connection.disconnect()
+                self._mode = _FETCH
+                raise
+            except ResponseError as err:
+                if not is_refused_write(err):
+                    raise
+                # a read-only replica (a failover), a failed save: nothing can be fetched now; try again shortly
+                worker_health.failed(err, "fetching jobs")
+                self._mode = _FETCH
+                time.sleep(self.swapless_refused_pause_s)
+                raise Empty() from None
+            if mode == _WAIT:
+                # woken by a message, or the idle poll ran out: fetch from every list next
+                self._mode = _FETCH
+                raise Empty()
+            if not reply:
+                self._mode = _WAIT
+                raise Empty()
+            self._deliver_fetched(reply)
+            return True
+        finally:
+            self._in_poll = None  # type: ignore[assignment]  # as kombu does
+            self._flush_brpop_reauth()
+
+    def _deliver_fetched(self, reply: list[Any]) -> None:
+        messages = []
+        for index, raw in zip(reply[::2], reply[1::2]):
+            queue = self._fetch_queues[int(index) - 1]
+            try:
+                payload = loads(bytes_to_str(raw))
+                tag = payload["properties"]["delivery_tag"]
+            except Exception:  # noqa: BLE001 - not a kombu message at all: nothing to run, ack or answer
+                logger.error("Dropped a message on queue %r that is not a kombu message: %.200r", queue, raw)
+                continue
+            messages.append((queue, payload, tag))
+        for i, (queue, payload, tag) in enumerate(messages):
+            if isinstance(tag, str):
+                self._recorded.add(tag)
+            try:
+                self._queue_cycle.rotate(queue)
+                self.connection._deliver(payload, queue)
+            except BaseException:
+                # the undelivered rest are recorded as unacked: put them back now rather than after the timeout
+                self._recorded.difference_update(t for _, _, t in messages[i:] if isinstance(t, str))
+                for _, _, rest in messages[i + 1 :]:
+                    if isinstance(rest, str):
+                        self.qos.restore_by_tag(rest, leftmost=True)
+                raise
+
+
+class Transport(kombu_redis.Transport):
+    """kombu's Redis transport with :class:`Channel`."""
+
+    Channel = Channel
+
+
+#: ``swapless+socket:///path`` (a Unix socket, local mode): kombu takes the transport from a ``+`` URL's prefix.
+TRANSPORT_ALIASES.setdefault("swapless", "tasks.broker.transport:Transport")
+
+
+def broker_connection(url: str) -> tuple[str, str | None]:
+    """``(broker_url, broker_transport)`` for Celery: this transport for Redis URLs, kombu's choice otherwise."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in ("redis", "rediss"):
+        return url, "tasks.broker.transport:Transport"
+    if scheme == "redis+socket":
+        return "swapless+socket://" + url.split("://", 1)[1], None
+    return url, None

@@ -1,0 +1,264 @@
+"""The ``swapless bulk``, ``demo`` and ``demo-models`` commands, and local mode for ``swapless submit``.
+
+``tasks.cli.main`` calls ``register(app)``. Exit status of ``bulk`` and ``demo``:
+
+| status | meaning |
+|--------|---------|
+| 0      | every record succeeded (or some failed and ``--allow-failures`` was given) |
+| 1      | some records failed (their lines in the output say why) |
+| 2      | nothing was run: bad arguments, unreadable input, unknown model, an output that belongs to another input |
+| 3      | stopped by an error midway (Redis went away, the local worker died, ``--timeout``): rerun to resume |
+| 130    | interrupted (Ctrl-C, SIGTERM): rerun the same command to resume |
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from config.settings import get_settings
+from manager.errors import SwaplessError
+from tasks.broker.connection import translate
+from tasks.cli.common import ModelsOption, err_console, fail, print_error, set_env
+from tasks.client.stream import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_IN_FLIGHT
+from tasks.errors import JobTimeout
+
+if TYPE_CHECKING:
+    from tasks.client.bulk import BulkJob, BulkSummary
+
+__all__ = ["bulk", "demo", "demo_models", "register", "submit_local"]
+
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``bulk``, ``demo`` and ``demo-models`` to the ``swapless`` command line."""
+    app.command()(bulk)
+    app.command()(demo)
+    app.command("demo-models")(demo_models)
+
+
+def _default_demo_dir() -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "swapless" / "demo-models"
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops a bulk job the way Ctrl-C does: cleanly, resumable
+
+
+def _local_env(input_path: Path | None) -> dict[str, str]:
+    """Worker environment in local mode: image paths may be read from the input file's directory by default."""
+    if os.environ.get("SWAPLESS_INPUT_ROOT") or input_path is None:
+        return {}
+    return {"SWAPLESS_INPUT_ROOT": str(input_path.resolve().parent)}
+
+
+def _run_bulk(job: BulkJob, *, local: bool, progress: str | None, log_every_s: float, allow_failures: bool) -> None:
+    """Run a BulkJob from the command line (in local mode or against the configured Redis) and exit with its status."""
+    from manager.errors import ConfigError, UnknownModel
+    from tasks.cli.local import LocalSwapless
+    from tasks.client import Client
+    from tasks.client.bulk import BulkRun
+    from tasks.client.progress import make_progress
+    from tasks.errors import BulkFileError
+
+    try:
+        job.reader()  # a bad file, format or column fails here, before anything starts
+    except (SwaplessError, ValueError) as err:
+        fail(err)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    summary: BulkSummary | None = None
+    stopped_by: BaseException | None = None
+    redis_url = get_settings().broker_url
+    try:
+        with ExitStack() as stack:
+            watchdog = None
+            if local:
+                err_console.print("local mode: starting an embedded Redis and a worker (SWAPLESS_REDIS_URL is unset)")
+                embedded = stack.enter_context(LocalSwapless(env=_local_env(job.input_path)))
+                client = Client(settings=embedded.settings)
+                watchdog = embedded.check
+            else:
+                client = Client()
+            redis_url = client.settings.broker_url
+            stack.callback(client.close)
+            reporter = make_progress(sys.stderr, interval_s=log_every_s, force=progress)
+            runner = BulkRun(job, client, progress=reporter, watchdog=watchdog)
+            try:
+                summary = runner.run()
+            except (BulkFileError, ConfigError, UnknownModel) as err:
+                fail(err)  # nothing was sent
+            finally:
+                summary = runner.summary
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt as err:
+        stopped_by = err
+    except Exception as err:  # noqa: BLE001 - Redis gone, local worker died, timeout: the output stays resumable
+        stopped_by = err
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if isinstance(stopped_by, KeyboardInterrupt):
+        _print_summary(job, summary, stopped="interrupted")
+        raise typer.Exit(130)
+    if stopped_by is not None:
+        print_error(translate(stopped_by, redis_url))  # Redis gone: one line naming it
+        _print_summary(job, summary, stopped="stopped by an error")
+        raise typer.Exit(3)
+    _print_summary(job, summary)
+    if summary is not None and summary.failed and not allow_failures:
+        raise typer.Exit(1)
+
+
+def _print_summary(job: BulkJob, summary: BulkSummary | None, stopped: str | None = None) -> None:
+    if summary is None or (stopped and not summary.chunks_sent and summary.records == summary.resumed_from):
+        err_console.print(f"bulk: {stopped} before starting; rerun the same command to resume", highlight=False)
+        return
+    this_run = summary.records - summary.resumed_from
+    earlier = f", {summary.resumed_from} of them from an earlier run" if summary.resumed_from else ""
+    line = (
+        f"bulk: {summary.records} records in {job.output_path} ({summary.ok} ok, {summary.failed} failed{earlier}); "
+        f"this run: {this_run} records in {summary.elapsed_s:.1f} s, {summary.records_per_s:.0f} records/s"
+    )
+    if stopped:
+        line += f"\nbulk: {stopped}; rerun the same command to resume"
+    err_console.print(line, highlight=False)
+
+
+def bulk(
+    model: Annotated[str, typer.Argument(help="model id or alias (see `swapless models`)")],
+    input: Annotated[Path, typer.Argument(help="JSONL or CSV file, one record per line/row")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="JSONL output, one line per record; rerun to resume")],
+    field: Annotated[str, typer.Option(help="JSON field / CSV column with the input (text, base64 image, image path)")] = "text",
+    id_field: Annotated[str | None, typer.Option(help="JSON field / CSV column with each record's key [default: line number]")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", help="jsonl, csv or tsv [default: from the suffix]")] = None,
+    chunk_size: Annotated[int, typer.Option(min=1, help="inputs per queue message")] = DEFAULT_CHUNK_SIZE,
+    max_in_flight: Annotated[int, typer.Option(min=1, help="chunks queued or running at once")] = DEFAULT_MAX_IN_FLIGHT,
+    allow_failures: Annotated[bool, typer.Option("--allow-failures", help="exit 0 even if some records failed")] = False,
+    restart: Annotated[bool, typer.Option("--restart", help="overwrite the output instead of resuming it")] = False,
+    timeout: Annotated[float | None, typer.Option(help="give up when a chunk has no result after this many seconds")] = None,
+    local: Annotated[
+        bool | None, typer.Option("--local/--no-local", help="embedded Redis and worker [default: when SWAPLESS_REDIS_URL is unset]")
+    ] = None,
+    progress: Annotated[str, typer.Option(help="auto (a bar on a terminal, else log lines), bar, log or none")] = "auto",
+    log_every: Annotated[float, typer.Option(min=0.1, help="seconds between progress lines when not on a terminal")] = 10.0,
+    models: ModelsOption = None,
+) -> None:
+    """Classify every record of a JSONL/CSV file into a JSONL file, in input order; rerun to resume."""
+    from tasks.client.bulk import BulkJob
+
+    set_env(models_file=models)
+    if progress not in ("auto", "bar", "log", "none"):
+        fail(ValueError(f"--progress must be auto, bar, log or none, not {progress!r}"))
+    job = BulkJob(
+        model, input, output, field=field, id_field=id_field, fmt=fmt, chunk_size=chunk_size,
+        max_in_flight=max_in_flight, restart=restart, timeout_s=timeout,
+    )
+    use_local = local if local is not None else get_settings().redis_url is None
+    _run_bulk(job, local=use_local, progress=None if progress == "auto" else progress, log_every_s=log_every,
+              allow_failures=allow_failures)  # fmt: skip
+
+
+def _ensure_demo_models(directory: Path) -> Path:
+    """The demo models' ``models.json`` in ``directory``, built there first if missing (or built before the
+    sentiment model was trained: their sentiment labels meant nothing)."""
+    models_file = directory / "models.json"
+    if not models_file.exists() or "trained" not in _description(models_file, "sentiment"):
+        from manager.tiny import build_demo_models
+
+        err_console.print(f"building the demo models (tiny, offline; sentiment trained on the sample) in {directory} ...")
+        build_demo_models(directory, trained=True)
+    return models_file
+
+
+def _description(models_file: Path, model_id: str) -> str:
+    try:
+        entries = json.loads(models_file.read_text())["models"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return next((str(e.get("description", "")) for e in entries if isinstance(e, dict) and e.get("id") == model_id), "")
+
+
+def demo_models(
+    directory: Annotated[Path, typer.Argument(help="where to build them (created if missing)")],
+    image: Annotated[bool, typer.Option(help="also build the image model (mobilenet_v2)")] = True,
+    train: Annotated[bool, typer.Option(help="train the sentiment model on the demo sample (a few seconds)")] = True,
+) -> None:
+    """Build small models offline and a models.json listing them (random weights; sentiment trained on the sample)."""
+    from manager.tiny import build_demo_models
+
+    models_file = build_demo_models(directory, image=image, trained=train)
+    err_console.print(f"built; use them with:  export SWAPLESS_MODELS_FILE={models_file.resolve()}")
+
+
+def demo(
+    output: Annotated[Path, typer.Option("--output", "-o", help="JSONL output")] = Path("out-demo.jsonl"),
+    input: Annotated[
+        Path | None, typer.Option("--input", help="JSONL file with a 'text' field [default: the shipped sample]")
+    ] = None,
+    models_dir: Annotated[
+        Path | None, typer.Option(help="demo models (built if missing) [default: ~/.cache/swapless/demo-models]")
+    ] = None,
+    model: Annotated[str, typer.Option(help="demo model: sentiment, spam or topic")] = "sentiment",
+) -> None:
+    """Run a bulk job on the sample reviews with no Redis and no downloads.
+
+    Builds tiny demo models (once, into a cache dir; the sentiment model learns the sample's labels in a few
+    seconds), starts an embedded Redis and a worker, classifies the shipped sample of 300 reviews and stops both."""
+    from manager.demo import SAMPLE_PATH
+    from tasks.client.bulk import BulkJob
+
+    source = input or SAMPLE_PATH
+    models_file = _ensure_demo_models(models_dir or _default_demo_dir())
+    set_env(models_file=models_file)
+    err_console.print(f"model {model}: {_description(models_file, model)}", highlight=False)
+    job = BulkJob(model, source, output, id_field="id", restart=True)
+    started = time.monotonic()
+    try:
+        _run_bulk(job, local=True, progress=None, log_every_s=10.0, allow_failures=False)
+    finally:
+        if output.exists() and output.stat().st_size:
+            with output.open(encoding="utf-8") as lines:
+                head = [next(lines, "").rstrip("\n") for _ in range(3)]
+            err_console.print("first lines of the output:\n  " + "\n  ".join(line for line in head if line), highlight=False)
+            err_console.print(
+                f"demo done in {time.monotonic() - started:.1f} s: {source} classified into {output}. "
+                f"Next: swapless bulk {model} {source} -o out.jsonl  (with your own models.json and Redis)",
+                highlight=False,
+            )
+
+
+def submit_local(model: str, value: str, timeout_s: float) -> None:
+    """``swapless submit`` without SWAPLESS_REDIS_URL: start an embedded Redis and a worker, run the job, print
+    ``{"job_id", "result"}`` and stop both (there is no queue to leave a job in, so this always waits)."""
+    from tasks.cli.local import LocalSwapless
+    from tasks.client import Client
+
+    err_console.print("local mode: starting an embedded Redis and a worker (SWAPLESS_REDIS_URL is unset)")
+    try:
+        with LocalSwapless() as embedded:
+            client = Client(settings=embedded.settings)
+            try:
+                job = client.submit(model, value)
+                deadline = time.monotonic() + timeout_s
+                while True:
+                    try:
+                        result = job.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+                        break
+                    except JobTimeout:
+                        embedded.check()
+                        if time.monotonic() >= deadline:
+                            raise
+            finally:
+                client.close()
+    except SwaplessError as err:
+        fail(err)
+    sys.stdout.write(json.dumps({"job_id": job.id, "result": result}) + "\n")

@@ -1,0 +1,41 @@
+"""What the ``swapless`` commands share: the error line, the ``--models`` option, settings from flags."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from config.settings import get_settings
+
+__all__ = ["ModelsOption", "console", "err_console", "fail", "print_error", "set_env"]
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+ModelsOption = Annotated[
+    Path | None, typer.Option("--models", help="models file (default: SWAPLESS_MODELS_FILE, else config/models.json)")
+]
+
+
+def print_error(err: BaseException | str) -> None:
+    """One line on stderr: ``error: <message>``. The message is printed as it is (brackets included)."""
+    err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False)
+
+
+def fail(err: BaseException | str, code: int = 2) -> NoReturn:
+    """Print ``err`` as one error line and exit with ``code``."""
+    print_error(err)
+    raise typer.Exit(code)
+
+
+def set_env(**values: Any) -> None:
+    """Turn flags into SWAPLESS_ variables so every part of the process (and Celery) reads the same settings."""
+    for name, value in values.items():
+        if value is not None:
+            os.environ[f"SWAPLESS_{name.upper()}"] = str(value)
+    get_settings.cache_clear()

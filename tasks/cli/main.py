@@ -1,0 +1,275 @@
+"""The ``swapless`` command line (typer): worker, submit, result, models, serve, status; bulk, demo and demo-models
+live in ``tasks.cli.bulk``. ``main`` turns any SwaplessError into one error line and exit status 2."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.table import Table
+
+from config.settings import get_settings, parse_bytes
+from manager.errors import SwaplessError
+from tasks.cli import bulk as _bulk
+from tasks.cli.common import ModelsOption, console, fail, print_error, set_env
+from tasks.errors import JobTimeout, QueueFull, QueueUnavailable
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="swapless",
+    help="Serve many models from limited GPU memory as a queue-based batch inference worker.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+@app.command()
+def worker(
+    models: ModelsOption = None,
+    max_models: Annotated[int | None, typer.Option(help="local models loaded at once [default: 2]")] = None,
+    memory_budget: Annotated[
+        str | None, typer.Option(help="bytes of loaded local models, like 4GiB [default: no byte limit]")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N [default: auto]")] = None,
+    queue: Annotated[str | None, typer.Option(help="queue to consume [default: swapless]")] = None,
+    prefetch: Annotated[int | None, typer.Option(help="unacked jobs held, the scheduler's window [default: 1024]")] = None,
+    task_events: Annotated[
+        bool | None, typer.Option("--task-events/--no-task-events", help="Celery task events for Flower [default: off]")
+    ] = None,
+    warm_start: Annotated[
+        bool | None,
+        typer.Option("--warm-start/--no-warm-start", help="warm every local model before taking jobs [default: off]"),
+    ] = None,
+    loglevel: Annotated[str, typer.Option(help="celery log level")] = "INFO",
+    hostname: Annotated[str | None, typer.Option(help="worker node name (celery -n)")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="serve Prometheus metrics on this port [default: off]")
+    ] = None,
+    metrics_host: Annotated[str | None, typer.Option(help="address of the metrics endpoint [default: 127.0.0.1]")] = None,
+) -> None:
+    """Run the GPU worker: consume jobs, group them by model, run them through the model cache."""
+    if memory_budget is not None:
+        try:
+            parse_bytes(memory_budget)
+        except ValueError as err:
+            fail(err)
+    set_env(
+        models_file=models, max_models=max_models, memory_budget_bytes=memory_budget, device=device, queue=queue,
+        prefetch=prefetch, metrics_port=metrics_port, metrics_host=metrics_host,
+        task_events=None if task_events is None else str(task_events).lower(),
+        warm_start=None if warm_start is None else str(warm_start).lower(),
+    )
+    from tasks.app import configure
+    from tasks.worker.runtime import get_runtime
+
+    settings = get_settings()
+    try:
+        get_runtime()  # fail here, with a clear message, on a bad models file or setting; the worker reuses it
+    except SwaplessError as err:
+        fail(err)
+    from tasks.worker.task import app as celery_app
+
+    configure(celery_app, settings)
+    argv = ["worker", "--pool=solo", "--concurrency=1", f"--loglevel={loglevel}", f"--queues={settings.queue}"]
+    argv += [f"--prefetch-multiplier={settings.prefetch}", "--without-gossip", "--without-mingle"]
+    if hostname:
+        argv.append(f"--hostname={hostname}")
+    celery_app.worker_main(argv)
+
+
+def _read_input(value: str, file: Path | None) -> str:
+    if file is None:
+        return value
+    data = file.read_bytes()
+    try:
+        text = data.decode("utf-8")
+        if file.suffix.lower() in {".txt", ".md", ""}:
+            return text
+    except UnicodeDecodeError:
+        pass
+    return base64.b64encode(data).decode("ascii")
+
+
+@app.command()
+def submit(
+    model: Annotated[str, typer.Argument(help="model id or alias (see `swapless models`)")],
+    input: Annotated[str, typer.Argument(help="the text; for image models a base64 string (or use --file)")] = "",
+    file: Annotated[Path | None, typer.Option("--file", "-f", help="read the input from a file (images are base64-encoded)")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="wait for the result and print it")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds to wait with --wait")] = 60.0,
+    models: ModelsOption = None,
+) -> None:
+    """Queue one job; print its id (or, with --wait, its result as JSON).
+
+    Without SWAPLESS_REDIS_URL it runs in local mode: an embedded Redis and a worker, started and stopped for this
+    one job (so it always waits)."""
+    set_env(models_file=models)
+    if get_settings().redis_url is None:  # local mode
+        _bulk.submit_local(model, _read_input(input, file), timeout)
+        return
+    from tasks.client import Client
+
+    try:
+        client = Client()
+        job = client.submit(model, _read_input(input, file))
+        if not wait:
+            console.print(job.id, highlight=False)
+            return
+        result = job.get(timeout=timeout)
+    except SwaplessError as err:
+        fail(err)
+    sys.stdout.write(json.dumps({"job_id": job.id, "result": result}) + "\n")
+
+
+@app.command()
+def result(
+    job_id: Annotated[str, typer.Argument(help="the id `swapless submit` printed")],
+    wait: Annotated[float, typer.Option(help="seconds to wait for it to finish (0: just look)")] = 0.0,
+) -> None:
+    """Print a job's state and result (or error) as JSON."""
+    from tasks.client import Client
+
+    job = Client(validate=False).job(job_id)
+    def failed(error: object) -> NoReturn:
+        sys.stdout.write(
+            json.dumps({"job_id": job_id, "state": "FAILURE", "error": str(error), "type": type(error).__name__}) + "\n"
+        )
+        raise typer.Exit(1)
+
+    try:
+        if wait > 0:
+            job.get(timeout=wait)
+    except JobTimeout:
+        pass  # still pending: reported as such below
+    except (QueueUnavailable, QueueFull):
+        raise  # Redis, not the job: one error line (main)
+    except SwaplessError as err:
+        failed(err)
+    stored = job.status()
+    if stored.state == "SUCCESS":
+        sys.stdout.write(json.dumps({"job_id": job_id, "state": "SUCCESS", "result": stored.value}) + "\n")
+    elif stored.state == "FAILURE":
+        failed(stored.value)
+    else:
+        sys.stdout.write(json.dumps({"job_id": job_id, "state": "PENDING", "note": "queued, running, or unknown id"}) + "\n")
+
+
+@app.command()
+def models(models: ModelsOption = None) -> None:
+    """List the models in the registry."""
+    from manager.engine import ModelEngine
+    from manager.store import ModelStore
+
+    try:
+        store = ModelStore.from_file(models or get_settings().models_file, ModelEngine().frameworks)
+    except SwaplessError as err:
+        fail(err)
+    table = Table(title=f"{len(store)} models")
+    for column in ("id", "aliases", "type", "framework", "name", "version", "description"):
+        table.add_column(column, overflow="fold")
+    for spec in store:
+        table.add_row(spec.id, ", ".join(spec.aliases), spec.type.value, spec.framework, spec.name, spec.version, spec.description)
+    console.print(table)
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="port to listen on")] = 8000,
+    models: ModelsOption = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+) -> None:
+    """Run the HTTP gateway: POST /jobs, GET /jobs/{id}, POST /predict, GET /models, GET /healthz, /docs."""
+    set_env(models_file=models)
+    try:
+        import uvicorn
+
+        from tasks.gateway import create_app
+    except ImportError as err:
+        fail(f"the gateway needs {err.name}, which is not installed: pip install 'swapless' installs it")
+    try:
+        gateway = create_app(get_settings())
+    except SwaplessError as err:
+        fail(err)
+    uvicorn.run(gateway, host=host, port=port, log_level=log_level.lower())
+
+
+@app.command()
+def status(
+    watch: Annotated[bool, typer.Option("--watch", help="keep refreshing (Ctrl-C stops)")] = False,
+    interval: Annotated[float, typer.Option(min=0.1, help="seconds between refreshes with --watch")] = 2.0,
+    count: Annotated[int, typer.Option(min=0, help="with --watch, stop after this many refreshes (0: never)")] = 0,
+    sample: Annotated[
+        int, typer.Option(min=1, help="queued messages read per priority level to count jobs per model")
+    ] = 200,
+    queue: Annotated[str | None, typer.Option(help="queue to show [default: swapless]")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the status as JSON instead of tables")] = False,
+) -> None:
+    """Show the queue per model and each live worker: loaded models, cache hits/misses/evictions, loads, jobs, waits."""
+    import time
+
+    import redis
+
+    from tasks.broker.connection import redis_client, translated
+    from tasks.observe.heartbeat import read_heartbeats
+    from tasks.observe.memory import read_redis_memory
+    from tasks.observe.queue import read_queue_depth
+    from tasks.observe.view import render_status
+
+    set_env(queue=queue)
+    settings = get_settings()
+    client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s)
+
+    def render() -> Any:
+        with translated(settings.broker_url):
+            depth = read_queue_depth(client, settings, sample)
+            workers = read_heartbeats(client, settings.key_prefix)
+            return render_status(depth, workers, memory=read_redis_memory(client, settings))
+
+    with translated(settings.broker_url):
+        if as_json:
+            depth = read_queue_depth(client, settings, sample)
+            payload = {
+                "redis": dataclasses.asdict(read_redis_memory(client, settings)),
+                "queue": {**dataclasses.asdict(depth), "total": depth.total},
+                "workers": [beat.model_dump() for beat in read_heartbeats(client, settings.key_prefix)],
+            }
+            sys.stdout.write(json.dumps(payload) + "\n")
+            return
+    view = render()  # Redis down: one error line (main)
+    if not watch:
+        console.print(view)
+        return
+    from rich.live import Live
+    from rich.text import Text
+
+    refreshes = 1
+    with Live(view, console=console, auto_refresh=False) as live:
+        try:
+            while not count or refreshes < count:
+                time.sleep(interval)
+                try:
+                    view = render()
+                except (QueueUnavailable, QueueFull, redis.RedisError) as err:
+                    view = Text(f"{err}; retrying every {interval:g} s")
+                live.update(view, refresh=True)
+                refreshes += 1
+        except KeyboardInterrupt:
+            pass
+
+
+_bulk.register(app)
+
+
+def main() -> None:
+    """Entry point of the ``swapless`` script: a SwaplessError anywhere is one clear line and exit status 2."""
+    try:
+        app()
+    except SwaplessError as err:
+        print_error(err)
+        raise SystemExit(2) from None

@@ -1,0 +1,356 @@
+"""The producer client: submit jobs, get their results. Usable from scripts, web apps and asyncio code.
+
+    from tasks.client import Client
+    client = Client()                                   # SWAPLESS_REDIS_URL, else redis://127.0.0.1:6379/0
+    job = client.submit("sentiment", "What a lovely day")
+    job.id                                              # keep it to look the job up later: client.job(job_id)
+    job.get(timeout=30)                                 # [{"label": "POSITIVE", "score": 0.99}, ...]
+    await job.aget(timeout=30)                          # the same, for asyncio code
+
+    for prediction in client.map("sentiment", texts):  # many inputs: chunked messages, results in input order
+        ...
+    jobs = client.submit_many("sentiment", texts)       # one Job per input, sent as chunks of 256
+
+Every message is the one Celery's ``send_task`` would send (``tasks.broker.publish``), pushed with one LPUSH per
+call, so a plain Celery producer and this client are interchangeable. The client talks to Redis through one
+redis-py client with a bounded connect timeout (``SWAPLESS_CONNECT_TIMEOUT_S``): a Redis that is down is
+``QueueUnavailable`` within seconds, one that refuses writes (out of memory) ``QueueFull``
+(``tasks.broker.connection.translate``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from celery import Celery, states
+
+from config.settings import Settings, get_settings
+from manager.specs import ModelSpec
+from manager.store import ModelStore
+from tasks.app import make_app
+from tasks.broker.connection import redact, redis_client, translated
+from tasks.broker.publish import build_messages, push
+from tasks.broker.results import ResultStore, StoredResult
+from tasks.client.stream import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_MAX_IN_FLIGHT,
+    ChunkEvent,
+    ChunkStream,
+)
+from tasks.client.waiting import raise_for, read_results, storage_id, wait_result
+from tasks.errors import JobTimeout, QueueFull
+from tasks.protocol import (
+    CHUNK_TASK,
+    PREDICT_TASK,
+    PRIORITY_STEPS,
+    item_id,
+    priority_level,
+    queue_key,
+    split_item_id,
+)
+
+__all__ = ["Client", "Job"]
+
+
+def _batched(values: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    if size < 1:
+        raise ValueError(f"chunk_size must be at least 1, not {size}")
+    iterator = iter(values)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
+
+
+class Job:
+    """A handle on one submitted job. Cheap to create: ``Client().job(job_id)`` works for any id.
+
+    Jobs of ``submit_many`` are items of chunk messages; their ids are ``"<chunk id>:<index>"`` and they read their
+    own item of the chunk's stored result.
+    """
+
+    def __init__(self, client: Client, job_id: str) -> None:
+        self.client = client
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r})"
+
+    def status(self) -> StoredResult:
+        """The stored state now: PENDING (queued, running, or unknown id), SUCCESS or FAILURE."""
+        return self.client.fetch([self.id])[0]
+
+    @property
+    def state(self) -> str:
+        return self.status().state
+
+    def ready(self) -> bool:
+        return self.status().ready
+
+    def get(self, timeout: float | None = 60.0, *, forget: bool | None = None) -> Any:
+        """Wait for the job and return its prediction.
+
+        Wakes on the result backend's publish (no polling stall), with a slow poll as a safety net.
+
+        Args:
+            timeout: seconds to wait (None: no limit).
+            forget: delete the result from Redis once read (a second ``get`` then waits in vain); default: the
+                client's ``forget``. The items of a chunk (``submit_many``) share their chunk's result and are
+                never forgotten one by one (``gather`` forgets a chunk's).
+
+        Raises:
+            SwaplessError: the worker's error for this job (UnknownModel, InputError, ...), rebuilt here.
+            JobTimeout: no result within ``timeout`` seconds (the job may still finish).
+            QueueUnavailable: Redis cannot be reached.
+        """
+        client = self.client
+        with translated(client.settings.broker_url):
+            stored = wait_result(client.redis, client.results, self.id, timeout)
+            if not stored.ready:
+                raise JobTimeout(self.id, timeout or 0.0, stored.state)
+            if (client.forget if forget is None else forget) and split_item_id(self.id) is None:
+                client.results.forget([self.id])
+        return raise_for(stored)
+
+    async def aget(self, timeout: float | None = 60.0, *, forget: bool | None = None) -> Any:
+        """``get`` for asyncio code: waits in a thread, never blocking the event loop."""
+        return await asyncio.to_thread(self.get, timeout, forget=forget)
+
+
+class Client:
+    """Submits jobs to the Swapless queue and reads their results.
+
+    Args:
+        redis_url: broker and result backend; defaults to SWAPLESS_REDIS_URL, else redis://127.0.0.1:6379/0.
+        settings: settings to use instead of the environment's.
+        validate: check model ids against the models file before sending (fail fast with UnknownModel).
+        forget: ``get`` and ``gather`` delete each result from Redis once read, unless told otherwise per call.
+            Results left unread expire after ``SWAPLESS_RESULT_EXPIRES_S``.
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        validate: bool = True,
+        forget: bool = False,
+    ) -> None:
+        base = settings or get_settings()
+        self.settings = base.model_copy(update={"redis_url": redis_url}) if redis_url else base
+        #: The Celery app whose result backend's encoding, key names and expiry the results follow.
+        self.app: Celery = make_app(self.settings)
+        #: Every call of this client goes through it (one connection pool per URL in the process).
+        self.redis = redis_client(self.settings.broker_url, connect_timeout_s=self.settings.connect_timeout_s)
+        self.results = ResultStore(self.app, client=self.redis)
+        self._validate = validate
+        self.forget = forget
+        self._store: ModelStore | None = None
+
+    @property
+    def queue(self) -> str:
+        """The queue this client sends to."""
+        return self.settings.queue
+
+    @property
+    def store(self) -> ModelStore:
+        """The model registry this client validates against (read on first use)."""
+        if self._store is None:
+            self._store = ModelStore.from_file(self.settings.models_file)
+        return self._store
+
+    def _checked(self, model_id: str, priority: str) -> int:
+        """Check ``priority`` and (with ``validate``) ``model_id`` before anything is sent; returns the level."""
+        level = priority_level(priority)
+        if self._validate:
+            self.store.get(model_id)
+        return level
+
+    def _publish(self, task: str, jobs: Sequence[tuple[str, Any]], level: int) -> list[str]:
+        """Send one message per ``(model_id, value)`` to ``task``, in one round trip; returns their ids.
+
+        Raises:
+            QueueFull: the queue holds ``SWAPLESS_MAX_QUEUED`` messages already, or Redis is out of memory.
+            QueueUnavailable: Redis cannot be reached.
+        """
+        s = self.settings
+        built = build_messages(self.app, s.queue, jobs, level, task=task)
+        key = queue_key(s.queue, level, s.key_prefix)
+        counted = [queue_key(s.queue, p, s.key_prefix) for p in PRIORITY_STEPS]
+        with translated(s.broker_url):
+            pushed = push(self.redis, key, [message for _, message in built], bound=s.max_queued, counted=counted)
+        if pushed is not None and not pushed[0]:
+            raise QueueFull(
+                redact(s.broker_url),
+                f"queue {s.queue!r} holds {pushed[1]} messages, its bound is {s.max_queued} (SWAPLESS_MAX_QUEUED); "
+                "wait for the workers to take some, then send again",
+            )
+        return [job_id for job_id, _ in built]
+
+    def models(self) -> list[ModelSpec]:
+        """The models that exist (from the models file)."""
+        return list(self.store)
+
+    def submit(self, model_id: str, input: Any, *, priority: str = "interactive") -> Job:
+        """Queue one job and return its handle at once.
+
+        Args:
+            model_id: a model id or alias from the registry.
+            input: a string for text models; a base64 string of an encoded image for image models.
+            priority: ``interactive`` (served ahead of bulk work) or ``bulk``.
+
+        Raises:
+            UnknownModel: ``validate`` is on and the id is not in the registry.
+            ValueError: unknown ``priority``, or an input JSON cannot encode.
+            QueueUnavailable: Redis cannot be reached (within ``SWAPLESS_CONNECT_TIMEOUT_S``, once retried).
+            QueueFull: Redis refused the job (out of memory).
+        """
+        level = self._checked(model_id, priority)
+        return Job(self, self._publish(PREDICT_TASK, [(model_id, input)], level)[0])
+
+    def submit_jobs(self, jobs: Iterable[tuple[str, Any]], *, priority: str = "interactive") -> list[Job]:
+        """Queue one job per ``(model_id, input)`` pair, any mix of models, in one round trip to Redis.
+
+        Each job is its own message (its own id, result, retries), exactly as ``submit`` sends it. Jobs are consumed
+        in the order given.
+
+        Raises:
+            UnknownModel: ``validate`` is on and an id is not in the registry (nothing is sent).
+            ValueError: unknown ``priority``, or an input JSON cannot encode (nothing is sent).
+            QueueUnavailable, QueueFull: as ``submit`` (nothing is sent).
+        """
+        pairs = list(jobs)
+        level = priority_level(priority)
+        for model_id in {model_id for model_id, _ in pairs}:
+            self._checked(model_id, priority)
+        return [Job(self, job_id) for job_id in self._publish(PREDICT_TASK, pairs, level)]
+
+    def submit_many(
+        self, model_id: str, inputs: Iterable[Any], *, priority: str = "bulk", chunk_size: int = DEFAULT_CHUNK_SIZE
+    ) -> list[Job]:
+        """Queue one job per input, sent as chunk messages of ``chunk_size`` inputs (bulk priority by default).
+
+        Returns at once with one Job per input, in order (``gather`` them, or ``get`` each). For inputs too many to
+        hold, use ``map``, which keeps a bounded number of chunks in flight.
+
+        Raises:
+            UnknownModel: ``validate`` is on and the id is not in the registry.
+            ValueError: unknown ``priority`` or ``chunk_size`` below 1.
+            QueueUnavailable, QueueFull: as ``submit`` (the chunks before it were sent).
+        """
+        level = self._checked(model_id, priority)
+        jobs: list[Job] = []
+        for batch in _batched(inputs, chunk_size):
+            chunk_id = self._publish(CHUNK_TASK, [(model_id, batch)], level)[0]
+            jobs.extend(Job(self, item_id(chunk_id, index)) for index in range(len(batch)))
+        return jobs
+
+    def map(
+        self,
+        model_id: str,
+        inputs: Iterable[Any],
+        *,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        priority: str = "bulk",
+        timeout: float | None = None,
+        return_exceptions: bool = False,
+        on_event: Callable[[ChunkEvent], None] | None = None,
+    ) -> Iterator[Any]:
+        """Predict every input, yielding the predictions in input order as they finish.
+
+        ``inputs`` is read lazily, ``chunk_size`` at a time, and at most ``max_in_flight`` chunks are queued or
+        waiting to be read: memory stays flat for any number of inputs.
+
+        Args:
+            model_id: a model id or alias from the registry.
+            inputs: the inputs (strings; base64 images or, with SWAPLESS_INPUT_ROOT set on the worker, image paths).
+            chunk_size: inputs per queue message.
+            max_in_flight: chunks sent and not yet read back, at most.
+            priority: ``bulk`` (default) or ``interactive``.
+            timeout: seconds a chunk may take from being sent to its result (None: no limit).
+            return_exceptions: yield a failed input's error instead of raising it.
+            on_event: called with a ``ChunkEvent`` per chunk sent and read (progress, instrumentation).
+
+        Raises:
+            SwaplessError: the first failed input's error (InputError, ...), unless ``return_exceptions``.
+            JobTimeout: a chunk had no result within ``timeout``.
+        """
+        stream = self.stream(model_id, priority, max_in_flight=max_in_flight, timeout_s=timeout, on_event=on_event)
+        with translated(self.settings.broker_url):
+            for _, outcomes in stream.run((None, batch) for batch in _batched(inputs, chunk_size)):
+                for ok, value in outcomes:
+                    if ok or return_exceptions:
+                        yield value
+                    else:
+                        raise value
+
+    def stream(self, model_id: str, priority: str = "bulk", **options: Any) -> ChunkStream:
+        """A ``ChunkStream`` for ``model_id`` (what ``map`` and bulk jobs run on); ``options`` are its own.
+
+        Raises:
+            UnknownModel: ``validate`` is on and the id is not in the registry.
+            ValueError: unknown ``priority``.
+        """
+        level = self._checked(model_id, priority)
+
+        def send(inputs: list[Any]) -> str:
+            return self._publish(CHUNK_TASK, [(model_id, inputs)], level)[0]
+
+        return ChunkStream(send, self.results, **options)
+
+    def fetch(self, job_ids: Sequence[str]) -> list[StoredResult]:
+        """The stored states of many jobs now (batched MGETs; items of one chunk share one read).
+
+        Raises:
+            QueueUnavailable: Redis cannot be reached.
+        """
+        with translated(self.settings.broker_url):
+            return read_results(self.results, job_ids)
+
+    def job(self, job_id: str) -> Job:
+        """A handle on a job submitted earlier, by id."""
+        return Job(self, job_id)
+
+    def gather(
+        self, jobs: Sequence[Job], timeout: float | None = 300.0, *, forget: bool | None = None
+    ) -> list[StoredResult]:
+        """Wait for many jobs at once, reading results in batched MGETs; returns their final states in order.
+
+        Args:
+            jobs: the jobs.
+            timeout: seconds to wait for all of them (None: no limit).
+            forget: delete the results from Redis once all are read (items of a chunk: their chunk's result);
+                default: the client's ``forget``.
+
+        Raises:
+            JobTimeout: some job has no result within ``timeout`` (names the first such job).
+            QueueUnavailable: Redis cannot be reached.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        found: dict[str, StoredResult] = {}
+        pending = [job.id for job in jobs]
+        pause_s = 0.002
+        while pending:
+            for stored in self.fetch(pending):
+                if stored.ready:
+                    found[stored.job_id] = stored
+            pending = [job_id for job_id in pending if job_id not in found]
+            if not pending:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobTimeout(pending[0], timeout or 0.0, states.PENDING)
+            time.sleep(pause_s)
+            pause_s = min(pause_s * 2, 0.1)
+        if self.forget if forget is None else forget:
+            stored_under = list(dict.fromkeys(storage_id(job.id) for job in jobs))
+            with translated(self.settings.broker_url):
+                for start in range(0, len(stored_under), 1000):
+                    self.results.forget(stored_under[start : start + 1000])
+        return [found[job.id] for job in jobs]
+
+    def close(self) -> None:
+        """Release what this client holds (its connections go back to the process's pool for its URL)."""
+        self.app.close()

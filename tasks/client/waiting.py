@@ -1,0 +1,108 @@
+"""Reading and waiting for results: job ids to the keys they are stored under, chunk items, and the wait that
+wakes on the result backend's publish (for threads and for asyncio), shared by ``Job`` and the gateway.
+
+The items of a chunk (ids ``"<chunk id>:<index>"``) have no result of their own: they read their item of the
+chunk's stored list. A wait subscribes to the result's key before it first reads it, so a result stored in between
+is never missed, and sleeps on the subscription (at most ``POLL_S`` between reads, a safety net) instead of polling.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+import redis.asyncio as aredis
+from celery import states
+
+from manager.errors import SwaplessError
+from tasks.broker.results import ResultStore, StoredResult
+from tasks.errors import JobFailed
+from tasks.protocol import decode_outcome, split_item_id
+
+__all__ = ["POLL_S", "aread_result", "await_result", "raise_for", "read_results", "storage_id", "wait_result"]
+
+#: Longest sleep between two reads of a result while waiting on its publish.
+POLL_S = 0.5
+_MGET_KEYS = 1000
+
+
+def storage_id(job_id: str) -> str:
+    """The id a job's result is stored under: its chunk's id for an item of a chunk, else its own."""
+    parts = split_item_id(job_id)
+    return parts[0] if parts is not None else job_id
+
+
+def _item_result(job_id: str, chunk: StoredResult) -> StoredResult:
+    """The state of ``job_id`` from what is stored under its storage id (itself, or its chunk)."""
+    parts = split_item_id(job_id)
+    if parts is None:
+        return chunk
+    if not chunk.ready:
+        return StoredResult(job_id, chunk.state)
+    index = parts[1]
+    if chunk.state != states.SUCCESS:
+        return StoredResult(job_id, chunk.state, chunk.value)  # the whole chunk failed: so did each item
+    if not isinstance(chunk.value, list) or index >= len(chunk.value):
+        return StoredResult(job_id, states.FAILURE, JobFailed(job_id, "MalformedResult", "no such item in its chunk"))
+    ok, value = decode_outcome(chunk.value[index], job_id)
+    return StoredResult(job_id, states.SUCCESS if ok else states.FAILURE, value)
+
+
+def read_results(results: ResultStore, job_ids: Sequence[str]) -> list[StoredResult]:
+    """The stored states of many jobs now (batched MGETs; the items of one chunk share one read)."""
+    storage_ids = list(dict.fromkeys(storage_id(job_id) for job_id in job_ids))
+    stored: dict[str, StoredResult] = {}
+    for start in range(0, len(storage_ids), _MGET_KEYS):
+        for found in results.fetch(storage_ids[start : start + _MGET_KEYS]):
+            stored[found.job_id] = found
+    return [_item_result(job_id, stored[storage_id(job_id)]) for job_id in job_ids]
+
+
+def raise_for(stored: StoredResult) -> Any:
+    """A final state's prediction, or its error raised (rebuilt as the worker's own where it can be)."""
+    if stored.state == states.SUCCESS:
+        return stored.value
+    error = stored.value
+    if isinstance(error, SwaplessError):
+        raise error
+    raise JobFailed(stored.job_id, type(error).__name__ if error is not None else stored.state, str(error))
+
+
+def wait_result(client: redis.Redis, results: ResultStore, job_id: str, timeout_s: float | None) -> StoredResult:
+    """``job_id``'s final state, or its state now (PENDING) once ``timeout_s`` has passed (None: no limit)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    try:
+        pubsub.subscribe(results.key(storage_id(job_id)))
+        while True:
+            stored = read_results(results, [job_id])[0]
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if stored.ready or (remaining is not None and remaining <= 0):
+                return stored
+            pubsub.get_message(timeout=POLL_S if remaining is None else min(POLL_S, remaining))
+    finally:
+        pubsub.close()
+
+
+async def aread_result(client: aredis.Redis, results: ResultStore, job_id: str) -> StoredResult:
+    """``read_results`` of one job, for asyncio code."""
+    stored_under = storage_id(job_id)
+    return _item_result(job_id, results.decode(stored_under, await client.get(results.key(stored_under))))
+
+
+async def await_result(client: aredis.Redis, results: ResultStore, job_id: str, timeout_s: float) -> StoredResult:
+    """``wait_result`` for asyncio code: the event loop never waits on Redis."""
+    deadline = time.monotonic() + timeout_s
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    try:
+        await pubsub.subscribe(results.key(storage_id(job_id)))
+        while True:
+            stored = await aread_result(client, results, job_id)
+            remaining = deadline - time.monotonic()
+            if stored.ready or remaining <= 0:
+                return stored
+            await pubsub.get_message(timeout=min(POLL_S, remaining))
+    finally:
+        await pubsub.aclose()

@@ -1,0 +1,122 @@
+"""The queue side's errors: reaching Redis, waiting for results, bulk files, local mode, the metrics endpoint.
+
+They sit under the one root, ``manager.errors.SwaplessError``, whose module docstring draws the whole tree.
+Like the model side's, each keeps what it was built from in ``args`` and builds its message from them, so it
+survives the JSON result backend, and each message says what to do.
+"""
+
+from __future__ import annotations
+
+from manager.errors import BackendUnavailable, SwaplessError
+
+__all__ = [
+    "BulkFileError",
+    "JobFailed",
+    "JobTimeout",
+    "LocalModeError",
+    "MetricsUnavailable",
+    "QueueFull",
+    "QueueUnavailable",
+]
+
+
+class QueueUnavailable(BackendUnavailable):
+    """Redis (the broker and result store) cannot be reached, or will not take writes (a read-only replica).
+
+    ``url`` never carries a password (``tasks.broker.connection.redact``).
+    """
+
+    @property
+    def message(self) -> str:
+        return f"cannot reach Redis at {self.url}: {self.problem}"
+
+
+class QueueFull(SwaplessError):
+    """Redis refuses new jobs: it is out of memory (``maxmemory``), or the queue holds ``SWAPLESS_MAX_QUEUED`` jobs.
+
+    Nothing of the refused job was queued; send it again later.
+    """
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(where, reason)
+        self.where = where
+        self.reason = reason
+
+    @property
+    def message(self) -> str:
+        return f"the queue at {self.where} refused the job: {self.reason}"
+
+
+class JobFailed(SwaplessError):
+    """The job failed with an error type this process cannot rebuild (``error_type`` names it)."""
+
+    def __init__(self, job_id: str, error_type: str, detail: str) -> None:
+        super().__init__(job_id, error_type, detail)
+        self.job_id = job_id
+        self.error_type = error_type
+        self.detail = detail
+
+    @property
+    def message(self) -> str:
+        return f"job {self.job_id} failed: {self.error_type}: {self.detail}"
+
+
+class JobTimeout(SwaplessError, TimeoutError):
+    """The job had no final result within the timeout. It may still finish later."""
+
+    def __init__(self, job_id: str, timeout_s: float, state: str) -> None:
+        super().__init__(job_id, timeout_s, state)
+        self.job_id = job_id
+        self.timeout_s = timeout_s
+        self.state = state
+
+    @property
+    def message(self) -> str:
+        return (
+            f"job {self.job_id} has no result after {self.timeout_s:g} s (state {self.state}); "
+            "it may still finish: look it up later with Client().job(job_id)"
+        )
+
+
+class BulkFileError(SwaplessError):
+    """A bulk job's input or output file cannot be used at all (missing, unknown format, no such column, an
+    output that does not continue this input). Nothing is sent; the message says what to fix."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(path, problem)
+        self.path = path
+        self.problem = problem
+
+    @property
+    def message(self) -> str:
+        return f"{self.path}: {self.problem}"
+
+
+class LocalModeError(SwaplessError):
+    """The embedded Redis or the local worker could not start, or the worker stopped; ``log`` is its log's end."""
+
+    def __init__(self, what: str, log: str = "") -> None:
+        super().__init__(what, log)
+        self.what = what
+        self.log = log
+
+    @property
+    def message(self) -> str:
+        return f"local mode: {self.what}" + (f"\n--- log ---\n{self.log}" if self.log else "")
+
+
+class MetricsUnavailable(SwaplessError):
+    """The metrics endpoint could not be opened (port in use, bad address)."""
+
+    def __init__(self, host: str, port: int, problem: str) -> None:
+        super().__init__(host, port, problem)
+        self.host = host
+        self.port = port
+        self.problem = problem
+
+    @property
+    def message(self) -> str:
+        return (
+            f"cannot serve metrics on {self.host}:{self.port}: {self.problem}; "
+            "pick another --metrics-port (SWAPLESS_METRICS_PORT)"
+        )

@@ -1,0 +1,148 @@
+"""The gateway's request and response bodies (they make its OpenAPI schema), and the input check per model type."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Literal
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field
+
+from manager.describe import kind
+from manager.specs import InputType, ModelSpec
+
+__all__ = [
+    "ErrorInfo",
+    "Health",
+    "JobAccepted",
+    "JobFailure",
+    "JobRequest",
+    "JobState",
+    "LoadedOn",
+    "ModelView",
+    "ModelsView",
+    "PredictTimeout",
+    "Prediction",
+    "WorkerView",
+    "check_input",
+]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class JobRequest(_Body):
+    """A job: the model and one input (a string for text models, a base64 string of an image for image models)."""
+
+    model_id: str = Field(min_length=1, max_length=128, examples=["sentiment"])
+    input: Any = Field(examples=["what a lovely day"])
+    priority: Literal["interactive", "bulk"] = "interactive"
+
+
+class ErrorInfo(_Body):
+    type: str
+    message: str
+
+
+class JobAccepted(_Body):
+    job_id: str
+    status_url: str
+
+
+class JobState(_Body):
+    job_id: str
+    state: Literal["PENDING", "SUCCESS", "FAILURE"]
+    result: Any = None
+    error: ErrorInfo | None = None
+    note: str | None = None
+
+
+class Prediction(_Body):
+    job_id: str
+    result: Any
+
+
+class JobFailure(_Body):
+    detail: str
+    job_id: str
+    error: ErrorInfo
+
+
+class PredictTimeout(_Body):
+    detail: str
+    job_id: str
+    status_url: str
+
+
+class LoadedOn(_Body):
+    worker: str
+    bytes: int
+    load_s: float
+    hits: int
+    busy: bool
+
+
+class ModelView(_Body):
+    id: str
+    aliases: list[str]
+    type: str
+    framework: str
+    name: str
+    version: str
+    description: str
+    waiting: int
+    loaded_on: list[LoadedOn]
+
+
+class WorkerView(_Body):
+    hostname: str
+    queue: str
+    heartbeat_age_s: float
+    loaded: list[str]
+    used_bytes: int
+    max_models: int
+    memory_budget_bytes: int | None
+    jobs_done: int
+    jobs_failed: int
+    backlog: int
+
+
+class ModelsView(_Body):
+    models: list[ModelView]
+    workers: list[WorkerView]
+    waiting_estimated: bool = Field(description="per-model waiting counts are scaled up from a sample of the queue")
+
+
+class Health(_Body):
+    status: Literal["ok", "unavailable"]
+    redis: str
+    workers: int | None = None
+
+
+def _invalid(kind: str, message: str) -> RequestValidationError:
+    return RequestValidationError([{"type": kind, "loc": ("body", "input"), "msg": message}])
+
+
+def check_input(spec: ModelSpec, value: Any) -> None:
+    """Check an input's type against the model's: text models take a string, image models a base64 string.
+
+    Raises:
+        RequestValidationError: the input does not fit (422, naming the model and what to send).
+    """
+    if spec.type is InputType.TEXT:
+        if not isinstance(value, str):
+            raise _invalid("string_type", f"model {spec.id!r} takes text: send a string, not {kind(value)}")
+        return
+    what = f"model {spec.id!r} takes images: send a base64 string of a PNG/JPEG/WebP"
+    if not isinstance(value, str):
+        raise _invalid("string_type", f"{what}, not {kind(value)}")
+    text = value.strip()
+    if text.startswith("data:") and "," in text:
+        text = text.split(",", 1)[1]
+    try:
+        if not base64.b64decode(text, validate=True):
+            raise _invalid("base64", f"{what}; this one is empty")
+    except (binascii.Error, ValueError):
+        raise _invalid("base64", f"{what}; this one is not valid base64") from None

@@ -1,0 +1,106 @@
+"""Where Redis's memory goes: used and limit, the queue's share, and the stored results (``swapless status``).
+
+Read in one round trip without scanning the keyspace (which holds every result): ``INFO memory``, ``DBSIZE``,
+``MEMORY USAGE`` of the queue's lists and of kombu's unacked records (sampled by Redis: an estimate for long
+lists), and ``RANDOMKEY`` drawn ``sample`` times: the share of result keys among the draws, times ``DBSIZE``, is the
+estimated number of stored results, and their mean ``MEMORY USAGE`` their size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis
+
+from config.settings import Settings
+from manager.describe import format_bytes
+from tasks.protocol import PRIORITY_STEPS, queue_key
+
+__all__ = ["DEFAULT_KEY_SAMPLE", "RedisMemory", "read_redis_memory", "refusing_writes"]
+
+#: Random keys drawn to estimate the stored results.
+DEFAULT_KEY_SAMPLE = 200
+_RESULT_MARK = "celery-task-meta-"
+
+
+@dataclass(frozen=True)
+class RedisMemory:
+    """Redis's memory as one reading saw it.
+
+    Attributes:
+        used_bytes: memory Redis uses now (``used_memory``).
+        max_bytes: its limit (``maxmemory``); 0: none.
+        policy: what Redis does at the limit (``maxmemory-policy``; ``noeviction`` refuses writes).
+        keys: keys in this database.
+        queue_bytes: the queue's lists and the unacked records (jobs fetched, not yet acked), estimated.
+        results: stored results, estimated from a sample of keys.
+        result_bytes: the memory of those results, estimated.
+    """
+
+    used_bytes: int
+    max_bytes: int
+    policy: str
+    keys: int
+    queue_bytes: int
+    results: int
+    result_bytes: int
+
+    @property
+    def used_share(self) -> float | None:
+        """``used_bytes`` over ``max_bytes``; None without a limit."""
+        return self.used_bytes / self.max_bytes if self.max_bytes else None
+
+
+def _queue_keys(settings: Settings) -> list[str]:
+    prefix = settings.key_prefix or ""
+    lists = [queue_key(settings.queue, p, settings.key_prefix) for p in PRIORITY_STEPS]
+    return lists + [f"{prefix}unacked", f"{prefix}unacked_index"]
+
+
+def _estimate(keys: int, draws: Sequence[bytes | str | None], result_prefix: str) -> tuple[list[str], float]:
+    names = [d.decode() if isinstance(d, bytes) else d for d in draws if d is not None]
+    results = [name for name in names if name.startswith(result_prefix)]
+    return results, (keys * len(results) / len(names) if names else 0.0)
+
+
+def read_redis_memory(client: redis.Redis, settings: Settings, sample: int = DEFAULT_KEY_SAMPLE) -> RedisMemory:
+    """One reading of Redis's memory (two round trips)."""
+    queue_keys = _queue_keys(settings)
+    pipe = client.pipeline(transaction=False)
+    pipe.info("memory")
+    pipe.dbsize()
+    for key in queue_keys:
+        pipe.memory_usage(key)
+    for _ in range(sample):
+        pipe.randomkey()
+    replies = pipe.execute()
+    info, keys = replies[0], int(replies[1])
+    queue_bytes = sum(int(n or 0) for n in replies[2 : 2 + len(queue_keys)])
+    results, estimated = _estimate(keys, replies[2 + len(queue_keys) :], f"{settings.key_prefix or ''}{_RESULT_MARK}")
+    mean_bytes = 0.0
+    if results:
+        pipe = client.pipeline(transaction=False)
+        for name in results[:50]:
+            pipe.memory_usage(name)
+        sizes = [int(n) for n in pipe.execute() if n]
+        mean_bytes = sum(sizes) / len(sizes) if sizes else 0.0
+    return RedisMemory(
+        used_bytes=int(info.get("used_memory", 0)),
+        max_bytes=int(info.get("maxmemory", 0)),
+        policy=str(info.get("maxmemory_policy", "")),
+        keys=keys,
+        queue_bytes=queue_bytes,
+        results=round(estimated),
+        result_bytes=round(estimated * mean_bytes),
+    )
+
+
+def refusing_writes(client: redis.Redis) -> str | None:
+    """``"Redis refusing writes: OOM (...)"`` while Redis is at its ``maxmemory`` with ``noeviction`` (new jobs are
+    refused; workers go on: ``tasks.broker.connection.WRITE_FIRST_NOTE``), else None. One ``INFO memory``."""
+    info = client.info("memory")
+    used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+    if limit and used >= limit and info.get("maxmemory_policy") == "noeviction":
+        return f"Redis refusing writes: OOM ({format_bytes(used)} used of maxmemory {format_bytes(limit)})"
+    return None

@@ -1,0 +1,146 @@
+"""The worker's Prometheus endpoint (``swapless worker --metrics-port``; off by default).
+
+Served by prometheus-client's own HTTP server in a daemon thread, bound to 127.0.0.1 unless ``--metrics-host``
+says otherwise, from a private registry (so nothing else registered in the process leaks in). Metrics:
+
+    swapless_model_load_seconds{model}          histogram  seconds per model load
+    swapless_model_load_failures_total{model}   counter    loads that failed
+    swapless_cache_hits_total{model}            counter    groups whose model was already loaded
+    swapless_cache_misses_total{model}          counter    groups that had to load their model
+    swapless_cache_evictions_total{model}       counter    times the model was unloaded to make room
+    swapless_batch_size{model}                  histogram  jobs per group run on a model
+    swapless_job_queue_wait_seconds{model}      histogram  seconds from send (or receipt) to the start of the job's group
+    swapless_job_run_seconds{model}             histogram  seconds the job's group took (load included): a job's
+                                                           result is ready when its group is done
+    swapless_jobs_total{model,outcome}          counter    jobs run, outcome "success" or "failure"
+    swapless_job_errors_total{model,error}      counter    failed jobs per error type
+    swapless_models_loaded                      gauge      models in the cache now
+    swapless_model_loaded_bytes{model}          gauge      bytes of each loaded model now
+    swapless_backlog_jobs{model}                gauge      jobs held by this worker, waiting for their group
+
+Jobs refused before they reach a group (unknown model, malformed payload) count in the heartbeat's
+``jobs_failed`` but not here, as they have no group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from manager import ModelManager
+from tasks.errors import MetricsUnavailable
+from tasks.observe.accounting import GroupReport
+
+__all__ = ["WorkerMetrics"]
+
+_LOAD_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_WAIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class _CacheCollector(Collector):
+    """Gauges read from the cache and the backlog at scrape time."""
+
+    def __init__(self, manager: ModelManager, backlog: Callable[[], dict[str, int]]) -> None:
+        self.manager = manager
+        self.backlog = backlog
+
+    def collect(self) -> Iterator[Metric]:
+        entries = self.manager.snapshot()
+        loaded = GaugeMetricFamily("swapless_models_loaded", "Models in the cache now.")
+        loaded.add_metric([], len(entries))
+        size = GaugeMetricFamily("swapless_model_loaded_bytes", "Bytes of each loaded model.", labels=["model"])
+        for entry in entries:
+            size.add_metric([entry.model_id], entry.size_bytes)
+        backlog = GaugeMetricFamily("swapless_backlog_jobs", "Jobs held by this worker, waiting.", labels=["model"])
+        for model_id, waiting in self.backlog().items():
+            backlog.add_metric([model_id], waiting)
+        yield from (loaded, size, backlog)
+
+
+class WorkerMetrics:
+    """The Prometheus metrics of one worker. ``observe`` is a ``GroupAccounting`` listener.
+
+    Args:
+        manager: the worker's cache (read at scrape time).
+        backlog: jobs the worker holds per model, waiting (called at scrape time).
+        registry: where the metrics live; a fresh private registry by default.
+    """
+
+    def __init__(
+        self,
+        manager: ModelManager,
+        backlog: Callable[[], dict[str, int]],
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.load_seconds = Histogram(
+            "swapless_model_load_seconds", "Seconds per model load.", ["model"], buckets=_LOAD_BUCKETS_S, registry=r
+        )
+        self.load_failures = Counter("swapless_model_load_failures", "Model loads that failed.", ["model"], registry=r)
+        self.hits = Counter("swapless_cache_hits", "Groups whose model was already loaded.", ["model"], registry=r)
+        self.misses = Counter("swapless_cache_misses", "Groups that had to load their model.", ["model"], registry=r)
+        self.evictions = Counter(
+            "swapless_cache_evictions", "Times a model was unloaded to make room.", ["model"], registry=r
+        )
+        self.batch_size = Histogram(
+            "swapless_batch_size", "Jobs per group run on one model.", ["model"], buckets=_BATCH_BUCKETS, registry=r
+        )
+        self.queue_wait = Histogram(
+            "swapless_job_queue_wait_seconds", "Seconds from a job's send (or receipt) to the start of its group.",
+            ["model"], buckets=_WAIT_BUCKETS_S, registry=r,
+        )
+        self.run_seconds = Histogram(
+            "swapless_job_run_seconds", "Seconds a job's group took, model load included.",
+            ["model"], buckets=_WAIT_BUCKETS_S, registry=r,
+        )
+        self.jobs = Counter("swapless_jobs", "Jobs run, by outcome (success, failure).", ["model", "outcome"], registry=r)
+        self.errors = Counter("swapless_job_errors", "Failed jobs by error type.", ["model", "error"], registry=r)
+        r.register(_CacheCollector(manager, backlog))
+
+    def observe(self, report: GroupReport) -> None:
+        model = report.model_id
+        for seconds in report.load_s:
+            self.load_seconds.labels(model).observe(seconds)
+        if report.load_failures:
+            self.load_failures.labels(model).inc(report.load_failures)
+        if report.hits:
+            self.hits.labels(model).inc(report.hits)
+        if report.misses:
+            self.misses.labels(model).inc(report.misses)
+        for victim in report.evicted:
+            self.evictions.labels(victim).inc()
+        self.batch_size.labels(model).observe(report.size)
+        wait = self.queue_wait.labels(model)
+        run = self.run_seconds.labels(model)
+        for seconds in report.queue_wait_s:
+            wait.observe(seconds)
+            run.observe(report.run_s)
+        if report.succeeded:
+            self.jobs.labels(model, "success").inc(report.succeeded)
+        if report.failed:
+            self.jobs.labels(model, "failure").inc(report.failed)
+        for error, count in report.errors.items():
+            self.errors.labels(model, error).inc(count)
+
+    def serve(self, host: str, port: int) -> Callable[[], None]:
+        """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the function that stops it.
+
+        Raises:
+            MetricsUnavailable: the address cannot be bound.
+        """
+        try:
+            server, thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as err:
+            raise MetricsUnavailable(host, port, err.strerror or str(err)) from None
+
+        def stop() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join(5)
+
+        return stop

@@ -1,0 +1,155 @@
+"""What producers and workers share, and nothing else: task names, priorities, headers, queue keys, chunk item
+ids, the payload of a job message, and how one item's outcome is encoded in a chunk's result.
+
+Plain data and pure functions: importing this module builds no Celery app and connects to nothing.
+
+A job is a Celery protocol-2 message to ``PREDICT_TASK`` with args ``[model_id, input]``; a chunk is one to
+``CHUNK_TASK`` with args ``[model_id, [input, ...]]``, whose items have the ids ``"<chunk id>:<index>"`` and whose
+one stored result is a list of ``encode_outcome`` dicts in input order::
+
+    [{"ok": <prediction>}, {"error": "bad input for model 'sentiment': empty text ...", "type": "InputError",
+      "args": ["sentiment", "empty text ..."]}, ...]
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from manager import errors as _model_errors
+from manager.errors import InputError, SwaplessError
+from tasks import errors as _queue_errors
+from tasks.errors import JobFailed
+
+__all__ = [
+    "CHUNK_TASK",
+    "PREDICT_TASK",
+    "PRIORITIES",
+    "PRIORITY_BULK",
+    "PRIORITY_INTERACTIVE",
+    "PRIORITY_STEPS",
+    "SENT_AT_HEADER",
+    "decode_outcome",
+    "encode_outcome",
+    "is_urgent",
+    "item_id",
+    "priority_level",
+    "queue_key",
+    "read_payload",
+    "split_item_id",
+]
+
+#: The task single jobs are sent to; args are ``[model_id, input]``.
+PREDICT_TASK = "swapless.predict"
+#: The task chunk messages are sent to; args are ``[model_id, [input, ...]]``.
+CHUNK_TASK = "swapless.predict_chunk"
+
+#: Message priorities (Redis transport: 0 is served first). Interactive jobs overtake queued bulk work.
+PRIORITY_INTERACTIVE = 0
+PRIORITY_BULK = 6
+#: The names producers use for them.
+PRIORITIES = {"interactive": PRIORITY_INTERACTIVE, "bulk": PRIORITY_BULK}
+#: The Redis transport's priority sub-queues (``queue``, ``queue\x06\x163``, ...), in the order they are served.
+PRIORITY_STEPS = (PRIORITY_INTERACTIVE, 3, PRIORITY_BULK, 9)
+#: Message header with the producer's wall-clock send time (epoch seconds): the worker measures queue wait from it.
+SENT_AT_HEADER = "swapless_sent_at"
+
+_PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: "<queue>\x06\x16<priority>" above priority 0
+
+
+def priority_level(priority: str) -> int:
+    """The Redis priority of ``interactive`` or ``bulk``.
+
+    Raises:
+        ValueError: another name; the message lists the choices.
+    """
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, not {priority!r}")
+    return PRIORITIES[priority]
+
+
+def is_urgent(level: int | None) -> bool:
+    """Whether a message of Redis priority ``level`` is interactive work (no priority: interactive)."""
+    return level is None or level < PRIORITY_BULK
+
+
+def queue_key(queue: str, priority: int, key_prefix: str | None = None) -> str:
+    """The Redis list kombu's Redis transport keeps ``queue``'s messages of ``priority`` in."""
+    base = f"{key_prefix or ''}{queue}"
+    return base if priority == 0 else f"{base}{_PRIORITY_SEP}{priority}"
+
+
+def item_id(chunk_id: str, index: int) -> str:
+    """The id of item ``index`` of a chunk: ``"<chunk id>:<index>"`` (Celery ids never contain a colon)."""
+    return f"{chunk_id}:{index}"
+
+
+def split_item_id(job_id: str) -> tuple[str, int] | None:
+    """``(chunk id, index)`` for an item id made by ``item_id``, else None."""
+    chunk_id, sep, index = job_id.rpartition(":")
+    if not sep or not chunk_id or not index.isdigit():
+        return None
+    return chunk_id, int(index)
+
+
+def read_payload(request: Any, kind: str, expected: str) -> tuple[str, Any, bool]:
+    """``(model_id, value, urgent)`` of a job or chunk request whose args must be ``[model_id, value]``.
+
+    Args:
+        request: a Celery request (or anything with ``args``, ``kwargs``, ``delivery_info``).
+        kind: ``job`` or ``chunk``, for the message.
+        expected: the args' shape, for the message (``[model_id, input]``).
+
+    Raises:
+        InputError: the args are not two values, there are kwargs, or the model id is not a string.
+    """
+    args = request.args
+    if not isinstance(args, (list, tuple)) or len(args) != 2 or request.kwargs:
+        raise InputError("?", f"malformed {kind} payload: expected args {expected} and no kwargs")
+    model_id, value = args
+    if not isinstance(model_id, str):
+        raise InputError("?", f"malformed {kind} payload: model id must be a string, not {type(model_id).__name__}")
+    priority = (getattr(request, "delivery_info", None) or {}).get("priority")
+    return model_id, value, is_urgent(priority)
+
+
+def encode_outcome(result: Any, error: BaseException | None) -> dict[str, Any]:
+    """One item's outcome as stored in a chunk result: ``{"ok": result}`` or ``{"error", "type", "args"}``."""
+    if error is None:
+        return {"ok": result}
+    encoded: dict[str, Any] = {"error": str(error), "type": type(error).__name__}
+    try:
+        json.dumps(error.args)
+        encoded["args"] = list(error.args)
+    except (TypeError, ValueError):
+        pass  # the message and type still say what went wrong
+    return encoded
+
+
+def _error_class(name: str) -> type[SwaplessError] | None:
+    for module in (_model_errors, _queue_errors):
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and issubclass(cls, SwaplessError):
+            return cls
+    return None
+
+
+def decode_outcome(item: Any, job_id: str = "?") -> tuple[bool, Any]:
+    """``(True, prediction)`` or ``(False, error)`` for one stored item outcome.
+
+    The error is rebuilt as the very Swapless error the worker raised when its type and args are known here
+    (``InputError``, ``PredictionFailed``, ...), else it is a ``JobFailed`` naming the type and message.
+    """
+    if isinstance(item, dict) and "ok" in item:
+        return True, item["ok"]
+    if not isinstance(item, dict) or "error" not in item:
+        return False, JobFailed(job_id, "MalformedResult", f"unexpected item outcome {item!r:.200}")
+    error_type = str(item.get("type", "Error"))
+    cls = _error_class(error_type)
+    args = item.get("args")
+    if cls is not None and isinstance(args, list):
+        try:
+            return False, cls(*args)
+        except TypeError:
+            pass  # a worker of another version with other args: fall through
+    return False, JobFailed(job_id, error_type, str(item["error"]))

@@ -1,0 +1,130 @@
+"""Chunk messages in the worker: each chunk expanded into one ``Job`` per input, and its outcomes assembled back.
+
+A bulk producer sends ``swapless.predict_chunk`` messages whose args are ``[model_id, [input, ...]]``. The worker
+expands each chunk into one ``Job`` per input (ids ``"<chunk id>:<index>"``, ``tasks.protocol.item_id``) in the
+same backlog as single jobs, so grouping, caching and failure isolation are exactly those of single jobs; one bad
+input fails alone. When every item of a chunk has an outcome, the chunk's result is stored once, as a list of
+``tasks.protocol.encode_outcome`` dicts in input order, and only then is the chunk's message acked. A chunk whose
+payload is malformed, or that names an unknown model, fails as a whole (its stored result is that error, like a
+single job's).
+
+Plain data: no Redis, no Celery, no torch. ``ChunkAssembler`` is what the batch scheduler holds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from manager.errors import InputError, SwaplessError
+from manager.runner import Job, Outcome
+from manager.store import ModelStore
+from tasks.protocol import encode_outcome, item_id, read_payload, split_item_id
+
+__all__ = ["ChunkAssembler", "jobs_from_chunk"]
+
+
+def jobs_from_chunk(request: Any, store: ModelStore, received_s: float) -> list[Job]:
+    """The item Jobs of one chunk request (a Celery request or anything with ``id``, ``args``, ``kwargs``).
+
+    Raises:
+        InputError: the payload is not ``[model_id, [input, ...]]`` with at least one input.
+        UnknownModel: the model id is not in the registry.
+    """
+    model_id, values, urgent = read_payload(request, "chunk", "[model_id, [input, ...]]")
+    if not isinstance(values, (list, tuple)) or not values:
+        raise InputError(model_id, "malformed chunk payload: inputs must be a non-empty list")
+    spec = store.get(model_id)
+    return [
+        Job(id=item_id(request.id, index), model_id=spec.id, input=value, received_s=received_s, urgent=urgent)
+        for index, value in enumerate(values)
+    ]
+
+
+@dataclass
+class _Pending:
+    requests: list[Any]
+    outcomes: list[dict[str, Any] | None]
+    missing: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.missing = len(self.outcomes)
+
+
+class ChunkAssembler:
+    """Chunks in progress in one worker: expands chunk requests into Jobs, collects their Outcomes back.
+
+    Thread-safe: ``expand`` runs in the consumer thread, ``collect`` in the scheduler thread.
+
+    A second delivery of a chunk that is still in progress here (same id) adds no jobs: it is acked together with
+    the first when the chunk completes.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[str, _Pending] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """Chunks in progress."""
+        with self._lock:
+            return len(self._pending)
+
+    def expand(self, request: Any, store: ModelStore, received_s: float) -> list[Job]:
+        """Register a chunk request and return its item Jobs for the backlog.
+
+        Raises:
+            InputError, UnknownModel: the whole chunk fails (see ``jobs_from_chunk``); nothing is registered.
+        """
+        jobs = jobs_from_chunk(request, store, received_s)
+        with self._lock:
+            pending = self._pending.get(request.id)
+            if pending is not None:
+                pending.requests.append(request)
+                return []
+            self._pending[request.id] = _Pending([request], [None] * len(jobs))
+        return jobs
+
+    def waiting_for(self, job_id: str) -> bool:
+        """Whether ``job_id`` is an item of a chunk in progress here that has no outcome yet."""
+        parts = split_item_id(job_id)
+        if parts is None:
+            return False
+        with self._lock:
+            pending = self._pending.get(parts[0])
+            return pending is not None and parts[1] < len(pending.outcomes) and pending.outcomes[parts[1]] is None
+
+    def owns(self, job_id: str) -> bool:
+        """Whether ``job_id`` is an item of a chunk in progress here."""
+        parts = split_item_id(job_id)
+        if parts is None:
+            return False
+        with self._lock:
+            return parts[0] in self._pending
+
+    def collect(self, outcomes: Sequence[Outcome]) -> tuple[list[Outcome], list[tuple[Any, Any, SwaplessError | None]]]:
+        """Take the outcomes of chunk items; return the other outcomes and the chunks now complete.
+
+        Returns:
+            ``(others, done)``: ``others`` are the outcomes of plain jobs, in order; ``done`` holds one
+            ``(request, chunk_result, None)`` per request of each chunk that has all its outcomes now, ready to be
+            stored and acked like a plain job's ``(request, result, error)``.
+        """
+        others: list[Outcome] = []
+        done: list[tuple[Any, Any, SwaplessError | None]] = []
+        with self._lock:
+            for outcome in outcomes:
+                parts = split_item_id(outcome.job.id)
+                pending = self._pending.get(parts[0]) if parts is not None else None
+                if parts is None or pending is None:
+                    others.append(outcome)
+                    continue
+                chunk_id, index = parts
+                if pending.outcomes[index] is None:
+                    pending.missing -= 1
+                pending.outcomes[index] = encode_outcome(outcome.result, outcome.error)
+                if pending.missing == 0:
+                    del self._pending[chunk_id]
+                    done.extend((request, pending.outcomes, None) for request in pending.requests)
+        return others, done

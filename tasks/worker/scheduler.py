@@ -1,0 +1,293 @@
+"""BatchScheduler: one worker's backlog and the thread that runs it.
+
+The consumer thread hands every request to ``submit``; the scheduler thread takes the next group the moment it
+is idle (``Backlog.next_group``: loaded models first, then the cold model with the most waiting work per second
+of load, a starved job first), runs it through the model cache, stores each job's result in one pipeline and acks
+the messages in bulk. Jobs that were in flight when a worker died run alone; at ``SWAPLESS_MAX_ATTEMPTS`` deaths a
+job fails as a poison job. Nothing is acked before its result is stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+
+from manager import (
+    Backlog,
+    Job,
+    ModelStore,
+    Outcome,
+    PoisonJob,
+    PredictionFailed,
+    SwaplessError,
+    run_group,
+)
+from tasks.broker.acks import AckQueue
+from tasks.broker.results import ResultStore
+from tasks.observe.accounting import NULL_OBSERVER, SchedulerObserver
+from tasks.protocol import CHUNK_TASK, item_id, read_payload, split_item_id
+from tasks.worker.chunks import ChunkAssembler
+from tasks.worker.runtime import Runtime
+
+__all__ = ["BatchScheduler", "job_from_request"]
+
+logger = logging.getLogger(__name__)
+
+
+def job_from_request(request: Any, store: ModelStore, received_s: float) -> Job:
+    """Turn one Celery request into a Job, or raise an error that fails this job alone.
+
+    Raises:
+        InputError: the payload is not ``[model_id, input]``.
+        UnknownModel: the model id is not in the registry.
+    """
+    model_id, value, urgent = read_payload(request, "job", "[model_id, input]")
+    spec = store.get(model_id)
+    return Job(id=request.id, model_id=spec.id, input=value, received_s=received_s, urgent=urgent)
+
+
+class BatchScheduler:
+    """Owns the backlog of one worker and the thread that runs it. Thread-safe ``submit``.
+
+    Args:
+        runtime: store, cache and settings.
+        results_factory: builds the ResultStore (called in the scheduler thread).
+        acks: acks go through it, in bulk (the batch task binds it to the consumer's thread); default: each
+            request is acked directly.
+        observer: told about every group run (the worker's heartbeat, metrics and task events).
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        results_factory: Callable[[], ResultStore],
+        *,
+        acks: AckQueue | None = None,
+        observer: SchedulerObserver = NULL_OBSERVER,
+    ) -> None:
+        self.runtime = runtime
+        self.results_factory = results_factory
+        self.acks = acks if acks is not None else AckQueue()
+        self.observer = observer
+        self.backlog = Backlog(runtime.settings.max_wait_s)
+        self.jobs_done = 0
+        self.jobs_failed = 0
+        self._requests: dict[str, Any] = {}
+        self._duplicates: dict[str, list[Any]] = {}
+        self.chunks = ChunkAssembler()  # chunk requests in progress, by chunk id
+        self._rejected: list[tuple[Any, SwaplessError]] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._first: Callable[[], Any] | None = None
+        #: Set once the scheduler thread is running and has done its ``first`` work (the warm start).
+        self.ready = threading.Event()
+
+    # -- consumer side -----------------------------------------------------------------------------------
+
+    def submit(self, requests: Collection[Any]) -> None:
+        """Add Celery requests to the backlog (called from the consumer thread) and wake the scheduler."""
+        now = time.monotonic()
+        jobs = []
+        with self._cond:
+            for request in requests:
+                if request.id in self._requests:
+                    # A second copy of a message this worker already holds (a producer's publish retry, a
+                    # redelivery): run once, ack every copy with the first.
+                    self._duplicates.setdefault(request.id, []).append(request)
+                    continue
+                try:
+                    if request.name == CHUNK_TASK:  # one Job per item; self.chunks keeps the request
+                        jobs.extend(self.chunks.expand(request, self.runtime.store, now))
+                        continue
+                    jobs.append(job_from_request(request, self.runtime.store, now))
+                    self._requests[request.id] = request
+                except SwaplessError as err:
+                    self._rejected.append((request, err))
+            self.backlog.add(jobs)
+            self._cond.notify()
+        self.start()
+
+    def backlog_counts(self) -> dict[str, int]:
+        """Jobs waiting in the backlog per model (safe from any thread)."""
+        with self._cond:
+            return self.backlog.counts()
+
+    def start(self, first: Callable[[], Any] | None = None) -> None:
+        """Start the scheduler thread (once); it runs ``first`` before any job, then sets ``ready``.
+
+        The warm start runs there (``first``): part of what it warms is per thread (oneDNN and OpenMP state), so
+        warming on another thread left mobilenet's first groups 30-80 % slower.
+        """
+        if self._thread is None:
+            self._first = first
+            self._thread = threading.Thread(target=self._loop, name="swapless-scheduler", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Finish the group in hand, then stop. Jobs still in the backlog stay unacked and are redelivered."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    # -- scheduler thread --------------------------------------------------------------------------------
+
+    def _take(self) -> tuple[list[tuple[Any, SwaplessError]], list[Job]] | None:
+        manager = self.runtime.manager
+        with self._cond:
+            while not self._stopping and not self._rejected and not len(self.backlog):
+                self._cond.wait()
+            if self._stopping:
+                return None
+            rejected, self._rejected = self._rejected, []
+            group = self.backlog.next_group(manager.loaded_ids(), manager.load_cost_s, self.runtime.settings.max_group)
+            return rejected, group
+
+    def _loop(self) -> None:
+        try:
+            if self._first is not None:
+                self._first()
+        except Exception:  # noqa: BLE001 - a failed warm-up only costs speed
+            logger.exception("the warm start failed; going on without it")
+        finally:
+            self.ready.set()
+        results = self.results_factory()
+        while True:
+            taken = self._take()
+            if taken is None:
+                return
+            rejected, group = taken
+            try:
+                if rejected:
+                    self._finish(results, [(request, None, err) for request, err in rejected])
+                if group:
+                    self._run(results, group)
+            except (RedisError, OperationalError) as err:
+                # Redis failed in a way the result store does not retry: keep the jobs (still held, unacked) and
+                # try them again shortly; giving them back would need Redis too.
+                logger.warning("a group of %d job(s) hit a Redis error (%s); keeping them, retrying in 1 s",
+                               len(group), err)
+                self._keep(group)
+                time.sleep(1.0)
+            except Exception:  # noqa: BLE001 - the scheduler must outlive any one group
+                logger.exception("a group of %d job(s) failed to complete; putting them back on the queue", len(group))
+                self._give_back(group)
+
+    def _unfinished(self, group: Sequence[Job]) -> list[Job]:
+        with self._cond:
+            return [job for job in group if job.id in self._requests or self.chunks.waiting_for(job.id)]
+
+    def _keep(self, group: Sequence[Job]) -> None:
+        """Put the jobs of ``group`` that have no outcome yet back into the backlog."""
+        unfinished = self._unfinished(group)
+        with self._cond:
+            self.backlog.add(unfinished)
+            self._cond.notify()
+
+    def _give_back(self, group: Sequence[Job]) -> None:
+        """Requeue the messages of jobs that got no result; chunk items go back to the backlog (their chunk's
+        message also holds items that did finish)."""
+        unfinished = self._unfinished(group)
+        with self._cond:
+            requests = [self._requests.pop(job.id) for job in unfinished if job.id in self._requests]
+            requests += [dup for job in unfinished for dup in self._duplicates.pop(job.id, [])]
+            items = [job for job in unfinished if split_item_id(job.id) is not None and job.id not in self._requests]
+            self.backlog.add(items)
+        for request in requests:
+            request.reject(requeue=True)
+
+    def _run(self, results: ResultStore, group: Sequence[Job]) -> None:
+        """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
+        model_id = group[0].model_id
+        done_before, attempts = results.prior(
+            [job.id for job in group], [job.id for job in group if split_item_id(job.id) is None]
+        )
+        if done_before:
+            # Redelivered copies of jobs that already have a final result: do not run them again.
+            logger.info("%d redelivered job(s) of %s already have results; acking", len(done_before), model_id)
+            self._finish(results, [(self._held(job.id), None, None) for job in group if job.id in done_before], store=False)
+        max_attempts = self.runtime.settings.max_attempts
+        poison = [job for job in group if attempts.get(job.id, 0) >= max_attempts]
+        if poison:
+            logger.error("%d job(s) of %s were in flight at %d worker deaths each: failing them", len(poison), model_id, max_attempts)
+            self._complete(results, model_id, [Outcome(job, error=PoisonJob(model_id, attempts[job.id])) for job in poison])
+        # Jobs that were in flight when a worker died run alone, so that one poison input cannot take others down.
+        suspects = [job for job in group if 0 < attempts.get(job.id, 0) < max_attempts and job.id not in done_before]
+        rest = [job for job in group if job.id not in attempts and job.id not in done_before]
+        for job in suspects:
+            self._complete(results, model_id, self._run_batch(results, model_id, [job]))
+        if rest:
+            self._complete(results, model_id, self._run_sliced(results, model_id, rest))
+
+    def _run_sliced(self, results: ResultStore, model_id: str, jobs: Sequence[Job]) -> list[Outcome]:
+        """Run a bulk group in slices of ``max_batch_size`` jobs; yield to interactive jobs between slices.
+
+        Interactive jobs that arrive while a long bulk group computes wait for one slice (a forward pass or two),
+        not for the whole group: the unstarted rest goes back to the backlog, and the scheduler picks again.
+        Interactive groups, and groups that fit in one slice, run whole.
+        """
+        size = self.runtime.settings.max_batch_size
+        if len(jobs) <= size or any(job.urgent for job in jobs):
+            return self._run_batch(results, model_id, jobs)
+        outcomes: list[Outcome] = []
+        for start in range(0, len(jobs), size):
+            outcomes += self._run_batch(results, model_id, jobs[start : start + size])
+            rest = jobs[start + size :]
+            if rest:
+                with self._cond:
+                    if self.backlog.urgent:
+                        self.backlog.add(rest)  # never started: back as they were
+                        logger.info("%s: yielding to interactive jobs after %d of %d bulk job(s)", model_id,
+                                    start + size, len(jobs))
+                        break
+        return outcomes
+
+    def _run_batch(self, results: ResultStore, model_id: str, batch: Sequence[Job]) -> list[Outcome]:
+        """Mark ``batch`` started, run it, return one outcome per job (never raises)."""
+        results.start([job.id for job in batch])  # a Redis failure here keeps the batch (see _loop)
+        try:
+            waiting = self.backlog_counts()
+            started = time.perf_counter()
+            outcomes = run_group(self.runtime.manager, model_id, batch, waiting)
+            elapsed = time.perf_counter() - started
+            self.observer.on_group(model_id, batch, outcomes, elapsed)  # heartbeat, metrics, events; never raises
+            failed = sum(1 for o in outcomes if not o.ok)
+            logger.info("ran %d job(s) on %s in %.3f s (%d failed)", len(outcomes), model_id, elapsed, failed)
+        except Exception as err:  # noqa: BLE001 - a bug here must still give every job an answer
+            logger.exception("internal error running %d job(s) on %s", len(batch), model_id)
+            outcomes = [Outcome(job, error=PredictionFailed(model_id, f"internal error in the worker: {err!r}")) for job in batch]
+        return outcomes
+
+    def _complete(self, results: ResultStore, model_id: str, outcomes: list[Outcome]) -> None:
+        outcomes, chunks_done = self.chunks.collect(outcomes)  # items of chunks -> complete chunks
+        self._finish(results, [(self._held(o.job.id), o.result, o.error) for o in outcomes] + chunks_done)
+        if chunks_done:  # the items' attempt counters end with their chunk's stored result
+            results.clear_attempts([item_id(r.id, i) for r, value, _ in chunks_done for i in range(len(value))])
+
+    def _held(self, job_id: str) -> Any:
+        with self._cond:
+            return self._requests[job_id]
+
+    def _finish(
+        self, results: ResultStore, items: Sequence[tuple[Any, Any, SwaplessError | None]], store: bool = True
+    ) -> None:
+        if store:
+            results.store([(request.id, result, error) for request, result, error in items])
+        with self._cond:  # stored: the jobs leave the backlog's bookkeeping only now
+            for request, _, _ in items:
+                self._requests.pop(request.id, None)
+            copies = [dup for request, _, _ in items for dup in self._duplicates.pop(request.id, [])]
+        self.acks.ack([request for request, _, _ in items] + copies)  # only once the results are stored
+        for _, _, error in items:
+            if error is None:
+                self.jobs_done += 1
+            else:
+                self.jobs_failed += 1

@@ -1,0 +1,123 @@
+"""Fault injection, Redis: a private redis-server killed and restarted under a worker and a producer, and
+password / ACL-user URLs whose secrets never reach the logs.
+
+Workers load the ``crashy`` test framework (tests/crashy.py; see test_faults_delivery.py). Each test starts its
+own redis-server (tests/redis_server.py) through the ``private_redis`` fixture (tests/conftest.py).
+
+Each scenario tallies its jobs (``tests.faultkit.Scenario``): submitted, succeeded, failed with the expected error,
+lost (no final state in time), conflicting (a final state other than its own); one table of every scenario of the
+run is printed at the end (``pytest_terminal_summary`` in tests/conftest.py). Run them with ``pytest -m faults``.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from collections.abc import Callable
+
+import psutil
+import pytest
+
+from tasks.client import Client
+from tests.faultkit import FaultEnv, Scenario, echoes, hold, settle, wait_for
+from tests.redis_server import RedisServer
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+
+# -- 6. Redis restarts ----------------------------------------------------------------------------------------------
+
+
+def test_redis_restarts_and_worker_and_producer_reconnect_by_themselves(
+    faults: FaultEnv, private_redis: Callable[..., RedisServer]
+) -> None:
+    scenario = Scenario("6. Redis killed and restarted")
+    server = private_redis()
+    faults.set(SWAPLESS_REDIS_URL=server.url(0))
+    # A prefetch of 5: when Redis dies, 5 jobs are held by the worker and the rest wait in the queue, none is
+    # between the two (a message in transit then is lost: see the burst tests in test_faults_delivery.py, same
+    # kombu cause).
+    worker = faults.worker(env={"SWAPLESS_PREFETCH": "5"})
+    client = Client()
+    warm = [client.submit("echo", f"warm-{i}") for i in range(10)]
+    settle(client, warm, 20)
+    held, held_ok = hold(client, faults, 3)  # a batch in flight when Redis dies
+    before = [client.submit("echo", f"before-{i}") for i in range(30)]  # sent: the producer was told they are queued
+    wait_for(lambda: (faults.unacked(), faults.queued()) == (5, 26), 10, "the worker to hold 5 jobs, 26 queued")
+
+    server.restart(signal.SIGKILL, down_s=2)  # a crash: only the AOF (fsync always) survives
+    back_at = time.monotonic()
+    after = [client.submit("echo", f"after-{i}") for i in range(30)]  # the same Client, reconnecting by itself
+    stored, done_at = settle(client, [*warm, held, *before, *after], 90)
+    scenario.recovery_s = done_at - back_at
+    # Still consuming a while later (Celery has had bugs where a worker silently stops after a reconnection).
+    time.sleep(2)
+    later = [client.submit("echo", f"later-{i}") for i in range(10)]
+    stored_later, _ = settle(client, later, 30)
+
+    texts = [f"before-{i}" for i in range(30)] + [f"after-{i}" for i in range(30)] + [f"later-{i}" for i in range(10)]
+    scenario.count(
+        stored + stored_later, [echoes(f"warm-{i}") for i in range(10)] + [held_ok] + [echoes(t) for t in texts]
+    )
+    scenario.assert_complete(faults.snapshot)
+    assert worker.proc.poll() is None
+    assert server.starts == 2
+    faults.wait_broker_idle(30)
+
+
+# -- 10. security ----------------------------------------------------------------------------------------------------
+
+
+def _listening_ports(pid: int) -> list[tuple[str, int]]:
+    process = psutil.Process(pid)
+    listening = []
+    for proc in [process, *process.children(recursive=True)]:
+        for conn in proc.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN or (conn.type == socket.SOCK_DGRAM and not conn.raddr):
+                listening.append((conn.laddr.ip, conn.laddr.port))
+    return listening
+
+
+def _remote_ports(pid: int) -> set[int]:
+    return {conn.raddr.port for conn in psutil.Process(pid).net_connections(kind="inet") if conn.raddr}
+
+
+def test_password_and_acl_user_urls_work_and_secrets_never_reach_the_logs(
+    faults: FaultEnv, private_redis: Callable[..., RedisServer]
+) -> None:
+    scenario = Scenario("10. password / ACL user URLs")
+    password, user_password, wrong = "Pw-default-7f3a9c", "Pw-acl-user-2b8e41", "Pw-wrong-c0ffee"
+    server = private_redis(password=password)
+    with server.client() as admin:
+        admin.acl_setuser(
+            "swapless-app",
+            enabled=True,
+            passwords=[f"+{user_password}"],
+            keys=["*"],
+            channels=["*"],
+            categories=["+@all"],
+        )
+    acl_url = server.url(1, username="swapless-app", password=user_password)
+    for url, secret in [(server.url(0), password), (acl_url, user_password)]:
+        faults.set(SWAPLESS_REDIS_URL=url)
+        worker = faults.worker()
+        client = Client()
+        texts = [f"{secret[-6:]}-{i}" for i in range(5)]
+        stored, _ = settle(client, [client.submit("echo", text) for text in texts], 30)
+        scenario.count(stored, [echoes(text) for text in texts])
+        assert _listening_ports(worker.proc.pid) == [], "the worker listens on no port of its own"
+        assert _remote_ports(worker.proc.pid) <= {server.port}, "the worker talks to Redis only"
+        client.close()
+        assert worker.stop() == 0
+        log = worker.log()
+        assert ":**@127.0.0.1" in log, "Celery shows the URL masked"
+        assert secret not in log and password not in log and user_password not in log
+    scenario.assert_complete()
+
+    faults.set(SWAPLESS_REDIS_URL=server.url(0, password=wrong))
+    refused = faults.worker(ready=False)
+    wait_for(lambda: "invalid username-password pair" in refused.log().lower() or refused.proc.poll() is not None,
+             30, "the worker to report the refused password")
+    refused.stop()
+    assert wrong not in refused.log()

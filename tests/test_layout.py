@@ -1,0 +1,126 @@
+"""The house's boundaries: which part of the code may import which, read from every import in the tree (those
+inside functions too), and checked once more by importing the producer side in a fresh interpreter.
+
+    manager/          the model side: never Celery, kombu, Redis or anything of tasks/
+    tasks/protocol    what producers and workers share: nothing of tasks/ but its errors, no Celery, no Redis
+    tasks/broker/     Redis and kombu internals: nothing of the worker, the client, observe, gateway or CLI
+    tasks/worker/     the worker: never the client, the gateway or the CLI
+    tasks/client/     producers: never the worker, observe, the gateway or the CLI
+    tasks/observe/    accounting, heartbeats, status: never the worker, the client, the gateway or the CLI
+    tasks/gateway/    a producer: never the worker or the CLI
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: part -> module prefixes it must never import
+NEVER: dict[str, tuple[str, ...]] = {
+    "manager": ("tasks", "celery", "celery_batches", "kombu", "redis"),
+    "tasks.protocol": ("tasks.app", "tasks.broker", "tasks.worker", "tasks.client", "tasks.observe",
+                       "tasks.gateway", "tasks.cli", "celery", "kombu", "redis"),
+    "tasks.errors": ("tasks.", "celery", "kombu", "redis"),
+    "tasks.broker": ("tasks.worker", "tasks.client", "tasks.observe", "tasks.gateway", "tasks.cli"),
+    "tasks.app": ("tasks.worker", "tasks.client", "tasks.observe", "tasks.gateway", "tasks.cli"),
+    "tasks.worker": ("tasks.client", "tasks.gateway", "tasks.cli"),
+    "tasks.client": ("tasks.worker", "tasks.observe", "tasks.gateway", "tasks.cli"),
+    "tasks.observe": ("tasks.worker", "tasks.client", "tasks.gateway", "tasks.cli"),
+    "tasks.gateway": ("tasks.worker", "tasks.cli"),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` of every import in a file, at any depth; ``from a import b`` also yields ``a.b``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _sources() -> list[Path]:
+    return sorted(p for folder in ("manager", "tasks", "config") for p in (REPO / folder).rglob("*.py"))
+
+
+def _part(module: str) -> str | None:
+    matches = [part for part in NEVER if module == part or module.startswith(part + ".")]
+    return max(matches, key=len) if matches else None
+
+
+def _is(module: str, prefix: str) -> bool:
+    return module == prefix.rstrip(".") or module.startswith(prefix if prefix.endswith(".") else prefix + ".")
+
+
+def test_no_part_imports_what_it_must_not() -> None:
+    broken = []
+    for path in _sources():
+        module = _module_name(path)
+        part = _part(module)
+        if part is None:
+            continue
+        for line, imported in _imports(path):
+            if imported.startswith("__future__") or imported == module:
+                continue
+            for banned in NEVER[part]:
+                if _is(imported, banned):
+                    broken.append(f"{path.relative_to(REPO)}:{line} imports {imported} ({part} must not import {banned})")
+    assert not broken, "\n".join(broken)
+
+
+def test_only_the_broker_touches_kombu_internals() -> None:
+    """kombu's transport internals (its Redis channel, QoS, message delivery) are subclassed in one place."""
+    users = {
+        str(path.relative_to(REPO))
+        for path in _sources()
+        for _, imported in _imports(path)
+        if _is(imported, "kombu.transport") or _is(imported, "kombu.utils")
+    }
+    assert users, "the check reads no import at all: it could not fail"
+    assert all(user.startswith("tasks/broker/") for user in users), users
+
+
+def test_the_check_sees_a_broken_rule(tmp_path: Path) -> None:
+    """The import reader finds imports inside functions too (the rules above would miss none)."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f():\n    from tasks.worker.task import app\n    import redis\n")
+    assert [m for _, m in _imports(sample)] == ["tasks.worker.task", "tasks.worker.task.app", "redis"]
+
+
+@pytest.mark.parametrize("module", ["tasks.client", "tasks.gateway", "tasks.protocol", "tasks.observe.view"])
+def test_producer_modules_load_no_worker_code(module: str) -> None:
+    """Importing the producer side in a fresh interpreter loads nothing of the worker, and no model framework."""
+    probe = (
+        f"import json, sys, {module}; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('tasks.worker', 'torch', 'transformers')))))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+
+
+def test_no_celery_app_is_built_at_import() -> None:
+    """Importing the protocol, the app factory or the client builds no Celery app; building one is seen."""
+    probe = (
+        "import tasks.protocol, tasks.app, tasks.client; from celery import _state; "
+        "before = len(list(_state._get_active_apps())); tasks.app.make_app(); "
+        "print(before, len(list(_state._get_active_apps())))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "1"]

@@ -1,0 +1,98 @@
+"""Settings: sizes with units, one clear line for a bad or misspelt variable, and a table of variables that says
+what the code does (every setting listed, with its real default)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+import config.settings as settings_module
+from config.settings import Settings, get_settings, parse_bytes
+from manager.errors import ConfigError
+from tests.conftest import REPO
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("4GiB", 4 * 1024**3), ("512MB", 512 * 1000**2), ("1.5 GiB", int(1.5 * 1024**3)), ("1048576", 1048576),
+     ("100k", 100_000), (" 2 mib ", 2 * 1024**2)],
+)
+def test_sizes_with_units(text: str, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["4 apples", "GiB", "-1", "1e9"])
+def test_a_size_without_a_known_unit_says_how_to_write_one(text: str) -> None:
+    with pytest.raises(ValueError, match="write a number and a unit, like 4GiB"):
+        parse_bytes(text)
+
+
+def test_the_memory_budget_takes_a_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWAPLESS_MEMORY_BUDGET_BYTES", "4GiB")
+    assert Settings().memory_budget_bytes == 4 * 1024**3
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("SWAPLESS_MAX_MODELS", "two", "SWAPLESS_MAX_MODELS: Input should be a valid integer"),
+        ("SWAPLESS_MEMORY_BUDGET_BYTES", "lots", "SWAPLESS_MEMORY_BUDGET_BYTES: cannot read 'lots' as a size"),
+        ("SWAPLESS_MEMORY_BUDGET", "4GiB", "SWAPLESS_MEMORY_BUDGET: no such setting; did you mean "
+                                           "SWAPLESS_MEMORY_BUDGET_BYTES?"),
+        ("SWAPLESS_MAX_MODEL", "3", "SWAPLESS_MAX_MODEL: no such setting; did you mean SWAPLESS_MAX_MODELS?"),
+        ("SWAPLESS_VISIBILITY_REFRESH_S", "30", "must be at most a third of SWAPLESS_VISIBILITY_TIMEOUT_S"),
+    ],
+)
+def test_a_bad_variable_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, variable: str, value: str,
+                                              message: str) -> None:
+    monkeypatch.setenv(variable, value)
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(ConfigError) as caught:
+            get_settings()
+    finally:
+        get_settings.cache_clear()
+    assert message in str(caught.value)
+    done = subprocess.run([sys.executable, "-m", "tasks.cli", "status"], cwd=REPO, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", variable: value}, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"error: {caught.value}"]
+
+
+def test_other_tools_variables_under_the_prefix_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWAPLESS_TEST_REDIS_URL", "redis://elsewhere/1")
+    monkeypatch.setenv("SWAPLESS_PYTHON", "/usr/bin/python3")
+    get_settings.cache_clear()
+    try:
+        assert get_settings().max_models == 2
+    finally:
+        get_settings.cache_clear()
+
+
+def _documented() -> dict[str, str]:
+    """``{field name: default column}`` of the table in config/settings.py's docstring."""
+    rows = re.findall(r"^\| SWAPLESS_([A-Z_]+)\s*\| ([^|]+?)\s*\|", settings_module.__doc__ or "", re.MULTILINE)
+    return {name.lower(): default for name, default in rows}
+
+
+def test_every_setting_is_documented_with_its_real_default() -> None:
+    documented = _documented()
+    fields = Settings.model_fields
+    assert sorted(documented) == sorted(fields), "the table and the settings differ"
+    for name, field in fields.items():
+        default, shown = field.default, documented[name]
+        if default is None or default == "":
+            assert shown.startswith("unset"), (name, shown)
+        elif isinstance(default, bool):
+            assert shown == str(default).lower(), (name, shown)
+        elif isinstance(default, (int, float)):
+            number, *unit = shown.split()
+            sized = unit and unit[0] in ("KiB", "MiB", "GiB")
+            assert (parse_bytes(f"{number}{unit[0]}") if sized else float(number)) == default, (name, shown)
+        elif name == "models_file":
+            assert shown == "config/models.json" and default.relative_to(REPO) == settings_module.Path(shown)
+        else:
+            assert shown == str(default), (name, shown)
