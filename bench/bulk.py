@@ -40,7 +40,7 @@ MODEL = "sentiment"
 
 
 def build_model() -> Path:
-    from manager.tiny import build_demo_models
+    from manager.demo import build_demo_models
 
     directory = OUT / "bulk-models"
     models_file = directory / "models.json"

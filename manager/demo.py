@@ -1,216 +1,34 @@
-"""A sentiment model for ``swapless demo`` that gives meaningful labels, trained offline in a few seconds.
+"""The demo models: a few tiny classifiers built offline, and a sentiment model trained in seconds on the demo's
+labelled sample (``manager.demo_sample``) so that its labels mean something.
 
-The demo models of ``manager.tiny`` have random weights, so every review comes back with the same label. This
-module ships a small labelled sample of reviews (``manager/data/reviews.jsonl``, written by ``sample_reviews``
-from templates over the real words of ``manager.tiny.vocabulary()``) and fine-tunes the tiny ``sentiment`` BERT on
-it with torch on the CPU. Nothing is downloaded: the model is built by ``manager.tiny.build_text_classifier`` and
-saved back with ``save_pretrained``, so the workers load it like any other checkpoint.
-
-Regenerate the shipped sample with ``python -m manager.demo`` (the output is the same every time).
+The models of ``manager.tiny`` have random weights, so every review would come back with the same label. Here the
+tiny ``sentiment`` BERT is fine-tuned on the sample with torch on the CPU. Nothing is downloaded: the model is built
+by ``manager.tiny.build_text_classifier`` and saved back with ``save_pretrained``, so the workers load it like any
+other checkpoint. ``build_demo_models`` writes them all and a ``models.json``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from manager.demo_sample import SENTIMENT_LABELS, sample_reviews
+from manager.tiny import build_image_classifier, build_text_classifier, write_models_file
+
 __all__ = [
-    "SAMPLE_PATH",
-    "SAMPLE_SEED",
-    "SENTIMENT_LABELS",
+    "IMAGE_MODEL_ID",
+    "TEXT_MODELS",
     "TrainingReport",
+    "build_demo_models",
     "build_trained_demo_sentiment",
-    "read_sample",
-    "sample_jsonl",
-    "sample_reviews",
     "train_text_classifier",
-    "write_sample",
 ]
 
 logger = logging.getLogger(__name__)
-
-#: The shipped labelled sample, next to this module so it is found from an installed package too.
-SAMPLE_PATH = Path(__file__).resolve().parent / "data" / "reviews.jsonl"
-#: The seed ``SAMPLE_PATH`` was generated with.
-SAMPLE_SEED = 2024
-#: The sentiment classes, in class-index order.
-SENTIMENT_LABELS = ["NEGATIVE", "POSITIVE"]
-
-_SUBJECTS = [
-    "The coffee",
-    "This movie",
-    "The hotel",
-    "The food",
-    "The service",
-    "The book",
-    "This phone",
-    "The game",
-    "The show",
-    "The film",
-    "The room",
-    "The music",
-    "The car",
-    "The story",
-    "The restaurant",
-    "The delivery",
-    "The battery",
-    "This album",
-]
-
-#: What a review says about its subject, by label; each follows a subject ("The coffee" + " is amazing").
-_CORES: dict[str, list[str]] = {
-    "POSITIVE": [
-        "is amazing",
-        "is wonderful",
-        "was brilliant",
-        "was fantastic",
-        "is great",
-        "is really good",
-        "was excellent",
-        "is perfect",
-        "was lovely",
-        "is the best we have had",
-        "was worth every penny",
-        "is a lot of fun",
-        "was beautiful",
-        "is delicious",
-    ],
-    "NEGATIVE": [
-        "is awful",
-        "is terrible",
-        "was horrible",
-        "was dreadful",
-        "is boring",
-        "was a waste of money",
-        "is really bad",
-        "was the worst we have had",
-        "is useless",
-        "was disappointing",
-        "is poor",
-        "broke after one week",
-        "was ugly",
-        "is annoying",
-    ],
-}
-
-#: What may follow the core, by label ("" ends the sentence there).
-_TAILS: dict[str, list[str]] = {
-    "POSITIVE": [
-        "",
-        "and i would buy it again",
-        "and we will come back",
-        "and the staff were kind",
-        "and i loved every minute",
-        "and it made me happy",
-        "and i would recommend it",
-        "and the ending was perfect",
-        "from start to end",
-        "to be honest",
-    ],
-    "NEGATIVE": [
-        "",
-        "and the ending made no sense",
-        "and we will never come back",
-        "and the staff were rude",
-        "and i want my money back",
-        "and it made me sad",
-        "and i would not recommend it",
-        "and it was slow",
-        "from start to end",
-        "to be honest",
-    ],
-}
-
-
-def _sentence(rng: random.Random, label: str, subject: str | None = None, core: str | None = None) -> str:
-    """One sentence of ``label``: a subject, a core phrase and maybe a tail, with a full stop."""
-    subject = subject if subject is not None else rng.choice(_SUBJECTS)
-    core = core if core is not None else rng.choice(_CORES[label])
-    tail = rng.choice(_TAILS[label])
-    return f"{subject} {core}{' ' + tail if tail else ''}."
-
-
-def sample_reviews(n: int = 300, seed: int = SAMPLE_SEED) -> list[dict[str, str]]:
-    """Generate ``n`` distinct labelled reviews, the same ones for the same ``n`` and ``seed``.
-
-    Each review is one or two sentences of the same sentiment built from templates; the labels are shuffled and
-    half of each (``n // 2`` NEGATIVE). The second review always opens with "This movie is awful" (NEGATIVE), so
-    the demo's r0002 reads the same whatever the seed.
-
-    Args:
-        n: how many reviews (at least 2).
-        seed: seed of the ``random.Random`` that picks labels and phrases.
-
-    Returns:
-        ``[{"id": "r0001", "text": ..., "label": "NEGATIVE" | "POSITIVE"}, ...]`` in id order.
-
-    Raises:
-        ValueError: ``n`` is below 2.
-    """
-    if n < 2:
-        raise ValueError(f"a sample needs at least 2 reviews, got n={n}")
-    rng = random.Random(seed)
-    labels = ["NEGATIVE"] * (n // 2) + ["POSITIVE"] * (n - n // 2)
-    rng.shuffle(labels)
-    if labels[1] != "NEGATIVE":
-        other = labels.index("NEGATIVE")
-        labels[1], labels[other] = labels[other], labels[1]
-    records: list[dict[str, str]] = []
-    seen: set[str] = set()
-    for index, label in enumerate(labels):
-        while True:
-            if index == 1:
-                text = _sentence(rng, label, subject="This movie", core="is awful")
-            else:
-                text = _sentence(rng, label)
-            if rng.random() < 0.4:
-                text += " " + _sentence(rng, label)
-            if text not in seen:
-                break
-        seen.add(text)
-        records.append({"id": f"r{index + 1:04d}", "text": text, "label": label})
-    return records
-
-
-def sample_jsonl(records: list[dict[str, str]]) -> str:
-    """The JSON-lines text of ``records``: one ``json.dumps`` object a line, in order, ending with a newline."""
-    return "".join(json.dumps(record, ensure_ascii=True) + "\n" for record in records)
-
-
-def write_sample(path: Path = SAMPLE_PATH, *, n: int = 300, seed: int = SAMPLE_SEED) -> Path:
-    """Write ``sample_reviews(n, seed)`` as JSON lines to ``path`` (parent created if missing).
-
-    Args:
-        path: the file to write; by default the shipped sample.
-        n: how many reviews.
-        seed: the generator's seed.
-
-    Returns:
-        ``path``.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(sample_jsonl(sample_reviews(n, seed)), encoding="utf-8")
-    return path
-
-
-def read_sample(path: Path = SAMPLE_PATH) -> list[dict[str, str]]:
-    """Read a JSON-lines sample of reviews (the shipped one by default).
-
-    Args:
-        path: the file to read.
-
-    Returns:
-        Its records, in file order.
-    """
-    with Path(path).open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
 
 
 @dataclass(frozen=True)
@@ -360,7 +178,7 @@ def _accuracy(model: Any, inputs: dict[str, Any], targets: Any) -> float:
 def build_trained_demo_sentiment(directory: Path) -> TrainingReport:
     """Build the demo's ``sentiment`` classifier in ``directory`` and train it on ``sample_reviews()``.
 
-    The model is the ``tiny`` BERT that ``manager.tiny.build_demo_models`` builds for ``sentiment`` (same
+    The model is the ``tiny`` BERT that ``build_demo_models`` builds for ``sentiment`` (same
     labels and seed), so it loads the same way; only its weights now mean something.
 
     Args:
@@ -371,12 +189,74 @@ def build_trained_demo_sentiment(directory: Path) -> TrainingReport:
     """
     from transformers.utils import logging as hf_logging
 
-    from manager.tiny import build_text_classifier
-
     hf_logging.disable_progress_bar()  # as build_demo_models: no "Loading weights" / "Writing model shards" bars
     build_text_classifier(directory, arch="bert", preset="tiny", labels=SENTIMENT_LABELS, seed=1)
     return train_text_classifier(directory, sample_reviews(), labels=SENTIMENT_LABELS)
 
 
-if __name__ == "__main__":  # pragma: no cover - regenerates the shipped sample
-    print(write_sample())
+#: The text models of ``build_demo_models``: id -> (arch, labels, seed). All use the ``tiny`` preset.
+TEXT_MODELS: dict[str, tuple[str, list[str], int]] = {
+    "sentiment": ("bert", ["NEGATIVE", "POSITIVE"], 1),
+    "spam": ("bert", ["ham", "spam"], 2),
+    "topic": ("distilbert", ["world", "sports", "business", "science"], 3),
+}
+IMAGE_MODEL_ID = "vision"
+
+
+def build_demo_models(directory: Path, *, image: bool = True, trained: bool = False) -> Path:
+    """Build the tiny models (``sentiment``, ``spam``, ``topic`` and, with ``image``, ``vision``) into ``directory``.
+
+    Each text model is a ``tiny`` preset (2 layers, about 1.2 M parameters); ``vision`` is a mobilenet_v2 with
+    the ImageNet categories. The weights are random, but with ``trained`` the ``sentiment`` model is fine-tuned on
+    the shipped sample of labelled reviews (``manager.demo``, a few seconds on a CPU), so its labels mean something.
+
+    Args:
+        directory: where the models and ``models.json`` go (created if missing).
+        image: also build the image model (a few more seconds).
+        trained: train ``sentiment`` on the demo's sample (``swapless demo``); the tests use random weights.
+
+    Returns:
+        The path of the ``models.json`` that lists them (paths relative to it).
+    """
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one "Writing model shards" bar per model is noise here
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    entries: list[dict[str, Any]] = []
+    for model_id, (arch, labels, seed) in TEXT_MODELS.items():
+        description = f"random-weight {arch} ({', '.join(labels)})"
+        if trained and model_id == "sentiment":
+            report = build_trained_demo_sentiment(root / model_id)
+            description = (
+                f"tiny {arch} (2 layers) trained {report.seconds:.1f} s on the {report.examples} labelled reviews of "
+                f"the demo sample ({report.train_accuracy:.0%} right on them): a toy, not a real sentiment model"
+            )
+        else:
+            build_text_classifier(root / model_id, arch=arch, preset="tiny", labels=labels, seed=seed)
+        entries.append(
+            {
+                "id": model_id,
+                "name": f"tiny-{arch}-{model_id}",
+                "type": "text",
+                "framework": "transformers",
+                "version": "1",
+                "description": description,
+                "path": model_id,
+            }
+        )
+    if image:
+        weights = build_image_classifier(root / IMAGE_MODEL_ID, arch="mobilenet_v2", seed=4)
+        entries.append(
+            {
+                "id": IMAGE_MODEL_ID,
+                "name": "mobilenet_v2",
+                "type": "image",
+                "framework": "torchvision",
+                "version": "1",
+                "description": "random-weight mobilenet_v2 with the ImageNet categories",
+                "path": str(weights.relative_to(root)),
+                "weights": "DEFAULT",
+            }
+        )
+    return write_models_file(root, entries)

@@ -7,7 +7,8 @@ exactly the way real checkpoints are (``save_pretrained`` / ``safetensors.torch.
 loading code runs on them.
 
 The weights are random: the labels they give are meaningless. They show the machinery (queue, grouping, cache,
-results) without a model hub. ``build_demo_models(directory)`` writes all of them plus a ``models.json``.
+results) without a model hub. ``manager.demo.build_demo_models(directory)`` writes a set of them plus a
+``models.json``.
 """
 
 from __future__ import annotations
@@ -21,10 +22,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "IMAGE_MODEL_ID",
-    "TEXT_MODELS",
     "TEXT_PRESETS",
-    "build_demo_models",
     "build_image_classifier",
     "build_text_classifier",
     "encode_image",
@@ -253,73 +251,3 @@ def write_models_file(directory: Path, entries: list[dict[str, Any]]) -> Path:
     path = Path(directory) / "models.json"
     path.write_text(json.dumps({"models": entries}, indent=2) + "\n", encoding="utf-8")
     return path
-
-
-#: The text models of ``build_demo_models``: id -> (arch, labels, seed). All use the ``tiny`` preset.
-TEXT_MODELS: dict[str, tuple[str, list[str], int]] = {
-    "sentiment": ("bert", ["NEGATIVE", "POSITIVE"], 1),
-    "spam": ("bert", ["ham", "spam"], 2),
-    "topic": ("distilbert", ["world", "sports", "business", "science"], 3),
-}
-IMAGE_MODEL_ID = "vision"
-
-
-def build_demo_models(directory: Path, *, image: bool = True, trained: bool = False) -> Path:
-    """Build the tiny models (``sentiment``, ``spam``, ``topic`` and, with ``image``, ``vision``) into ``directory``.
-
-    Each text model is a ``tiny`` preset (2 layers, about 1.2 M parameters); ``vision`` is a mobilenet_v2 with
-    the ImageNet categories. The weights are random, but with ``trained`` the ``sentiment`` model is fine-tuned on
-    the shipped sample of labelled reviews (``manager.demo``, a few seconds on a CPU), so its labels mean something.
-
-    Args:
-        directory: where the models and ``models.json`` go (created if missing).
-        image: also build the image model (a few more seconds).
-        trained: train ``sentiment`` on the demo's sample (``swapless demo``); the tests use random weights.
-
-    Returns:
-        The path of the ``models.json`` that lists them (paths relative to it).
-    """
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # one "Writing model shards" bar per model is noise here
-    root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
-    entries: list[dict[str, Any]] = []
-    for model_id, (arch, labels, seed) in TEXT_MODELS.items():
-        description = f"random-weight {arch} ({', '.join(labels)})"
-        if trained and model_id == "sentiment":
-            from manager.demo import build_trained_demo_sentiment
-
-            report = build_trained_demo_sentiment(root / model_id)
-            description = (
-                f"tiny {arch} (2 layers) trained {report.seconds:.1f} s on the {report.examples} labelled reviews of "
-                f"the demo sample ({report.train_accuracy:.0%} right on them): a toy, not a real sentiment model"
-            )
-        else:
-            build_text_classifier(root / model_id, arch=arch, preset="tiny", labels=labels, seed=seed)
-        entries.append(
-            {
-                "id": model_id,
-                "name": f"tiny-{arch}-{model_id}",
-                "type": "text",
-                "framework": "transformers",
-                "version": "1",
-                "description": description,
-                "path": model_id,
-            }
-        )
-    if image:
-        weights = build_image_classifier(root / IMAGE_MODEL_ID, arch="mobilenet_v2", seed=4)
-        entries.append(
-            {
-                "id": IMAGE_MODEL_ID,
-                "name": "mobilenet_v2",
-                "type": "image",
-                "framework": "torchvision",
-                "version": "1",
-                "description": "random-weight mobilenet_v2 with the ImageNet categories",
-                "path": str(weights.relative_to(root)),
-                "weights": "DEFAULT",
-            }
-        )
-    return write_models_file(root, entries)

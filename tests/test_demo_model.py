@@ -8,16 +8,8 @@ from typing import Any
 
 import pytest
 
-from manager.demo import (
-    SAMPLE_PATH,
-    SENTIMENT_LABELS,
-    TrainingReport,
-    build_trained_demo_sentiment,
-    read_sample,
-    sample_jsonl,
-    sample_reviews,
-    train_text_classifier,
-)
+from manager.demo import TrainingReport, build_trained_demo_sentiment, train_text_classifier
+from manager.demo_sample import SAMPLE_PATH, SENTIMENT_LABELS, read_sample, sample_jsonl, sample_reviews
 from manager.tiny import build_text_classifier, vocabulary
 
 NEGATIVE_TEXT = "This movie is awful and the ending made no sense."
