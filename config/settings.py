@@ -14,7 +14,13 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_TRITON_MAX_MODELS      | 4                          | Triton models kept loaded on their servers |
 | SWAPLESS_DEVICE                 | auto                       | ``auto`` (cuda if available, else cpu), ``cpu``, ``cuda``, ``cuda:1`` |
 | SWAPLESS_MAX_BATCH_SIZE         | 32 inputs                  | largest forward pass unless the model entry says otherwise; the best size below it is measured |
-| SWAPLESS_MAX_QUEUED             | unset (no bound)           | most messages the queue may hold (a chunk counts once): producers get ``QueueFull`` beyond it, before Redis is full |
+| SWAPLESS_MAX_QUEUED             | unset (no bound)           | most messages one model's lists (or the shared lists) may hold, a chunk counting once: producers get ``QueueFull`` beyond it, before Redis is full |
+| SWAPLESS_ROUTING                | placement                  | ``placement``: each model's jobs go to the workers that claimed it, one cache across workers; ``shared``: any worker takes any job (one worker, or the baseline) |
+| SWAPLESS_PREFETCH_PER_MODEL     | 256 messages               | most messages of one model a worker holds: the rest wait in Redis for whichever holder is free |
+| SWAPLESS_COPY_BACKLOG_S         | 2 s                        | a model gets one more copy (on another worker) when its waiting work per copy passes this many seconds |
+| SWAPLESS_MAX_COPIES             | unset (as many as workers) | most workers that hold one model at once |
+| SWAPLESS_COPY_IDLE_S            | 10 s                       | an extra copy whose model had no work for this long is dropped |
+| SWAPLESS_PLACEMENT_INTERVAL_S   | 0.2 s                      | how often a worker reads the cluster's queues and claims and places models |
 | SWAPLESS_PREFETCH               | 1024 jobs                  | unacked jobs one worker holds: the backlog its scheduler groups |
 | SWAPLESS_MAX_GROUP              | 256 jobs                   | most jobs of one model run before the scheduler decides again |
 | SWAPLESS_MAX_WAIT_S             | 30 s                       | a job older than this is served next even if its model is cold |
@@ -44,6 +50,7 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -97,6 +104,12 @@ class Settings(BaseSettings):
     device: str = "auto"
     max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, ge=1)
     max_queued: int | None = Field(None, ge=1)
+    routing: Literal["placement", "shared"] = "placement"
+    prefetch_per_model: int = Field(256, ge=1)
+    copy_backlog_s: float = Field(2.0, gt=0)
+    max_copies: int | None = Field(None, ge=1)
+    copy_idle_s: float = Field(10.0, gt=0)
+    placement_interval_s: float = Field(0.2, gt=0)
     prefetch: int = Field(1024, ge=1)
     max_group: int = Field(256, ge=1)
     max_wait_s: float = Field(30.0, gt=0)

@@ -102,6 +102,16 @@ class Backlog:
             if group
         ]
 
+    def take_model(self, model_id: str, keep: Callable[[Job], bool] = lambda job: False) -> list[Job]:
+        """Take every waiting job of ``model_id`` out of the backlog but those ``keep`` says to keep."""
+        group = self._groups.pop(model_id, None)
+        if not group:
+            return []
+        kept = deque(job for job in group if keep(job))
+        if kept:
+            self._groups[model_id] = kept
+        return [job for job in group if not keep(job)]
+
     def next_group(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], limit: int) -> list[Job]:
         """Take the next jobs to run: up to ``limit`` jobs of the model ``choose_next`` picks (urgent ones first).
 

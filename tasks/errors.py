@@ -34,13 +34,15 @@ class QueueUnavailable(BackendUnavailable):
 class QueueFull(SwaplessError):
     """Redis refuses new jobs: it is out of memory (``maxmemory``), or the queue holds ``SWAPLESS_MAX_QUEUED`` jobs.
 
-    Nothing of the refused job was queued; send it again later.
+    Nothing of the refused job was queued; send it again later. ``queued``: the ids of a call's other jobs that were
+    queued nonetheless (``submit_jobs`` over several models, one of them at its bound).
     """
 
     def __init__(self, where: str, reason: str) -> None:
         super().__init__(where, reason)
         self.where = where
         self.reason = reason
+        self.queued: list[str] = []
 
     @property
     def message(self) -> str:

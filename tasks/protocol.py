@@ -13,6 +13,8 @@ one stored result is a list of ``encode_outcome`` dicts in input order::
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from typing import Any
 
@@ -32,7 +34,13 @@ __all__ = [
     "decode_outcome",
     "encode_outcome",
     "is_urgent",
+    "MODEL_PARTS",
+    "ROUTINGS",
     "item_id",
+    "message_args",
+    "model_key",
+    "model_queue_key",
+    "placement_bell_key",
     "priority_level",
     "queue_key",
     "read_payload",
@@ -77,6 +85,47 @@ def queue_key(queue: str, priority: int, key_prefix: str | None = None) -> str:
     """The Redis list kombu's Redis transport keeps ``queue``'s messages of ``priority`` in."""
     base = f"{key_prefix or ''}{queue}"
     return base if priority == 0 else f"{base}{_PRIORITY_SEP}{priority}"
+
+
+#: How jobs reach workers: ``placement`` (each model's jobs wait in the model's own lists, fetched only by the
+#: workers that claimed the model) or ``shared`` (one list per priority, every worker takes any job).
+ROUTINGS = ("placement", "shared")
+
+#: One model's keys under a queue (``model_key``): its job lists per priority, the jobs workers hold (payload,
+#: owner, when last seen), the workers that claimed it (with their leases), and its doorbell.
+MODEL_PARTS = ("p0", "p3", "p6", "p9", "held", "owner", "seen", "holders", "bell")
+
+
+def model_key(queue: str, model_id: str, part: str, key_prefix: str | None = None) -> str:
+    """A key of model ``model_id``'s part of ``queue`` (``part`` one of ``MODEL_PARTS``).
+
+    Every key of one model shares the hash tag ``{queue/model}``: one Redis Cluster slot, so each script over one
+    model's keys could run on a cluster unchanged.
+    """
+    return f"{key_prefix or ''}swapless:{{{queue}/{model_id}}}:{part}"
+
+
+def model_queue_key(queue: str, model_id: str, priority: int, key_prefix: str | None = None) -> str:
+    """The list model ``model_id``'s jobs of ``priority`` wait in (priorities as ``PRIORITY_STEPS``)."""
+    return model_key(queue, model_id, f"p{priority}", key_prefix)
+
+
+def placement_bell_key(queue: str, key_prefix: str | None = None) -> str:
+    """Rung by a producer whose job's model no worker holds: wakes an idle worker to place it."""
+    return f"{key_prefix or ''}swapless:{queue}:placement-bell"
+
+
+def message_args(message: dict[str, Any]) -> list[Any] | None:
+    """The task args of a kombu message as it lies in Redis (``{"body": base64 of [args, kwargs, embed], ...}``):
+    ``[model_id, input]`` for a job, ``[model_id, [input, ...]]`` for a chunk; None when they cannot be read."""
+    try:
+        body = message["body"]
+        if message.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, binascii.Error):
+        return None
+    return args if isinstance(args, list) and len(args) == 2 else None
 
 
 def item_id(chunk_id: str, index: int) -> str:

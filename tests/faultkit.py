@@ -25,6 +25,7 @@ import redis
 from celery import states
 
 from config.settings import get_settings
+from tasks.broker.affinity import ModelKeys
 from tasks.broker.results import StoredResult
 from tasks.client import Client, Job
 from tasks.protocol import PREDICT_TASK, PRIORITY_STEPS
@@ -328,42 +329,56 @@ class FaultEnv:
         url = os.environ.get("SWAPLESS_REDIS_URL") or self.base_env["SWAPLESS_REDIS_URL"]
         return redis.Redis.from_url(url)
 
+    def _shared_lists(self) -> list[str]:
+        return [self.key_prefix + self.queue] + [
+            f"{self.key_prefix}{self.queue}\x06\x16{step}" for step in PRIORITY_STEPS if step
+        ]
+
+    def _model_keys(self) -> list[ModelKeys]:
+        """The keys of every model of the models file (placement: each model's own lists and held records)."""
+        ids = [entry["id"] for entry in json.loads(self.models_file.read_text())["models"]]
+        return [ModelKeys(self.queue, model_id, self.key_prefix) for model_id in ids]
+
     def queued(self) -> int:
-        """Messages waiting in the queue (every priority level)."""
-        names = [self.queue] + [f"{self.queue}\x06\x16{step}" for step in PRIORITY_STEPS if step]
+        """Messages waiting in the queue: its shared lists and every model's lists, every priority level."""
+        lists = self._shared_lists() + [key for keys in self._model_keys() for key in keys.lists]
         with self.broker() as client:
-            return sum(int(client.llen(self.key_prefix + name)) for name in names)
+            return sum(int(client.llen(name)) for name in lists)
 
     def unacked(self) -> int:
-        """Messages delivered to some worker and not yet acked (kombu's unacked hash)."""
+        """Messages delivered to some worker and not yet acked (kombu's unacked hash, every model's held jobs)."""
         with self.broker() as client:
-            return int(client.hlen(self.key_prefix + "unacked"))
+            held = sum(int(client.hlen(keys.part("held"))) for keys in self._model_keys())
+            return int(client.hlen(self.key_prefix + "unacked")) + held
+
+    def _raw(self) -> list[tuple[str, dict[str, Any], float | None]]:
+        """``(where, message, seconds since stamped)`` of every message the broker holds now."""
+        found: list[tuple[str, dict[str, Any], float | None]] = []
+        with self.broker() as client:
+            for name in self._shared_lists():
+                found += [(f"queued {name[-3:]!r}", json.loads(raw), None) for raw in client.lrange(name, 0, -1)]
+            stamps = dict(client.zrange(self.key_prefix + "unacked_index", 0, -1, withscores=True))
+            for tag, raw in client.hgetall(self.key_prefix + "unacked").items():
+                found.append(("unacked", json.loads(raw)[0], time.time() - stamps[tag] if tag in stamps else None))
+            for keys in self._model_keys():
+                for name in keys.lists:
+                    found += [(f"queued {name[-14:]!r}", json.loads(raw), None) for raw in client.lrange(name, 0, -1)]
+                seen = dict(client.zrange(keys.part("seen"), 0, -1, withscores=True))
+                for tag, raw in client.hgetall(keys.part("held")).items():
+                    found.append(("unacked", json.loads(raw), time.time() - seen[tag] if tag in seen else None))
+        return found
 
     def messages(self) -> list[tuple[str, str]]:
         """``(job id, where)`` of every message the broker holds now: ``queued`` or ``unacked``."""
-        names = [self.queue] + [f"{self.queue}\x06\x16{step}" for step in PRIORITY_STEPS if step]
-        found = []
-        with self.broker() as client:
-            for name in names:
-                for raw in client.lrange(self.key_prefix + name, 0, -1):
-                    found.append((json.loads(raw)["headers"]["id"], "queued"))
-            for raw in client.hvals(self.key_prefix + "unacked"):
-                found.append((json.loads(raw)[0]["headers"]["id"], "unacked"))
-        return found
+        return [(message["headers"]["id"], where.split()[0]) for where, message, _ in self._raw()]
 
     def snapshot(self) -> str:
         """What the broker holds now, for failure messages: queued and unacked jobs (id, args, age of the stamp)."""
-        names = [self.queue] + [f"{self.queue}\x06\x16{step}" for step in PRIORITY_STEPS if step]
         lines = []
-        with self.broker() as client:
-            for name in names:
-                for raw in client.lrange(self.key_prefix + name, 0, -1):
-                    lines.append(f"queued {name[-3:]!r}: {_describe(json.loads(raw))}")
-            stamps = dict(client.zrange(self.key_prefix + "unacked_index", 0, -1, withscores=True))
-            for tag, raw in client.hgetall(self.key_prefix + "unacked").items():
-                age = time.time() - stamps[tag] if tag in stamps else None
-                aged = "no index entry" if age is None else f"stamped {age:.1f} s ago"
-                lines.append(f"unacked ({aged}): {_describe(json.loads(raw)[0])}")
+        for where, message, age in self._raw():
+            if where == "unacked":
+                where += " (no index entry)" if age is None else f" (stamped {age:.1f} s ago)"
+            lines.append(f"{where}: {_describe(message)}")
         return "\n".join(lines) or "(nothing queued or unacked)"
 
     def wait_broker_idle(self, timeout_s: float = 20.0) -> float:

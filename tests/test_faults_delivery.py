@@ -128,10 +128,13 @@ def test_a_live_worker_keeps_its_jobs_past_the_visibility_timeout(faults: FaultE
         worker.wait_ready()
     client = Client()
     started = time.monotonic()
-    # Batches that run 7.5 s, longer than the 6 s visibility timeout plus a sweep, and jobs waiting behind them in
-    # the same worker's backlog as long: none may be redelivered to the other, idle, worker.
+    # A batch that runs 7.5 s, longer than the 6 s visibility timeout plus a sweep, and jobs of its model waiting
+    # behind it in the same worker's backlog as long (sent once it runs): none may be redelivered to the other,
+    # idle, worker.
     texts = [f"sleep:7.5:long-{i}" for i in range(2)] + [f"behind-{i}" for i in range(20)]
-    jobs = [client.submit("hold", text) for text in texts[:2]] + [client.submit("echo", text) for text in texts[2:]]
+    jobs = [client.submit("hold", text) for text in texts[:2]]
+    faults.wait_executed(texts[0])
+    jobs += [client.submit("hold", text) for text in texts[2:]]
     stored, done_at = settle(client, jobs, 40)
 
     scenario.count(stored, [echoes(text) for text in texts])
@@ -154,12 +157,13 @@ def test_a_job_redis_just_handed_to_a_worker_survives_the_worker_dying_or_losing
     # round trip: a worker that died, or lost Redis, between the two held the only copy (a known kombu bug; a kill
     # during a burst landed there one time in two to eight). tasks.broker.transport pops and records in one Lua
     # script.
-    # The proxy cuts the worker off right after the script's reply (one message: ``*2 :1 $...``), so the fault
-    # lands every time at the moment the job exists only in the worker's memory and the unacked records.
+    # The proxy cuts the worker off right after the script's reply (the first reply that carries a job message:
+    # its headers), so the fault lands every time at the moment the job exists only in the worker's memory and
+    # the records of what it holds.
     scenario = Scenario(f"2/6. worker {fault} right after Redis handed it a job")
     redis_url = faults.base_env["SWAPLESS_REDIS_URL"]
     redis_port, db = int(redis_url.rsplit(":", 1)[1].split("/")[0]), int(redis_url.rsplit("/", 1)[1])
-    proxy = FreezingProxy(redis_port, trigger=b"*2\r\n:1\r\n$")
+    proxy = FreezingProxy(redis_port, trigger=b'"swapless_sent_at"')
     try:
         worker = faults.worker(env={"SWAPLESS_REDIS_URL": proxy.url(db)})
         client = Client()

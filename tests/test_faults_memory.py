@@ -24,7 +24,7 @@ import pytest
 
 from tasks.client import Client, Job
 from tasks.errors import QueueFull
-from tasks.protocol import PRIORITY_STEPS, queue_key
+from tasks.protocol import PRIORITY_STEPS, model_queue_key
 from tests.conftest import REPO
 from tests.faultkit import FaultEnv, PressureRow, hold, settle, wait_for
 from tests.redis_server import RedisServer
@@ -135,7 +135,7 @@ def test_a_worker_killed_at_the_wall_is_replaced_by_one_that_starts_there(
 
 
 def test_a_queue_bound_refuses_before_the_wall(faults: FaultEnv, private_redis: Callable[..., RedisServer]) -> None:
-    row = PressureRow("SWAPLESS_MAX_QUEUED=200, no worker yet")
+    row = PressureRow("SWAPLESS_MAX_QUEUED=200 (per model), no worker yet")
     server = _full_redis(private_redis)
     faults.set(SWAPLESS_REDIS_URL=server.url(0), SWAPLESS_MAX_QUEUED="200")
     client = Client()
@@ -146,7 +146,7 @@ def test_a_queue_bound_refuses_before_the_wall(faults: FaultEnv, private_redis: 
             accepted.append(client.submit("echo", f"bounded {i}"))
         except QueueFull as err:
             row.refused["QueueFull"] += 1
-            assert "holds 200 messages, its bound is 200 (SWAPLESS_MAX_QUEUED)" in str(err)
+            assert "model 'echo' has 200 messages queued, its bound is 200 (SWAPLESS_MAX_QUEUED)" in str(err)
     row.accepted = len(accepted)
     assert (row.accepted, row.refused["QueueFull"]) == (200, 100)
     with pytest.raises(QueueFull):
@@ -154,7 +154,7 @@ def test_a_queue_bound_refuses_before_the_wall(faults: FaultEnv, private_redis: 
     with server.client() as admin:
         memory = admin.info("memory")
         assert memory["used_memory"] < memory["maxmemory"] / 2  # refused long before the wall
-        keys = [queue_key(faults.queue, p, faults.key_prefix) for p in PRIORITY_STEPS]
+        keys = [model_queue_key(faults.queue, "echo", p, faults.key_prefix) for p in PRIORITY_STEPS]
         assert sum(admin.llen(key) for key in keys) == 200
     started = time.monotonic()
     faults.worker()
@@ -185,7 +185,7 @@ def test_bulk_waits_while_the_queue_is_full_and_says_so(
     row.recovery_s = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     assert row.refused["QueueFull, sent again"] > 0, done.stderr
-    assert "holds 2 messages, its bound is 2 (SWAPLESS_MAX_QUEUED)" in done.stderr
+    assert "model 'echo' has 2 messages queued, its bound is 2 (SWAPLESS_MAX_QUEUED)" in done.stderr
     assert (row.answered, row.lost) == (2000, 0)
 
 

@@ -54,8 +54,8 @@ class Cli:
                     cmdline = child.cmdline()
                 except psutil.Error:
                     continue
-                if cmdline:
-                    self.descendants.setdefault(child.pid, " ".join(cmdline))
+                if cmdline:  # the latest: a child seen between fork and exec still shows its parent's command line
+                    self.descendants[child.pid] = " ".join(cmdline)
             time.sleep(0.05)
 
     def finish(self, timeout_s: float = 180) -> tuple[int, str, str]:

@@ -11,7 +11,7 @@ import redis
 
 from manager import InputError, UnknownModel
 from tasks.client import Client
-from tasks.protocol import PREDICT_TASK, PRIORITY_BULK, PRIORITY_INTERACTIVE, queue_key
+from tasks.protocol import PREDICT_TASK, PRIORITY_BULK, PRIORITY_INTERACTIVE, model_queue_key, queue_key
 from tests.conftest import WorkerProcess
 from tests.tinymodels import encode_image
 
@@ -32,13 +32,13 @@ def _strip(message: dict[str, Any]) -> dict[str, Any]:
 def test_messages_are_those_send_task_makes(swapless_env: dict[str, str], redis_url: str, priority: str, level: int) -> None:
     client = Client()
     r = redis.Redis.from_url(redis_url)
-    key = queue_key(client.settings.queue, level, client.settings.key_prefix)
-    by_send_task = client.app.send_task(
-        PREDICT_TASK, args=["sentiment", "same input"], queue=client.settings.queue, priority=level
-    )
+    s = client.settings
+    by_send_task = client.app.send_task(PREDICT_TASK, args=["sentiment", "same input"], queue=s.queue, priority=level)
     [ours] = client.submit_jobs([("sentiment", "same input")], priority=priority)
     alone = client.submit("sentiment", "same input", priority=priority)
-    raw = [json.loads(m) for m in reversed(r.lrange(key, 0, -1))]  # oldest first
+    shared = r.lrange(queue_key(s.queue, level, s.key_prefix), 0, -1)  # send_task's: the queue's shared list
+    placed = r.lrange(model_queue_key(s.queue, "sentiment", level, s.key_prefix), 0, -1)  # ours: the model's list
+    raw = [json.loads(m) for m in [*shared, *reversed(placed)]]
     assert [m["headers"]["id"] for m in raw] == [by_send_task.id, ours.id, alone.id]
     celery_msg, our_msg, alone_msg = raw
     assert _strip(our_msg) == _strip(celery_msg) == _strip(alone_msg)
@@ -57,7 +57,9 @@ def test_nothing_is_sent_when_one_job_is_invalid(swapless_env: dict[str, str], r
         client.submit_jobs([("sentiment", "ok"), ("spam", {1, 2})])
     with pytest.raises(ValueError, match="priority must be one of interactive, bulk"):
         client.submit_jobs([("sentiment", "ok")], priority="urgent")
-    keys = [queue_key(client.settings.queue, level, client.settings.key_prefix) for level in (0, PRIORITY_BULK)]
+    s = client.settings
+    keys = [queue_key(s.queue, level, s.key_prefix) for level in (0, PRIORITY_BULK)]
+    keys += [model_queue_key(s.queue, m, level, s.key_prefix) for m in ("sentiment", "spam") for level in (0, 6)]
     assert all(r.llen(key) == 0 for key in keys)
     r.close()
 

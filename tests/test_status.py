@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from config.settings import Settings
+from config.settings import Settings, get_settings
 from manager import (
     InputError,
     Job,
@@ -34,6 +34,7 @@ from tasks.observe.heartbeat import (
     read_heartbeats,
     worker_key,
 )
+from tasks.observe.placement import read_placement
 from tasks.observe.queue import message_jobs, read_queue_depth
 from tests.conftest import WorkerProcess
 from tests.fakes import FakeWorker, write_fake_models
@@ -153,7 +154,12 @@ def test_message_jobs_reads_kombu_envelopes_and_survives_garbage() -> None:
 # -- Redis, no worker ---------------------------------------------------------------------------------------
 
 
-def test_queue_depth_per_priority_and_model_exact_then_sampled(swapless_env: dict[str, str], settings: Settings) -> None:
+def test_queue_depth_per_priority_and_model_exact_then_sampled(
+    swapless_env: dict[str, str], settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared lists (where plain Celery producers' jobs wait, and every job with SWAPLESS_ROUTING=shared)."""
+    monkeypatch.setenv("SWAPLESS_ROUTING", "shared")
+    get_settings.cache_clear()
     client = Client()
     for i in range(30):
         client.submit("sentiment", f"text {i}")
@@ -173,12 +179,32 @@ def test_queue_depth_per_priority_and_model_exact_then_sampled(swapless_env: dic
     shown = run_cli("status", "--sample", "9")
     assert shown.returncode == 0, shown.stderr
     out = shown.stdout
-    assert f"queue {settings.queue}: 60 messages waiting in Redis (priority 0: 30, priority 6: 30)" in out
+    assert f"queue {settings.queue}, shared lists: 60 messages waiting in Redis (priority 0: 30, priority 6: 30)" in out
     assert "sentiment" in out and "~30" in out and "~20" in out and "~10" in out
     assert "per-model counts are estimates: read from a sample of the 9 next messages" in out
     assert "no live workers" in out
     as_json = json.loads(run_cli("status", "--json").stdout)
     assert as_json["queue"]["by_model"] == {"sentiment": 30, "spam": 20, "vision": 10} and as_json["workers"] == []
+
+
+def test_each_model_s_own_lists_are_counted_exactly(swapless_env: dict[str, str], settings: Settings) -> None:
+    """With placement (the default), each model's jobs wait in its own lists: counted exactly, by priority."""
+    client = Client()
+    client.submit_jobs([("sentiment", f"text {i}") for i in range(30)])
+    client.submit_jobs([("spam", "hi")] * 20 + [("vision", encode_image(1))] * 10, priority="bulk")
+    r = redis.Redis.from_url(settings.broker_url)
+    places = {p.model_id: p for p in read_placement(r, settings.queue, settings.key_prefix, ["sentiment", "spam",
+                                                                                              "vision", "topic"])}
+    assert {m: p.queued for m, p in places.items() if p.waiting} == {
+        "sentiment": {0: 30, 3: 0, 6: 0, 9: 0}, "spam": {0: 0, 3: 0, 6: 20, 9: 0}, "vision": {0: 0, 3: 0, 6: 10, 9: 0}
+    }
+    assert not places["topic"].waiting and all(not p.holders and not p.held for p in places.values())
+    shown = run_cli("status")
+    assert shown.returncode == 0, shown.stderr
+    assert "models across workers: 60 messages waiting in their lists, 0 held by workers" in shown.stdout
+    as_json = json.loads(run_cli("status", "--json").stdout)
+    assert {m["model_id"]: m["waiting"] for m in as_json["models"] if m["waiting"]} == {
+        "sentiment": 30, "spam": 20, "vision": 10}
 
 
 def test_heartbeat_publisher_expires_and_cleans_up(settings: Settings) -> None:
@@ -280,11 +306,13 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     shown = run_cli("status", "--queue", other.queue)
     assert shown.returncode == 0, shown.stderr
     out = shown.stdout
-    assert f"queue {other.queue}: 8 messages waiting in Redis (priority 0: 1, priority 6: 7)" in out
+    assert "models across workers: 8 messages waiting in their lists, 0 held by workers" in out
     assert f"worker {beat.hostname} (pid {worker.proc.pid}, queue {settings.queue}" in out
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") > 4}
-    assert rows["spam"][:7] == ["spam", "loaded", rows["spam"][2], "0", "2", "1", "2"] and rows["spam"][-3:] == ["1", "1", "0"]
-    assert rows["topic"][1] == "-" and rows["sentiment"][1] == "loaded" and rows["spam"][2].endswith("MiB")
+    assert rows["spam"][:7] == ["spam", "loaded, claimed", rows["spam"][2], "0", "2", "1", "2"]
+    assert rows["spam"][-3:] == ["1", "1", "0"]
+    assert rows["topic"][1] == "-" and rows["sentiment"][1] == "loaded, claimed"  # topic: given up for a slot
+    assert rows["spam"][2].endswith("MiB")
     assert "jobs 5 done, 1 failed" in out and "hits 1, misses 5, evictions 3" in out
     assert any(line.split("│")[1].strip() == "vision" and line.split("│")[2].strip() == "7" for line in out.splitlines() if "│" in line)
 

@@ -26,7 +26,7 @@ from kombu.transport.virtual import QoS as VirtualQoS
 
 from tasks.broker.connection import worker_health
 
-__all__ = ["AckQueue", "refresh_visibility"]
+__all__ = ["ACK_UNACKED", "AckQueue", "refresh_visibility"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,22 @@ class AckQueue:
         if first:
             self.call_soon(self.drain)
 
+    def requeue(self, requests: Iterable[Any]) -> None:
+        """Put ``requests``' messages back at the head of their lists, on the consumer thread (a job handed over to
+        another worker: ``BatchScheduler.hand_over``)."""
+        pending = [request for request in requests if not request.acknowledged]
+        if not pending:
+            return
+
+        def reject() -> None:
+            for request in pending:
+                request.reject(requeue=True)
+
+        if self.call_soon is None:
+            reject()
+        else:
+            self.call_soon(reject)
+
     def drain(self) -> None:
         """Ack everything queued (on the consumer thread, or at shutdown once the consumer loop has stopped)."""
         with self._lock:
@@ -76,8 +92,8 @@ class AckQueue:
             _ack_messages(messages)
 
 
-# KEYS: the unacked hash, the unacked index. ARGV: the delivery tags. Deletions only.
-_ACK = """
+#: KEYS: kombu's unacked hash and index. ARGV: the delivery tags. Deletions only.
+ACK_UNACKED = """
 for i = 1, #ARGV, 1000 do
   local tags = {unpack(ARGV, i, math.min(i + 999, #ARGV))}
   redis.call('ZREM', KEYS[2], unpack(tags))
@@ -99,12 +115,15 @@ def _ack_messages(messages: list[Any]) -> None:
                 message.ack_log_error(logger, channel.connection.client.connection_errors)
             continue
         prefix = channel.global_keyprefix or ""
+        tags = [message.delivery_tag for message in group]
         try:
             with channel.conn_or_acquire() as client:
-                client.execute_command(
-                    "EVAL", _ACK, 2, prefix + qos.unacked_key, prefix + qos.unacked_index_key,
-                    *[message.delivery_tag for message in group],
-                )
+                placed_ack = getattr(qos, "placed_ack", None)  # messages from a model's lists (tasks.broker.placed)
+                rest = placed_ack(tags, client) if placed_ack is not None else tags
+                if rest:
+                    client.execute_command(
+                        "EVAL", ACK_UNACKED, 2, prefix + qos.unacked_key, prefix + qos.unacked_index_key, *rest
+                    )
         except Exception:  # noqa: BLE001 - like kombu's ack_log_error: a failed ack is logged, not raised
             logger.critical("could not ack %d message(s); they will be redelivered", len(group), exc_info=True)
             continue
@@ -145,9 +164,13 @@ def refresh_visibility(channel: Any) -> int:
     if not tags:
         return 0
     index = f"{channel.global_keyprefix or ''}{qos.unacked_index_key}"
+    now = time.time()
     try:
         with channel.conn_or_acquire() as client:
-            client.execute_command("EVAL", _REFRESH, 1, index, repr(time.time()), *tags)
+            placed_refresh = getattr(qos, "placed_refresh", None)  # messages from a model's lists
+            rest = placed_refresh(tags, client, now) if placed_refresh is not None else tags
+            if rest:
+                client.execute_command("EVAL", _REFRESH, 1, index, repr(now), *rest)
         worker_health.ok()
     except Exception as err:  # noqa: BLE001 - the next refresh tries again; the timeout leaves several chances
         worker_health.failed(err, f"refreshing the visibility of {len(tags)} held message(s)")

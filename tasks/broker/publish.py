@@ -15,15 +15,17 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
 from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 
+from tasks.broker.affinity import ModelKeys
 from tasks.protocol import PREDICT_TASK, SENT_AT_HEADER
 
-__all__ = ["build_messages", "push"]
+__all__ = ["ModelPush", "build_messages", "push", "push_to_models"]
 
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 _ARGSREPR_MAX = 1024  # Celery's argsrepr_maxsize
@@ -134,3 +136,59 @@ def push(
             pipe.lpush(key, *messages[start : start + per_command])
         pipe.execute()
     return None
+
+
+# KEYS: the list to push to, the model's four lists (counted), its bell, its holders. ARGV: the bound (-1: none),
+# now (ms), then the messages, in order. Rings the bell (one token at most). Returns {pushed (1/0), queued after
+# (or now), live holders}.
+_PUSH_MODEL = """
+local bound = tonumber(ARGV[1])
+local queued = 0
+for i = 2, 5 do queued = queued + redis.call('LLEN', KEYS[i]) end
+local n = #ARGV - 2
+if bound >= 0 and queued + n > bound then return {0, queued, 0} end
+for start = 3, #ARGV, 1000 do
+  redis.call('LPUSH', KEYS[1], unpack(ARGV, start, math.min(start + 999, #ARGV)))
+end
+redis.call('LPUSH', KEYS[6], '1')
+redis.call('LTRIM', KEYS[6], 0, 0)
+return {1, queued + n, redis.call('ZCOUNT', KEYS[7], ARGV[2], '+inf')}
+"""
+
+
+@dataclass(frozen=True)
+class ModelPush:
+    """One model's share of a push: its messages for one priority."""
+
+    keys: ModelKeys
+    priority: int
+    messages: Sequence[str]
+
+
+def push_to_models(
+    client: Any, pushes: Sequence[ModelPush], *, bound: int | None, placement_bell: str
+) -> list[tuple[bool, int]]:
+    """Push each model's messages to its own list and ring its bell, every model in one round trip; ring the
+    placement bell when a model has no live holder (a worker then claims it).
+
+    Args:
+        client: a redis-py client.
+        pushes: the messages, per model and priority.
+        bound: most messages one model's lists may hold (``SWAPLESS_MAX_QUEUED``); all of one model's messages are
+            pushed, or none of them.
+        placement_bell: the queue's placement bell.
+
+    Returns:
+        per push, ``(pushed, queued)``: whether its messages were pushed, and the messages its model's lists hold.
+    """
+    now_ms = int(time.time() * 1000)
+    with client.pipeline(transaction=False) as pipe:
+        for push in pushes:
+            keys = push.keys
+            target = keys.part(f"p{push.priority}")
+            pipe.eval(_PUSH_MODEL, 7, target, *keys.lists, keys.bell, keys.holders, -1 if bound is None else bound,
+                      now_ms, *push.messages)
+        replies = pipe.execute()
+    if any(pushed and not holders for pushed, _, holders in replies):
+        client.pipeline(transaction=False).lpush(placement_bell, "1").ltrim(placement_bell, 0, 0).execute()
+    return [(bool(pushed), int(queued)) for pushed, queued, _ in replies]

@@ -16,13 +16,18 @@ Lua cannot block, so an idle worker waits with ``BLMOVE key key RIGHT RIGHT time
 runs the script. Other lists (the bulk priorities, other queues) are checked at least every ``idle_poll_s``
 (0.1 s by default, transport option ``swapless_idle_poll_s``); a worker with work in hand never waits.
 
-Everything else (acks, rejects, restores, key prefixes, TLS, reconnects) is kombu's.
+With placement (the worker calls ``use_affinity``), the channel fetches from the lists of the models this worker
+claimed too, routes the shared lists' messages to their models' lists, and acks, refreshes and restores those
+messages' records in their model's keys (``tasks.broker.placed``).
+
+Everything else (key prefixes, TLS, reconnects, the shared lists' acks and restores) is kombu's.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from queue import Empty
 from typing import Any
 
@@ -32,9 +37,11 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 from redis.exceptions import ResponseError
 
+from tasks.broker.acks import ACK_UNACKED
 from tasks.broker.connection import is_refused_write, worker_health
+from tasks.broker.placed import PlacedChannel, PlacedQoS, current_affinity, use_affinity
 
-__all__ = ["FETCH", "Channel", "QoS", "Transport", "broker_connection"]
+__all__ = ["FETCH", "Channel", "QoS", "Transport", "broker_connection", "use_affinity"]
 
 #: KEYS: unacked hash, unacked index, then the queue lists in the order they are served.
 #: ARGV: most messages to take, the time to stamp (kombu's client clock, as its own ``QoS.append`` uses).
@@ -78,9 +85,41 @@ _FETCH, _WAIT = "fetch", "wait"
 logger = logging.getLogger(__name__)
 
 
-class QoS(kombu_redis.QoS):
-    """kombu's Redis QoS, minus the unacked record for messages ``FETCH`` has already recorded, and with a restore
-    sweep that waits quietly while Redis refuses writes (its lock and its pushes are writes)."""
+class QoS(PlacedQoS, kombu_redis.QoS):
+    """kombu's Redis QoS, minus the unacked record for messages ``FETCH`` has already recorded, with a restore
+    sweep that waits quietly while Redis refuses writes (its lock and its pushes are writes), and with the records
+    of messages from a model's lists kept in the model's keys (``PlacedQoS``)."""
+
+    def ack(self, delivery_tag: str) -> None:
+        if delivery_tag in self.channel._held:
+            with self.channel.conn_or_acquire() as client:
+                self.placed_ack([delivery_tag], client)
+            virtual.QoS.ack(self, delivery_tag)
+            return
+        super().ack(delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if delivery_tag in self.channel._held:
+            with self.channel.conn_or_acquire() as client:
+                (self.placed_restore if requeue else self.placed_ack)([delivery_tag], client)
+            virtual.QoS.ack(self, delivery_tag)
+            return
+        super().reject(delivery_tag, requeue=requeue)
+
+    def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
+        tag = bytes_to_str(tag)
+        if tag in self.channel._held:
+            with self.channel.conn_or_acquire(client) as conn:
+                self.placed_restore([tag], conn)
+            return
+        super().restore_by_tag(tag, client=client, leftmost=leftmost)
+
+    def restore_unacked(self, client: Any = None) -> None:
+        with self.channel.conn_or_acquire(client) as conn:
+            rest = self.placed_restore(list(self._delivered), conn)
+            for tag in rest:
+                super().restore_by_tag(tag, client=conn)
+        self._delivered.clear()
 
     def restore_visible(self, *args: Any, **kwargs: Any) -> None:
         try:
@@ -99,7 +138,7 @@ class QoS(kombu_redis.QoS):
             super().append(message, delivery_tag)
 
 
-class Channel(kombu_redis.Channel):
+class Channel(PlacedChannel, kombu_redis.Channel):
     """kombu's Redis channel with the atomic bulk fetch (see the module docstring)."""
 
     QoS = QoS
@@ -121,6 +160,7 @@ class Channel(kombu_redis.Channel):
         self._mode = _FETCH
         self._fetch_queues: list[str] = []
         self._fetch_keys: list[str] = []
+        self._placed_init()
 
     def _prefixed(self, key: str) -> str:
         return f"{self.global_keyprefix or ''}{key}"
@@ -157,23 +197,20 @@ class Channel(kombu_redis.Channel):
         if not queues:
             return
         conn = self.client.connection
+        affinity = current_affinity()
+        if affinity is not None:
+            wait = timeout if timeout is not None else self.brpop_timeout
+            wait = min(wait or self.swapless_idle_poll_s, self.swapless_idle_poll_s)
+            if self._mode == _FETCH:
+                commands = self._placed_fetch_commands(affinity, queues[0], self._shared_fetch(queues))
+                conn.send_packed_command(conn.pack_commands(commands))
+            else:
+                conn.send_command(*self._placed_wait_command(affinity, queues[0], wait))
+            self._in_poll = conn
+            self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]  # kombu declares it None
+            return
         if self._mode == _FETCH:
-            keys = [(q, self._q_for_pri(q, pri)) for pri in self.priority_steps for q in queues]
-            # priority_steps may map several steps to one list; serve each list once
-            keys = list(dict.fromkeys(keys))
-            self._fetch_queues = [q for q, _ in keys]
-            limit = self.qos.can_consume_max_estimate()
-            limit = self.swapless_fetch_limit if limit is None else min(limit, self.swapless_fetch_limit)
-            args = [
-                "EVAL",
-                FETCH,
-                2 + len(keys),
-                self._prefixed(self.unacked_key),
-                self._prefixed(self.unacked_index_key),
-                *(self._prefixed(k) for _, k in keys),
-                max(limit, 1),
-                repr(time.time()),
-            ]
+            args = self._shared_fetch(queues)
         else:
             wait = timeout if timeout is not None else self.brpop_timeout
             wait = min(wait or self.swapless_idle_poll_s, self.swapless_idle_poll_s)
@@ -183,7 +220,29 @@ class Channel(kombu_redis.Channel):
         self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]  # kombu declares it None
         conn.send_command(*args)
 
+    def _shared_fetch(self, queues: list[str]) -> list[Any]:
+        """The ``FETCH`` command over the shared lists of ``queues``."""
+        keys = [(q, self._q_for_pri(q, pri)) for pri in self.priority_steps for q in queues]
+        # priority_steps may map several steps to one list; serve each list once
+        keys = list(dict.fromkeys(keys))
+        self._fetch_queues = [q for q, _ in keys]
+        limit = self.qos.can_consume_max_estimate()
+        limit = self.swapless_fetch_limit if limit is None else min(limit, self.swapless_fetch_limit)
+        return [
+            "EVAL",
+            FETCH,
+            2 + len(keys),
+            self._prefixed(self.unacked_key),
+            self._prefixed(self.unacked_index_key),
+            *(self._prefixed(k) for _, k in keys),
+            max(limit, 1),
+            repr(time.time()),
+        ]
+
     def _brpop_read(self, **options: Any) -> bool:
+        affinity = current_affinity()
+        if affinity is not None:
+            return self._placed_read(affinity)
         mode = self._mode
         try:
             try:
@@ -213,6 +272,49 @@ class Channel(kombu_redis.Channel):
         finally:
             self._in_poll = None  # type: ignore[assignment]  # as kombu does
             self._flush_brpop_reauth()
+
+    def _placed_read(self, affinity: Any) -> bool:
+        mode = self._mode
+        conn = self.client.connection
+        queue = self._fetch_queues[0] if self._fetch_queues else next(iter(self.active_queues))
+        try:
+            replies: list[Any] = []
+            refused: ResponseError | None = None
+            for _ in self._plan if mode == _FETCH else [None]:
+                try:
+                    replies.append(self.client.parse_response(conn, "EVAL" if mode == _FETCH else "BLPOP"))
+                except self.connection_errors:
+                    conn.disconnect()
+                    self._mode = _FETCH
+                    raise
+                except ResponseError as err:  # read every reply of the round, whatever one of them says
+                    if not is_refused_write(err):
+                        raise
+                    refused = err
+                    replies.append(None)
+            if mode == _WAIT:
+                self._mode = _FETCH  # rung, or the idle poll ran out: fetch from every list next
+                raise Empty()
+            if refused is not None:
+                worker_health.failed(refused, "fetching jobs")
+                time.sleep(self.swapless_refused_pause_s)
+            if not self._placed_deliver(affinity, replies, queue):
+                self._mode = _WAIT
+                raise Empty()
+            return True
+        finally:
+            self._in_poll = None  # type: ignore[assignment]  # as kombu does
+            self._flush_brpop_reauth()
+
+    def _deliver_one(self, payload: dict[str, Any], queue: str) -> None:
+        self._queue_cycle.rotate(queue)
+        self.connection._deliver(payload, queue)
+
+    def _ack_shared(self, client: Any, tags: Sequence[str]) -> None:
+        if tags:
+            client.execute_command(
+                "EVAL", ACK_UNACKED, 2, self._prefixed(self.unacked_key), self._prefixed(self.unacked_index_key), *tags
+            )
 
     def _deliver_fetched(self, reply: list[Any]) -> None:
         messages = []

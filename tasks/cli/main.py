@@ -217,25 +217,32 @@ def status(
 
     from tasks.broker.connection import redis_client, translated
     from tasks.observe.heartbeat import read_heartbeats
+    from manager.store import ModelStore
     from tasks.observe.memory import read_redis_memory
+    from tasks.observe.placement import read_placement
     from tasks.observe.queue import read_queue_depth
     from tasks.observe.view import render_status
 
     set_env(queue=queue)
     settings = get_settings()
     client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s)
+    model_ids = ModelStore.from_file(settings.models_file).ids()
+
+    def placement() -> Any:
+        return read_placement(client, settings.queue, settings.key_prefix, model_ids)
 
     def render() -> Any:
         with translated(settings.broker_url):
             depth = read_queue_depth(client, settings, sample)
             workers = read_heartbeats(client, settings.key_prefix)
-            return render_status(depth, workers, memory=read_redis_memory(client, settings))
+            return render_status(depth, workers, memory=read_redis_memory(client, settings), places=placement())
 
     with translated(settings.broker_url):
         if as_json:
             depth = read_queue_depth(client, settings, sample)
             payload = {
                 "redis": dataclasses.asdict(read_redis_memory(client, settings)),
+                "models": [{**dataclasses.asdict(p), "waiting": p.waiting} for p in placement()],
                 "queue": {**dataclasses.asdict(depth), "total": depth.total},
                 "workers": [beat.model_dump() for beat in read_heartbeats(client, settings.key_prefix)],
             }

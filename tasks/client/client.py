@@ -29,11 +29,13 @@ from typing import Any
 from celery import Celery, states
 
 from config.settings import Settings, get_settings
+from manager.errors import SwaplessError
 from manager.specs import ModelSpec
 from manager.store import ModelStore
 from tasks.app import make_app
 from tasks.broker.connection import redact, redis_client, translated
-from tasks.broker.publish import build_messages, push
+from tasks.broker.affinity import ModelKeys
+from tasks.broker.publish import ModelPush, build_messages, push, push_to_models
 from tasks.broker.results import ResultStore, StoredResult
 from tasks.client.stream import (
     DEFAULT_CHUNK_SIZE,
@@ -48,6 +50,7 @@ from tasks.protocol import (
     PREDICT_TASK,
     PRIORITY_STEPS,
     item_id,
+    placement_bell_key,
     priority_level,
     queue_key,
     split_item_id,
@@ -168,25 +171,64 @@ class Client:
             self.store.get(model_id)
         return level
 
+    def _canonical(self, model_id: str) -> str | None:
+        """The id a model's lists are named by (an alias resolved), or None when this client cannot tell (no models
+        file here, or an unknown id with ``validate`` off: the message then goes to the shared queue and a worker
+        routes it, or answers it with ``UnknownModel``)."""
+        try:
+            return self.store.get(model_id).id
+        except SwaplessError:
+            return None
+
     def _publish(self, task: str, jobs: Sequence[tuple[str, Any]], level: int) -> list[str]:
         """Send one message per ``(model_id, value)`` to ``task``, in one round trip; returns their ids.
 
+        With placement (``SWAPLESS_ROUTING``), each model's messages go to its own list (``tasks.broker.affinity``)
+        and ring its bell; otherwise, and for a model this client cannot name, to the queue's shared lists.
+
         Raises:
-            QueueFull: the queue holds ``SWAPLESS_MAX_QUEUED`` messages already, or Redis is out of memory.
+            QueueFull: a model's lists (or the shared queue) hold ``SWAPLESS_MAX_QUEUED`` messages already, or Redis
+                is out of memory; ``queued`` lists the ids that were queued nonetheless (other models' jobs).
             QueueUnavailable: Redis cannot be reached.
         """
         s = self.settings
         built = build_messages(self.app, s.queue, jobs, level, task=task)
-        key = queue_key(s.queue, level, s.key_prefix)
-        counted = [queue_key(s.queue, p, s.key_prefix) for p in PRIORITY_STEPS]
+        shared: list[int] = []
+        by_model: dict[str, list[int]] = {}
+        for index, (model_id, _) in enumerate(jobs):
+            canonical = self._canonical(model_id) if s.routing == "placement" else None
+            if canonical is None:
+                shared.append(index)
+            else:
+                by_model.setdefault(canonical, []).append(index)
+        refused: list[tuple[list[int], str]] = []
         with translated(s.broker_url):
-            pushed = push(self.redis, key, [message for _, message in built], bound=s.max_queued, counted=counted)
-        if pushed is not None and not pushed[0]:
-            raise QueueFull(
+            if by_model:
+                pushes = [
+                    ModelPush(ModelKeys(s.queue, m, s.key_prefix), level, [built[i][1] for i in indices])
+                    for m, indices in by_model.items()
+                ]
+                bell = placement_bell_key(s.queue, s.key_prefix)
+                outcomes = push_to_models(self.redis, pushes, bound=s.max_queued, placement_bell=bell)
+                for (m, indices), (pushed, held) in zip(by_model.items(), outcomes, strict=True):
+                    if not pushed:
+                        refused.append((indices, f"model {m!r} has {held} messages queued"))
+            if shared:
+                key = queue_key(s.queue, level, s.key_prefix)
+                counted = [queue_key(s.queue, p, s.key_prefix) for p in PRIORITY_STEPS]
+                done = push(self.redis, key, [built[i][1] for i in shared], bound=s.max_queued, counted=counted)
+                if done is not None and not done[0]:
+                    refused.append((shared, f"queue {s.queue!r} holds {done[1]} messages"))
+        if refused:
+            left_out = {i for indices, _ in refused for i in indices}
+            queued = [job_id for i, (job_id, _) in enumerate(built) if i not in left_out]
+            error = QueueFull(
                 redact(s.broker_url),
-                f"queue {s.queue!r} holds {pushed[1]} messages, its bound is {s.max_queued} (SWAPLESS_MAX_QUEUED); "
-                "wait for the workers to take some, then send again",
+                f"{refused[0][1]}, its bound is {s.max_queued} (SWAPLESS_MAX_QUEUED); wait for the workers to take "
+                "some, then send again" + (f" ({len(queued)} of these jobs were queued)" if queued else ""),
             )
+            error.queued = queued
+            raise error
         return [job_id for job_id, _ in built]
 
     def models(self) -> list[ModelSpec]:

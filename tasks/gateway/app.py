@@ -66,6 +66,7 @@ from tasks.gateway.schema import (
     check_input,
 )
 from tasks.observe.heartbeat import aread_heartbeats
+from tasks.observe.placement import aread_placement
 from tasks.observe.queue import aread_queue_depth
 
 __all__ = ["create_app"]
@@ -233,12 +234,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/models", response_model=ModelsView)
     async def models() -> ModelsView:
         """What exists (the models file) beside what is loaded on which live worker right now (their heartbeats)."""
-        beats, depth = await asyncio.gather(
-            aread_heartbeats(gw.redis, gw.settings.key_prefix), aread_queue_depth(gw.redis, gw.settings)
+        s = gw.settings
+        beats, depth, places = await asyncio.gather(
+            aread_heartbeats(gw.redis, s.key_prefix), aread_queue_depth(gw.redis, s),
+            aread_placement(gw.redis, s.queue, s.key_prefix, gw.store.ids()),
         )
+        placed = {p.model_id: p for p in places}
         now = time.time()
         views = []
         for spec in gw.store:
+            place = placed[spec.id]
             loaded_on = [
                 LoadedOn(worker=beat.hostname, bytes=e.bytes, load_s=e.load_s, hits=e.hits, busy=e.busy)
                 for beat in beats
@@ -249,12 +254,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 ModelView(
                     id=spec.id, aliases=list(spec.aliases), type=spec.type.value, framework=spec.framework,
                     name=spec.name, version=spec.version, description=spec.description,
-                    waiting=depth.by_model.get(spec.id, 0), loaded_on=loaded_on,
+                    waiting=depth.by_model.get(spec.id, 0) + place.waiting, held=place.held,
+                    claimed_by=list(place.holder_ids), loaded_on=loaded_on,
                 )
             )
         workers = [
             WorkerView(
-                hostname=beat.hostname, queue=beat.queue, heartbeat_age_s=round(beat.age_s(now), 3),
+                hostname=beat.hostname, worker_id=beat.worker_id, queue=beat.queue, heartbeat_age_s=round(beat.age_s(now), 3),
                 loaded=[e.model_id for e in beat.loaded], used_bytes=beat.cache.used_bytes,
                 max_models=beat.cache.max_models, memory_budget_bytes=beat.cache.memory_budget_bytes,
                 jobs_done=beat.jobs_done, jobs_failed=beat.jobs_failed, backlog=beat.backlog,

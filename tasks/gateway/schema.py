@@ -92,12 +92,15 @@ class ModelView(_Body):
     name: str
     version: str
     description: str
-    waiting: int
+    waiting: int = Field(description="jobs waiting in Redis: in the model's own lists (exact) and the shared lists")
+    held: int = Field(0, description="jobs fetched by workers, not yet finished")
+    claimed_by: list[str] = Field(default_factory=list, description="workers holding a claim: they fetch its jobs")
     loaded_on: list[LoadedOn]
 
 
 class WorkerView(_Body):
     hostname: str
+    worker_id: str = ""
     queue: str
     heartbeat_age_s: float
     loaded: list[str]

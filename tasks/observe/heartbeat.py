@@ -1,10 +1,10 @@
 """Worker heartbeats: what each live worker has loaded and has done, published to Redis and read back.
 
 Every worker publishes a ``Heartbeat`` (what its cache holds, its counters, its queue wait) as JSON under
-``{key_prefix}swapless:worker:{hostname}`` every ``SWAPLESS_HEARTBEAT_INTERVAL_S`` seconds, from a daemon thread
+``{key_prefix}swapless:worker:{worker_id}`` (``hostname:pid``) every ``SWAPLESS_HEARTBEAT_INTERVAL_S`` seconds, from a daemon thread
 (``HeartbeatPublisher.start``; ``tasks.worker.reporting`` starts it on ``worker_init``). The key expires
 after three intervals, so a worker that dies vanishes by itself; one that stops cleanly deletes it. A sorted set,
-``{key_prefix}swapless:workers``, lists the hostnames, so readers never SCAN the database (which holds every result).
+``{key_prefix}swapless:workers``, lists the worker ids, so readers never SCAN the database (which holds every result).
 
 Readers come in pairs, one for ``redis.Redis`` and one for ``redis.asyncio`` (the gateway), around one parser.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import statistics
 import threading
 import time
@@ -52,13 +53,13 @@ TTL_INTERVALS = 3
 INDEX_FORGET_S = 3600.0
 
 
-def worker_key(key_prefix: str | None, hostname: str) -> str:
+def worker_key(key_prefix: str | None, worker_id: str) -> str:
     """The Redis key of one worker's heartbeat."""
-    return f"{key_prefix or ''}swapless:worker:{hostname}"
+    return f"{key_prefix or ''}swapless:worker:{worker_id}"
 
 
 def workers_index_key(key_prefix: str | None) -> str:
-    """The sorted set of worker hostnames (score: time of the last heartbeat)."""
+    """The sorted set of worker ids (score: time of the last heartbeat)."""
     return f"{key_prefix or ''}swapless:workers"
 
 
@@ -92,6 +93,12 @@ class ModelActivity(_Model):
     load_s_total: float = 0.0
     load_s_last: float | None = None
     backlog: int = 0
+    #: seconds its groups took in all, model loads excluded
+    run_s_total: float = 0.0
+    #: when its last group ran (epoch seconds)
+    last_run_at: float | None = None
+    #: this worker holds a claim on it: it fetches its jobs (placement)
+    claimed: bool = False
 
 
 class WaitSummary(_Model):
@@ -123,6 +130,10 @@ class Heartbeat(_Model):
 
     hostname: str
     pid: int
+    #: the machine's own name (``socket.gethostname()``); ``hostname`` is the Celery node name
+    machine: str = ""
+    #: ``hostname:pid``: unique per process, so workers that share a hostname stay apart
+    worker_id: str = ""
     queue: str
     started_at: float
     sent_at: float
@@ -136,6 +147,8 @@ class Heartbeat(_Model):
     queue_wait: WaitSummary
     #: What is wrong with Redis as this worker sees it (``Redis refusing writes: OOM``), while it lasts.
     redis_problem: str | None = None
+    #: ``placement`` or ``shared`` (``SWAPLESS_ROUTING``)
+    routing: str = "shared"
 
     def age_s(self, now: float | None = None) -> float:
         """Seconds since this heartbeat was sent."""
@@ -169,6 +182,8 @@ class WorkerStats:
             model.load_s_total += sum(report.load_s)
             if report.load_s:
                 model.load_s_last = report.load_s[-1]
+            model.run_s_total += max(0.0, report.run_s - sum(report.load_s))
+            model.last_run_at = time.time()
             for victim in report.evicted:
                 self._models.setdefault(victim, ModelActivity()).evictions += 1
             self._waits.extend(report.queue_wait_s)
@@ -197,6 +212,7 @@ class WorkerStats:
 def build_heartbeat(
     *,
     hostname: str,
+    worker_id: str,
     queue: str,
     started_at: float,
     interval_s: float,
@@ -206,6 +222,8 @@ def build_heartbeat(
     jobs_done: int,
     jobs_failed: int,
     redis_problem: str | None = None,
+    routing: str = "shared",
+    claimed: Sequence[str] = (),
 ) -> Heartbeat:
     """The heartbeat of a worker now.
 
@@ -220,13 +238,19 @@ def build_heartbeat(
         jobs_done: jobs answered with a result since it started.
         jobs_failed: jobs answered with an error since it started.
         redis_problem: what is wrong with Redis now, as the worker sees it (None: nothing).
+        routing: how it takes jobs (``SWAPLESS_ROUTING``).
+        claimed: the models it holds a claim on (placement).
     """
     cache = manager.stats
     models = stats.models()
     for model_id, waiting in backlog.items():
         models.setdefault(model_id, ModelActivity()).backlog = waiting
+    for model_id in claimed:
+        models.setdefault(model_id, ModelActivity()).claimed = True
     return Heartbeat(
         hostname=hostname,
+        machine=socket.gethostname(),
+        worker_id=worker_id,
         pid=os.getpid(),
         queue=queue,
         started_at=started_at,
@@ -255,6 +279,7 @@ def build_heartbeat(
         backlog=sum(backlog.values()),
         queue_wait=stats.queue_wait(),
         redis_problem=redis_problem,
+        routing=routing,
     )
 
 
@@ -275,7 +300,7 @@ class HeartbeatPublisher:
     Args:
         client: the Redis to publish to.
         key_prefix: the deployment's key prefix.
-        hostname: the worker's node name.
+        worker_id: the worker's id (``hostname:pid``).
         build: makes the heartbeat to publish.
         interval_s: seconds between heartbeats; the key expires after ``TTL_INTERVALS`` of them.
         health: told about each failed and each successful beat.
@@ -285,15 +310,15 @@ class HeartbeatPublisher:
         self,
         client: redis.Redis,
         key_prefix: str | None,
-        hostname: str,
+        worker_id: str,
         build: Callable[[], Heartbeat],
         interval_s: float,
         health: RedisHealth | None = None,
     ) -> None:
         self.client = client
-        self.key = worker_key(key_prefix, hostname)
+        self.key = worker_key(key_prefix, worker_id)
         self.index = workers_index_key(key_prefix)
-        self.hostname = hostname
+        self.worker_id = worker_id
         self.build = build
         self.interval_s = interval_s
         self.health = health
@@ -307,7 +332,7 @@ class HeartbeatPublisher:
         is over ``maxmemory``, when the heartbeat has most to say; ``tasks.broker.connection.WRITE_FIRST_NOTE``)."""
         payload = self.build().model_dump_json()
         now = time.time()
-        self.client.eval(_BEAT, 2, self.key, self.index, payload, self.ttl_ms, self.hostname, now, now - INDEX_FORGET_S)
+        self.client.eval(_BEAT, 2, self.key, self.index, payload, self.ttl_ms, self.worker_id, now, now - INDEX_FORGET_S)
 
     def start(self) -> None:
         if self._thread is None:
@@ -340,7 +365,7 @@ class HeartbeatPublisher:
         try:
             pipe = self.client.pipeline(transaction=False)
             pipe.delete(self.key)
-            pipe.zrem(self.index, self.hostname)
+            pipe.zrem(self.index, self.worker_id)
             pipe.execute()
         except redis.RedisError as err:
             logger.warning("could not delete the heartbeat %s (%s); it expires by itself", self.key, err)

@@ -17,6 +17,7 @@ says otherwise, from a private registry (so nothing else registered in the proce
     swapless_models_loaded                      gauge      models in the cache now
     swapless_model_loaded_bytes{model}          gauge      bytes of each loaded model now
     swapless_backlog_jobs{model}                gauge      jobs held by this worker, waiting for their group
+    swapless_model_claimed{model}               gauge      1 for each model this worker holds a claim on (placement)
 
 Jobs refused before they reach a group (unknown model, malformed payload) count in the heartbeat's
 ``jobs_failed`` but not here, as they have no group.
@@ -44,9 +45,12 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 class _CacheCollector(Collector):
     """Gauges read from the cache and the backlog at scrape time."""
 
-    def __init__(self, manager: ModelManager, backlog: Callable[[], dict[str, int]]) -> None:
+    def __init__(
+        self, manager: ModelManager, backlog: Callable[[], dict[str, int]], claimed: Callable[[], list[str]]
+    ) -> None:
         self.manager = manager
         self.backlog = backlog
+        self.claimed = claimed
 
     def collect(self) -> Iterator[Metric]:
         entries = self.manager.snapshot()
@@ -58,7 +62,10 @@ class _CacheCollector(Collector):
         backlog = GaugeMetricFamily("swapless_backlog_jobs", "Jobs held by this worker, waiting.", labels=["model"])
         for model_id, waiting in self.backlog().items():
             backlog.add_metric([model_id], waiting)
-        yield from (loaded, size, backlog)
+        claimed = GaugeMetricFamily("swapless_model_claimed", "Models this worker holds a claim on.", labels=["model"])
+        for model_id in self.claimed():
+            claimed.add_metric([model_id], 1)
+        yield from (loaded, size, backlog, claimed)
 
 
 class WorkerMetrics:
@@ -67,6 +74,7 @@ class WorkerMetrics:
     Args:
         manager: the worker's cache (read at scrape time).
         backlog: jobs the worker holds per model, waiting (called at scrape time).
+        claimed: the models the worker holds a claim on (called at scrape time).
         registry: where the metrics live; a fresh private registry by default.
     """
 
@@ -75,6 +83,7 @@ class WorkerMetrics:
         manager: ModelManager,
         backlog: Callable[[], dict[str, int]],
         registry: CollectorRegistry | None = None,
+        claimed: Callable[[], list[str]] = list,
     ) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -100,7 +109,7 @@ class WorkerMetrics:
         )
         self.jobs = Counter("swapless_jobs", "Jobs run, by outcome (success, failure).", ["model", "outcome"], registry=r)
         self.errors = Counter("swapless_job_errors", "Failed jobs by error type.", ["model", "error"], registry=r)
-        r.register(_CacheCollector(manager, backlog))
+        r.register(_CacheCollector(manager, backlog, claimed))
 
     def observe(self, report: GroupReport) -> None:
         model = report.model_id

@@ -6,7 +6,6 @@ next ones to be served); beyond that the counts are scaled up from the sample an
 
 from __future__ import annotations
 
-import base64
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ import redis
 import redis.asyncio as aredis
 
 from config.settings import Settings
-from tasks.protocol import PRIORITY_STEPS, queue_key
+from tasks.protocol import PRIORITY_STEPS, message_args, queue_key
 
 __all__ = ["DEFAULT_SAMPLE", "QueueDepth", "aread_queue_depth", "message_jobs", "queue_keys", "read_queue_depth"]
 
@@ -56,23 +55,15 @@ def queue_keys(settings: Settings) -> list[tuple[int, str]]:
 
 
 def message_jobs(raw: bytes | str) -> tuple[str, int] | None:
-    """``(model id, jobs)`` of one queued kombu message (``{"body": base64 of [args, kwargs, embed], ...}``).
-
-    A job message is ``[model_id, input]`` (one job); a chunk message ``[model_id, [input, ...]]`` (one job per
-    input). None when the message cannot be read.
-    """
+    """``(model id, jobs)`` of one queued kombu message: one job for ``[model_id, input]``, one per input for a
+    chunk ``[model_id, [input, ...]]``. None when the message cannot be read."""
     try:
-        envelope = json.loads(raw)
-        body = envelope["body"]
-        if envelope.get("properties", {}).get("body_encoding") == "base64":
-            body = base64.b64decode(body)
-        args = json.loads(body)[0]
-        model_id, value = args[0], args[1]
-    except (ValueError, KeyError, IndexError, TypeError):
+        args = message_args(json.loads(raw))
+    except ValueError:
         return None
-    if not isinstance(model_id, str):
+    if args is None or not isinstance(args[0], str):
         return None
-    return model_id, len(value) if isinstance(value, list) else 1
+    return args[0], len(args[1]) if isinstance(args[1], list) else 1
 
 
 def _depth(

@@ -11,7 +11,9 @@ from rich.text import Text
 from manager.describe import format_bytes
 from tasks.observe.heartbeat import Heartbeat
 from tasks.observe.memory import RedisMemory
+from tasks.observe.placement import ModelPlacement
 from tasks.observe.queue import QueueDepth
+from tasks.protocol import is_urgent
 
 __all__ = ["render_status"]
 
@@ -29,8 +31,30 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def render_placement(places: list[ModelPlacement], workers: list[Heartbeat], now: float) -> RenderableType:
+    """Each model across the workers: its jobs waiting in its own lists (exact), held, and who holds it."""
+    names = {beat.worker_id: f"{beat.hostname} (pid {beat.pid})" for beat in workers}
+    active = [p for p in places if p.waiting or p.held or p.holders]
+    header = Text(
+        f"models across workers: {sum(p.waiting for p in active)} messages waiting in their lists, "
+        f"{sum(p.held for p in active)} held by workers", style="bold",
+    )
+    if not active:
+        return header
+    table = Table()
+    for name, justify in [("model", "left"), ("waiting (exact)", "right"), ("interactive", "right"),
+                          ("bulk", "right"), ("held", "right"), ("copies", "right"), ("held by (claim)", "left")]:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for p in active:
+        holders = ", ".join(f"{names.get(w, w)} ({max(0.0, until - now):.0f}s)" for w, until in p.holders) or "-"
+        interactive = sum(n for level, n in p.queued.items() if is_urgent(level))
+        table.add_row(p.model_id, str(p.waiting), str(interactive), str(p.waiting - interactive), str(p.held),
+                      str(len(p.holders)), holders)
+    return Group(header, table)
+
+
 def render_queue(depth: QueueDepth, workers: list[Heartbeat]) -> RenderableType:
-    """The queue: jobs waiting in Redis and jobs already held by workers, per model."""
+    """The queue's shared lists: jobs waiting in Redis and jobs already held by workers, per model."""
     levels = ", ".join(f"priority {p}: {n}" for p, n in depth.by_priority.items() if n) or "empty"
     held: dict[str, int] = {}
     for beat in workers:
@@ -39,7 +63,7 @@ def render_queue(depth: QueueDepth, workers: list[Heartbeat]) -> RenderableType:
         for model_id, activity in beat.models.items():
             if activity.backlog:
                 held[model_id] = held.get(model_id, 0) + activity.backlog
-    header = Text(f"queue {depth.queue}: {depth.total} messages waiting in Redis ({levels})", style="bold")
+    header = Text(f"queue {depth.queue}, shared lists: {depth.total} messages waiting in Redis ({levels})", style="bold")
     if not depth.total and not held:
         return header
     table = Table()
@@ -103,6 +127,8 @@ def render_worker(beat: Heartbeat, now: float) -> RenderableType:
         state = "-" if entry is None else ("running" if entry.busy else "loaded")
         if entry is not None and entry.remote:
             state += " (remote)"
+        if activity is not None and activity.claimed:
+            state += ", claimed"
         mean_load = activity.load_s_total / activity.loads if activity and activity.loads else None
         table.add_row(
             model_id,
@@ -138,11 +164,18 @@ def render_memory(memory: RedisMemory) -> RenderableType:
 
 
 def render_status(
-    depth: QueueDepth, workers: list[Heartbeat], now: float | None = None, memory: RedisMemory | None = None
+    depth: QueueDepth,
+    workers: list[Heartbeat],
+    now: float | None = None,
+    memory: RedisMemory | None = None,
+    places: list[ModelPlacement] | None = None,
 ) -> RenderableType:
-    """The whole status: Redis's memory, the queue, then each live worker (or a line saying there is none)."""
+    """The whole status: Redis's memory, each model across the workers, the queue's shared lists, then each live
+    worker (or a line saying there is none)."""
     now = time.time() if now is None else now
     parts: list[RenderableType] = [render_memory(memory)] if memory is not None else []
+    if places is not None:
+        parts += [render_placement(places, workers, now)]
     parts += [render_queue(depth, workers), Text("")]
     if not workers:
         parts.append(Text("no live workers: no heartbeat in Redis (is `swapless worker` running on this queue?)"))

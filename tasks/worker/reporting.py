@@ -9,6 +9,7 @@ both and deletes the heartbeat. The parts themselves live in ``tasks.observe``.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -38,6 +39,8 @@ class WorkerReporting:
         runtime: the worker's runtime (settings and cache).
         hostname: the worker's node name (default ``celery@<host>``).
 
+    ``worker_id`` (``hostname:pid``) names it in Redis: its heartbeat, its claims, the jobs it holds.
+
     Raises:
         SwaplessError: ``metrics_port`` is set and ``prometheus-client`` is missing, or the port cannot be opened
             (``MetricsUnavailable``): the worker stops, as on a bad models file.
@@ -46,6 +49,9 @@ class WorkerReporting:
     def __init__(self, runtime: Runtime, hostname: str | None = None) -> None:
         self.runtime = runtime
         self.hostname = hostname or f"celery@{socket.gethostname()}"
+        self.worker_id = f"{self.hostname}:{os.getpid()}"
+        #: the models this worker claimed (placement; set by the worker's start-up)
+        self.claimed: Callable[[], list[str]] = list
         self.stats = WorkerStats()
         self._scheduler: BatchScheduler | None = None
         self._stop_metrics: Callable[[], None] | None = None
@@ -69,7 +75,7 @@ class WorkerReporting:
             )
         except ImportError as err:
             raise MetricsUnavailable(host, port, f"{err.name} is not installed: pip install prometheus-client") from None
-        metrics = WorkerMetrics(self.runtime.manager, self._backlog)
+        metrics = WorkerMetrics(self.runtime.manager, self._backlog, claimed=lambda: self.claimed())
         self._stop_metrics = metrics.serve(host, port)
         logger.info("metrics on http://%s:%d/metrics", host, port)
         return metrics.observe
@@ -93,6 +99,7 @@ class WorkerReporting:
                 problem = refusing_writes(self._publisher.client)
             return build_heartbeat(
                 hostname=self.hostname,
+                worker_id=self.worker_id,
                 queue=settings.queue,
                 started_at=started_at,
                 interval_s=settings.heartbeat_interval_s,
@@ -102,12 +109,14 @@ class WorkerReporting:
                 jobs_done=scheduler.jobs_done,
                 jobs_failed=scheduler.jobs_failed,
                 redis_problem=problem,
+                routing=settings.routing,
+                claimed=self.claimed(),
             )
 
         self._publisher = HeartbeatPublisher(
             redis_client(settings.broker_url, connect_timeout_s=5, socket_timeout_s=5),
             settings.key_prefix,
-            self.hostname,
+            self.worker_id,
             build,
             settings.heartbeat_interval_s,
             worker_health,

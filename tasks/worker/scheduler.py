@@ -3,8 +3,8 @@
 The consumer thread hands every request to ``submit``; the scheduler thread takes the next group the moment it
 is idle (``Backlog.next_group``: loaded models first, then the cold model with the most waiting work per second
 of load, a starved job first), runs it through the model cache, stores each job's result in one pipeline and acks
-the messages in bulk. Jobs that were in flight when a worker died run alone; at ``SWAPLESS_MAX_ATTEMPTS`` deaths a
-job fails as a poison job. Nothing is acked before its result is stored.
+the messages in bulk. Jobs that were in flight when a worker died run again together, at a second death alone; at
+``SWAPLESS_MAX_ATTEMPTS`` deaths a job fails as a poison job. Nothing is acked before its result is stored.
 """
 
 from __future__ import annotations
@@ -114,6 +114,19 @@ class BatchScheduler:
             self._cond.notify()
         self.start()
 
+    def hand_over(self, model_id: str) -> int:
+        """Give back the waiting jobs of a model this worker no longer holds (placement moved it to another worker):
+        they leave the backlog and their messages go back to the head of the model's list. Items of chunks stay
+        (their chunk's other items may be done); the group running now finishes. Returns how many went back."""
+        with self._cond:
+            jobs = self.backlog.take_model(model_id, keep=lambda job: job.id not in self._requests)
+            requests = [self._requests.pop(job.id) for job in jobs]
+            requests += [dup for job in jobs for dup in self._duplicates.pop(job.id, [])]
+        if requests:
+            self.acks.requeue(requests)
+            logger.info("handed %d waiting job(s) of %s over to the worker that holds it now", len(jobs), model_id)
+        return len(jobs)
+
     def backlog_counts(self) -> dict[str, int]:
         """Jobs waiting in the backlog per model (safe from any thread)."""
         with self._cond:
@@ -219,11 +232,18 @@ class BatchScheduler:
         if poison:
             logger.error("%d job(s) of %s were in flight at %d worker deaths each: failing them", len(poison), model_id, max_attempts)
             self._complete(results, model_id, [Outcome(job, error=PoisonJob(model_id, attempts[job.id])) for job in poison])
-        # Jobs that were in flight when a worker died run alone, so that one poison input cannot take others down.
-        suspects = [job for job in group if 0 < attempts.get(job.id, 0) < max_attempts and job.id not in done_before]
-        rest = [job for job in group if job.id not in attempts and job.id not in done_before]
-        for job in suspects:
+        # Jobs that were in flight when a worker died are run again together (a worker dies for many reasons: a
+        # whole batch re-run one job at a time would cost its model many passes); in flight at a second death, they
+        # run alone, so that one poison input cannot take others down with it again. The last attempt before
+        # SWAPLESS_MAX_ATTEMPTS is always alone.
+        unfinished = [job for job in group if 0 < attempts.get(job.id, 0) < max_attempts and job.id not in done_before]
+        together = [job for job in unfinished if attempts[job.id] == 1 and max_attempts > 2]
+        alone = [job for job in unfinished if job not in together]
+        if together:
+            self._complete(results, model_id, self._run_batch(results, model_id, together))
+        for job in alone:
             self._complete(results, model_id, self._run_batch(results, model_id, [job]))
+        rest = [job for job in group if job.id not in attempts and job.id not in done_before]
         if rest:
             self._complete(results, model_id, self._run_sliced(results, model_id, rest))
 

@@ -41,11 +41,13 @@ from manager.warmup import warm_start
 from tasks.app import make_app
 from tasks.broker.acks import AckQueue, refresh_visibility
 from tasks.broker.connection import worker_health
+from tasks.broker.transport import use_affinity
 from tasks.broker.results import ResultStore
 from tasks.protocol import CHUNK_TASK, PREDICT_TASK
 from tasks.worker.chunks import ChunkAssembler
+from tasks.worker.placement import Placement
 from tasks.worker.reporting import WorkerReporting
-from tasks.worker.runtime import get_runtime, reset_runtime
+from tasks.worker.runtime import Runtime, get_runtime, reset_runtime
 from tasks.worker.scheduler import BatchScheduler, job_from_request
 
 __all__ = ["SwaplessBatches", "app", "predict", "predict_chunk", "run_now"]
@@ -163,6 +165,7 @@ class FinishInHand(bootsteps.StartStopStep):
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def shutdown(self, parent: Any) -> None:
+        _stop_placement()  # other workers take this worker's models over while it finishes the group in hand
         scheduler = _worker_scheduler()
         if scheduler is not None:
             scheduler.stop(timeout_s=get_settings().visibility_timeout_s)
@@ -235,6 +238,29 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     )
     app.tasks[PREDICT_TASK].scheduler = scheduler
     _reporting.start(scheduler)
+    if runtime.settings.routing == "placement":
+        _start_placement(runtime, _reporting, scheduler)
+
+
+_placement: Placement | None = None
+
+
+def _start_placement(runtime: Runtime, reporting: WorkerReporting, scheduler: BatchScheduler) -> None:
+    global _placement
+    _placement = Placement(runtime, reporting.worker_id, activity=reporting.stats.models,
+                           on_release=scheduler.hand_over)
+    reporting.claimed = _placement.claimed
+    use_affinity(_placement)
+    _placement.start()
+    logger.info("placement: %s claims models of queue %s with the other workers", reporting.worker_id,
+                runtime.settings.queue)
+
+
+def _stop_placement() -> None:
+    global _placement
+    placement, _placement = _placement, None
+    if placement is not None:
+        placement.stop()
 
 
 @signals.celeryd_after_setup.connect
@@ -264,6 +290,7 @@ def _on_worker_shutdown(sender: Any = None, **_: Any) -> None:
     scheduler = _worker_scheduler()
     if scheduler is not None:
         scheduler.stop()
+    _stop_placement()
     if _reporting is not None:
         _reporting.stop()
         _reporting = None

@@ -1,0 +1,73 @@
+"""A simulated framework for the scale-out benchmark: models whose load and forward pass *sleep* like a GPU's.
+
+Registered as framework ``simulated`` when a worker imports it (``SWAPLESS_PLUGINS=bench.simulated``). A model's
+``name`` gives its costs, in seconds: ``load=2.0,batch=0.02,item=0.001`` loads in 2 s, and a forward pass of n
+inputs takes 0.02 + 0.001 n s. Sleeping uses no CPU, as a GPU's work does not, so how the queue scales with the
+number of workers can be measured on a 2-core machine. Every input succeeds with one label.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from manager.errors import ConfigError
+from manager.worker import ModelWorker
+
+__all__ = ["SimulatedWorker", "costs", "simulated_entry"]
+
+#: The bytes a loaded simulated model reports (a small GPU model's).
+MEMORY_BYTES = 500 * 1024 * 1024
+
+
+def costs(name: str) -> dict[str, float]:
+    """``{"load": s, "batch": s, "item": s}`` from a model name such as ``load=2.0,batch=0.02,item=0.001``.
+
+    Raises:
+        ConfigError: the name is not of that form.
+    """
+    found = {"load": 1.0, "batch": 0.01, "item": 0.001}
+    for part in filter(None, name.split(",")):
+        key, sep, value = part.partition("=")
+        try:
+            if not sep or key not in found:
+                raise ValueError(part)
+            found[key] = float(value)
+        except ValueError:
+            raise ConfigError(f"simulated model {name!r}", "write its costs as load=S,batch=S,item=S") from None
+    return found
+
+
+def simulated_entry(model_id: str, load_s: float, batch_s: float, item_s: float) -> dict[str, Any]:
+    """A models-file entry for a simulated model."""
+    return {
+        "id": model_id,
+        "name": f"load={load_s:g},batch={batch_s:g},item={item_s:g}",
+        "type": "text",
+        "framework": "simulated",
+        "description": "simulated GPU model (sleeps)",
+        "max_batch_size": 64,
+    }
+
+
+class SimulatedWorker(ModelWorker, framework="simulated"):
+    """Sleeps for its load and for each forward pass (see the module docstring)."""
+
+    def load(self) -> None:
+        time.sleep(costs(self.spec.name)["load"])
+        self.memory_bytes = MEMORY_BYTES
+
+    def prepare(self, value: Any) -> Any:
+        return self.prepare_text(value)
+
+    def predict(self, batch: Sequence[Any]) -> list[Any]:
+        cost = costs(self.spec.name)
+        out: list[Any] = []
+        for chunk in self.batched(batch):
+            time.sleep(cost["batch"] + cost["item"] * len(chunk))
+            out.extend([{"label": "ok", "score": 1.0}] for _ in chunk)
+        return out
+
+    def unload(self) -> None:
+        self.memory_bytes = 0

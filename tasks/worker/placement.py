@@ -1,0 +1,260 @@
+"""This worker's part in placement: it claims models, renews and releases its claims, and puts a dead worker's
+jobs back, so that several workers on one Redis act as one model cache.
+
+A daemon thread, ``swapless-placement``, every ``SWAPLESS_PLACEMENT_INTERVAL_S``:
+
+- reads where every model stands (``tasks.observe.placement``: its lists, its held jobs, its holders) and the
+  live workers (their heartbeats), and runs the pure policy (``manager.placement.plan``) for this worker;
+- claims what the plan gives it (``CLAIM``: atomic, so a cold model is claimed by one worker however many see its
+  jobs) and releases what it takes away;
+- renews its claims' leases (``RENEW``; a lease lasts ``TTL_INTERVALS`` heartbeats, so a worker that dies loses
+  its claims as its heartbeat expires); a claim found lapsed is dropped;
+- once a second, puts back the held jobs of workers whose heartbeat has expired, and any not refreshed for the
+  visibility timeout (``RECOVER``), for every model.
+
+The transport fetches from the models ``claimed()`` returns (``tasks.broker.placed``). On a warm shutdown the
+claims are released first, so that other workers take the models over at once; the jobs still held come back when
+the channel closes (``restore_unacked``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import redis
+
+from manager.cache import DEFAULT_LOAD_COST_S
+from manager.placement import Demand, WorkerView, plan
+from tasks.broker.affinity import CLAIM, RECOVER, RELEASE, RENEW, ModelKeys
+from tasks.broker.connection import redis_client, worker_health
+from tasks.observe.heartbeat import TTL_INTERVALS, Heartbeat, ModelActivity, read_heartbeats
+from tasks.observe.placement import ModelPlacement, read_placement
+from tasks.protocol import message_args
+from tasks.worker.runtime import Runtime
+
+__all__ = ["Placement"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds per job assumed for a model no worker has run yet.
+DEFAULT_JOB_S = 0.01
+#: Seconds between two recovery sweeps.
+RECOVER_EVERY_S = 1.0
+
+
+def _gone_from_this_machine(beat: Heartbeat) -> bool:
+    """A worker of this machine whose process has exited, though its heartbeat has not expired yet (a worker that
+    crashed and was restarted by its supervisor): its jobs need not wait for the heartbeat's TTL."""
+    if beat.machine != socket.gethostname() or beat.pid == os.getpid():
+        return False
+    try:
+        os.kill(beat.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    return False
+
+
+class Placement:
+    """This worker's claims and the thread that keeps them (see the module docstring); the transport's ``Affinity``.
+
+    Args:
+        runtime: the worker's runtime (settings, registry, cache).
+        worker_id: this worker's id (``hostname:pid``), as its heartbeat names it.
+        activity: what this worker did per model so far (its heartbeat's; idle times, costs per job).
+        on_release: told of each model whose claim this worker gave up (it hands the model's waiting jobs over).
+        client: the Redis to read and claim in (default: one from the settings).
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        worker_id: str,
+        activity: Callable[[], Mapping[str, ModelActivity]] = dict,
+        on_release: Callable[[str], Any] = lambda model_id: None,
+        client: redis.Redis | None = None,
+    ) -> None:
+        s = runtime.settings
+        self.runtime = runtime
+        self.worker_id = worker_id
+        self.per_model_limit = s.prefetch_per_model
+        self.activity = activity
+        self.on_release = on_release
+        self.client = client or redis_client(s.broker_url, connect_timeout_s=5, socket_timeout_s=10)
+        self.lease_ms = int(s.heartbeat_interval_s * TTL_INTERVALS * 1000)
+        self._claimed: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_recover = 0.0
+        self._failing = False
+
+    # -- what the transport asks ---------------------------------------------------------------------------
+
+    def claimed(self) -> list[str]:
+        """The models this worker fetches from now."""
+        with self._lock:
+            return list(self._claimed)
+
+    def route(self, payload: dict[str, Any]) -> str | None:
+        """The model of a shared-queue message, as its lists are named (an alias resolved); None: not a model here."""
+        args = message_args(payload)
+        if args is None or not isinstance(args[0], str):
+            return None
+        try:
+            return self.runtime.store.get(args[0]).id
+        except KeyError:
+            return None
+
+    # -- the thread ----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="swapless-placement", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop placing and release every claim, so that other workers take this worker's models at once."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        with self._lock:
+            claimed, self._claimed = self._claimed, []
+        now_ms = int(time.time() * 1000)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for model_id in claimed:
+                pipe.eval(RELEASE, 1, self._keys(model_id).holders, self.worker_id, now_ms, 0)
+            pipe.execute()
+        except redis.RedisError as err:
+            logger.warning("could not release %d claim(s) (%s); they lapse by themselves", len(claimed), err)
+        if claimed:
+            logger.info("released the claims on %s", ", ".join(claimed))
+
+    def _run(self) -> None:
+        interval = self.runtime.settings.placement_interval_s
+        while not self._stop.is_set():
+            try:
+                self.tick()
+                if self._failing:
+                    logger.info("placement works again")
+                self._failing = False
+            except Exception as err:  # noqa: BLE001 - keep placing through a Redis outage
+                worker_health.failed(err, "placing models")
+                if not self._failing:
+                    logger.warning("placement failed (%s); retrying every %.1f s", err, interval, exc_info=True)
+                self._failing = True
+            self._stop.wait(interval)
+
+    # -- one round -----------------------------------------------------------------------------------------
+
+    def _keys(self, model_id: str) -> ModelKeys:
+        s = self.runtime.settings
+        return ModelKeys(s.queue, model_id, s.key_prefix)
+
+    def tick(self) -> None:
+        """One round: read, plan, claim and release, renew; recover now and then."""
+        s = self.runtime.settings
+        models = self.runtime.store.ids()
+        places = read_placement(self.client, s.queue, s.key_prefix, models)
+        beats = [beat for beat in read_heartbeats(self.client, s.key_prefix) if beat.queue == s.queue]
+        gone = {beat.worker_id for beat in beats if _gone_from_this_machine(beat)}
+        beats = [beat for beat in beats if beat.worker_id not in gone]
+        live = {beat.worker_id for beat in beats} | {self.worker_id}
+        dead = sorted({h for p in places for h in p.holder_ids if h not in live})
+        workers = self._workers(beats)
+        moves = plan(
+            self.worker_id,
+            workers,
+            self._demand(places, beats, live),
+            copy_backlog_s=s.copy_backlog_s,
+            max_copies=s.max_copies,
+            copy_idle_s=s.copy_idle_s,
+        )
+        now_ms = int(time.time() * 1000)
+        held_now = [p.model_id for p in places if self.worker_id in p.holder_ids]
+        pipe = self.client.pipeline(transaction=False)
+        for model_id, most in moves.claim:
+            pipe.eval(CLAIM, 1, self._keys(model_id).holders, self.worker_id, now_ms, self.lease_ms, most, *dead)
+        leaving = [*moves.release, *moves.drop]
+        for model_id in leaving:
+            keep_last = "1" if model_id in moves.drop else "0"
+            pipe.eval(RELEASE, 1, self._keys(model_id).holders, self.worker_id, now_ms, keep_last)
+        renewing = [m for m in held_now if m not in leaving]
+        for model_id in renewing:
+            pipe.eval(RENEW, 1, self._keys(model_id).holders, self.worker_id, now_ms, self.lease_ms)
+        replies = pipe.execute()
+        claims = replies[: len(moves.claim)]
+        left = replies[len(moves.claim) : len(moves.claim) + len(leaving)]
+        renewed = replies[len(moves.claim) + len(leaving) :]
+        held = {m for m, ok in zip(renewing, renewed, strict=True) if ok}
+        held |= {m for (m, _), ok in zip(moves.claim, claims, strict=True) if ok}
+        held |= {m for m, ok in zip(leaving, left, strict=True) if not ok and m in held_now}  # the last copy stays
+        with self._lock:
+            before = set(self._claimed)
+            self._claimed = [m for m in models if m in held]
+        for model_id in before - held:
+            self.on_release(model_id)
+        if held != before:
+            logger.info("claims now: %s (took %s, gave up %s)", ", ".join(sorted(held)) or "none",
+                        ", ".join(sorted(held - before)) or "-", ", ".join(sorted(before - held)) or "-")
+        if time.monotonic() - self._last_recover >= RECOVER_EVERY_S:
+            self._last_recover = time.monotonic()
+            self.recover(models, live)
+
+    def recover(self, models: list[str], live: set[str]) -> int:
+        """Put back every held job of a worker not in ``live``, and every one not refreshed for the visibility
+        timeout; returns how many came back."""
+        stale_before = time.time() - self.runtime.settings.visibility_timeout_s
+        pipe = self.client.pipeline(transaction=False)
+        for model_id in models:
+            pipe.eval(RECOVER, 7, *self._keys(model_id).queue_and_records, repr(stale_before), *sorted(live))
+        restored = sum(int(n) for n in pipe.execute())
+        if restored:
+            logger.warning("put %d job(s) of dead or silent workers back on their models' lists", restored)
+        return restored
+
+    def _workers(self, beats: list[Heartbeat]) -> list[WorkerView]:
+        now = time.time()
+        views = {}
+        for beat in beats:
+            if not beat.worker_id or beat.routing != "placement":
+                continue
+            idle = {m: now - a.last_run_at for m, a in beat.models.items() if a.last_run_at is not None}
+            views[beat.worker_id] = WorkerView(beat.worker_id, beat.cache.max_models,
+                                               frozenset(e.model_id for e in beat.loaded), idle)
+        manager = self.runtime.manager  # this worker's own view, fresher than its last heartbeat
+        idle = {m: now - a.last_run_at for m, a in self.activity().items() if a.last_run_at is not None}
+        views[self.worker_id] = WorkerView(self.worker_id, manager.max_models, frozenset(manager.loaded_ids()), idle)
+        return list(views.values())
+
+    def _demand(self, places: list[ModelPlacement], beats: list[Heartbeat], live: set[str]) -> list[Demand]:
+        run_s: dict[str, float] = {}
+        jobs: dict[str, int] = {}
+        load_s: dict[str, float] = {}
+        loads: dict[str, int] = {}
+        others = [beat.models for beat in beats if beat.worker_id != self.worker_id]
+        for activities in [*others, self.activity()]:
+            for model_id, a in activities.items():
+                run_s[model_id] = run_s.get(model_id, 0.0) + a.run_s_total
+                jobs[model_id] = jobs.get(model_id, 0) + a.jobs_done + a.jobs_failed
+                load_s[model_id] = load_s.get(model_id, 0.0) + a.load_s_total
+                loads[model_id] = loads.get(model_id, 0) + a.loads
+        demand = []
+        for p in places:
+            holders = tuple(h for h in p.holder_ids if h in live)  # a dead worker's claims are void already
+            if not (p.waiting or p.held or holders):
+                continue
+            job_s = run_s[p.model_id] / jobs[p.model_id] if jobs.get(p.model_id) else DEFAULT_JOB_S
+            load = load_s[p.model_id] / loads[p.model_id] if loads.get(p.model_id) else DEFAULT_LOAD_COST_S
+            demand.append(Demand(p.model_id, p.waiting, p.held, job_s if math.isfinite(job_s) else DEFAULT_JOB_S,
+                                 holders, load))
+        return demand

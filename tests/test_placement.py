@@ -1,0 +1,97 @@
+"""The placement policy (manager.placement): pure code over plain data, no Redis, no workers."""
+
+from __future__ import annotations
+
+from manager.placement import Demand, Moves, WorkerView, plan
+
+
+def _workers(*ids: str, slots: int = 2, **loaded: set[str]) -> list[WorkerView]:
+    return [WorkerView(w, slots, frozenset(loaded.get(w, set()))) for w in ids]
+
+
+def _everyone(workers: list[WorkerView], demand: list[Demand], **options: float) -> dict[str, Moves]:
+    return {w.worker_id: plan(w.worker_id, workers, demand, **options) for w in workers}  # type: ignore[arg-type]
+
+
+def test_cold_models_spread_over_free_slots_and_each_goes_to_one_worker() -> None:
+    workers = _workers("a", "b", "c")
+    demand = [Demand(f"m{i}", queued=10) for i in range(6)]
+    moves = _everyone(workers, demand)
+    claimed = [m for mv in moves.values() for m, _ in mv.claim]
+    assert sorted(claimed) == [f"m{i}" for i in range(6)]  # each model once: no herd
+    assert all(len(mv.claim) == 2 for mv in moves.values())  # two slots each, all used
+    assert all(most == 1 for mv in moves.values() for _, most in mv.claim)  # a cold claim admits one holder
+
+
+def test_every_worker_computes_the_same_plan() -> None:
+    workers = _workers("a", "b")
+    demand = [Demand("x", queued=3), Demand("y", queued=30), Demand("z", queued=1)]
+    first = _everyone(workers, demand)
+    again = _everyone(list(reversed(workers)), list(reversed(demand)))
+    assert first == again
+
+
+def test_a_lone_worker_claims_everything_and_swaps_in_its_own_cache() -> None:
+    workers = _workers("solo")
+    demand = [Demand(f"m{i}", queued=5) for i in range(5)]
+    assert sorted(m for m, _ in plan("solo", workers, demand).claim) == [f"m{i}" for i in range(5)]
+
+
+def test_with_no_free_slot_the_worker_whose_victim_idled_longest_takes_the_model() -> None:
+    workers = [
+        WorkerView("a", 1, idle_s={"old": 100.0}),
+        WorkerView("b", 1, idle_s={"recent": 5.0}),
+    ]
+    demand = [Demand("old", holders=("a",)), Demand("recent", holders=("b",)), Demand("new", queued=10)]
+    assert plan("a", workers, demand) == Moves(claim=(("new", 1),), release=("old",))
+    assert plan("b", workers, demand) == Moves()
+
+
+def test_a_model_with_waiting_work_is_never_evicted_for_another() -> None:
+    workers = _workers("a", "b", slots=1)
+    demand = [Demand("busy-a", queued=50, holders=("a",)), Demand("busy-b", queued=50, holders=("b",)),
+              Demand("new", queued=10)]
+    moves = _everyone(workers, demand)
+    assert not any(mv.release for mv in moves.values())
+    assert sum(1 for mv in moves.values() for m, _ in mv.claim if m == "new") == 1  # the least busy swaps locally
+
+
+def test_a_hot_model_gets_one_more_copy_on_a_free_worker() -> None:
+    workers = _workers("a", "b", "c")
+    demand = [Demand("hot", queued=2000, job_s=0.01, holders=("a",))]  # 20 s of work for one copy
+    moves = _everyone(workers, demand, copy_backlog_s=2.0)
+    copies = [w for w, mv in moves.items() if ("hot", 2) in mv.claim]
+    assert len(copies) == 1 and copies[0] != "a"  # one copy per round, admitting a second holder only
+
+
+def test_a_model_with_little_work_gets_no_copy() -> None:
+    workers = _workers("a", "b")
+    demand = [Demand("warm", queued=50, job_s=0.01, holders=("a",))]  # 0.5 s of work
+    assert _everyone(workers, demand, copy_backlog_s=2.0) == {"a": Moves(), "b": Moves()}
+
+
+def test_copies_stop_at_max_copies() -> None:
+    workers = _workers("a", "b", "c")
+    demand = [Demand("hot", queued=100_000, job_s=0.01, holders=("a", "b"))]
+    assert all(not mv.claim for mv in _everyone(workers, demand, max_copies=2).values())
+
+
+def test_an_idle_extra_copy_is_dropped_and_the_first_holder_keeps_the_last() -> None:
+    workers = [WorkerView("a", 2, idle_s={"m": 60.0}), WorkerView("b", 2, idle_s={"m": 60.0})]
+    demand = [Demand("m", holders=("a", "b"))]
+    assert plan("a", workers, demand, copy_idle_s=10.0) == Moves()
+    assert plan("b", workers, demand, copy_idle_s=10.0) == Moves(drop=("m",))
+    busy = [Demand("m", queued=3, holders=("a", "b"))]
+    assert plan("b", workers, busy, copy_idle_s=10.0) == Moves()
+
+
+def test_an_overloaded_worker_hands_a_model_it_has_not_loaded_to_a_joining_worker() -> None:
+    workers = [WorkerView("old", 2, frozenset({"m1", "m3"})), WorkerView("new", 2)]
+    demand = [Demand(m, queued=5, held=3, holders=("old",)) for m in ("m0", "m1", "m2", "m3")]
+    moves = plan("old", workers, demand)
+    assert len(moves.release) == 1 and moves.release[0] in {"m0", "m2"}  # never one it has loaded
+    assert plan("new", workers, demand) == Moves()  # it claims the model once it is free
+
+
+def test_a_worker_missing_from_the_live_list_plans_nothing() -> None:
+    assert plan("ghost", _workers("a"), [Demand("m", queued=1)]) == Moves()
