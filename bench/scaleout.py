@@ -199,7 +199,8 @@ def _failover(cluster: Cluster, jobs: list[tuple[str, str]]) -> Result:
         # the dead worker (w0) holds no claim and no job any more
         for model_id in SIM_MODELS:
             keys = ModelKeys(cluster.prefix + "jobs", model_id, cluster.prefix)
-            holders = [h.decode() for h in cluster.redis.zrange(keys.holders, 0, -1)]
+            now_ms = int(time.time() * 1000)  # leases still running: a lapsed one waits in the set for a script
+            holders = [h.decode() for h in cluster.redis.zrangebyscore(keys.holders, now_ms, "+inf")]
             owners = [o.decode() for o in cluster.redis.hvals(keys.part("owner"))]
             if any(x.startswith("w0@bench:") for x in holders + owners):
                 return False

@@ -202,7 +202,7 @@ class Swapless(System):
     producer = "submit_jobs"
 
     def submit(self, jobs: list[tuple[str, str]], priority: str = "interactive") -> list[tuple[float, str]]:
-        from tasks.app import PREDICT_TASK, PRIORITY_BULK, PRIORITY_INTERACTIVE
+        from tasks.protocol import PREDICT_TASK, PRIORITY_BULK, PRIORITY_INTERACTIVE
 
         if self.producer == "submit_jobs":
             at = time.time()  # every job counts from before the first message was built

@@ -15,13 +15,15 @@ The rules, in order:
    reload on top (it will swap models in its own cache, as one worker alone does). Ties go to the victim idle
    longest, then to fewer claims.
 2. **Hot models** get one more copy per plan when their waiting work per copy passes ``copy_backlog_s``, on a
-   worker with a free slot or an idle victim (never by crowding out a model that has work).
+   worker with a free slot or an idle victim, never by crowding out a model with work: rule 1 already gave the hot
+   model's worker less of the rest, and a copy that makes another worker swap costs more than it saves.
 3. **Idle copies** are dropped: a worker holding a copy of a model that has had no work for ``copy_idle_s``, with
    another copy elsewhere, releases it; the holder first by id keeps the last copy, so the model stays warm until
    its slot is needed.
-4. **Joining and idle workers** take a share: a worker holding more models than it has slots hands one with waiting
-   work that is not loaded in its cache over when another worker has a free slot or an idle victim (the model
-   turns cold and rule 1 places it there; its waiting jobs go back to its lists).
+4. **Joining and idle workers** take a share: a worker holding more models than it has slots hands over one it
+   alone holds, has not loaded, and has waiting work for, when another worker with a free slot or an idle victim
+   would be done with it sooner than it would get to it (the model turns cold and rule 1 places it there; its
+   waiting jobs go back to its lists).
 """
 
 from __future__ import annotations
@@ -82,11 +84,11 @@ class Demand:
 
 @dataclass(frozen=True)
 class Moves:
-    """What one worker should do now: claim these models (each with the most holders the claim may make), release
-    these claims (the model goes to another worker), and drop these extra copies (unless the copy turns out to be
-    the last one: Redis checks that atomically)."""
+    """What one worker should do now: claim these models (each with the most holders the claim may make, and the
+    victim to release once the claim is made, if any), release these claims (the model goes to another worker), and
+    drop these extra copies (unless the copy turns out to be the last one: Redis checks that atomically)."""
 
-    claim: tuple[tuple[str, int], ...] = ()
+    claim: tuple[tuple[str, int, str | None], ...] = ()
     release: tuple[str, ...] = ()
     drop: tuple[str, ...] = ()
 
@@ -140,9 +142,12 @@ class _Board:
             self.claims[to].remove(release)
 
 
-def _choose(board: _Board, model_id: str, exclude: Sequence[str], any_worker: bool) -> tuple[str, str | None] | None:
-    """``(worker, victim it releases or None)`` to take ``model_id``, by rules 1 and 2 (see the module): the worker
-    done soonest with it. With ``any_worker`` off, only a worker with a free slot or a victim may take it."""
+def _choose(
+    board: _Board, model_id: str, exclude: Sequence[str], any_worker: bool
+) -> tuple[str, str | None, float] | None:
+    """``(worker, victim it releases or None, seconds until it would be done with the model)`` to take
+    ``model_id``, by rules 1 and 2 (see the module): the worker done soonest with it. With ``any_worker`` off, only
+    a worker with a free slot or a victim may take it."""
     load_s = board.demand[model_id].load_s if model_id in board.demand else 1.0
     options = []
     for worker_id in board.workers:
@@ -163,7 +168,7 @@ def _choose(board: _Board, model_id: str, exclude: Sequence[str], any_worker: bo
     if not options:
         return None
     best = min(options)
-    return best[4], best[5]
+    return best[4], best[5], best[0]
 
 
 def plan(
@@ -194,16 +199,14 @@ def plan(
     by_model = {d.model_id: d for d in demand}
     board = _Board(workers, by_model)
     copies_cap = min(max_copies or len(workers), len(workers))
-    claim: list[tuple[str, int]] = []
+    claim: list[tuple[str, int, str | None]] = []
     release: list[str] = []
     drop: list[str] = []
 
     def take(model_id: str, worker_id: str, victim: str | None, most_holders: int) -> None:
         board.move(model_id, worker_id, victim)
         if worker_id == me:
-            claim.append((model_id, most_holders))
-            if victim is not None:
-                release.append(victim)
+            claim.append((model_id, most_holders, victim))
 
     cold = sorted((d for d in demand if d.waiting > 0 and not d.holders), key=lambda d: (-d.waiting, d.model_id))
     for d in cold:
@@ -213,7 +216,8 @@ def plan(
 
     hot = sorted((d for d in demand if d.holders), key=lambda d: (-d.backlog_s(len(d.holders)), d.model_id))
     for d in hot:
-        if len(d.holders) >= copies_cap or d.backlog_s(len(d.holders)) <= copy_backlog_s:
+        per_copy_s = d.backlog_s(len(d.holders))
+        if len(d.holders) >= copies_cap or per_copy_s <= copy_backlog_s:
             continue
         chosen = _choose(board, d.model_id, d.holders, any_worker=False)
         if chosen is not None:
@@ -226,14 +230,18 @@ def plan(
         if extra and d.waiting == 0 and idle_s.get(d.model_id, math.inf) > copy_idle_s:
             drop.append(d.model_id)
 
-    others_have_room = any(board.free(w) > 0 or board.victim(w) is not None for w in board.workers if w != me)
-    if others_have_room and board.free(me) < 0:
+    if board.free(me) < 0:
         me_view = board.workers[me]
+        taken = {victim for _, _, victim in claim}
         unloaded = [
             m for m in board.claims[me]
-            if m not in me_view.loaded and m not in release and m not in drop and m in by_model and by_model[m].waiting
+            if m not in me_view.loaded and m not in taken and m not in drop and m in by_model
+            and by_model[m].waiting and by_model[m].holders == (me,)
         ]
-        if unloaded:
-            release.append(min(unloaded, key=lambda m: (-by_model[m].waiting, m)))
+        for m in sorted(unloaded, key=lambda m: (-by_model[m].waiting, m))[:1]:
+            mine_first = board.busy_s(me) - board.cost_s(me, m)  # what comes before it here
+            there = _choose(board, m, (me,), any_worker=False)
+            if there is not None and there[2] < mine_first:
+                release.append(m)
 
-    return Moves(tuple(claim), tuple(dict.fromkeys(release)), tuple(drop))
+    return Moves(tuple(claim), tuple(release), tuple(drop))

@@ -17,10 +17,10 @@ def test_cold_models_spread_over_free_slots_and_each_goes_to_one_worker() -> Non
     workers = _workers("a", "b", "c")
     demand = [Demand(f"m{i}", queued=10) for i in range(6)]
     moves = _everyone(workers, demand)
-    claimed = [m for mv in moves.values() for m, _ in mv.claim]
+    claimed = [m for mv in moves.values() for m, _, _ in mv.claim]
     assert sorted(claimed) == [f"m{i}" for i in range(6)]  # each model once: no herd
     assert all(len(mv.claim) == 2 for mv in moves.values())  # two slots each, all used
-    assert all(most == 1 for mv in moves.values() for _, most in mv.claim)  # a cold claim admits one holder
+    assert all(most == 1 for mv in moves.values() for _, most, _ in mv.claim)  # a cold claim admits one holder
 
 
 def test_every_worker_computes_the_same_plan() -> None:
@@ -34,7 +34,7 @@ def test_every_worker_computes_the_same_plan() -> None:
 def test_a_lone_worker_claims_everything_and_swaps_in_its_own_cache() -> None:
     workers = _workers("solo")
     demand = [Demand(f"m{i}", queued=5) for i in range(5)]
-    assert sorted(m for m, _ in plan("solo", workers, demand).claim) == [f"m{i}" for i in range(5)]
+    assert sorted(m for m, _, _ in plan("solo", workers, demand).claim) == [f"m{i}" for i in range(5)]
 
 
 def test_with_no_free_slot_the_worker_whose_victim_idled_longest_takes_the_model() -> None:
@@ -43,7 +43,7 @@ def test_with_no_free_slot_the_worker_whose_victim_idled_longest_takes_the_model
         WorkerView("b", 1, idle_s={"recent": 5.0}),
     ]
     demand = [Demand("old", holders=("a",)), Demand("recent", holders=("b",)), Demand("new", queued=10)]
-    assert plan("a", workers, demand) == Moves(claim=(("new", 1),), release=("old",))
+    assert plan("a", workers, demand) == Moves(claim=(("new", 1, "old"),))
     assert plan("b", workers, demand) == Moves()
 
 
@@ -53,14 +53,14 @@ def test_a_model_with_waiting_work_is_never_evicted_for_another() -> None:
               Demand("new", queued=10)]
     moves = _everyone(workers, demand)
     assert not any(mv.release for mv in moves.values())
-    assert sum(1 for mv in moves.values() for m, _ in mv.claim if m == "new") == 1  # the least busy swaps locally
+    assert sum(1 for mv in moves.values() for m, _, _ in mv.claim if m == "new") == 1  # the least busy swaps locally
 
 
 def test_a_hot_model_gets_one_more_copy_on_a_free_worker() -> None:
     workers = _workers("a", "b", "c")
     demand = [Demand("hot", queued=2000, job_s=0.01, holders=("a",))]  # 20 s of work for one copy
     moves = _everyone(workers, demand, copy_backlog_s=2.0)
-    copies = [w for w, mv in moves.items() if ("hot", 2) in mv.claim]
+    copies = [w for w, mv in moves.items() if ("hot", 2, None) in mv.claim]
     assert len(copies) == 1 and copies[0] != "a"  # one copy per round, admitting a second holder only
 
 
@@ -95,3 +95,11 @@ def test_an_overloaded_worker_hands_a_model_it_has_not_loaded_to_a_joining_worke
 
 def test_a_worker_missing_from_the_live_list_plans_nothing() -> None:
     assert plan("ghost", _workers("a"), [Demand("m", queued=1)]) == Moves()
+
+
+def test_with_no_room_anywhere_a_hot_model_gets_no_copy_that_would_crowd_out_work() -> None:
+    workers = _workers("a", "b", slots=1)
+    demand = [Demand("hot", queued=2000, job_s=0.01, holders=("a",)), Demand("small", queued=10, holders=("b",))]
+    assert all(not mv.claim for mv in _everyone(workers, demand, copy_backlog_s=2.0).values())
+    idle = [Demand("hot", queued=2000, job_s=0.01, holders=("a",)), Demand("small", holders=("b",))]
+    assert _everyone(workers, idle, copy_backlog_s=2.0)["b"].claim == (("hot", 2, "small"),)  # b's victim goes

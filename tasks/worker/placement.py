@@ -182,9 +182,13 @@ class Placement:
         now_ms = int(time.time() * 1000)
         held_now = [p.model_id for p in places if self.worker_id in p.holder_ids]
         pipe = self.client.pipeline(transaction=False)
-        for model_id, most in moves.claim:
+        for model_id, most, _ in moves.claim:
             pipe.eval(CLAIM, 1, self._keys(model_id).holders, self.worker_id, now_ms, self.lease_ms, most, *dead)
-        leaving = [*moves.release, *moves.drop]
+        claimed = [m for (m, _, _), ok in zip(moves.claim, pipe.execute(), strict=True) if ok]
+        # a victim goes only for a claim that was made: another worker may have been quicker
+        victims = [v for m, _, v in moves.claim if v is not None and m in claimed]
+        leaving = [*moves.release, *victims, *moves.drop]
+        pipe = self.client.pipeline(transaction=False)
         for model_id in leaving:
             keep_last = "1" if model_id in moves.drop else "0"
             pipe.eval(RELEASE, 1, self._keys(model_id).holders, self.worker_id, now_ms, keep_last)
@@ -192,11 +196,8 @@ class Placement:
         for model_id in renewing:
             pipe.eval(RENEW, 1, self._keys(model_id).holders, self.worker_id, now_ms, self.lease_ms)
         replies = pipe.execute()
-        claims = replies[: len(moves.claim)]
-        left = replies[len(moves.claim) : len(moves.claim) + len(leaving)]
-        renewed = replies[len(moves.claim) + len(leaving) :]
-        held = {m for m, ok in zip(renewing, renewed, strict=True) if ok}
-        held |= {m for (m, _), ok in zip(moves.claim, claims, strict=True) if ok}
+        left, renewed = replies[: len(leaving)], replies[len(leaving) :]
+        held = {m for m, ok in zip(renewing, renewed, strict=True) if ok} | set(claimed)
         held |= {m for m, ok in zip(leaving, left, strict=True) if not ok and m in held_now}  # the last copy stays
         with self._lock:
             before = set(self._claimed)
