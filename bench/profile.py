@@ -86,7 +86,7 @@ def main() -> None:
     env = {"SWAPLESS_REDIS_URL": REDIS_URL, "SWAPLESS_KEY_PREFIX": prefix, "SWAPLESS_QUEUE": prefix + "jobs",
            "SWAPLESS_MODELS_FILE": str(models_file), "SWAPLESS_PLUGINS": "bench.simulated", "SWAPLESS_DEVICE": "cpu",
            "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    worker = Process([sys.executable, "-m", "tasks.cli", "worker", "--loglevel", "WARNING"], env,
+    worker = Process([sys.executable, "-m", "tasks.cli", "worker", "--loglevel", "INFO"], env,
                      args.output / "worker.log")
     worker.wait_for("ready.")
     from config.settings import Settings

@@ -17,24 +17,35 @@ are looked at every ``swapless_idle_poll_s``.
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import loads
 
 from tasks.broker.affinity import ACK, FETCH, REFRESH, RESTORE, Affinity, ModelKeys
 from tasks.broker.publish import ModelPush, push_to_models
 from tasks.protocol import placement_bell_key
 
-__all__ = ["PlacedChannel", "PlacedQoS", "current_affinity", "use_affinity"]
+__all__ = ["PlacedChannel", "PlacedQoS", "current_affinity", "current_intake", "use_affinity", "use_intake"]
 
 logger = logging.getLogger(__name__)
 
 _affinity: Affinity | None = None
+_intake: Intake | None = None
+
+
+class Intake(Protocol):
+    """Takes the messages of one fetch round that need no Celery request (``tasks.worker.intake``)."""
+
+    def eligible(self, payload: dict[str, Any]) -> bool:
+        """Whether this message may skip Celery's request machinery."""
+
+    def __call__(self, messages: Sequence[Any]) -> None:
+        """The round's eligible messages, as kombu messages already recorded as delivered."""
 
 
 def use_affinity(affinity: Affinity | None) -> None:
@@ -45,6 +56,16 @@ def use_affinity(affinity: Affinity | None) -> None:
 
 def current_affinity() -> Affinity | None:
     return _affinity
+
+
+def use_intake(intake: Intake | None) -> None:
+    """Hand eligible messages to ``intake`` from now on instead of Celery's consumer (the worker, at start-up)."""
+    global _intake
+    _intake = intake
+
+
+def current_intake() -> Intake | None:
+    return _intake
 
 
 def _by_keys(tags: Iterable[str], held: dict[str, ModelKeys]) -> dict[ModelKeys, list[str]]:
@@ -143,7 +164,7 @@ class PlacedChannel:
 
     def _placed_deliver(self, affinity: Affinity, replies: Sequence[Any], queue: str) -> int:
         """Deliver what one round fetched, route the shared lists' messages; returns how many were delivered."""
-        delivered = 0
+        fetched: list[dict[str, Any]] = []
         shared: list[Any] = []
         for keys, reply in zip(self._plan, replies, strict=True):
             if keys is None:
@@ -157,15 +178,39 @@ class PlacedChannel:
                 self._held[tag] = keys
                 self._held_per_model[keys.model_id] += 1
                 self._recorded.add(tag)
-                self._deliver_one(payload, queue)
-                delivered += 1
+                fetched.append(payload)
         if shared:
-            delivered += self._route(affinity, shared, queue)
-        return delivered
+            fetched += self._route(affinity, shared, queue)
+        self._deliver_all([(payload, queue) for payload in fetched])
+        return len(fetched)
+
+    def _deliver_all(self, messages: Sequence[tuple[dict[str, Any], str]]) -> None:
+        """Deliver one round's ``(payload, queue)`` messages: those the worker's intake takes, in one hand-over; the
+        rest to Celery's consumer. If delivery fails midway, the undelivered rest go back at once."""
+        intake = _intake
+        lean = []
+        delivered = 0
+        try:
+            for payload, queue in messages:
+                if intake is not None and intake.eligible(payload):
+                    message = self.Message(payload, channel=self)  # type: ignore[attr-defined]
+                    self.qos.append(message, message.delivery_tag)  # as kombu's consumer callback does
+                    lean.append(message)
+                else:
+                    self._deliver_one(payload, queue)
+                delivered += 1
+            if lean and intake is not None:
+                intake(lean)
+        except BaseException:
+            for payload, _ in messages[delivered:]:
+                tag = payload["properties"]["delivery_tag"]
+                self._recorded.discard(tag)
+                self.qos.restore_by_tag(tag, leftmost=True)
+            raise
 
     def _payload(self, raw: Any, queue: str) -> dict[str, Any] | None:
         try:
-            payload = loads(bytes_to_str(raw))
+            payload = json.loads(raw)  # a kombu envelope is plain JSON
             if isinstance(payload["properties"]["delivery_tag"], str):
                 return payload  # type: ignore[no-any-return]
         except Exception:  # noqa: BLE001 - not a kombu message at all: nothing to run, ack or answer
@@ -173,11 +218,12 @@ class PlacedChannel:
         logger.error("Dropped a message on queue %r that is not a kombu message: %.200r", queue, raw)
         return None
 
-    def _route(self, affinity: Affinity, raws: Sequence[Any], queue: str) -> int:
-        """Push the shared lists' messages to their models' lists and ack them here; deliver the rest here."""
+    def _route(self, affinity: Affinity, raws: Sequence[Any], queue: str) -> list[dict[str, Any]]:
+        """Push the shared lists' messages to their models' lists and ack them here; returns the rest, to deliver
+        here."""
         pushes: dict[tuple[str, int], list[str]] = {}
         routed: list[str] = []
-        delivered = 0
+        kept: list[dict[str, Any]] = []
         for raw in raws:
             payload = self._payload(raw, queue)
             if payload is None:
@@ -186,8 +232,7 @@ class PlacedChannel:
             model_id = affinity.route(payload)
             if model_id is None:
                 self._recorded.add(tag)
-                self._deliver_one(payload, queue)
-                delivered += 1
+                kept.append(payload)
                 continue
             level = self._level(payload["properties"].get("priority"))
             pushes.setdefault((model_id, level), []).append(bytes_to_str(raw))
@@ -202,7 +247,7 @@ class PlacedChannel:
                     placement_bell=placement_bell_key(queue, self.global_keyprefix),
                 )
                 self._ack_shared(client, routed)
-        return delivered
+        return kept
 
     def _level(self, priority: Any) -> int:
         steps = list(self.priority_steps)

@@ -19,9 +19,11 @@ Every script starts with a write that takes no memory, so that Redis over ``maxm
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timezone
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -98,6 +100,8 @@ class ResultStore:
         self.retry_s = retry_s
         self.health = health
         self.expires_s = int(self.backend.expires or 0) or 365 * 86400
+        # the fast encoding is the backend's only for plain JSON results with no extended fields
+        self._plain_json = self.backend.serializer == "json" and not app.conf.find_value_for_key("extended", "result")
         self._sha: str | None = None
         self._count_sha: str | None = None
 
@@ -154,14 +158,27 @@ class ResultStore:
             # EVALSHA in the pipeline directly: redis-py's Script objects send SCRIPT EXISTS before every pipeline.
             self._sha = self.client.script_load(_SET_FIRST_WINS)
         pipe = self.client.pipeline(transaction=False)
+        done_at = datetime.now(timezone.utc).isoformat()  # one instant for the batch, as Celery's app.now() gives
         for job_id, result, error in items:
             key = self.key(job_id)
-            pipe.evalsha(self._sha, 2, key, self._attempts_key(key), self._encode(job_id, result, error), self.expires_s)
+            value = self._encode(job_id, result, error, done_at)
+            pipe.evalsha(self._sha, 2, key, self._attempts_key(key), value, self.expires_s)
         return [bool(stored) for stored in pipe.execute()]
 
-    def _encode(self, job_id: str, result: Any, error: SwaplessError | None) -> Any:
+    def _encode(self, job_id: str, result: Any, error: SwaplessError | None, done_at: str) -> Any:
         """The backend's encoding of one job's result meta. A result JSON cannot encode (a custom framework
-        returning a set or a numpy float) becomes this job's failure: raising here would strand the whole batch."""
+        returning a set or a numpy float) becomes this job's failure: raising here would strand the whole batch.
+
+        A success is encoded here, with the fields and the JSON Celery's Redis backend writes (its meta builder and
+        serializer cost several times more per job); anything else, and an output plain JSON cannot hold, by the
+        backend itself."""
+        if error is None and self._plain_json:
+            meta = {"status": states.SUCCESS, "result": result, "traceback": None, "children": None,
+                    "date_done": done_at, "task_id": job_id}
+            try:
+                return json.dumps(meta)
+            except (TypeError, ValueError):
+                pass  # a type only kombu's encoder knows (a datetime, a UUID): the backend's way below
         try:
             return self.backend.encode(self._meta(job_id, result, error))
         except EncodeError as err:

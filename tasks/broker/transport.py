@@ -34,14 +34,13 @@ from typing import Any
 from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import loads
 from redis.exceptions import ResponseError
 
 from tasks.broker.acks import ACK_UNACKED
 from tasks.broker.connection import is_refused_write, worker_health
-from tasks.broker.placed import PlacedChannel, PlacedQoS, current_affinity, use_affinity
+from tasks.broker.placed import PlacedChannel, PlacedQoS, current_affinity, use_affinity, use_intake
 
-__all__ = ["FETCH", "Channel", "QoS", "Transport", "broker_connection", "use_affinity"]
+__all__ = ["FETCH", "Channel", "QoS", "Transport", "broker_connection", "use_affinity", "use_intake"]
 
 #: KEYS: unacked hash, unacked index, then the queue lists in the order they are served.
 #: ARGV: most messages to take, the time to stamp (kombu's client clock, as its own ``QoS.append`` uses).
@@ -317,29 +316,16 @@ class Channel(PlacedChannel, kombu_redis.Channel):
             )
 
     def _deliver_fetched(self, reply: list[Any]) -> None:
-        messages = []
+        payloads = []
         for index, raw in zip(reply[::2], reply[1::2]):
             queue = self._fetch_queues[int(index) - 1]
-            try:
-                payload = loads(bytes_to_str(raw))
-                tag = payload["properties"]["delivery_tag"]
-            except Exception:  # noqa: BLE001 - not a kombu message at all: nothing to run, ack or answer
-                logger.error("Dropped a message on queue %r that is not a kombu message: %.200r", queue, raw)
+            payload = self._payload(raw, queue)
+            if payload is None:
                 continue
-            messages.append((queue, payload, tag))
-        for i, (queue, payload, tag) in enumerate(messages):
-            if isinstance(tag, str):
-                self._recorded.add(tag)
-            try:
-                self._queue_cycle.rotate(queue)
-                self.connection._deliver(payload, queue)
-            except BaseException:
-                # the undelivered rest are recorded as unacked: put them back now rather than after the timeout
-                self._recorded.difference_update(t for _, _, t in messages[i:] if isinstance(t, str))
-                for _, _, rest in messages[i + 1 :]:
-                    if isinstance(rest, str):
-                        self.qos.restore_by_tag(rest, leftmost=True)
-                raise
+            self._recorded.add(payload["properties"]["delivery_tag"])
+            self._queue_cycle.rotate(queue)
+            payloads.append((payload, queue))
+        self._deliver_all(payloads)
 
 
 class Transport(kombu_redis.Transport):

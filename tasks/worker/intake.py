@@ -17,6 +17,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kombu.exceptions import DecodeError
+
+from manager.describe import kind
 from tasks.protocol import CHUNK_TASK, PREDICT_TASK, SENT_AT_HEADER
 
 __all__ = ["Intake", "LeanRequest", "eligible"]
@@ -87,32 +90,39 @@ class Intake:
         submit: the scheduler's ``submit``.
         record_sent_at: told each job's send time (queue-wait accounting), when the producer stamped one.
         answer_malformed: answers a message whose body is not a job with its error (and is told which).
-        defer: the consumer's ``call_soon``.
+
+    ``bind`` gives it the consumer's ``call_soon`` at each connection (until then, acks and rejects run at once).
     """
+
+    eligible = staticmethod(eligible)
 
     def __init__(
         self,
         submit: Callable[[Sequence[Any]], None],
         record_sent_at: Callable[[str, float], None],
         answer_malformed: Callable[[Any, Exception], None],
-        defer: Callable[[Callable[[], Any]], Any],
     ) -> None:
         self.submit = submit
         self.record_sent_at = record_sent_at
         self.answer_malformed = answer_malformed
-        self.defer = defer
+        self.defer: Callable[[Callable[[], Any]], Any] = lambda call: call()
+
+    def bind(self, call_soon: Callable[..., Any]) -> None:
+        """Run acks and rejects on this consumer's thread from now on."""
+        self.defer = call_soon
 
     def __call__(self, messages: Sequence[Any]) -> None:
         requests = []
         for message in messages:
             try:
-                args, kwargs, _ = json.loads(message.body)
-                if not isinstance(args, list) or not isinstance(kwargs, dict):
-                    raise ValueError("expected [args, kwargs, embed]")
-            except Exception as err:  # noqa: BLE001 - one malformed message is answered and dropped, alone
-                self.answer_malformed(message, err)
-                self.defer(message.ack)
+                body = json.loads(message.body)
+            except ValueError as err:
+                self._drop(message, DecodeError(str(err)))
                 continue
+            if not (isinstance(body, list) and len(body) == 3 and isinstance(body[0], list) and isinstance(body[1], dict)):
+                self._drop(message, TypeError(f"the body is {kind(body)}, not [args, kwargs, embed]"))
+                continue
+            args, kwargs, _ = body
             request = LeanRequest(message, args, kwargs, self.defer)
             sent_at = request.request_dict.get(SENT_AT_HEADER)
             if isinstance(sent_at, (int, float)):
@@ -120,3 +130,8 @@ class Intake:
             requests.append(request)
         if requests:
             self.submit(requests)
+
+    def _drop(self, message: Any, err: Exception) -> None:
+        """Answer a message that is not a job with its error, and drop it."""
+        self.answer_malformed(message, err)
+        self.defer(message.ack)

@@ -41,10 +41,11 @@ from manager.warmup import warm_start
 from tasks.app import make_app
 from tasks.broker.acks import AckQueue, refresh_visibility
 from tasks.broker.connection import worker_health
-from tasks.broker.transport import use_affinity
+from tasks.broker.transport import use_affinity, use_intake
 from tasks.broker.results import ResultStore
 from tasks.protocol import CHUNK_TASK, PREDICT_TASK
 from tasks.worker.chunks import ChunkAssembler
+from tasks.worker.intake import Intake
 from tasks.worker.placement import Placement
 from tasks.worker.reporting import WorkerReporting
 from tasks.worker.runtime import Runtime, get_runtime, reset_runtime
@@ -83,6 +84,8 @@ class SwaplessBatches(Batches):
         scheduler = _worker_scheduler()
         if scheduler is not None:
             scheduler.acks.bind(consumer.call_soon)
+        if _intake is not None:
+            _intake.bind(consumer.call_soon)
         if self._refresh_tref is not None:
             self._refresh_tref.cancel()
             self._refresh_tref = None
@@ -134,25 +137,30 @@ class SwaplessBatches(Batches):
         self.flush_every = 1 << 30
 
     def _answer_malformed(self, message: Any, err: Exception) -> None:
-        job_id = (getattr(message, "headers", None) or {}).get("id")
-        if not isinstance(job_id, str):
-            return
-        if isinstance(err, ContentDisallowed):
-            problem = f"message refused, nothing in it was decoded: {err}; send JSON"
-        elif isinstance(err, DecodeError):
-            problem = f"message body is not valid JSON ({err})"
-        else:
-            problem = f"malformed job message: expected args [model_id, input] ({type(err).__name__}: {err})"
-        try:
-            ResultStore(self.app, retry_s=5).store([(job_id, None, InputError("?", problem))])
-        except Exception:  # noqa: BLE001 - best effort: the message is dropped either way
-            logger.warning("could not store the error of malformed message %s", job_id, exc_info=True)
+        answer_malformed(message, err)
 
     def flush(self, requests: Collection[Any]) -> None:
         scheduler = _worker_scheduler()
         if scheduler is None:
             raise RuntimeError("no scheduler: the worker's start-up (worker_init) did not run")
         scheduler.submit(requests)
+
+
+def answer_malformed(message: Any, err: Exception) -> None:
+    """Store an ``InputError`` under a message's id when the message is not a job (it is dropped)."""
+    job_id = (getattr(message, "headers", None) or {}).get("id")
+    if not isinstance(job_id, str):
+        return
+    if isinstance(err, ContentDisallowed):
+        problem = f"message refused, nothing in it was decoded: {err}; send JSON"
+    elif isinstance(err, DecodeError):
+        problem = f"message body is not valid JSON ({err})"
+    else:
+        problem = f"malformed job message: expected args [model_id, input] ({type(err).__name__}: {err})"
+    try:
+        ResultStore(app, retry_s=5).store([(job_id, None, InputError("?", problem))])
+    except Exception:  # noqa: BLE001 - best effort: the message is dropped either way
+        logger.warning("could not store the error of malformed message %s", job_id, exc_info=True)
 
 
 class FinishInHand(bootsteps.StartStopStep):
@@ -217,13 +225,14 @@ def predict_chunk(requests: Sequence[Any]) -> None:
 
 
 _reporting: WorkerReporting | None = None
+_intake: Intake | None = None
 
 
 @signals.worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     # Build the runtime, the reporting and the scheduler before the first message (a bad models file stops the
     # worker at start-up).
-    global _reporting
+    global _reporting, _intake
     try:
         runtime = get_runtime(warm_up=True)
         _reporting = WorkerReporting(runtime, getattr(sender, "hostname", None))
@@ -238,6 +247,9 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     )
     app.tasks[PREDICT_TASK].scheduler = scheduler
     _reporting.start(scheduler)
+    if not runtime.settings.task_events:  # with events on, every message goes through Celery's requests
+        _intake = Intake(scheduler.submit, _reporting.sent_times.record, answer_malformed)
+        use_intake(_intake)
     if runtime.settings.routing == "placement":
         _start_placement(runtime, _reporting, scheduler)
 
