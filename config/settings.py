@@ -27,6 +27,7 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_RESULT_EXPIRES_S       | 3600 s                     | how long an unread result stays in Redis (``forget=True`` deletes one once read) |
 | SWAPLESS_MAX_ATTEMPTS           | 3                          | a job in flight at this many worker deaths fails as a poison job |
 | SWAPLESS_TASK_EVENTS            | false                      | Celery task events per job (Flower); they cost 10-25 % of single-model throughput |
+| SWAPLESS_LOAD_AHEAD             | true                       | while a group computes, load the model the next group needs when there is room (never evicting a model with work) |
 | SWAPLESS_WARM_START             | false                      | warm each local model and measure its batch sizes before taking jobs |
 | SWAPLESS_PLUGINS                | unset                      | comma-separated modules imported at worker start (custom frameworks) |
 | SWAPLESS_VISIBILITY_TIMEOUT_S   | 60 s                       | a dead worker's jobs are redelivered after this (plus the sweep) |
@@ -119,6 +120,8 @@ class Settings(BaseSettings):
     task_events: bool = False
     #: Load each local model once at start-up, warm it and seed its batch-size tuner (manager.warmup).
     warm_start: bool = False
+    #: While a group computes, load the model the next group needs (ModelManager.load_ahead).
+    load_ahead: bool = True
     plugins: str = ""
     visibility_timeout_s: int = Field(60, ge=3)
     visibility_refresh_s: float = Field(10.0, gt=0)

@@ -2,6 +2,12 @@
 
 Local models (in this process) and remote models (on a Triton server) are two separate pools: a remote load
 never evicts a local model and the reverse. A model with a batch in flight is pinned and never evicted.
+
+Loads run outside the cache's lock, with the slot (and the bytes) they will take reserved, so that another thread
+can use a loaded model meanwhile. ``load_ahead`` starts loading, on a thread of its own, the model the scheduler
+will need next, while the current group computes: only into room there is, or that evicting models with no
+waiting work (never one in use) makes, and, under a byte budget, only for a model whose size is known from an
+earlier load. A ``use`` of a model being loaded waits for that load instead of starting another.
 """
 
 from __future__ import annotations
@@ -43,6 +49,16 @@ class LoadedModel:
 
 
 @dataclass
+class _Loading:
+    """A load in progress: the room it has reserved, and when it is over (``entry``: None if it failed)."""
+
+    size_bytes: int
+    remote: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    entry: LoadedModel | None = None
+
+
+@dataclass
 class CacheStats:
     """Counters since the cache was made."""
 
@@ -51,6 +67,8 @@ class CacheStats:
     loads: int = 0
     evictions: int = 0
     load_failures: int = 0
+    #: loads started ahead of their model's group (``load_ahead``), and how many of them a group then used
+    loads_ahead: int = 0
     load_seconds: dict[str, list[float]] = field(default_factory=dict)
 
 
@@ -92,6 +110,8 @@ class ModelManager:
         self._entries: OrderedDict[str, LoadedModel] = OrderedDict()  # least recently used first
         self._sizes: dict[str, int] = {}
         self._load_costs: dict[str, float] = {}
+        self._loading: dict[str, _Loading] = {}
+        self._closed = False
         self._cond = threading.Condition(threading.RLock())
 
     # -- queries -----------------------------------------------------------------------------------------
@@ -118,10 +138,16 @@ class ModelManager:
         with self._cond:
             return sum(e.size_bytes for e in self._entries.values() if not e.remote)
 
-    def load_cost_s(self, model_id: str) -> float:
-        """Expected seconds to load ``model_id``: 0 when loaded, the last measured load time, else a default."""
+    def loading_ids(self) -> list[str]:
+        """Models being loaded now (ahead of their group, or for it)."""
         with self._cond:
-            if model_id in self._entries:
+            return list(self._loading)
+
+    def load_cost_s(self, model_id: str) -> float:
+        """Expected seconds to load ``model_id``: 0 when loaded or being loaded, the last measured load time, else
+        a default."""
+        with self._cond:
+            if model_id in self._entries or model_id in self._loading:
                 return 0.0
             return self._load_costs.get(model_id, DEFAULT_LOAD_COST_S)
 
@@ -151,57 +177,140 @@ class ModelManager:
                 self._cond.notify_all()
 
     def _acquire(self, model_id: str, waiting: Mapping[str, int]) -> LoadedModel:
+        while True:
+            with self._cond:
+                entry = self._entries.get(model_id)
+                if entry is not None:
+                    self._entries.move_to_end(model_id)
+                    entry.pins += 1
+                    entry.hits += 1
+                    self.stats.hits += 1
+                    return entry
+                loading = self._loading.get(model_id)
+                if loading is None:
+                    self.stats.misses += 1
+                    spec = self.store.get(model_id)
+                    worker = self.factory(spec)
+                    remote = worker.remote
+                    self._make_room(model_id, self._sizes.get(model_id, 0), remote, waiting)
+                    loading = self._loading[model_id] = _Loading(self._sizes.get(model_id, 0), remote)
+                    break
+            loading.done.wait()  # loaded ahead, or for another thread: used as it is, or loaded anew if that failed
+        try:
+            entry = self._load(spec, worker, remote)
+        except BaseException:
+            with self._cond:
+                del self._loading[model_id]
+                self._cond.notify_all()
+            loading.done.set()
+            raise
         with self._cond:
-            entry = self._entries.get(model_id)
-            if entry is not None:
-                self._entries.move_to_end(model_id)
-                entry.pins += 1
-                entry.hits += 1
-                self.stats.hits += 1
-                return entry
-            self.stats.misses += 1
+            del self._loading[model_id]
+            entry.pins += 1
+            try:
+                # The real size is known only now: evict more if the estimate was low.
+                if not remote and self.memory_budget_bytes is not None:
+                    self._make_room(model_id, entry.size_bytes, remote, waiting)
+            except SwaplessError:
+                self._unload(entry)
+                raise
+            else:
+                self._entries[model_id] = entry
+                loading.entry = entry
+            finally:
+                self._cond.notify_all()
+                loading.done.set()
+        return entry
+
+    def load_ahead(self, model_id: str, waiting: Mapping[str, int]) -> bool:
+        """Start loading ``model_id`` in the background, if it fits now (see the module docstring).
+
+        Args:
+            model_id: the model the scheduler will run next.
+            waiting: jobs waiting per model: a model with any is never evicted for it.
+
+        Returns:
+            whether a load was started.
+        """
+        with self._cond:
+            if self._closed or model_id in self._entries or model_id in self._loading:
+                return False
             spec = self.store.get(model_id)
             worker = self.factory(spec)
             remote = worker.remote
-            self._make_room(model_id, self._sizes.get(model_id, 0), remote, waiting)
-            entry = self._load(spec, worker, remote, waiting)
-            entry.pins += 1
-            self._entries[model_id] = entry
-            # The real size is known only now: evict more if the estimate was low.
-            if not remote and self.memory_budget_bytes is not None:
-                self._entries.pop(model_id)
-                try:
-                    self._make_room(model_id, entry.size_bytes, remote, waiting)
-                except SwaplessError:
-                    self._unload(entry)
-                    raise
-                self._entries[model_id] = entry
-            return entry
+            size = self._sizes.get(model_id)
+            budget = None if remote else self.memory_budget_bytes
+            if budget is not None and size is None:
+                return False  # its size is known only once it has been loaded: it could overrun the budget
+            pool = [e for e in self._entries.values() if e.remote == remote]
+            reserved = [Cached(f"\0{m}", r.size_bytes, True, remote) for m, r in self._loading.items() if r.remote == remote]
+            victims = choose_victims(
+                [Cached(e.model_id, e.size_bytes, e.pins > 0 or waiting.get(e.model_id, 0) > 0, e.remote) for e in pool]
+                + reserved,
+                incoming_bytes=size or 0,
+                max_models=self.remote_max_models if remote else self.max_models,
+                memory_budget_bytes=budget,
+            )
+            if victims is None:
+                return False  # no room without evicting a model that has work or is in use
+            for victim in victims:
+                self._unload(self._entries.pop(victim))
+                self.stats.evictions += 1
+            loading = self._loading[model_id] = _Loading(size or 0, remote)
+            self.stats.loads_ahead += 1
+        threading.Thread(
+            target=self._load_in_background, args=(spec, worker, remote, loading), name="swapless-load-ahead",
+            daemon=True,
+        ).start()
+        return True
 
-    def _load(self, spec: ModelSpec, worker: ModelWorker, remote: bool, waiting: Mapping[str, int]) -> LoadedModel:
+    def _load_in_background(self, spec: ModelSpec, worker: ModelWorker, remote: bool, loading: _Loading) -> None:
+        try:
+            entry = self._load(spec, worker, remote)
+        except Exception as err:  # noqa: BLE001 - the group that needs it loads it again and reports the error
+            logger.warning("loading %s ahead failed (%s); its group will load it", spec.id, err)
+            entry = None
+        with self._cond:
+            del self._loading[spec.id]
+            if entry is not None and self._closed:
+                self._unload(entry)
+            elif entry is not None:
+                self._entries[spec.id] = entry
+                loading.entry = entry
+            self._cond.notify_all()
+        loading.done.set()
+
+    def _load(self, spec: ModelSpec, worker: ModelWorker, remote: bool) -> LoadedModel:
+        """Load ``worker`` (outside the cache's lock: its slot is reserved); out of memory, evict every idle model
+        and retry once."""
         started = time.perf_counter()
         for attempt in (1, 2):
             try:
                 worker.load()
                 break
             except SwaplessError:
-                self.stats.load_failures += 1
+                with self._cond:
+                    self.stats.load_failures += 1
                 self._safe_unload(worker)
                 raise
             except Exception as err:  # noqa: BLE001 - any loader failure becomes a clear ModelLoadError
                 self._safe_unload(worker)
-                if attempt == 1 and _is_out_of_memory(err) and self._evict_all_unpinned(remote):
+                with self._cond:
+                    evicted = attempt == 1 and _is_out_of_memory(err) and self._evict_all_unpinned(remote)
+                    if not evicted:
+                        self.stats.load_failures += 1
+                if evicted:
                     logger.warning("out of memory loading %s; evicted every idle model, retrying once", spec.id)
                     continue
-                self.stats.load_failures += 1
                 what = "out of memory" if _is_out_of_memory(err) else f"{type(err).__name__}: {err}"
                 raise ModelLoadError(spec.id, what) from err
         load_s = time.perf_counter() - started
         size = 0 if remote else worker.memory_bytes
-        self._sizes[spec.id] = size
-        self._load_costs[spec.id] = load_s
-        self.stats.loads += 1
-        self.stats.load_seconds.setdefault(spec.id, []).append(load_s)
+        with self._cond:
+            self._sizes[spec.id] = size
+            self._load_costs[spec.id] = load_s
+            self.stats.loads += 1
+            self.stats.load_seconds.setdefault(spec.id, []).append(load_s)
         logger.info("loaded %s (%s) in %.3f s, %d bytes", spec.id, spec.framework, load_s, size)
         return LoadedModel(spec.id, worker, size, load_s, remote)
 
@@ -212,8 +321,11 @@ class ModelManager:
         deadline = time.monotonic() + self.pin_wait_s
         while True:
             pool = [e for e in self._entries.values() if e.remote == remote]
+            reserved = [  # loads in progress hold their room
+                Cached(f"\0{m}", r.size_bytes, True, remote) for m, r in self._loading.items() if r.remote == remote and m != model_id
+            ]
             victims = choose_victims(
-                [Cached(e.model_id, e.size_bytes, e.pins > 0, e.remote) for e in pool],
+                [Cached(e.model_id, e.size_bytes, e.pins > 0, e.remote) for e in pool] + reserved,
                 incoming_bytes=incoming_bytes,
                 max_models=self.remote_max_models if remote else self.max_models,
                 memory_budget_bytes=budget,
@@ -260,8 +372,9 @@ class ModelManager:
             return True
 
     def close(self) -> None:
-        """Unload every model (worker shutdown)."""
+        """Unload every model (worker shutdown); a load still running ahead unloads its model when it ends."""
         with self._cond:
+            self._closed = True
             while self._entries:
                 _, entry = self._entries.popitem(last=False)
                 self._unload(entry)

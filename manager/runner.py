@@ -102,6 +102,11 @@ class Backlog:
             if group
         ]
 
+    def peek_next(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], exclude: str) -> str | None:
+        """The model ``next_group`` would pick once ``exclude``'s jobs are done (what to load ahead), or None."""
+        waiting = [w for w in self.waiting(load_cost_s) if w.model_id != exclude]
+        return choose_next(waiting, loaded, self.max_wait_s)
+
     def take_model(self, model_id: str, keep: Callable[[Job], bool] = lambda job: False) -> list[Job]:
         """Take every waiting job of ``model_id`` out of the backlog but those ``keep`` says to keep."""
         group = self._groups.pop(model_id, None)

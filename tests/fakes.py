@@ -25,8 +25,13 @@ class FakeWorker(ModelWorker, framework="fake"):
     unloads: Counter[str] = Counter()
     batches: list[tuple[str, int]] = []
     fail_load: set[str] = set()
+    #: a load of a model listed here waits until its event is set (tests of loads running in the background)
+    load_gates: dict[str, Any] = {}
 
     def load(self) -> None:
+        gate = FakeWorker.load_gates.get(self.spec.id)
+        if gate is not None:
+            assert gate.wait(30), f"the test never opened the gate of {self.spec.id}"
         if self.spec.id in FakeWorker.fail_load:
             raise RuntimeError("weights file is corrupt")
         FakeWorker.loads[self.spec.id] += 1
@@ -54,6 +59,7 @@ class FakeWorker(ModelWorker, framework="fake"):
         cls.unloads.clear()
         cls.batches.clear()
         cls.fail_load.clear()
+        cls.load_gates.clear()
 
 
 def write_fake_models(directory: Path, sizes: dict[str, int]) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -130,3 +130,71 @@ def test_load_cost_estimate_comes_from_measured_loads(tmp_path: Path) -> None:
     assert manager.load_cost_s("a") == 0.0  # loaded
     use(manager, "b")
     assert 0.0 < manager.load_cost_s("a") < 1.0  # measured
+
+
+# -- loading ahead ---------------------------------------------------------------------------------------------
+
+
+def test_a_model_loads_ahead_while_another_one_is_in_use(tmp_path: Path) -> None:
+    manager = make_manager(tmp_path, {"a": 1, "b": 1}, max_models=2)
+    gate = FakeWorker.load_gates["b"] = threading.Event()
+    with manager.use("a") as worker:
+        assert manager.load_ahead("b", {"b": 5})
+        assert manager.loading_ids() == ["b"] and manager.load_cost_s("b") == 0.0
+        assert worker.predict(["x"]) == [{"echo": "x", "model": "a"}]  # "a" works while "b" loads
+        use(manager, "a")  # and the cache is not locked by the load
+        gate.set()
+    wait_until(lambda: manager.is_loaded("b"))
+    use(manager, "b")
+    assert FakeWorker.loads == {"a": 1, "b": 1} and manager.stats.loads_ahead == 1
+    assert manager.stats.hits == 2 and manager.stats.misses == 1  # "b" was a hit: its load came first
+
+
+def test_using_a_model_that_is_loading_ahead_waits_for_that_load(tmp_path: Path) -> None:
+    manager = make_manager(tmp_path, {"a": 1, "b": 1}, max_models=2)
+    gate = FakeWorker.load_gates["b"] = threading.Event()
+    assert manager.load_ahead("b", {})
+    used = threading.Event()
+    user = threading.Thread(target=lambda: (use(manager, "b"), used.set()))
+    user.start()
+    assert not used.wait(0.3)  # it waits for the load in progress...
+    gate.set()
+    user.join(10)
+    assert used.is_set() and FakeWorker.loads["b"] == 1  # ...instead of loading a second copy
+
+
+def test_loading_ahead_never_evicts_a_model_with_waiting_work_or_in_use(tmp_path: Path) -> None:
+    manager = make_manager(tmp_path, {"a": 1, "b": 1, "c": 1}, max_models=2)
+    use(manager, "c")
+    with manager.use("a"):
+        assert not manager.load_ahead("b", {"c": 3})  # "c" has work, "a" is in use: no room
+        assert manager.loaded_ids() == ["c", "a"] and not manager.loading_ids()
+        assert manager.load_ahead("b", {})  # "c" has none now: it goes
+    wait_until(lambda: manager.is_loaded("b"))
+    assert sorted(manager.loaded_ids()) == ["a", "b"] and FakeWorker.unloads == {"c": 1}
+
+
+def test_under_a_byte_budget_only_a_model_of_known_size_loads_ahead(tmp_path: Path) -> None:
+    manager = make_manager(tmp_path, {"a": 600, "b": 600}, max_models=4, memory_budget_bytes=1000)
+    assert not manager.load_ahead("b", {})  # never loaded: its size is unknown, it could overrun the budget
+    use(manager, "b")
+    use(manager, "a")  # evicts "b" (600 + 600 > 1000): its size is known from now on
+    assert manager.load_ahead("b", {})  # evicts "a", which has no work
+    wait_until(lambda: manager.is_loaded("b"))
+    assert manager.loaded_ids() == ["b"] and manager.used_bytes() <= 1000
+
+
+def test_a_load_ahead_that_fails_leaves_the_error_to_the_group(tmp_path: Path) -> None:
+    manager = make_manager(tmp_path, {"a": 1}, max_models=2)
+    FakeWorker.fail_load.add("a")
+    assert manager.load_ahead("a", {})
+    wait_until(lambda: not manager.loading_ids())
+    with pytest.raises(ModelLoadError, match="weights file is corrupt"):
+        use(manager, "a")
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)

@@ -217,9 +217,21 @@ class BatchScheduler:
         for request in requests:
             request.reject(requeue=True)
 
+    def _load_ahead(self, running: str) -> None:
+        """While ``running``'s group computes, load the model the next group will need, if there is room for it."""
+        manager = self.runtime.manager
+        with self._cond:
+            loaded = [*manager.loaded_ids(), running]
+            upcoming = self.backlog.peek_next(loaded, manager.load_cost_s, exclude=running)
+            waiting = self.backlog.counts()
+        if upcoming is not None and upcoming not in loaded and manager.load_ahead(upcoming, waiting):
+            logger.info("loading %s ahead while %s computes", upcoming, running)
+
     def _run(self, results: ResultStore, group: Sequence[Job]) -> None:
         """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
         model_id = group[0].model_id
+        if self.runtime.settings.load_ahead:
+            self._load_ahead(model_id)
         done_before, attempts = results.prior(
             [job.id for job in group], [job.id for job in group if split_item_id(job.id) is None]
         )
