@@ -28,7 +28,8 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_MAX_ATTEMPTS           | 3                          | a job in flight at this many worker deaths fails as a poison job |
 | SWAPLESS_TASK_EVENTS            | false                      | Celery task events per job (Flower); they cost 10-25 % of single-model throughput |
 | SWAPLESS_LOAD_AHEAD             | true                       | while a group computes, load the model the next group needs when there is room (never evicting a model with work) |
-| SWAPLESS_WARM_START             | false                      | warm each local model and measure its batch sizes before taking jobs |
+| SWAPLESS_WARM_START             | true                       | warm each local model and measure its batch sizes before taking jobs (``--no-warm-start``) |
+| SWAPLESS_WARM_START_BUDGET_S    | 30 s                       | the warm start warms no more models once it has taken this long (models with jobs waiting first) |
 | SWAPLESS_PLUGINS                | unset                      | comma-separated modules imported at worker start (custom frameworks) |
 | SWAPLESS_VISIBILITY_TIMEOUT_S   | 60 s                       | a dead worker's jobs are redelivered after this (plus the sweep) |
 | SWAPLESS_VISIBILITY_REFRESH_S   | 10 s                       | a live worker re-stamps the jobs it holds this often; must be ≤ timeout / 3 |
@@ -119,7 +120,8 @@ class Settings(BaseSettings):
     #: Per-job Celery task events for Flower (off, as in Celery: they cost 10-25 % of single-model throughput here).
     task_events: bool = False
     #: Load each local model once at start-up, warm it and seed its batch-size tuner (manager.warmup).
-    warm_start: bool = False
+    warm_start: bool = True
+    warm_start_budget_s: float = Field(30.0, gt=0)
     #: While a group computes, load the model the next group needs (ModelManager.load_ahead).
     load_ahead: bool = True
     plugins: str = ""

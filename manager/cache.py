@@ -359,6 +359,26 @@ class ModelManager:
         except Exception:  # noqa: BLE001 - a failing unload must not take the worker down
             logger.exception("unloading %s failed", worker.spec.id)
 
+    # -- what was learned --------------------------------------------------------------------------------
+
+    def seed(self, model_id: str, *, load_s: float | None = None, size_bytes: int | None = None) -> None:
+        """Take a model's load time and size as measured earlier (by another worker) until this one measures them."""
+        with self._cond:
+            if load_s is not None:
+                self._load_costs.setdefault(model_id, float(load_s))
+            if size_bytes is not None:
+                self._sizes.setdefault(model_id, int(size_bytes))
+
+    def learned(self, model_id: str) -> dict[str, float | int]:
+        """What this cache has measured of a model: ``load_s`` and ``size_bytes`` (when known)."""
+        with self._cond:
+            found: dict[str, float | int] = {}
+            if model_id in self._load_costs:
+                found["load_s"] = round(self._load_costs[model_id], 4)
+            if model_id in self._sizes:
+                found["size_bytes"] = self._sizes[model_id]
+            return found
+
     # -- explicit control --------------------------------------------------------------------------------
 
     def evict(self, model_id: str) -> bool:

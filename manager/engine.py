@@ -62,6 +62,16 @@ class ModelEngine:
             worker.tuner = self._tuners.setdefault(spec.id, BatchTuner(worker.batch_size))
         return worker
 
+    def seed_tuner(self, spec: ModelSpec, costs: dict[int, float]) -> None:
+        """Start ``spec``'s tuner from costs measured earlier (by another worker on the same kind of device)."""
+        if not self.limits.tune_batch_size:
+            return
+        worker = self.build(spec)
+        if worker.tuner is not None:
+            for size, seconds in costs.items():
+                if size in worker.tuner.sizes:
+                    worker.tuner.cost_s.setdefault(size, seconds)
+
     def tuner(self, model_id: str) -> BatchTuner | None:
         """The batch-size tuner of ``model_id`` (None before its first build, or with tuning off)."""
         return self._tuners.get(model_id)

@@ -3,12 +3,14 @@
 A fresh worker process pays, on the first forward passes of each architecture and batch shape, costs that later
 passes do not (kernel selection and primitive creation in oneDNN/cuDNN, allocator growth, lazy imports): here a
 first group of 100 mobilenet_v2 images took 3.7 s in a fresh process and 1.6 s in a warm one. The batch-size tuner
-also starts blind and explores on real jobs. With ``SWAPLESS_WARM_START=true`` the worker, before it reports ready,
-loads each local model in turn (through the cache, so the memory budget holds), runs two passes of a synthetic
-input at each candidate batch size (the first pays the one-off costs, the second is timed and seeds the tuner),
-records its load time for the scheduler, and unloads it. Start-up takes longer (a few seconds per model on a CPU),
-the first jobs of each model run at the speed of later ones. Remote models (Triton) are skipped: Triton has its
-own ``model_warmup``.
+also starts blind and explores on real jobs. With ``SWAPLESS_WARM_START`` (on by default) the worker, before it
+reports ready, loads each local model in turn (through the cache, so the memory budget holds), runs two passes of
+a synthetic input at each candidate batch size (the first pays the one-off costs, the second is timed and seeds the
+tuner), records its load time for the scheduler, and unloads it; a model whose batch costs are known from earlier
+workers (``tasks.worker.learned``) gets one pass at its best size instead. Models with jobs waiting go first, then
+those used before, and the warm start stops at ``SWAPLESS_WARM_START_BUDGET_S`` (a registry of hundreds of models
+still starts in seconds). Start-up takes longer (a few seconds per model on a CPU), the first jobs of each model run
+at the speed of later ones. Remote models (Triton) are skipped: Triton has its own ``model_warmup``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import base64
 import io
 import logging
 import time
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from manager.cache import ModelManager
@@ -59,9 +62,16 @@ class _Fixed:
 
 
 def warm_start(
-    manager: ModelManager, engine: ModelEngine, give_up_after: float = 1.5, budget_s: float = 3.0
+    manager: ModelManager,
+    engine: ModelEngine,
+    give_up_after: float = 1.5,
+    budget_s: float = 3.0,
+    *,
+    total_budget_s: float | None = None,
+    order: Sequence[str] = (),
+    tuned: Collection[str] = (),
 ) -> dict[str, float]:
-    """Warm every local model of ``manager``'s registry in turn; returns the seconds each took.
+    """Warm the local models of ``manager``'s registry in turn; returns the seconds each took.
 
     Args:
         manager: the worker's cache (models load through it and are evicted afterwards).
@@ -69,16 +79,31 @@ def warm_start(
         give_up_after: stop trying larger batch sizes once the cost per input is this many times the best so far.
         budget_s: stop trying larger batch sizes of a model once its warm-up has taken this long (big models on
             a CPU); the tuner measures the rest on real jobs.
+        total_budget_s: warm no more models once the warm start has taken this long (a registry of hundreds of
+            models still starts fast; the rest pay their one-off costs on their first jobs). None: no bound.
+        order: models to warm first (those with jobs waiting, those used before); then the rest, in registry order.
+        tuned: models whose tuner was seeded with earlier measurements (``tasks.worker.learned``): one pass at
+            their best batch size pays the one-off costs; no size is explored again.
     """
     took: dict[str, float] = {}
-    for spec in manager.store:
+    began = time.perf_counter()
+    ids = list(dict.fromkeys([*[m for m in order if m in manager.store.ids()], *manager.store.ids()]))
+    for model_id in ids:
+        spec = manager.store.get(model_id)
+        if total_budget_s is not None and time.perf_counter() - began >= total_budget_s:
+            logger.info("warm start budget of %.0f s spent; %d model(s) left to warm on their first jobs",
+                        total_budget_s, len(ids) - len(took))
+            break
         probe = engine.build(spec)
         if probe.remote:
             continue
         started = time.perf_counter()
         try:
             with manager.use(spec.id) as worker:
-                _warm(worker, spec, give_up_after, started + budget_s)
+                if spec.id in tuned and worker.tuner is not None and worker.tuner.cost_s:
+                    _warm_at(worker, spec, worker.tuner.best())
+                else:
+                    _warm(worker, spec, give_up_after, started + budget_s)
         except SwaplessError as err:
             logger.warning("warm start of %s skipped: %s", spec.id, err)
             continue
@@ -89,6 +114,16 @@ def warm_start(
         costs = ", ".join(f"{size}: {cost * 1000:.1f} ms" for size, cost in sorted((tuner.cost_s if tuner else {}).items()))
         logger.info("warmed %s in %.2f s (per input at batch size %s)", spec.id, took[spec.id], costs or "-")
     return took
+
+
+def _warm_at(worker: Any, spec: ModelSpec, size: int) -> None:
+    """One pass at ``size``: the one-off costs of the shape the tuner will pick first."""
+    tuner = worker.tuner
+    try:
+        worker.tuner = _Fixed(size)
+        worker.predict([worker.prepare(warm_input(spec))] * size)
+    finally:
+        worker.tuner = tuner
 
 
 def _warm(worker: Any, spec: ModelSpec, give_up_after: float, deadline: float) -> None:

@@ -132,7 +132,10 @@ def start_worker(swapless_env: dict[str, str], tmp_path: Path) -> Iterator[Calla
 
     def start(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> WorkerProcess:
         log_path = tmp_path / f"worker-{len(started)}.log"
-        worker = WorkerProcess(list(args), {**swapless_env, **(env or {})}, log_path)
+        # No warm start unless a test asks for it (tests/test_warmup.py): it would cost every worker seconds and
+        # run synthetic inputs through the test's models.
+        defaults = {"SWAPLESS_WARM_START": "false"}
+        worker = WorkerProcess(list(args), {**defaults, **swapless_env, **(env or {})}, log_path)
         started.append(worker)
         if ready:
             worker.wait_ready()

@@ -44,7 +44,7 @@ def stack(redis_url: str, models_file: Path, tmp_path_factory: pytest.TempPathFa
     logs = tmp_path_factory.mktemp("gateway-logs")
     extra = {"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5", "SWAPLESS_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY_BYTES)}
     with private_env(redis_url, models_file, **extra) as env:
-        worker = WorkerProcess(["--hostname", "gw@%h"], env, logs / "worker.log")
+        worker = WorkerProcess(["--hostname", "gw@%h", "--no-warm-start"], env, logs / "worker.log")
         gateway = GatewayProcess(env, logs / "gateway.log")
         try:
             worker.wait_ready()

@@ -57,3 +57,49 @@ def test_a_worker_with_warm_start_warms_before_ready_and_serves(start_worker: Ca
     # on the thread that runs the jobs: part of what is warmed is per thread
     assert "warm start on swapless-scheduler:" in log, log[-3000:]
     assert Client().submit("sentiment", "a fine day").get(timeout=60)
+
+
+def test_the_warm_start_goes_in_order_and_stops_at_its_total_budget(models_file: Path) -> None:
+    engine = ModelEngine(WorkerLimits(device="cpu", max_batch_size=4))
+    store = ModelStore.from_file(models_file, engine.frameworks)
+    manager = ModelManager(store, engine, max_models=1)
+    assert warm_start(manager, engine, total_budget_s=0.0) == {}  # a registry of hundreds: none warmed up front
+    took = warm_start(manager, engine, order=["vision", "spam"], total_budget_s=1e-9 + 0.0001)
+    assert list(took) == ["vision"]  # the first in the order, then the budget was spent
+    everything = warm_start(manager, engine, order=["spam"])
+    assert list(everything)[0] == "spam" and sorted(everything) == sorted(store.ids())
+
+
+def test_a_model_tuned_before_is_warmed_with_one_pass(models_file: Path) -> None:
+    engine = ModelEngine(WorkerLimits(device="cpu", max_batch_size=64))
+    store = ModelStore.from_file(models_file, engine.frameworks)
+    manager = ModelManager(store, engine, max_models=1)
+    engine.seed_tuner(store.get("spam"), {4: 0.001, 8: 0.0008})
+    warm_start(manager, engine, tuned={"spam"})
+    assert engine.tuner("spam").cost_s == {4: 0.001, 8: 0.0008}  # nothing explored again
+    assert len(engine.tuner("topic").cost_s) >= 2  # the others were measured as before
+
+
+def test_what_a_worker_learned_seeds_the_next_one(start_worker: Callable[..., WorkerProcess], redis_url: str,
+                                                  key_prefix: str) -> None:
+    import json
+    import time
+
+    import redis
+
+    first = start_worker("--warm-start", env={"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5"})
+    client = Client()
+    client.gather(client.submit_jobs([("spam", f"win a prize {i}") for i in range(40)]), timeout=60)
+    key = f"{key_prefix}swapless:learned:cpu"
+    r = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + 10
+    while b"spam" not in r.hkeys(key) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    record = json.loads(r.hget(key, "spam"))
+    assert record["load_s"] > 0 and record["size_bytes"] > 0 and len(record["batch_costs_s"]) >= 2
+    first.stop()
+    second = start_worker("--warm-start")
+    log = second.log()
+    assert "learned from earlier workers:" in log and "spam" in log.split("learned from earlier workers:")[1]
+    assert client.submit("spam", "free money").get(timeout=60)
+    r.close()

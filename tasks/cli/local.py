@@ -173,7 +173,9 @@ class LocalSwapless:
         raise LocalModeError(f"redis-server did not answer within {self.start_timeout_s:g} s", _tail(log))
 
     def _start_worker(self) -> None:
-        env = {**os.environ, **self.env, "SWAPLESS_REDIS_URL": self.redis_url, "PYTHONUNBUFFERED": "1"}
+        # no warm start: the worker lives for one command, which uses one model or two, not the whole registry
+        env = {"SWAPLESS_WARM_START": "false", **os.environ, **self.env, "SWAPLESS_REDIS_URL": self.redis_url,
+               "PYTHONUNBUFFERED": "1"}
         env.setdefault("SWAPLESS_MODELS_FILE", str(self.base_settings.models_file))
         self._worker_log = self.worker_log.open("wb")
         self.worker_proc = subprocess.Popen(  # noqa: S603 - our own worker command

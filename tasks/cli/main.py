@@ -43,7 +43,7 @@ def worker(
     ] = None,
     warm_start: Annotated[
         bool | None,
-        typer.Option("--warm-start/--no-warm-start", help="warm every local model before taking jobs [default: off]"),
+        typer.Option("--warm-start/--no-warm-start", help="warm the local models before taking jobs [default: on]"),
     ] = None,
     loglevel: Annotated[str, typer.Option(help="celery log level")] = "INFO",
     hostname: Annotated[str | None, typer.Option(help="worker node name (celery -n)")] = None,

@@ -52,6 +52,8 @@ class WorkerReporting:
         self.worker_id = f"{self.hostname}:{os.getpid()}"
         #: the models this worker claimed (placement; set by the worker's start-up)
         self.claimed: Callable[[], list[str]] = list
+        #: run on the heartbeat thread after each beat (saving what the worker learned); each may raise
+        self.on_beat: list[Callable[[], Any]] = []
         self.stats = WorkerStats()
         self._scheduler: BatchScheduler | None = None
         self._stop_metrics: Callable[[], None] | None = None
@@ -94,6 +96,11 @@ class WorkerReporting:
         started_at = time.time()
 
         def build() -> Any:
+            for hook in self.on_beat:
+                try:
+                    hook()
+                except Exception as err:  # noqa: BLE001 - a hook never stops the heartbeat
+                    logger.warning("after-beat work failed: %s", err)
             problem = worker_health.describe()
             if problem is None and self._publisher is not None:
                 problem = refusing_writes(self._publisher.client)

@@ -40,12 +40,14 @@ from manager import InputError, ModelEngine, SwaplessError, run_group
 from manager.warmup import warm_start
 from tasks.app import make_app
 from tasks.broker.acks import AckQueue, refresh_visibility
-from tasks.broker.connection import worker_health
+from tasks.broker.connection import redis_client, worker_health
 from tasks.broker.transport import use_affinity, use_intake
 from tasks.broker.results import ResultStore
 from tasks.protocol import CHUNK_TASK, PREDICT_TASK
 from tasks.worker.chunks import ChunkAssembler
+from tasks.observe.placement import read_placement
 from tasks.worker.intake import Intake
+from tasks.worker.learned import LearnedStore, device_label
 from tasks.worker.placement import Placement
 from tasks.worker.reporting import WorkerReporting
 from tasks.worker.runtime import Runtime, get_runtime, reset_runtime
@@ -280,20 +282,44 @@ def _on_worker_setup(**_: Any) -> None:
     # After Celery has set up logging (worker_init comes before it: what is logged there is lost), before the
     # consumer starts: the warm start (SWAPLESS_WARM_START) runs before the first job is fetched.
     scheduler = _worker_scheduler()
-    if scheduler is None:
+    if scheduler is None or _reporting is None:
         return
     runtime = scheduler.runtime
     engine = runtime.manager.factory
-    if runtime.settings.warm_start and isinstance(engine, ModelEngine):
+    s = runtime.settings
+    records: dict[str, Any] = {}
+    if isinstance(engine, ModelEngine):
+        learned = LearnedStore(redis_client(s.broker_url), s.key_prefix, device_label(s.device))
+        try:
+            records = learned.seed(runtime.manager, engine)
+        except Exception as err:  # noqa: BLE001 - what was learned only saves time
+            logger.warning("could not read what earlier workers learned (%s); learning afresh", err)
+        _reporting.on_beat.append(lambda: learned.save(runtime.manager, engine))
+    if s.warm_start and isinstance(engine, ModelEngine):
+        order = [*_models_with_jobs_waiting(runtime), *records]
 
         def warm() -> None:
-            took = warm_start(runtime.manager, engine)
+            started = time.perf_counter()
+            took = warm_start(runtime.manager, engine, total_budget_s=s.warm_start_budget_s, order=order,
+                              tuned=set(records))
             logger.info("warm start on %s: %d model(s) in %.1f s", threading.current_thread().name, len(took),
-                        sum(took.values()))
+                        time.perf_counter() - started)
 
         scheduler.start(first=warm)  # on the thread that will run the jobs
         scheduler.ready.wait()
+    if s.routing == "placement":  # claims once warm: a model is not held by a worker still warming up
+        _start_placement(runtime, _reporting, scheduler)
     logger.info("swapless worker ready: models %s", ", ".join(runtime.store.ids()))
+
+
+def _models_with_jobs_waiting(runtime: Runtime) -> list[str]:
+    """Models with jobs in their lists now, most first (what the warm start does first)."""
+    s = runtime.settings
+    try:
+        places = read_placement(redis_client(s.broker_url), s.queue, s.key_prefix, runtime.store.ids())
+    except Exception:  # noqa: BLE001 - only an order
+        return []
+    return [p.model_id for p in sorted(places, key=lambda p: -p.waiting) if p.waiting]
 
 
 @signals.worker_shutdown.connect

@@ -1,0 +1,93 @@
+"""What workers learn about each model, kept in Redis so that a restarted (or a new) worker starts tuned.
+
+Per device kind (``cpu``, ``cuda:NVIDIA H200``, ...), one hash ``{key_prefix}swapless:learned:<device>``: per
+model, JSON of its measured seconds per input at each batch size (the ``BatchTuner``'s), its last load time and
+its size in bytes. A worker reads it at start-up (``seed``: tuners, load costs for the scheduler and placement,
+sizes for loading ahead under a byte budget, and the order of the warm start) and writes what changed once per
+heartbeat (``save``). A worker whose Redis lacks it simply learns again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import redis
+
+from manager import ModelEngine, ModelManager
+
+__all__ = ["LearnedStore", "device_label"]
+
+logger = logging.getLogger(__name__)
+
+
+def device_label(device: str) -> str:
+    """The kind of device a worker computes on: what it learned applies to workers on the same kind."""
+    from manager.torch_utils import resolve_device
+
+    resolved = resolve_device(device)
+    if resolved.type == "cuda":
+        import torch
+
+        return f"cuda:{torch.cuda.get_device_name(resolved)}"
+    return resolved.type
+
+
+class LearnedStore:
+    """One worker's view of what all workers learned on its kind of device.
+
+    Args:
+        client: the Redis to read and write.
+        key_prefix: the deployment's key prefix.
+        device: the device kind (``device_label``).
+    """
+
+    def __init__(self, client: redis.Redis, key_prefix: str | None, device: str) -> None:
+        self.client = client
+        self.key = f"{key_prefix or ''}swapless:learned:{device}"
+        self._saved: dict[str, str] = {}
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """Every model's record (unreadable ones are skipped)."""
+        found = {}
+        for field, raw in self.client.hgetall(self.key).items():
+            try:
+                found[field.decode() if isinstance(field, bytes) else str(field)] = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                logger.warning("ignoring an unreadable record of %r in %s", field, self.key)
+        return found
+
+    def seed(self, manager: ModelManager, engine: ModelEngine) -> dict[str, dict[str, Any]]:
+        """Seed this worker's tuners, load costs and sizes from what was learned; returns the records."""
+        records = self.read()
+        known = set(manager.store.ids())
+        for model_id, record in records.items():
+            if model_id not in known:
+                continue
+            costs = {int(size): float(s) for size, s in (record.get("batch_costs_s") or {}).items()}
+            if costs:
+                engine.seed_tuner(manager.store.get(model_id), costs)
+            manager.seed(model_id, load_s=record.get("load_s"), size_bytes=record.get("size_bytes"))
+        self._saved = {m: json.dumps(r, sort_keys=True) for m, r in records.items()}
+        if records:
+            logger.info("learned from earlier workers: %s", ", ".join(sorted(set(records) & known)))
+        return records
+
+    def save(self, manager: ModelManager, engine: ModelEngine) -> int:
+        """Write the records that changed since the last save (one round trip); returns how many."""
+        changed = {}
+        for model_id in manager.store.ids():
+            record: dict[str, Any] = dict(manager.learned(model_id))
+            tuner = engine.tuner(model_id)
+            if tuner is not None and tuner.cost_s:
+                record["batch_costs_s"] = {str(size): s for size, s in tuner.cost_s.items()}
+            if not record:
+                continue
+            text = json.dumps(record, sort_keys=True)
+            if self._saved.get(model_id) != text:
+                changed[model_id] = text
+        if changed:
+            self.client.hset(self.key, mapping=changed)  # type: ignore[arg-type]  # str -> str is fine
+            self._saved.update(changed)
+        return len(changed)
