@@ -7,7 +7,12 @@ Loads run outside the cache's lock, with the slot (and the bytes) they will take
 can use a loaded model meanwhile. ``load_ahead`` starts loading, on a thread of its own, the model the scheduler
 will need next, while the current group computes: only into room there is, or that evicting models with no
 waiting work (never one in use) makes, and, under a byte budget, only for a model whose size is known from an
-earlier load. A ``use`` of a model being loaded waits for that load instead of starting another.
+earlier load, and never while another load of its pool runs. A ``use`` of a model being loaded waits for that
+load instead of starting another.
+
+Local loads run one at a time (remote loads, on a server, do not): two at once on one device only share its
+bandwidth, and libraries with lazy imports are not thread-safe on first use (two transformers loads in two threads
+can fail with "cannot import name AutoModelForSequenceClassification").
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from manager.errors import ModelLoadError, ModelTooLarge, SwaplessError
@@ -111,6 +116,7 @@ class ModelManager:
         self._sizes: dict[str, int] = {}
         self._load_costs: dict[str, float] = {}
         self._loading: dict[str, _Loading] = {}
+        self._local_load_lock = threading.Lock()
         self._closed = False
         self._cond = threading.Condition(threading.RLock())
 
@@ -238,6 +244,8 @@ class ModelManager:
             spec = self.store.get(model_id)
             worker = self.factory(spec)
             remote = worker.remote
+            if any(r.remote == remote for r in self._loading.values()):
+                return False  # one load ahead at a time, and none that would wait behind a load a group needs
             size = self._sizes.get(model_id)
             budget = None if remote else self.memory_budget_bytes
             if budget is not None and size is None:
@@ -282,7 +290,11 @@ class ModelManager:
 
     def _load(self, spec: ModelSpec, worker: ModelWorker, remote: bool) -> LoadedModel:
         """Load ``worker`` (outside the cache's lock: its slot is reserved); out of memory, evict every idle model
-        and retry once."""
+        and retry once. Local loads take turns (see the module docstring)."""
+        with nullcontext() if remote else self._local_load_lock:
+            return self._load_now(spec, worker, remote)
+
+    def _load_now(self, spec: ModelSpec, worker: ModelWorker, remote: bool) -> LoadedModel:
         started = time.perf_counter()
         for attempt in (1, 2):
             try:

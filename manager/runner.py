@@ -161,8 +161,17 @@ def _predict(worker: ModelWorker, items: list[tuple[Job, Any]]) -> list[Outcome]
     return [Outcome(job, result=result) for (job, _), result in zip(items, results, strict=True)]
 
 
-def run_group(manager: ModelManager, model_id: str, jobs: Sequence[Job], waiting: dict[str, int] | None = None) -> list[Outcome]:
+def run_group(
+    manager: ModelManager,
+    model_id: str,
+    jobs: Sequence[Job],
+    waiting: dict[str, int] | None = None,
+    on_loaded: Callable[[], None] | None = None,
+) -> list[Outcome]:
     """Run jobs that all address ``model_id``; never raises for a job's sake.
+
+    ``on_loaded`` is called once the model is loaded, before its inputs are prepared and run (the scheduler
+    starts loading the next group's model ahead there).
 
     Returns:
         one Outcome per job, in the order of ``jobs``.
@@ -170,6 +179,8 @@ def run_group(manager: ModelManager, model_id: str, jobs: Sequence[Job], waiting
     outcomes: dict[str, Outcome] = {}
     try:
         with manager.use(model_id, waiting) as worker:
+            if on_loaded is not None:
+                on_loaded()
             ready: list[tuple[Job, Any]] = []
             for job in jobs:
                 try:

@@ -87,6 +87,8 @@ def test_what_a_worker_learned_seeds_the_next_one(start_worker: Callable[..., Wo
 
     import redis
 
+    from tasks.worker.learned import LEARNED_TTL_S
+
     first = start_worker("--warm-start", env={"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5"})
     client = Client()
     client.gather(client.submit_jobs([("spam", f"win a prize {i}") for i in range(40)]), timeout=60)
@@ -97,6 +99,7 @@ def test_what_a_worker_learned_seeds_the_next_one(start_worker: Callable[..., Wo
         time.sleep(0.1)
     record = json.loads(r.hget(key, "spam"))
     assert record["load_s"] > 0 and record["size_bytes"] > 0 and len(record["batch_costs_s"]) >= 2
+    assert 0 < r.ttl(key) <= LEARNED_TTL_S  # kept for later workers, not forever
     first.stop()
     second = start_worker("--warm-start")
     log = second.log()

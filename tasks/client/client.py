@@ -23,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 from celery import Celery, states
 
@@ -145,6 +146,9 @@ class Client:
         self.settings = base.model_copy(update={"redis_url": redis_url}) if redis_url else base
         #: The Celery app whose result backend's encoding, key names and expiry the results follow.
         self.app: Celery = make_app(self.settings)
+        # A client dropped without close() still closes the connections its app opened (send_task, AsyncResult)
+        # instead of leaving their sockets to the garbage collector.
+        self._release = weakref.finalize(self, self.app.close)
         #: Every call of this client goes through it (one connection pool per URL in the process).
         self.redis = redis_client(self.settings.broker_url, connect_timeout_s=self.settings.connect_timeout_s)
         self.results = ResultStore(self.app, client=self.redis)
@@ -395,4 +399,10 @@ class Client:
 
     def close(self) -> None:
         """Release what this client holds (its connections go back to the process's pool for its URL)."""
-        self.app.close()
+        self._release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -17,7 +17,7 @@ from config.settings import Settings
 from manager.describe import format_bytes
 from tasks.protocol import PRIORITY_STEPS, queue_key
 
-__all__ = ["DEFAULT_KEY_SAMPLE", "RedisMemory", "read_redis_memory", "refusing_writes"]
+__all__ = ["DEFAULT_KEY_SAMPLE", "RedisMemory", "WriteRefusals", "read_redis_memory"]
 
 #: Random keys drawn to estimate the stored results.
 DEFAULT_KEY_SAMPLE = 200
@@ -96,11 +96,26 @@ def read_redis_memory(client: redis.Redis, settings: Settings, sample: int = DEF
     )
 
 
-def refusing_writes(client: redis.Redis) -> str | None:
-    """``"Redis refusing writes: OOM (...)"`` while Redis is at its ``maxmemory`` with ``noeviction`` (new jobs are
-    refused; workers go on: ``tasks.broker.connection.WRITE_FIRST_NOTE``), else None. One ``INFO memory``."""
-    info = client.info("memory")
-    used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
-    if limit and used >= limit and info.get("maxmemory_policy") == "noeviction":
-        return f"Redis refusing writes: OOM ({format_bytes(used)} used of maxmemory {format_bytes(limit)})"
-    return None
+class WriteRefusals:
+    """Whether Redis is refusing writes for lack of memory, as one heartbeat after another sees it.
+
+    Redis at its ``maxmemory`` with ``noeviction`` refuses new jobs while workers go on
+    (``tasks.broker.connection.WRITE_FIRST_NOTE``); its memory hovers just under the limit and over it as writes
+    are refused and buffers shrink, so the limit alone flickers. Redis counts the ``OOM`` errors it replies
+    (``INFO errorstats``): any since the last check means it refused writes in between.
+    """
+
+    def __init__(self) -> None:
+        self._refused: int | None = None
+
+    def check(self, client: redis.Redis) -> str | None:
+        """``"Redis refusing writes: OOM (...)"`` while it does, else None. Two ``INFO`` calls."""
+        info = {**client.info("memory"), **client.info("errorstats")}
+        used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+        refused = int((info.get("errorstat_OOM") or {}).get("count", 0))
+        new, self._refused = (0 if self._refused is None else refused - self._refused), refused
+        if not limit or info.get("maxmemory_policy") != "noeviction" or (used < limit and new <= 0):
+            return None
+        lately = f"; {new} write(s) refused since the last look" if new > 0 else ""
+        return f"Redis refusing writes: OOM ({format_bytes(used)} used of maxmemory {format_bytes(limit)}{lately})"
+

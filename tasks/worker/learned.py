@@ -4,7 +4,8 @@ Per device kind (``cpu``, ``cuda:NVIDIA H200``, ...), one hash ``{key_prefix}swa
 model, JSON of its measured seconds per input at each batch size (the ``BatchTuner``'s), its last load time and
 its size in bytes. A worker reads it at start-up (``seed``: tuners, load costs for the scheduler and placement,
 sizes for loading ahead under a byte budget, and the order of the warm start) and writes what changed once per
-heartbeat (``save``). A worker whose Redis lacks it simply learns again.
+heartbeat (``save``). The hash expires ``LEARNED_TTL_S`` after the last worker started or wrote to it (a
+deployment gone for a month leaves nothing behind); a worker whose Redis lacks it simply learns again.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import redis
 
 from manager import ModelEngine, ModelManager
 
-__all__ = ["LearnedStore", "device_label"]
+__all__ = ["LEARNED_TTL_S", "LearnedStore", "device_label"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds what was learned is kept after the last worker started or wrote to it: 30 days.
+LEARNED_TTL_S = 30 * 24 * 3600
 
 
 def device_label(device: str) -> str:
@@ -61,6 +65,8 @@ class LearnedStore:
     def seed(self, manager: ModelManager, engine: ModelEngine) -> dict[str, dict[str, Any]]:
         """Seed this worker's tuners, load costs and sizes from what was learned; returns the records."""
         records = self.read()
+        if records:
+            self.client.expire(self.key, LEARNED_TTL_S)
         known = set(manager.store.ids())
         for model_id, record in records.items():
             if model_id not in known:
@@ -88,6 +94,9 @@ class LearnedStore:
             if self._saved.get(model_id) != text:
                 changed[model_id] = text
         if changed:
-            self.client.hset(self.key, mapping=changed)  # type: ignore[arg-type]  # str -> str is fine
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.hset(self.key, mapping=changed)  # type: ignore[arg-type]  # str -> str is fine
+                pipe.expire(self.key, LEARNED_TTL_S)
+                pipe.execute()
             self._saved.update(changed)
         return len(changed)

@@ -22,7 +22,7 @@ from tasks.errors import MetricsUnavailable
 from tasks.observe.accounting import GroupAccounting, GroupReport, Observers, SentTimes
 from tasks.observe.events import TaskEvents
 from tasks.observe.heartbeat import HeartbeatPublisher, WorkerStats, build_heartbeat
-from tasks.observe.memory import refusing_writes
+from tasks.observe.memory import WriteRefusals
 from tasks.protocol import SENT_AT_HEADER
 from tasks.worker.runtime import Runtime
 from tasks.worker.scheduler import BatchScheduler
@@ -94,6 +94,7 @@ class WorkerReporting:
         settings = self.runtime.settings
         signals.task_received.connect(self._on_received, weak=False, dispatch_uid="swapless-status-received")
         started_at = time.time()
+        refusals = WriteRefusals()
 
         def build() -> Any:
             for hook in self.on_beat:
@@ -103,7 +104,7 @@ class WorkerReporting:
                     logger.warning("after-beat work failed: %s", err)
             problem = worker_health.describe()
             if problem is None and self._publisher is not None:
-                problem = refusing_writes(self._publisher.client)
+                problem = refusals.check(self._publisher.client)
             return build_heartbeat(
                 hostname=self.hostname,
                 worker_id=self.worker_id,

@@ -218,7 +218,8 @@ class BatchScheduler:
             request.reject(requeue=True)
 
     def _load_ahead(self, running: str) -> None:
-        """While ``running``'s group computes, load the model the next group will need, if there is room for it."""
+        """Once ``running`` is loaded and its group is about to compute, load the model the next group will need,
+        if there is room for it."""
         manager = self.runtime.manager
         with self._cond:
             loaded = [*manager.loaded_ids(), running]
@@ -230,8 +231,6 @@ class BatchScheduler:
     def _run(self, results: ResultStore, group: Sequence[Job]) -> None:
         """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
         model_id = group[0].model_id
-        if self.runtime.settings.load_ahead:
-            self._load_ahead(model_id)
         done_before, attempts = results.prior(
             [job.id for job in group], [job.id for job in group if split_item_id(job.id) is None]
         )
@@ -288,7 +287,8 @@ class BatchScheduler:
         try:
             waiting = self.backlog_counts()
             started = time.perf_counter()
-            outcomes = run_group(self.runtime.manager, model_id, batch, waiting)
+            ahead = (lambda: self._load_ahead(model_id)) if self.runtime.settings.load_ahead else None
+            outcomes = run_group(self.runtime.manager, model_id, batch, waiting, on_loaded=ahead)
             elapsed = time.perf_counter() - started
             self.observer.on_group(model_id, batch, outcomes, elapsed)  # heartbeat, metrics, events; never raises
             failed = sum(1 for o in outcomes if not o.ok)
