@@ -193,6 +193,21 @@ def test_a_load_ahead_that_fails_leaves_the_error_to_the_group(tmp_path: Path) -
         use(manager, "a")
 
 
+def test_local_loads_take_turns_and_one_loads_ahead_at_a_time(tmp_path: Path) -> None:
+    # two loads of a lazily-importing library (transformers) in two threads can fail: local loads never overlap
+    manager = make_manager(tmp_path, {"a": 1, "b": 1, "c": 1}, max_models=3)
+    gate = FakeWorker.load_gates["b"] = threading.Event()
+    assert manager.load_ahead("b", {})
+    assert not manager.load_ahead("c", {})  # one load ahead at a time
+    used = threading.Event()
+    user = threading.Thread(target=lambda: (use(manager, "a"), used.set()))
+    user.start()
+    assert not used.wait(0.3) and FakeWorker.loads["a"] == 0  # "a" waits for the load in progress to end
+    gate.set()
+    user.join(10)
+    assert used.is_set() and FakeWorker.loads == {"a": 1, "b": 1}
+
+
 def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
