@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["InputType", "ModelSpec", "ModelsFile"]
 
@@ -34,6 +35,9 @@ class ModelSpec(BaseModel):
         top_k: labels returned per input, best first.
         triton_url: Triton HTTP endpoint for this model; unset uses ``SWAPLESS_TRITON_URL``.
         labels_file: text file with one label per line (Triton models), relative to the models file.
+        dtype: the dtype of the parameters once loaded (``float32``, ``float16``, ``bfloat16``; transformers and
+            torchvision models): half the memory in 16 bits. Unset keeps the checkpoint's. Scores are computed in
+            float32 either way.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -51,6 +55,13 @@ class ModelSpec(BaseModel):
     top_k: int = Field(default=5, ge=1)
     triton_url: str | None = None
     labels_file: Path | None = None
+    dtype: Literal["float32", "float16", "bfloat16"] | None = None
+
+    @model_validator(mode="after")
+    def _check_dtype(self) -> ModelSpec:
+        if self.dtype is not None and self.framework == "triton":
+            raise ValueError("dtype is for transformers and torchvision models; a Triton model's types are in its config.pbtxt")
+        return self
 
 
 class ModelsFile(BaseModel):

@@ -10,7 +10,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["free_memory", "measure_load", "module_bytes", "resolve_device", "top_k"]
+__all__ = ["free_memory", "measure_load", "module_bytes", "resolve_device", "to_dtype", "top_k"]
+
+
+def to_dtype(name: str | None) -> torch.dtype | None:
+    """The torch dtype of a models-file ``dtype`` (``float16``, ...); None for None."""
+    return None if name is None else getattr(torch, name)
 
 
 def resolve_device(name: str) -> torch.device:

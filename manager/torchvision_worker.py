@@ -11,7 +11,7 @@ import torch
 
 from manager.errors import ModelLoadError
 from manager.images import decode_image
-from manager.torch_utils import free_memory, measure_load, module_bytes, resolve_device, top_k
+from manager.torch_utils import free_memory, measure_load, module_bytes, resolve_device, to_dtype, top_k
 from manager.worker import ModelWorker
 
 __all__ = ["TorchVisionWorker"]
@@ -40,6 +40,7 @@ class TorchVisionWorker(ModelWorker, framework="torchvision"):
     """
 
     model: Any = None
+    dtype: torch.dtype = torch.float32
 
     @classmethod
     def warm_up(cls) -> None:
@@ -63,7 +64,8 @@ class TorchVisionWorker(ModelWorker, framework="torchvision"):
                     model.load_state_dict(load_state_dict(self.spec.path))
                 else:
                     model = torchvision.models.get_model(arch, weights=weights)
-                self.model = model.to(self.device).eval()
+                self.dtype = to_dtype(self.spec.dtype) or torch.float32
+                self.model = model.to(self.device, self.dtype).eval()
         except torch.OutOfMemoryError:
             # A RuntimeError, but it must reach the cache as is: the cache evicts idle models and retries on it.
             self.unload()
@@ -88,8 +90,8 @@ class TorchVisionWorker(ModelWorker, framework="torchvision"):
         outputs: list[Any] = []
         with torch.inference_mode():
             for chunk in self.batched(batch):
-                stacked = torch.stack(list(chunk)).to(self.device)
-                probabilities = torch.softmax(self.model(stacked), dim=-1)
+                stacked = torch.stack(list(chunk)).to(self.device, self.dtype)
+                probabilities = torch.softmax(self.model(stacked).float(), dim=-1)
                 outputs.extend(top_k(probabilities, self.labels, self.spec.top_k))
         return outputs
 

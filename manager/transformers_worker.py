@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from manager.errors import ModelLoadError
-from manager.torch_utils import free_memory, measure_load, module_bytes, resolve_device, top_k
+from manager.torch_utils import free_memory, measure_load, module_bytes, resolve_device, to_dtype, top_k
 from manager.worker import ModelWorker
 
 __all__ = ["TransformerWorker"]
@@ -49,7 +49,7 @@ class TransformerWorker(ModelWorker, framework="transformers"):
             with measure_load(self.device) as measured:
                 self.tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
                 model = AutoModelForSequenceClassification.from_pretrained(source, trust_remote_code=False)
-                self.model = model.to(self.device).eval()
+                self.model = model.to(self.device, to_dtype(self.spec.dtype)).eval()
         except OSError as err:
             self.unload()
             raise ModelLoadError(self.spec.id, f"{source}: {err}") from err
@@ -71,7 +71,7 @@ class TransformerWorker(ModelWorker, framework="transformers"):
                     max_length=self.max_length,
                     return_tensors="pt",
                 ).to(self.device)
-                probabilities = torch.softmax(self.model(**encoded).logits, dim=-1)
+                probabilities = torch.softmax(self.model(**encoded).logits.float(), dim=-1)
                 for i, row in zip(chunk, top_k(probabilities, self.labels, self.spec.top_k), strict=True):
                     outputs[i] = row
         return outputs

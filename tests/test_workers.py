@@ -445,3 +445,24 @@ def test_image_over_the_byte_limit(models_file: Path) -> None:
         f"bad input for model 'vision': encoded image of about {len(image) * 3 // 4} bytes is over the limit of "
         "1000 bytes (SWAPLESS_MAX_IMAGE_BYTES)"
     )
+
+
+@pytest.mark.parametrize("model_id", ["topic", "vision"])
+def test_a_dtype_in_the_models_entry_is_applied_at_load(loaded: dict[str, ModelWorker], models_file: Path, model_id: str) -> None:
+    engine = ModelEngine()
+    spec = ModelStore.from_file(models_file, engine.frameworks).get(model_id).model_copy(update={"dtype": "bfloat16"})
+    worker = engine.build(spec)
+    inputs = TEXTS[:3] if model_id != "vision" else IMAGES[:2]
+    worker.load()
+    try:
+        module = torch_module(worker)
+        assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
+        assert worker.memory_bytes == tensor_bytes(module) < 0.6 * loaded[model_id].memory_bytes  # half of float32
+        got = worker.predict([worker.prepare(value) for value in inputs])
+    finally:
+        worker.unload()
+    want = loaded[model_id].predict([loaded[model_id].prepare(value) for value in inputs])
+    for got_row, want_row in zip(got, want, strict=True):
+        scores = [p["score"] for p in got_row]
+        assert scores == sorted(scores, reverse=True) and all(0.0 <= s <= 1.0 for s in scores)
+        assert abs(got_row[0]["score"] - want_row[0]["score"]) < 0.05  # float32 scores of bfloat16 weights
