@@ -27,6 +27,8 @@ class FakeWorker(ModelWorker, framework="fake"):
     fail_load: set[str] = set()
     #: a load of a model listed here waits until its event is set (tests of loads running in the background)
     load_gates: dict[str, Any] = {}
+    #: loads of a model listed here raise torch's out-of-memory error this many times first
+    oom_loads: Counter[str] = Counter()
 
     def load(self) -> None:
         gate = FakeWorker.load_gates.get(self.spec.id)
@@ -34,6 +36,11 @@ class FakeWorker(ModelWorker, framework="fake"):
             assert gate.wait(30), f"the test never opened the gate of {self.spec.id}"
         if self.spec.id in FakeWorker.fail_load:
             raise RuntimeError("weights file is corrupt")
+        if FakeWorker.oom_loads[self.spec.id] > 0:
+            FakeWorker.oom_loads[self.spec.id] -= 1
+            import torch
+
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         FakeWorker.loads[self.spec.id] += 1
         size = self.spec.name.removeprefix("size=")
         self.memory_bytes = int(size) if size.isdigit() else 100
@@ -60,6 +67,7 @@ class FakeWorker(ModelWorker, framework="fake"):
         cls.batches.clear()
         cls.fail_load.clear()
         cls.load_gates.clear()
+        cls.oom_loads.clear()
 
 
 def write_fake_models(directory: Path, sizes: dict[str, int]) -> Path:

@@ -208,6 +208,29 @@ def test_local_loads_take_turns_and_one_loads_ahead_at_a_time(tmp_path: Path) ->
     assert used.is_set() and FakeWorker.loads == {"a": 1, "b": 1}
 
 
+def test_out_of_memory_on_load_evicts_idle_models_and_retries_once(tmp_path: Path) -> None:
+    import torch
+
+    assert torch.OutOfMemoryError is torch.cuda.OutOfMemoryError  # what a GPU raises is what is injected here
+    manager = make_manager(tmp_path, {"a": 1, "b": 1, "c": 1}, max_models=3)
+    use(manager, "a")
+    use(manager, "b")
+    FakeWorker.oom_loads["c"] = 1
+    use(manager, "c")  # out of memory once: every idle model goes, the load is tried again and works
+    assert manager.loaded_ids() == ["c"] and (FakeWorker.unloads["a"], FakeWorker.unloads["b"]) == (1, 1)
+    FakeWorker.oom_loads["a"] = 2
+    with pytest.raises(ModelLoadError, match="model 'a'.*out of memory"):
+        use(manager, "a")  # out of memory twice: one clear error, tried only once more
+    assert FakeWorker.oom_loads["a"] == 0 and manager.stats.load_failures == 1
+
+
+def test_no_room_while_every_loaded_model_is_busy_is_a_clear_error(tmp_path: Path) -> None:
+    manager = make_manager(tmp_path, {"a": 1, "b": 1}, max_models=1, pin_wait_s=0.2)
+    with manager.use("a"), pytest.raises(ModelLoadError, match="no room: every loaded model is busy"):
+        use(manager, "b")
+    use(manager, "b")  # once "a" is free, "b" takes its place
+
+
 def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
