@@ -158,11 +158,17 @@ def run_cli(*args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[s
     )
 
 
+def _default_sigint() -> None:
+    # A suite started in the background by a non-interactive shell inherits SIGINT ignored, and Python then
+    # installs no Ctrl-C handler: give the producer the disposition a terminal's Ctrl-C finds.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_bulk(*args: str, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as stderr:
         return subprocess.Popen(
             [sys.executable, "-m", "tasks.cli", "bulk", *args, "--progress", "log", "--log-every", "0.5"],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr,
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=_default_sigint,
         )
 
 
