@@ -93,24 +93,27 @@ class PlacedQoS:
         grouped = self._forget(tags)
         for keys, model_tags in grouped.items():
             client.execute_command("EVAL", ACK, 3, *keys.records, *model_tags)
-        placed = {tag for model_tags in grouped.values() for tag in model_tags}
-        return [tag for tag in tags if tag not in placed]
+        return _others(tags, grouped)
 
     def placed_restore(self, tags: Sequence[str], client: Any) -> list[str]:
         """Put those of ``tags`` that came from a model's list back at its head; returns the others."""
         grouped = self._forget(tags)
         for keys, model_tags in grouped.items():
             client.execute_command("EVAL", RESTORE, 7, *keys.queue_and_records, *model_tags)
-        placed = {tag for model_tags in grouped.values() for tag in model_tags}
-        return [tag for tag in tags if tag not in placed]
+        return _others(tags, grouped)
 
     def placed_refresh(self, tags: Sequence[str], client: Any, now: float) -> list[str]:
         """Re-stamp the model records of those of ``tags`` that came from a model's list; returns the others."""
         grouped = _by_keys(tags, self.channel._held)
         for keys, model_tags in grouped.items():
             client.execute_command("EVAL", REFRESH, 1, keys.part("seen"), repr(now), *model_tags)
-        placed = {tag for model_tags in grouped.values() for tag in model_tags}
-        return [tag for tag in tags if tag not in placed]
+        return _others(tags, grouped)
+
+
+def _others(tags: Sequence[str], grouped: dict[ModelKeys, list[str]]) -> list[str]:
+    """Those of ``tags`` that came from no model's list (the shared queue's: kombu's own records)."""
+    placed = {tag for model_tags in grouped.values() for tag in model_tags}
+    return [tag for tag in tags if tag not in placed]
 
 
 class PlacedChannel:
