@@ -215,7 +215,9 @@ def test_interactive_jobs_overtake_bulk_work_across_workers(cluster: Cluster) ->
     cluster.worker()
     cluster.worker()
     client = Client()
-    bulk = client.submit_jobs([("m0", f"sleep:0.05:bulk-{i}") for i in range(300)], priority="bulk")
+    # Each batch of 32 bulk jobs holds its worker 0.25 s: about 10 batches, seconds of bulk work in all, so the
+    # urgent jobs arrive with most of the backlog still waiting, however slow the machine is to send them.
+    bulk = client.submit_jobs([("m0", f"sleep:0.25:bulk-{i}") for i in range(300)], priority="bulk")
     wait_for(lambda: len(executions(cluster.log)) >= 10, 20, "the bulk jobs to start")
     urgent = [client.submit("m0", f"urgent-{i}") for i in range(10)]
     settle(client, [*bulk, *urgent], 120)
