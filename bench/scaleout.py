@@ -83,8 +83,12 @@ def _sim_jobs(seed: int, skewed: bool, n: int = 1200) -> list[tuple[str, str]]:
 class Cluster:
     """``n`` fresh workers on a fresh queue."""
 
-    def __init__(self, name: str, n: int, routing: str, models_file: Path, max_models: int) -> None:
+    def __init__(self, name: str, n: int, routing: str, models_file: Path, max_models: int, warm_start: bool,
+                 learned: dict[bytes, bytes] | None = None) -> None:
         self.prefix = fresh_prefix(name)
+        self.redis = redis.Redis.from_url(REDIS_URL)
+        if learned:  # what a deployment that ran before knows: each model's load time and batch costs
+            self.redis.hset(self.learned_key, mapping=learned)  # type: ignore[arg-type]
         self.env = {
             "SWAPLESS_REDIS_URL": REDIS_URL,
             "SWAPLESS_KEY_PREFIX": self.prefix,
@@ -93,6 +97,7 @@ class Cluster:
             "SWAPLESS_ROUTING": routing,
             "SWAPLESS_MAX_MODELS": str(max_models),
             "SWAPLESS_PLUGINS": "bench.simulated",
+            "SWAPLESS_WARM_START": "true" if warm_start else "false",
             "SWAPLESS_DEVICE": "cpu",
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
@@ -105,8 +110,19 @@ class Cluster:
         ]
         for worker in self.workers:
             worker.wait_for("ready.")
-        self.redis = redis.Redis.from_url(REDIS_URL)
         self._wait_heartbeats(n)
+        self.mark()
+
+    def mark(self) -> None:
+        """Count loads from here on (the jobs are sent next; a warm start's loads came before)."""
+        self._marks = [len(worker.text()) for worker in self.workers]
+
+    def _since_mark(self) -> list[str]:
+        return [worker.text()[mark:] for worker, mark in zip(self.workers, self._marks, strict=True)]
+
+    @property
+    def learned_key(self) -> str:
+        return f"{self.prefix}swapless:learned:cpu"
 
     def _wait_heartbeats(self, n: int, timeout_s: float = 30) -> None:
         from tasks.observe.heartbeat import read_heartbeats
@@ -127,13 +143,13 @@ class Cluster:
 
     def loads(self) -> dict[str, int]:
         found: dict[str, int] = {}
-        for worker in self.workers:
-            for model_id in re.findall(r"loaded (\S+) \(", worker.text()):
+        for text in self._since_mark():
+            for model_id in re.findall(r"loaded (\S+) \(", text):
                 found[model_id] = found.get(model_id, 0) + 1
         return found
 
     def workers_that_loaded(self, model_id: str) -> int:
-        return sum(1 for w in self.workers if f"loaded {model_id} (" in w.text())
+        return sum(1 for text in self._since_mark() if f"loaded {model_id} (" in text)
 
     def close(self) -> None:
         for worker in self.workers:
@@ -146,6 +162,7 @@ def _run(cluster: Cluster, jobs: list[tuple[str, str]], on_progress: Callable[[i
          timeout_s: float = 600) -> tuple[float, int]:
     """Send ``jobs`` at once and wait for all; returns (seconds from the first send to the last result, lost)."""
     client = cluster.client()
+    cluster.mark()
     started = time.perf_counter()
     sent = client.submit_jobs(jobs)  # type: ignore[attr-defined]
     pending = {job.id for job in sent}
@@ -164,13 +181,31 @@ def _run(cluster: Cluster, jobs: list[tuple[str, str]], on_progress: Callable[[i
     return elapsed, len(pending)
 
 
-def run_config(workload: str, n: int, routing: str, seed: int, real_models: Path, sim_models: Path) -> Result:
+def learn(sim_models: Path, timeout_s: float = 120) -> dict[bytes, bytes]:
+    """What one worker's warm start learns of the simulated models (the learned store's hash), to start every
+    simulated cluster with, as a deployment that ran before starts."""
+    cluster = Cluster("learn", 1, "placement", sim_models, 3, warm_start=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while cluster.redis.hlen(cluster.learned_key) < len(SIM_MODELS):  # written at the next heartbeat
+            if time.monotonic() > deadline:
+                raise RuntimeError("the warm start's measurements did not reach the learned store")
+            time.sleep(0.2)
+        return cluster.redis.hgetall(cluster.learned_key)  # type: ignore[return-value]
+    finally:
+        cluster.close()
+
+
+def run_config(workload: str, n: int, routing: str, seed: int, real_models: Path, sim_models: Path,
+               learned: dict[bytes, bytes] | None = None) -> Result:
     if workload == "real":
         jobs = mixed_jobs(seed, 600)
-        cluster = Cluster(f"real-{routing}-{n}", n, routing, real_models, 2)
+        cluster = Cluster(f"real-{routing}-{n}", n, routing, real_models, 2, warm_start=True)
     else:
         jobs = _sim_jobs(seed, skewed=workload == "sim-skewed")
-        cluster = Cluster(f"{workload}-{routing}-{n}", n, routing, sim_models, 3)
+        # a simulated model has no one-off costs to warm: a warm start would only sleep through every load; what
+        # it would measure (the loads' times) comes from the learned store, as in a deployment that ran before
+        cluster = Cluster(f"{workload}-{routing}-{n}", n, routing, sim_models, 3, warm_start=False, learned=learned)
     try:
         if workload != "failover":
             seconds, lost = _run(cluster, jobs)
@@ -235,7 +270,9 @@ def report(results: dict[tuple[str, int, str], list[Result]], workers: Sequence[
         f"{repeats} repetition(s) per row (median [min–max]); the whole run took {took_s / 60:.1f} min.",
         "Each row: placement (`SWAPLESS_ROUTING=placement`, this design) / shared queue (`shared`, the baseline, "
         "measured in the same run). *sim* rows use the simulated framework (`bench/simulated.py`): loads and "
-        "forward passes sleep (1-3 s per load), as a GPU's work leaves the CPU free.",
+        "forward passes sleep (1-3 s per load), as a GPU's work leaves the CPU free. Simulated workers start "
+        "without a warm start (it would only sleep) but with what one worker's warm start measured, in the learned "
+        "store, as workers of a deployment that ran before do; loads are counted from the first job sent.",
         "",
     ]
     one = {w: _median([r.jobs_per_s for r in results.get((w, 1, "placement"), [])] or [float("nan")])
@@ -299,11 +336,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     sim_models = _sim_models_file(OUT / "sim-models")
     results: dict[tuple[str, int, str], list[Result]] = {}
     started = time.monotonic()
+    learned = learn(sim_models) if any(w != "real" for w in workloads) else None
     for rep in range(args.repeats):
         for workload in workloads:
             for n in [3] if workload == "failover" else counts:
                 for routing in routings:
-                    result = run_config(workload, n, routing, seed=rep, real_models=real_models, sim_models=sim_models)
+                    result = run_config(workload, n, routing, seed=rep, real_models=real_models, sim_models=sim_models,
+                                        learned=learned)
                     results.setdefault((workload, n, routing), []).append(result)
                     extra = f", recovery {result.recovery_s:.1f} s" if result.recovery_s is not None else ""
                     print(f"rep {rep + 1} {workload} n={n} {routing}: {result.jobs_per_s:.1f} jobs/s, "

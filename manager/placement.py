@@ -8,15 +8,17 @@ are broken by a hash of (model, worker), so that the workers agree without talki
 
 The rules, in order:
 
-1. **Cold models** (waiting work, no holder), most waiting first, each to one worker: the one that would be done
+1. **Cold models** (waiting work, no holder), the most seconds of work (with the load) first, each to one worker: the one that would be done
    soonest with it, counting in seconds the work it holds already (waiting jobs times their cost, plus the load
    of each claimed model it has not loaded) and this model's load. A worker with a free slot, or an eviction
    victim (a claimed model with no waiting work: it releases it), takes it as it is; one with neither pays a
    reload on top (it will swap models in its own cache, as one worker alone does). Ties go to the victim idle
    longest, then to fewer claims.
-2. **Hot models** get one more copy per plan when their waiting work per copy passes ``copy_backlog_s``, on a
-   worker with a free slot or an idle victim, never by crowding out a model with work: rule 1 already gave the hot
-   model's worker less of the rest, and a copy that makes another worker swap costs more than it saves.
+2. **Hot models** get one more copy per plan when their waiting work per copy passes ``copy_backlog_s`` and
+   their holders are the long pole: even the least busy holder would finish more than one load of the model after
+   the cluster's average worker. The copy goes to the worker that would be ready for it soonest (rule 1's choice,
+   a reload counted where it has no room), and only if it would be ready before the holders are done. A copy
+   fetches from the model's shared lists, so the work splits by who is free, not in equal shares.
 3. **Idle copies** are dropped: a worker holding a copy of a model that has had no work for ``copy_idle_s``, with
    another copy elsewhere, releases it; the holder first by id keeps the last copy, so the model stays warm until
    its slot is needed.
@@ -118,7 +120,7 @@ class _Board:
     def cost_s(self, worker_id: str, model_id: str) -> float:
         """Seconds of work ``model_id`` gives ``worker_id``: its waiting jobs' share, and its load if not loaded."""
         d = self.demand.get(model_id)
-        if d is None:
+        if d is None or d.waiting == 0:
             return 0.0
         load = 0.0 if model_id in self.workers[worker_id].loaded else d.load_s
         return d.backlog_s(max(len(d.holders), 1)) + load
@@ -208,7 +210,9 @@ def plan(
         if worker_id == me:
             claim.append((model_id, most_holders, victim))
 
-    cold = sorted((d for d in demand if d.waiting > 0 and not d.holders), key=lambda d: (-d.waiting, d.model_id))
+    # the longest first (its work and its load): the shorter ones then even out the workers' totals
+    cold = sorted((d for d in demand if d.waiting > 0 and not d.holders),
+                  key=lambda d: (-(d.backlog_s(1) + d.load_s), d.model_id))
     for d in cold:
         chosen = _choose(board, d.model_id, (), any_worker=True)
         if chosen is not None:
@@ -216,11 +220,17 @@ def plan(
 
     hot = sorted((d for d in demand if d.holders), key=lambda d: (-d.backlog_s(len(d.holders)), d.model_id))
     for d in hot:
-        per_copy_s = d.backlog_s(len(d.holders))
-        if len(d.holders) >= copies_cap or per_copy_s <= copy_backlog_s:
+        if len(d.holders) >= copies_cap or d.backlog_s(len(d.holders)) <= copy_backlog_s:
             continue
-        chosen = _choose(board, d.model_id, d.holders, any_worker=False)
-        if chosen is not None:
+        holders_s = [board.busy_s(h) for h in d.holders if h in board.claims]
+        if not holders_s:
+            continue
+        finish_s = min(holders_s)
+        average_s = sum(board.busy_s(w) for w in board.workers) / len(board.workers)
+        if finish_s - average_s <= d.load_s:
+            continue  # the holders are not the long pole: a copy's load would cost more than it saves
+        chosen = _choose(board, d.model_id, d.holders, any_worker=True)
+        if chosen is not None and chosen[2] < finish_s:
             take(d.model_id, chosen[0], chosen[1], len(d.holders) + 1)
 
     mine = [d for d in demand if me in d.holders]

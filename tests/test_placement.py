@@ -97,9 +97,25 @@ def test_a_worker_missing_from_the_live_list_plans_nothing() -> None:
     assert plan("ghost", _workers("a"), [Demand("m", queued=1)]) == Moves()
 
 
-def test_with_no_room_anywhere_a_hot_model_gets_no_copy_that_would_crowd_out_work() -> None:
+def test_with_no_room_a_copy_is_made_only_where_it_shortens_the_run() -> None:
     workers = _workers("a", "b", slots=1)
-    demand = [Demand("hot", queued=2000, job_s=0.01, holders=("a",)), Demand("small", queued=10, holders=("b",))]
-    assert all(not mv.claim for mv in _everyone(workers, demand, copy_backlog_s=2.0).values())
+    long_pole = [Demand("hot", queued=2000, job_s=0.01, holders=("a",)), Demand("small", queued=10, holders=("b",))]
+    moves = _everyone(workers, long_pole, copy_backlog_s=2.0)
+    assert moves["b"].claim == (("hot", 2, None),) and not moves["a"].claim  # 20 s of work against b's 1 s
+    balanced = [Demand("hot", queued=300, job_s=0.01, holders=("a",)),
+                Demand("other", queued=250, job_s=0.01, holders=("b",))]  # 3 s against 2.5 s: a load costs more
+    assert all(not mv.claim for mv in _everyone(workers, balanced, copy_backlog_s=2.0).values())
     idle = [Demand("hot", queued=2000, job_s=0.01, holders=("a",)), Demand("small", holders=("b",))]
     assert _everyone(workers, idle, copy_backlog_s=2.0)["b"].claim == (("hot", 2, "small"),)  # b's victim goes
+
+
+def test_a_copy_goes_to_the_long_pole_only_while_the_holders_finish_after_the_rest() -> None:
+    workers = _workers("a", "b", "c", slots=3)
+    # the hot model's 11 s against 8 s of loads on each of the others: one copy brings it down to the rest
+    demand = [Demand("hot", queued=1000, job_s=0.01, holders=("a",)),
+              *[Demand(f"m{i}", queued=20, job_s=0.001, load_s=2.0, holders=("b" if i % 2 else "c",))
+                for i in range(8)]]
+    moves = _everyone(workers, demand, copy_backlog_s=2.0)
+    assert sum(1 for mv in moves.values() for m, _, _ in mv.claim if m == "hot") == 1
+    done = [Demand("hot", queued=300, job_s=0.01, holders=("a",)), *demand[1:]]  # 3 s left: the others are longer
+    assert all(not mv.claim for mv in _everyone(workers, done, copy_backlog_s=2.0).values())

@@ -203,8 +203,8 @@ class Affinity(Protocol):
 
     #: This worker's id (``hostname:pid``), recorded as the owner of what it fetches.
     worker_id: str
-    #: Most jobs of one model this worker holds at once.
-    per_model_limit: int
+    def hold_limit(self, model_id: str) -> int:
+        """Most jobs of ``model_id`` this worker holds (fetched, unfinished) at once."""
 
     def claimed(self) -> Sequence[str]:
         """The models whose lists this worker fetches from now."""

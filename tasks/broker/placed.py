@@ -6,7 +6,7 @@ Mixed into ``tasks.broker.transport``'s channel and QoS when the worker consumes
 ``use_affinity`` at start-up); without it the transport fetches the shared queue only, as kombu would.
 
 One fetch round is one round trip: a ``FETCH`` per claimed model (each bounded by the room that model has left
-under ``per_model_limit`` and by the prefetch credit) and one of the shared lists, pipelined. Messages from the
+under its ``hold_limit`` and by the prefetch credit) and one of the shared lists, pipelined. Messages from the
 shared lists are routed (pushed to their model's list, then acked, in a second round trip: a crash in between
 leaves two copies, and the second finds its result stored and is acked without running); the rare one that names
 no model is delivered here and answered with its error. An idle worker waits on the bells of its models and on
@@ -150,7 +150,7 @@ class PlacedChannel:
         self._plan = []
         now = repr(time.time())
         for model_id in claimed:
-            room = min(affinity.per_model_limit - self._held_per_model[model_id], credit, self.swapless_fetch_limit)
+            room = min(affinity.hold_limit(model_id) - self._held_per_model[model_id], credit, self.swapless_fetch_limit)
             if room <= 0:
                 continue
             keys = ModelKeys(queue, model_id, self.global_keyprefix)

@@ -7,6 +7,10 @@ A daemon thread, ``swapless-placement``, every ``SWAPLESS_PLACEMENT_INTERVAL_S``
   live workers (their heartbeats), and runs the pure policy (``manager.placement.plan``) for this worker;
 - claims what the plan gives it (``CLAIM``: atomic, so a cold model is claimed by one worker however many see its
   jobs) and releases what it takes away;
+- sets how many jobs of each model it may hold (``hold_limit``): with other workers live, about
+  ``SWAPLESS_COPY_BACKLOG_S`` seconds of the model's work (at least two forward passes, at most
+  ``SWAPLESS_PREFETCH_PER_MODEL``), so that the rest stays in Redis for a copy on another worker to take; alone,
+  ``SWAPLESS_PREFETCH_PER_MODEL``;
 - renews its claims' leases (``RENEW``; a lease lasts ``TTL_INTERVALS`` heartbeats, so a worker that dies loses
   its claims as its heartbeat expires); a claim found lapsed is dropped;
 - once a second, puts back the held jobs of workers whose heartbeat has expired, and any not refreshed for the
@@ -91,6 +95,7 @@ class Placement:
         self.client = client or redis_client(s.broker_url, connect_timeout_s=5, socket_timeout_s=10)
         self.lease_ms = int(s.heartbeat_interval_s * TTL_INTERVALS * 1000)
         self._claimed: list[str] = []
+        self._limits: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -103,6 +108,10 @@ class Placement:
         """The models this worker fetches from now."""
         with self._lock:
             return list(self._claimed)
+
+    def hold_limit(self, model_id: str) -> int:
+        """Most jobs of ``model_id`` this worker holds at once (see the module docstring)."""
+        return self._limits.get(model_id, self.per_model_limit)
 
     def route(self, payload: dict[str, Any]) -> str | None:
         """The model of a shared-queue message, as its lists are named (an alias resolved); None: not a model here."""
@@ -171,10 +180,13 @@ class Placement:
         live = {beat.worker_id for beat in beats} | {self.worker_id}
         dead = sorted({h for p in places for h in p.holder_ids if h not in live})
         workers = self._workers(beats)
+        demand = self._demand(places, beats, live)
+        alone = all(w.worker_id == self.worker_id for w in workers)
+        self._limits = {} if alone else {d.model_id: self._hold_for(d) for d in demand}
         moves = plan(
             self.worker_id,
             workers,
-            self._demand(places, beats, live),
+            demand,
             copy_backlog_s=s.copy_backlog_s,
             max_copies=s.max_copies,
             copy_idle_s=s.copy_idle_s,
@@ -211,6 +223,17 @@ class Placement:
             self._last_recover = time.monotonic()
             self.recover(models, live)
 
+    def _hold_for(self, d: Demand) -> int:
+        """About ``copy_backlog_s`` seconds of ``d``'s work, within [two forward passes, ``prefetch_per_model``]:
+        a worker that holds more of a hot model's jobs than that keeps them from the copies placement adds."""
+        s = self.runtime.settings
+        try:
+            batch = self.runtime.store.get(d.model_id).max_batch_size or s.max_batch_size
+        except KeyError:
+            batch = s.max_batch_size
+        seconds_worth = math.ceil(s.copy_backlog_s / max(d.job_s, 1e-6))
+        return min(self.per_model_limit, max(2 * batch, seconds_worth))
+
     def recover(self, models: list[str], live: set[str]) -> int:
         """Put back every held job of a worker not in ``live``, and every one not refreshed for the visibility
         timeout; returns how many came back."""
@@ -237,6 +260,12 @@ class Placement:
         views[self.worker_id] = WorkerView(self.worker_id, manager.max_models, frozenset(manager.loaded_ids()), idle)
         return list(views.values())
 
+    def _known_load_s(self, model_id: str) -> float:
+        """A load no live worker has measured yet: what this worker's cache learned (its own loads, or earlier
+        workers' through the learned store), else the default."""
+        learned = self.runtime.manager.learned(model_id).get("load_s")
+        return float(learned) if learned is not None else DEFAULT_LOAD_COST_S
+
     def _demand(self, places: list[ModelPlacement], beats: list[Heartbeat], live: set[str]) -> list[Demand]:
         run_s: dict[str, float] = {}
         jobs: dict[str, int] = {}
@@ -255,7 +284,7 @@ class Placement:
             if not (p.waiting or p.held or holders):
                 continue
             job_s = run_s[p.model_id] / jobs[p.model_id] if jobs.get(p.model_id) else DEFAULT_JOB_S
-            load = load_s[p.model_id] / loads[p.model_id] if loads.get(p.model_id) else DEFAULT_LOAD_COST_S
+            load = load_s[p.model_id] / loads[p.model_id] if loads.get(p.model_id) else self._known_load_s(p.model_id)
             demand.append(Demand(p.model_id, p.waiting, p.held, job_s if math.isfinite(job_s) else DEFAULT_JOB_S,
                                  holders, load))
         return demand
