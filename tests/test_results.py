@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import threading
 import uuid
+from typing import Any
 
 import redis
 
 from tasks.app import make_app
 from tasks.broker.results import ResultStore
+from tasks.client import waiting
+from tasks.client.waiting import wait_result
 from tasks.errors import JobFailed
 
 
@@ -42,3 +46,28 @@ def test_a_result_plain_json_cannot_hold_goes_through_celery_s_encoder(swapless_
     assert failed.state == "FAILURE" and isinstance(failed.value, JobFailed) and "cannot be stored as JSON" in str(
         failed.value)
     store.forget([job_id, unstorable])
+
+
+def test_a_wait_is_woken_by_the_publish_itself_and_reuses_its_pub_sub_connection(swapless_env: dict[str, str]) -> None:
+    app = make_app()
+    client = redis.Redis.from_url(app.conf.result_backend)
+    store = ResultStore(app, client=client)
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    value = store._encode(first, {"label": "POSITIVE"}, None, "2026-01-01T00:00:00+00:00")
+
+    def publish_later(job_id: str, raw: Any, delay_s: float) -> threading.Timer:
+        timer = threading.Timer(delay_s, lambda: client.publish(store.key(job_id), raw))
+        timer.start()
+        return timer
+
+    # published, never SET: only the publish's own payload can answer the wait
+    publish_later(first, value, 0.2)
+    stored = wait_result(client, store, first, timeout_s=5)
+    assert stored.state == "SUCCESS" and stored.value == {"label": "POSITIVE"}
+    idle = waiting._subscriptions_of(client)._idle
+    assert len(idle) == 1  # kept for the next wait
+    kept = idle[0]
+    # a late message on the first job's channel does not answer the second job's wait
+    publish_later(first, value, 0.1)
+    assert wait_result(client, store, second, timeout_s=1).state == "PENDING"
+    assert waiting._subscriptions_of(client)._idle == [kept]  # the same connection served both waits

@@ -4,16 +4,20 @@ wakes on the result backend's publish (for threads and for asyncio), shared by `
 The items of a chunk (ids ``"<chunk id>:<index>"``) have no result of their own: they read their item of the
 chunk's stored list. A wait subscribes to the result's key before it first reads it, so a result stored in between
 is never missed, and sleeps on the subscription (at most ``POLL_S`` between reads, a safety net) instead of polling.
+Waits reuse their Redis client's idle pub/sub connections (``_Subscriptions``).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import redis
 import redis.asyncio as aredis
+from redis.client import PubSub
 from celery import states
 
 from manager.errors import SwaplessError
@@ -70,20 +74,77 @@ def raise_for(stored: StoredResult) -> Any:
     raise JobFailed(stored.job_id, type(error).__name__ if error is not None else stored.state, str(error))
 
 
+class _Subscriptions:
+    """The idle pub/sub connections of one Redis client, kept for the next wait: a wait that opened its own would
+    pay a connection's set-up (connect, the client's handshake) on top of its SUBSCRIBE, every time."""
+
+    #: Idle pub/sub connections kept per client; a wait finding none opens one.
+    KEEP = 8
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._idle: list[PubSub] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> PubSub:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self.client.pubsub(ignore_subscribe_messages=True)
+
+    def give_back(self, pubsub: PubSub, reusable: bool) -> None:
+        if reusable:
+            with self._lock:
+                if len(self._idle) < self.KEEP:
+                    self._idle.append(pubsub)
+                    return
+        pubsub.close()
+
+
+_subscriptions: weakref.WeakKeyDictionary[redis.Redis, _Subscriptions] = weakref.WeakKeyDictionary()
+_subscriptions_lock = threading.Lock()
+
+
+def _subscriptions_of(client: redis.Redis) -> _Subscriptions:
+    with _subscriptions_lock:
+        found = _subscriptions.get(client)
+        if found is None:
+            found = _subscriptions[client] = _Subscriptions(client)
+        return found
+
+
 def wait_result(client: redis.Redis, results: ResultStore, job_id: str, timeout_s: float | None) -> StoredResult:
-    """``job_id``'s final state, or its state now (PENDING) once ``timeout_s`` has passed (None: no limit)."""
+    """``job_id``'s final state, or its state now (PENDING) once ``timeout_s`` has passed (None: no limit).
+
+    The publish carries the stored value itself: a wait woken by it decodes that, with no second read. Messages of
+    other channels (a pub/sub connection reused from an earlier wait may still get one) only wake a read.
+    """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    stored_under = storage_id(job_id)
+    channel = results.key(stored_under)
+    subscriptions = _subscriptions_of(client)
+    pubsub = subscriptions.take()
+    reusable = False
     try:
-        pubsub.subscribe(results.key(storage_id(job_id)))
+        pubsub.subscribe(channel)
+        stored = read_results(results, [job_id])[0]
         while True:
-            stored = read_results(results, [job_id])[0]
             remaining = None if deadline is None else deadline - time.monotonic()
             if stored.ready or (remaining is not None and remaining <= 0):
+                pubsub.unsubscribe(channel)
+                reusable = True
                 return stored
-            pubsub.get_message(timeout=POLL_S if remaining is None else min(POLL_S, remaining))
+            message = pubsub.get_message(timeout=POLL_S if remaining is None else min(POLL_S, remaining))
+            if message is not None and message.get("type") == "message" and _text(message.get("channel")) == channel:
+                stored = _item_result(job_id, results.decode(stored_under, message["data"]))
+            else:
+                stored = read_results(results, [job_id])[0]
     finally:
-        pubsub.close()
+        subscriptions.give_back(pubsub, reusable)
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 async def aread_result(client: aredis.Redis, results: ResultStore, job_id: str) -> StoredResult:
@@ -92,17 +153,34 @@ async def aread_result(client: aredis.Redis, results: ResultStore, job_id: str) 
     return _item_result(job_id, results.decode(stored_under, await client.get(results.key(stored_under))))
 
 
+_idle_async: weakref.WeakKeyDictionary[aredis.Redis, list[aredis.client.PubSub]] = weakref.WeakKeyDictionary()
+
+
 async def await_result(client: aredis.Redis, results: ResultStore, job_id: str, timeout_s: float) -> StoredResult:
-    """``wait_result`` for asyncio code: the event loop never waits on Redis."""
+    """``wait_result`` for asyncio code: the event loop never waits on Redis (idle pub/sub connections are reused,
+    and a publish's payload is decoded as it comes, as there)."""
     deadline = time.monotonic() + timeout_s
-    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    stored_under = storage_id(job_id)
+    channel = results.key(stored_under)
+    idle = _idle_async.setdefault(client, [])
+    pubsub = idle.pop() if idle else client.pubsub(ignore_subscribe_messages=True)
+    reusable = False
     try:
-        await pubsub.subscribe(results.key(storage_id(job_id)))
+        await pubsub.subscribe(channel)
+        stored = await aread_result(client, results, job_id)
         while True:
-            stored = await aread_result(client, results, job_id)
             remaining = deadline - time.monotonic()
             if stored.ready or remaining <= 0:
+                await pubsub.unsubscribe(channel)
+                reusable = True
                 return stored
-            await pubsub.get_message(timeout=min(POLL_S, remaining))
+            message = await pubsub.get_message(timeout=min(POLL_S, remaining))
+            if message is not None and message.get("type") == "message" and _text(message.get("channel")) == channel:
+                stored = _item_result(job_id, results.decode(stored_under, message["data"]))
+            else:
+                stored = await aread_result(client, results, job_id)
     finally:
-        await pubsub.aclose()
+        if reusable and len(idle) < _Subscriptions.KEEP:
+            idle.append(pubsub)
+        else:
+            await pubsub.aclose()
