@@ -17,8 +17,8 @@ from typing import Any
 
 import redis
 import redis.asyncio as aredis
-from redis.client import PubSub
 from celery import states
+from redis.client import PubSub
 
 from manager.errors import SwaplessError
 from tasks.broker.results import ResultStore, StoredResult
