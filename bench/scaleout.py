@@ -11,7 +11,9 @@ takes any job: the baseline, measured in the same run), with fresh worker proces
 2. **sim-burst**: 12 simulated models (``bench/simulated.py``: load 1-3 s, forward pass 20 ms + 1 ms per input,
    sleeping like a GPU, no CPU), a cache of 3 per worker, 1,200 jobs spread evenly, sent at once;
 3. **sim-skewed**: the same models, 1,200 jobs, 80 % of them for one model (forward pass 20 ms + 10 ms per input:
-   about 10 s of work for one copy);
+   about 10 s of work for one copy, under a third of the whole: the others' loads are the rest);
+   **sim-hot**: the same jobs with the hot model at 30 ms per input (about 30 s for one copy, most of the work:
+   with two workers or more, one copy of it is the long pole);
 4. **failover**: 3 workers, the simulated burst, one worker SIGKILLed once 40 % of the results are in: lost jobs,
    the time until the dead worker's jobs and models are free again (recovery), and until every job is done.
 """
@@ -38,7 +40,10 @@ from bench.simulated import simulated_entry
 REDIS_URL = os.environ.get("SWAPLESS_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 SIM_MODELS = [f"sim-{i:02d}" for i in range(12)]
 HOT = SIM_MODELS[0]
-WORKLOADS = ("real", "sim-burst", "sim-skewed", "failover")
+WORKLOADS = ("real", "sim-burst", "sim-skewed", "sim-hot", "failover")
+#: Seconds per input of the hot model, per simulated workload (the others: 1 ms).
+HOT_ITEM_S = {"sim-burst": 0.01, "sim-skewed": 0.01, "sim-hot": 0.03, "failover": 0.01}
+REPORTED = ("real", "sim-burst", "sim-skewed", "sim-hot")
 
 
 @dataclass
@@ -59,14 +64,14 @@ class Result:
         return self.jobs / self.seconds
 
 
-def _sim_models_file(directory: Path) -> Path:
+def _sim_models_file(directory: Path, hot_item_s: float) -> Path:
     from manager.tiny import write_models_file
 
     directory.mkdir(parents=True, exist_ok=True)
     entries = []
     for i, model_id in enumerate(SIM_MODELS):
         load_s = 1.0 + 2.0 * i / (len(SIM_MODELS) - 1)  # 1 s .. 3 s
-        entries.append(simulated_entry(model_id, load_s, 0.02, 0.01 if model_id == HOT else 0.001))
+        entries.append(simulated_entry(model_id, load_s, 0.02, hot_item_s if model_id == HOT else 0.001))
     return write_models_file(directory, entries)
 
 
@@ -198,11 +203,12 @@ def learn(sim_models: Path, timeout_s: float = 120) -> dict[bytes, bytes]:
 
 def run_config(workload: str, n: int, routing: str, seed: int, real_models: Path, sim_models: Path,
                learned: dict[bytes, bytes] | None = None) -> Result:
+    """One run of ``workload`` (``sim_models``: its simulated models file, ``learned``: what was learned of them)."""
     if workload == "real":
         jobs = mixed_jobs(seed, 600)
         cluster = Cluster(f"real-{routing}-{n}", n, routing, real_models, 2, warm_start=True)
     else:
-        jobs = _sim_jobs(seed, skewed=workload == "sim-skewed")
+        jobs = _sim_jobs(seed, skewed=workload in ("sim-skewed", "sim-hot"))
         # a simulated model has no one-off costs to warm: a warm start would only sleep through every load; what
         # it would measure (the loads' times) comes from the learned store, as in a deployment that ran before
         cluster = Cluster(f"{workload}-{routing}-{n}", n, routing, sim_models, 3, warm_start=False, learned=learned)
@@ -276,13 +282,15 @@ def report(results: dict[tuple[str, int, str], list[Result]], workers: Sequence[
         "",
     ]
     one = {w: _median([r.jobs_per_s for r in results.get((w, 1, "placement"), [])] or [float("nan")])
-           for w in ("real", "sim-burst", "sim-skewed")}
-    for workload in ("real", "sim-burst", "sim-skewed"):
+           for w in REPORTED}
+    for workload in (w for w in REPORTED if any(key[0] == w for key in results)):
+        skewed = workload in ("sim-skewed", "sim-hot")
         distinct = len(MODEL_IDS) if workload == "real" else len(SIM_MODELS)
         cache = 2 if workload == "real" else 3
         lines += [
             f"## {workload}: {'600 mixed jobs, 6 real tiny models' if workload == 'real' else '1,200 jobs, 12 simulated models'}"
-            f"{', 80 % for one model' if workload == 'sim-skewed' else ''}, cache of {cache} per worker",
+            f"{f', 80 % for one model ({HOT_ITEM_S[workload] * 1000:g} ms per input)' if skewed else ''}, "
+            f"cache of {cache} per worker",
             "",
             "| workers | jobs/s placement | jobs/s shared | vs N x one worker | loads placement | loads shared "
             "| target loads | hot model on workers |",
@@ -295,8 +303,8 @@ def report(results: dict[tuple[str, int, str], list[Result]], workers: Sequence[
                 continue
             scale = _median([r.jobs_per_s for r in placed]) / (n * one[workload]) if one[workload] == one[workload] else float("nan")
             fits = n * cache >= distinct
-            target = f"<= {distinct + 1}" if fits and workload != "sim-skewed" else "-"
-            hot = summary([r.hot_workers for r in placed]) if workload == "sim-skewed" else "-"
+            target = f"<= {distinct + 1}" if fits and not skewed else "-"
+            hot = summary([r.hot_workers for r in placed]) if skewed else "-"
             lines.append(
                 f"| {n} | {summary([r.jobs_per_s for r in placed])} | {summary([r.jobs_per_s for r in shared]) if shared else '-'} "
                 f"| {scale:.2f} | {summary([r.loads for r in placed])} | {summary([r.loads for r in shared]) if shared else '-'} "
@@ -321,6 +329,25 @@ def report(results: dict[tuple[str, int, str], list[Result]], workers: Sequence[
     return "\n".join(lines) + "\n"
 
 
+def _sections(text: str) -> tuple[list[str], dict[str, str]]:
+    """A report's lines before its first section, and its sections by workload name."""
+    head, *parts = text.split("\n## ")
+    return head.splitlines(), {part.split(":", 1)[0]: "## " + part.rstrip("\n") for part in parts}
+
+
+def merge(earlier: str, now: str, argv: str) -> str:
+    """``now``'s sections, and ``earlier``'s for the workloads ``now`` did not run, in the usual order."""
+    old_head, old = _sections(earlier)
+    new_head, new = _sections(now)
+    order = [*REPORTED, "failover"]
+    merged = {**old, **new}
+    when = next((line for line in old_head if line.startswith("`python -m bench.scaleout`")), "")
+    head = [*new_head[:2], f"Sections {', '.join(sorted(new))}: `python -m bench.scaleout {argv}`, "
+            f"{time.strftime('%Y-%m-%d %H:%M')}; the others from the earlier run: {when}", *new_head[3:]]
+    body = [merged[name] for name in sorted(merged, key=lambda n: order.index(n) if n in order else len(order))]
+    return "\n".join(head).rstrip("\n") + "\n\n" + "\n\n".join(body) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -328,26 +355,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--routings", default="placement,shared")
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "SCALEOUT.md")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the output's sections of the workloads not run now (from its earlier run)")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.workers.split(",")]
     workloads = args.workloads.split(",")
     routings = args.routings.split(",")
     real_models = build_models() if "real" in workloads else Path()
-    sim_models = _sim_models_file(OUT / "sim-models")
+    sim_models = {w: _sim_models_file(OUT / f"sim-models-{int(s * 1000)}ms", s) for w, s in HOT_ITEM_S.items()
+                  if w in workloads}
     results: dict[tuple[str, int, str], list[Result]] = {}
     started = time.monotonic()
-    learned = learn(sim_models) if any(w != "real" for w in workloads) else None
+    learned = {path: learn(path) for path in set(sim_models.values())}
     for rep in range(args.repeats):
         for workload in workloads:
             for n in [3] if workload == "failover" else counts:
                 for routing in routings:
-                    result = run_config(workload, n, routing, seed=rep, real_models=real_models, sim_models=sim_models,
-                                        learned=learned)
+                    models = sim_models.get(workload, Path())
+                    result = run_config(workload, n, routing, seed=rep, real_models=real_models, sim_models=models,
+                                        learned=learned.get(models))
                     results.setdefault((workload, n, routing), []).append(result)
                     extra = f", recovery {result.recovery_s:.1f} s" if result.recovery_s is not None else ""
                     print(f"rep {rep + 1} {workload} n={n} {routing}: {result.jobs_per_s:.1f} jobs/s, "
                           f"{result.loads} loads, lost {result.lost}{extra}", flush=True)
     text = report(results, counts, args.repeats, time.monotonic() - started)
+    if args.update and args.output.exists():
+        text = merge(args.output.read_text(), text, " ".join(sys.argv[1:]))
     args.output.write_text(text)
     print(text)
 

@@ -43,6 +43,8 @@ from bench.systems import (
 )
 
 STREAM_MODEL = "tiny-a"
+#: The pause between two passes of the paced in-process baseline: about a lone job's round trip.
+LONE_GAP_S = 0.01
 BATCH_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -93,7 +95,9 @@ def measure_limit(models_file: Path, jobs: list[tuple[str, str]]) -> tuple[Run, 
     return Run(len(jobs) / total, len(by_model), total, total), best_sizes, per_job
 
 
-def lone_inference_s(models_file: Path, model_id: str, value: str, repeats: int = 30) -> float:
+def lone_inference_s(models_file: Path, model_id: str, value: str, repeats: int = 30, gap_s: float = 0.0) -> float:
+    """Median seconds of one forward pass of one input, in this process: back to back, or ``gap_s`` apart (as lone
+    jobs come: the CPU's caches and the OpenMP threads go cold in between)."""
     from manager import ModelEngine, ModelStore, WorkerLimits
 
     engine = ModelEngine(WorkerLimits(device="cpu"))
@@ -102,6 +106,8 @@ def lone_inference_s(models_file: Path, model_id: str, value: str, repeats: int 
     worker.predict([worker.prepare(value)])  # first-call costs once
     times = []
     for _ in range(repeats):
+        if gap_s:
+            time.sleep(gap_s)
         started = time.perf_counter()
         worker.predict([worker.prepare(value)])
         times.append(time.perf_counter() - started)
@@ -124,6 +130,10 @@ def run_simulated(args: argparse.Namespace, rep: int, add: Callable[[str, str, R
             system.producer = "send_task"
             add("sim stream", "swapless (sim, send_task)",
                 burst(system, [("sim", f"text {i}") for i in range(args.sim_stream_jobs // 4)], 600))
+            system.producer = "submit_jobs"
+            times = sorted(system.get_one("sim", "lone") for _ in range(args.lone_jobs))
+            add("lone", "swapless (sim)", Run(1.0 / statistics.median(times), 0, percentile(times, 50),
+                                              percentile(times, 99)))
         finally:
             system.stop()
     if "overlap" in args.workload_set:
@@ -188,6 +198,8 @@ def main(argv: list[str] | None = None) -> None:
         add("priority", "limit", Run(1.0 / per_job["mini"], 0, batch_s, batch_s))
         inference = lone_inference_s(models_file, STREAM_MODEL, lone_value)
         add("lone", "limit", Run(1.0 / inference, 0, inference, inference))
+        paced = lone_inference_s(models_file, STREAM_MODEL, lone_value, gap_s=LONE_GAP_S)
+        add("lone", "limit (paced)", Run(1.0 / paced, 0, paced, paced))
 
         for cls in systems:
             system: System = cls(args.redis_url, models_file, f"rep{rep}")
@@ -242,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
 ROWS = {
     "mixed": ("naive", "swapless", "swapless (default flags, restart)", "limit"),
     "stream": ("naive", "swapless", "swapless (send_task)", "limit"),
-    "lone": ("naive", "swapless", "limit"),
+    "lone": ("naive", "swapless", "swapless (sim)", "limit", "limit (paced)"),
     "priority": ("naive", "swapless", "limit"),
     "sim stream": ("swapless (sim)", "swapless (sim, send_task)"),
     "overlap": ("swapless (sim, load ahead)", "swapless (sim, load ahead off)", "bound"),
@@ -267,7 +279,9 @@ def render(rows: dict[tuple[str, str], list[Run]], args: argparse.Namespace, sta
         f"{args.repeats} repetitions, median [min–max]. Six real models (3× bert-tiny size, bert-mini size, distilbert "
         f"size, mobilenet_v2; random weights), a cache of two. Mixed: {args.mixed_jobs} jobs at once, random order. "
         f"Stream: {args.stream_jobs} jobs for one warm tiny model ({args.naive_stream_jobs} for naive). "
-        f"Lone: {args.lone_jobs} jobs one at a time on a warm model. Producers: naive sends each job with Celery's "
+        f"Lone: {args.lone_jobs} jobs one at a time on a warm model (`limit (paced)`: the in-process pass with "
+        f"{LONE_GAP_S * 1000:g} ms between passes, as lone jobs come; `swapless (sim)`: a model that costs nothing, "
+        f"so the latency is the queue's alone). Producers: naive sends each job with Celery's "
         f"`send_task`; Swapless rows use `Client.submit_jobs` (one message per job, built directly, pushed in one "
         f"pipeline); `(send_task)` rows are the same worker fed one `send_task` per job. Latency counts from before "
         f"the first message is built. `swapless` runs with `--warm-start` (each model loaded, warmed and its batch "
@@ -326,6 +340,14 @@ def render(rows: dict[tuple[str, str], list[Run]], args: argparse.Namespace, sta
                1.5, "{:.1f}", at_most=True)
         if naive_lone:
             lines.append(f"  (lone p50: swapless {med(lone, 'p50_s') * 1000:.1f} ms, naive {med(naive_lone, 'p50_s') * 1000:.1f} ms)")
+        paced = rows.get(("lone", "limit (paced)"))
+        if paced:
+            lines.append(f"  (lone p50 over the paced in-process pass, {LONE_GAP_S * 1000:g} ms apart: "
+                         f"{(med(lone, 'p50_s') - med(paced, 'p50_s')) * 1000:.1f} ms)")
+    sim_lone = rows.get(("lone", "swapless (sim)"))
+    if sim_lone:
+        target("lone job p50 on a zero-cost model: the queue's own latency (ms)", med(sim_lone, "p50_s") * 1000, 1.5,
+               "{:.1f}", at_most=True)
     prio, prio_limit = rows.get(("priority", "swapless")), rows.get(("priority", "limit"))
     if prio and prio_limit:
         target(f"interactive p50 while {args.bulk_jobs} bulk jobs drain, in bulk passes",
