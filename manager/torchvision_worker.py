@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +26,12 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(path))
-    state = torch.load(str(path), map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # torch's message is many lines and suggests weights_only=False: here it stays a refusal, in one line
+        raise ModelLoadError("", f"{path} holds pickled objects, not only tensors, and is refused (its code is never "
+                                 "run); save the weights as safetensors, or as a plain state dict") from None
     if not isinstance(state, dict):
         raise ModelLoadError("", f"{path} does not hold a state dict")
     return state

@@ -320,6 +320,37 @@ def test_weights_file_without_a_state_dict_is_a_load_error_naming_the_model(mode
     assert str(caught.value) == f"could not load model 'vision': {weights} does not hold a state dict"
 
 
+class _PlantsAMarker:
+    """A pickle whose loading creates a file: what a malicious weights file would do with real code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (Path.touch, (self.marker,))
+
+
+def test_a_weights_file_with_pickled_code_is_refused_and_the_code_never_runs(models_file: Path, tmp_path: Path) -> None:
+    engine = ModelEngine()
+    spec = ModelStore.from_file(models_file, engine.frameworks).get("vision")
+    marker = tmp_path / "pickled-code-ran"
+    weights = tmp_path / "weights.pt"
+    torch.save({"features.0.0.weight": _PlantsAMarker(marker)}, weights)
+    torch.load(str(weights), weights_only=False)  # the premise: a plain unpickling runs the code
+    assert marker.exists()
+    marker.unlink()
+    worker = engine.build(spec.model_copy(update={"path": weights}))
+
+    with pytest.raises(ModelLoadError) as caught:
+        worker.load()
+
+    assert str(caught.value) == (f"could not load model 'vision': {weights} holds pickled objects, not only tensors, "
+                                 "and is refused (its code is never run); save the weights as safetensors, or as a "
+                                 "plain state dict")
+    assert not marker.exists()
+    assert worker.memory_bytes == 0
+
+
 def test_weights_of_another_architecture_are_a_load_error(models_file: Path) -> None:
     engine = ModelEngine()
     spec = ModelStore.from_file(models_file, engine.frameworks).get("vision")
