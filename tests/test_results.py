@@ -71,3 +71,20 @@ def test_a_wait_is_woken_by_the_publish_itself_and_reuses_its_pub_sub_connection
     publish_later(first, value, 0.1)
     assert wait_result(client, store, second, timeout_s=1).state == "PENDING"
     assert waiting._subscriptions_of(client)._idle == [kept]  # the same connection served both waits
+
+
+def test_the_reads_before_a_group_count_the_first_attempt_of_fresh_jobs_only(swapless_env: dict[str, str]) -> None:
+    app = make_app()
+    client = redis.Redis.from_url(app.conf.result_backend)
+    store = ResultStore(app, client=client)
+    fresh, rerun, done = (str(uuid.uuid4()) for _ in range(3))
+    store.start([rerun])  # in flight once already, when a worker died
+    store.store([(done, "ok", None)])
+    ids = [fresh, rerun, done]
+    assert store.prior(ids, start=ids) == ({done}, {rerun: 1})  # read before counting
+    assert client.get(store.attempts_key(fresh)) == b"1"  # its first attempt, in the same round trip
+    assert client.get(store.attempts_key(rerun)) == b"1"  # left for start() to raise when it runs
+    assert client.ttl(store.attempts_key(fresh)) > 0
+    assert store.prior(ids) == ({done}, {fresh: 1, rerun: 1})
+    store.forget([done])
+    store.clear_attempts([fresh, rerun, done])

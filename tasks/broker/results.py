@@ -56,6 +56,17 @@ return 0
 """
 
 
+# Count a first attempt (1) on every key given that has no count yet, server-side; keys with a count are left as
+# they are. The first EXPIRE writes nothing new (see the module docstring).
+_START_FRESH = """
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+for _, key in ipairs(KEYS) do
+  redis.call('SET', key, 1, 'NX', 'EX', ARGV[1])
+end
+return #KEYS
+"""
+
+
 # INCR + EXPIRE every key given, server-side. The first EXPIRE writes nothing new (see the module docstring).
 _COUNT_ATTEMPTS = """
 redis.call('EXPIRE', KEYS[1], ARGV[1])
@@ -104,6 +115,7 @@ class ResultStore:
         self._plain_json = self.backend.serializer == "json" and not app.conf.find_value_for_key("extended", "result")
         self._sha: str | None = None
         self._count_sha: str | None = None
+        self._fresh_sha: str | None = None
 
     def _retrying(self, operation: Callable[[], T]) -> T:
         """Run a Redis operation, retrying connection failures and refused writes with backoff (see the module
@@ -119,6 +131,7 @@ class ResultStore:
             except NoScriptError:  # Redis restarted and lost its scripts: load ours again
                 self._sha = None
                 self._count_sha = None
+                self._fresh_sha = None
             except (RedisConnectionError, RedisTimeoutError, RedisResponseError) as err:
                 if isinstance(err, RedisResponseError) and not is_refused_write(err):
                     raise
@@ -196,13 +209,19 @@ class ResultStore:
         meta["task_id"] = job_id
         return meta
 
-    def prior(self, job_ids: Sequence[str], result_ids: Sequence[str] | None = None) -> tuple[set[str], dict[str, int]]:
-        """In one round trip: which jobs already have a result, and how often each was started before.
+    def prior(
+        self, job_ids: Sequence[str], result_ids: Sequence[str] | None = None, start: Sequence[str] = ()
+    ) -> tuple[set[str], dict[str, int]]:
+        """In one round trip: which jobs already have a result, and how often each was started before; and
+        ``start(start)``, counted after the counters were read.
 
         Args:
             job_ids: the jobs whose attempt counters to read.
             result_ids: the jobs whose results to look for (default: all of ``job_ids``; the items of a chunk have
                 no result of their own, so there is nothing to look for).
+            start: the jobs about to run (the scheduler's first batch of a group): those never started before
+                (no count) get their first attempt counted, so that a lone job needs no round trip for ``start``;
+                the others keep their count for ``start`` to raise when they run.
 
         Returns:
             (ids with a stored result, {id: attempts started} for ids started at least once without a result).
@@ -212,12 +231,17 @@ class ResultStore:
         lookup = list(job_ids if result_ids is None else result_ids)
 
         def read() -> list[Any]:
+            if start and self._fresh_sha is None:
+                self._fresh_sha = self.client.script_load(_START_FRESH)
             pipe = self.client.pipeline(transaction=False)
             if lookup:
                 pipe.mget([self.key(job_id) for job_id in lookup])
             pipe.mget([self.attempts_key(job_id) for job_id in job_ids])
+            if start:
+                keys = [self.attempts_key(job_id) for job_id in start]
+                pipe.evalsha(self._fresh_sha, len(keys), *keys, self.expires_s)
             replies = pipe.execute()
-            return [replies[0] if lookup else [], replies[-1]]
+            return [replies[0] if lookup else [], replies[1] if lookup else replies[0]]
 
         values, attempts = self._retrying(read)
         done = {job_id for job_id, value in zip(lookup, values, strict=True) if value is not None}

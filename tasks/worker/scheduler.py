@@ -82,6 +82,8 @@ class BatchScheduler:
         self._duplicates: dict[str, list[Any]] = {}
         self.chunks = ChunkAssembler()  # chunk requests in progress, by chunk id
         self._rejected: list[tuple[Any, SwaplessError]] = []
+        #: Jobs of the running group whose attempt is counted already (scheduler thread only).
+        self._started: set[str] = set()
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -231,13 +233,19 @@ class BatchScheduler:
     def _run(self, results: ResultStore, group: Sequence[Job]) -> None:
         """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
         model_id = group[0].model_id
+        # The first batch's attempts are counted in the same round trip as the reads (see _run_batch).
+        size = self.runtime.settings.max_batch_size
+        first = group if len(group) <= size or any(job.urgent for job in group) else group[:size]
         done_before, attempts = results.prior(
-            [job.id for job in group], [job.id for job in group if split_item_id(job.id) is None]
+            [job.id for job in group], [job.id for job in group if split_item_id(job.id) is None],
+            start=[job.id for job in first],
         )
+        self._started = {job.id for job in first if job.id not in attempts and job.id not in done_before}
         if done_before:
             # Redelivered copies of jobs that already have a final result: do not run them again.
             logger.info("%d redelivered job(s) of %s already have results; acking", len(done_before), model_id)
             self._finish(results, [(self._held(job.id), None, None) for job in group if job.id in done_before], store=False)
+            results.clear_attempts([job.id for job in first if job.id in done_before])
         max_attempts = self.runtime.settings.max_attempts
         poison = [job for job in group if attempts.get(job.id, 0) >= max_attempts]
         if poison:
@@ -282,8 +290,10 @@ class BatchScheduler:
         return outcomes
 
     def _run_batch(self, results: ResultStore, model_id: str, batch: Sequence[Job]) -> list[Outcome]:
-        """Mark ``batch`` started, run it, return one outcome per job (never raises)."""
-        results.start([job.id for job in batch])  # a Redis failure here keeps the batch (see _loop)
+        """Mark ``batch`` started (the jobs ``_run`` did not count already), run it, return one outcome per job (never
+        raises)."""
+        results.start([job.id for job in batch if job.id not in self._started])  # a Redis failure keeps the batch
+        self._started.difference_update(job.id for job in batch)
         try:
             waiting = self.backlog_counts()
             started = time.perf_counter()
