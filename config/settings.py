@@ -24,6 +24,8 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_PREFETCH               | 1024 jobs                  | unacked jobs one worker holds: the backlog its scheduler groups |
 | SWAPLESS_MAX_GROUP              | 256 jobs                   | most jobs of one model run before the scheduler decides again |
 | SWAPLESS_MAX_WAIT_S             | 30 s                       | a job older than this is served next even if its model is cold |
+| SWAPLESS_INTERACTIVE_EXPIRES_S  | unset (no deadline)        | an interactive job sent without its own deadline (``expires``) that has not started this long after it was sent is answered ``JobExpired`` and never run |
+| SWAPLESS_BULK_EXPIRES_S         | unset (no deadline)        | the same for bulk jobs |
 | SWAPLESS_RESULT_EXPIRES_S       | 3600 s                     | how long an unread result stays in Redis (``forget=True`` deletes one once read) |
 | SWAPLESS_MAX_ATTEMPTS           | 3                          | a job in flight at this many worker deaths fails as a poison job |
 | SWAPLESS_TASK_EVENTS            | false                      | Celery task events per job (Flower); they cost 10-25 % of single-model throughput |
@@ -115,6 +117,8 @@ class Settings(BaseSettings):
     prefetch: int = Field(1024, ge=1)
     max_group: int = Field(256, ge=1)
     max_wait_s: float = Field(30.0, gt=0)
+    interactive_expires_s: float | None = Field(None, gt=0)
+    bulk_expires_s: float | None = Field(None, gt=0)
     result_expires_s: int = Field(3600, ge=1)
     max_attempts: int = Field(3, ge=1)
     #: Per-job Celery task events for Flower (off, as in Celery: they cost 10-25 % of single-model throughput here).

@@ -18,6 +18,7 @@ rebuilds the very same error, message included.
     │   └── QueueUnavailable *  Redis, the queue and result store, cannot be reached (retryable)
     ├── QueueFull *             Redis refuses new jobs: it is out of memory, or the queue is at its bound
     ├── JobFailed *             the job failed with an error this process cannot rebuild
+    ├── JobExpired *            the job was not started by its deadline (``expires``); it never ran
     ├── JobTimeout *            no result within the timeout (also a TimeoutError)
     ├── BulkFileError *         a bulk job's input or output file cannot be used; nothing was sent
     ├── LocalModeError *        local mode's embedded Redis or worker did not start, or stopped

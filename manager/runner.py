@@ -37,13 +37,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Job:
-    """One prediction job. ``received_s`` is a monotonic timestamp; ``urgent`` marks interactive jobs."""
+    """One prediction job. ``received_s`` is a monotonic timestamp; ``urgent`` marks interactive jobs;
+    ``expires_at`` (epoch seconds) is the deadline by which it must start, if any."""
 
     id: str
     model_id: str
     input: Any
     received_s: float = field(default_factory=time.monotonic)
     urgent: bool = False
+    expires_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,13 @@ class Backlog:
         self.max_wait_s = max_wait_s
         self.clock = clock
         self._groups: OrderedDict[str, deque[Job]] = OrderedDict()
+        self._deadlines = 0  # jobs added with a deadline (an upper bound of those waiting): none, no scan
 
     def add(self, jobs: Iterable[Job]) -> None:
         for job in jobs:
             self._groups.setdefault(job.model_id, deque()).append(job)
+            if job.expires_at is not None:
+                self._deadlines += 1
 
     @property
     def urgent(self) -> int:
@@ -116,6 +121,24 @@ class Backlog:
         if kept:
             self._groups[model_id] = kept
         return [job for job in group if not keep(job)]
+
+    def take_expired(self, now: float) -> list[Job]:
+        """Take every job whose deadline (``expires_at``, epoch seconds) is before ``now`` out of the backlog."""
+        expired: list[Job] = []
+        if not self._deadlines:
+            return expired
+        for model_id in list(self._groups):
+            group = self._groups[model_id]
+            if not any(job.expires_at is not None and job.expires_at < now for job in group):
+                continue
+            kept = deque(job for job in group if job.expires_at is None or job.expires_at >= now)
+            expired += [job for job in group if job.expires_at is not None and job.expires_at < now]
+            if kept:
+                self._groups[model_id] = kept
+            else:
+                del self._groups[model_id]
+        self._deadlines = sum(1 for group in self._groups.values() for job in group if job.expires_at is not None)
+        return expired
 
     def next_group(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], limit: int) -> list[Job]:
         """Take the next jobs to run: up to ``limit`` jobs of the model ``choose_next`` picks (urgent ones first).

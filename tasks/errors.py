@@ -11,6 +11,7 @@ from manager.errors import BackendUnavailable, SwaplessError
 
 __all__ = [
     "BulkFileError",
+    "JobExpired",
     "JobFailed",
     "JobTimeout",
     "LocalModeError",
@@ -61,6 +62,22 @@ class JobFailed(SwaplessError):
     @property
     def message(self) -> str:
         return f"job {self.job_id} failed: {self.error_type}: {self.detail}"
+
+
+class JobExpired(SwaplessError):
+    """The job was not started by its deadline (``expires``), so it was never run."""
+
+    def __init__(self, model_id: str, deadline: str) -> None:
+        super().__init__(model_id, deadline)
+        self.model_id = model_id
+        self.deadline = deadline
+
+    @property
+    def message(self) -> str:
+        return (
+            f"this job for model {self.model_id!r} was not started by its deadline ({self.deadline}) and was not "
+            "run; send it again, with a later deadline (expires), if it is still wanted"
+        )
 
 
 class JobTimeout(SwaplessError, TimeoutError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from manager import errors as _model_errors
@@ -160,6 +161,51 @@ def read_payload(request: Any, kind: str, expected: str) -> tuple[str, Any, bool
         raise InputError("?", f"malformed {kind} payload: model id must be a string, not {type(model_id).__name__}")
     priority = (getattr(request, "delivery_info", None) or {}).get("priority")
     return model_id, value, is_urgent(priority)
+
+
+def deadline_of(request: Any) -> float | None:
+    """A job's deadline (epoch seconds) from its message's ``expires`` header, as Celery writes it (an ISO time; a
+    number of epoch seconds is read too); None: none, or one this worker cannot read (the job then just runs)."""
+    headers = getattr(request, "request_dict", None) or {}
+    expires = headers.get("expires")
+    if expires is None:
+        return None
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+        return float(expires)
+    if isinstance(expires, str):
+        try:
+            when = datetime.fromisoformat(expires)
+        except ValueError:
+            return None
+        return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+    return None
+
+
+def expires_header(expires: float | datetime | None) -> str | None:
+    """The ``expires`` header of a job with this deadline (seconds from now, or a datetime; naive means UTC), as
+    Celery's ``send_task(..., expires=...)`` writes it; None: no deadline.
+
+    Raises:
+        ValueError: the deadline is not in the future.
+    """
+    if expires is None:
+        return None
+    now = datetime.now(UTC)
+    if isinstance(expires, datetime):
+        when = expires if expires.tzinfo else expires.replace(tzinfo=UTC)
+    elif isinstance(expires, (int, float)) and not isinstance(expires, bool):
+        when = now + timedelta(seconds=float(expires))
+    else:
+        raise ValueError(f"expires must be seconds from now or a datetime, not {type(expires).__name__}")
+    if when <= now:
+        raise ValueError(f"expires ({when.isoformat()}) is not in the future: give seconds from now (> 0) or a later "
+                         "datetime")
+    return when.isoformat()
+
+
+def deadline_text(deadline: float) -> str:
+    """A deadline as a user reads it (ISO, UTC, to the millisecond)."""
+    return datetime.fromtimestamp(deadline, UTC).isoformat(timespec="milliseconds")
 
 
 def encode_outcome(result: Any, error: BaseException | None) -> dict[str, Any]:

@@ -194,6 +194,22 @@ def test_predict_times_out_with_the_job_id_then_polling_succeeds(stack: Stack) -
     assert all(s["state"] == "SUCCESS" and len(s["result"]) == 4 for s in states), states[:2]
 
 
+def test_a_deadline_in_the_body_is_kept_and_a_late_job_is_not_run(stack: Stack) -> None:
+    http = stack.http
+    assert http.post("/jobs", json={"model_id": "sentiment", "input": "hi", "expires_s": 0}).status_code == 422
+    os.kill(stack.worker.proc.pid, signal.SIGSTOP)  # nothing starts while it is frozen
+    try:
+        late = http.post("/jobs", json={"model_id": "sentiment", "input": "too late", "expires_s": 0.5})
+        in_time = http.post("/jobs", json={"model_id": "sentiment", "input": "in time", "expires_s": 120})
+        time.sleep(1.0)
+    finally:
+        os.kill(stack.worker.proc.pid, signal.SIGCONT)
+    assert poll_job(http, late.json()["job_id"])["error"]["type"] == "JobExpired"
+    assert poll_job(http, in_time.json()["job_id"])["state"] == "SUCCESS"
+    predicted = http.post("/predict", json={"model_id": "sentiment", "input": "now", "expires_s": 30})
+    assert predicted.status_code == 200
+
+
 def test_models_shows_the_registry_beside_what_each_worker_has_loaded(stack: Stack) -> None:
     http = stack.http
     for model_id in ["spam", "topic", "sentiment"]:

@@ -32,10 +32,12 @@ _ARGSREPR_MAX = 1024  # Celery's argsrepr_maxsize
 
 
 def build_messages(
-    app: Celery, queue: str, jobs: Sequence[tuple[str, Any]], priority: int, task: str = PREDICT_TASK
+    app: Celery, queue: str, jobs: Sequence[tuple[str, Any]], priority: int, task: str = PREDICT_TASK,
+    expires: str | None = None,
 ) -> list[tuple[str, str]]:
     """``(job id, message JSON)`` for each ``(model_id, value)``, as ``send_task(task, args=[model_id, value])``
-    would send it (``value``: one input for ``PREDICT_TASK``, a list of inputs for ``CHUNK_TASK``).
+    would send it (``value``: one input for ``PREDICT_TASK``, a list of inputs for ``CHUNK_TASK``); ``expires``:
+    the deadline, as ``send_task(..., expires=...)`` writes it (an ISO time).
 
     Raises:
         ValueError: an input JSON cannot encode (the index of the job is named).
@@ -61,7 +63,7 @@ def build_messages(
                 "id": job_id,
                 "shadow": None,
                 "eta": None,
-                "expires": None,
+                "expires": expires,
                 "group": None,
                 "group_index": None,
                 "retries": 0,

@@ -25,6 +25,7 @@ import itertools
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime
 from typing import Any, Self
 
 from celery import Celery, states
@@ -50,6 +51,7 @@ from tasks.protocol import (
     CHUNK_TASK,
     PREDICT_TASK,
     PRIORITY_STEPS,
+    expires_header,
     item_id,
     placement_bell_key,
     priority_level,
@@ -184,7 +186,9 @@ class Client:
         except SwaplessError:
             return None
 
-    def _publish(self, task: str, jobs: Sequence[tuple[str, Any]], level: int) -> list[str]:
+    def _publish(
+        self, task: str, jobs: Sequence[tuple[str, Any]], level: int, expires: float | datetime | None = None
+    ) -> list[str]:
         """Send one message per ``(model_id, value)`` to ``task``, in one round trip; returns their ids.
 
         With placement (``SWAPLESS_ROUTING``), each model's messages go to its own list (``tasks.broker.affinity``)
@@ -196,7 +200,7 @@ class Client:
             QueueUnavailable: Redis cannot be reached.
         """
         s = self.settings
-        built = build_messages(self.app, s.queue, jobs, level, task=task)
+        built = build_messages(self.app, s.queue, jobs, level, task=task, expires=expires_header(expires))
         shared: list[int] = []
         by_model: dict[str, list[int]] = {}
         for index, (model_id, _) in enumerate(jobs):
@@ -239,24 +243,30 @@ class Client:
         """The models that exist (from the models file)."""
         return list(self.store)
 
-    def submit(self, model_id: str, input: Any, *, priority: str = "interactive") -> Job:
+    def submit(
+        self, model_id: str, input: Any, *, priority: str = "interactive", expires: float | datetime | None = None
+    ) -> Job:
         """Queue one job and return its handle at once.
 
         Args:
             model_id: a model id or alias from the registry.
             input: a string for text models; a base64 string of an encoded image for image models.
             priority: ``interactive`` (served ahead of bulk work) or ``bulk``.
+            expires: a deadline, in seconds from now or as a datetime: a job not started by then is answered
+                ``JobExpired`` and never run (default: none, or the workers' ``SWAPLESS_*_EXPIRES_S``).
 
         Raises:
             UnknownModel: ``validate`` is on and the id is not in the registry.
-            ValueError: unknown ``priority``, or an input JSON cannot encode.
+            ValueError: unknown ``priority``, an input JSON cannot encode, or ``expires`` is not in the future.
             QueueUnavailable: Redis cannot be reached (within ``SWAPLESS_CONNECT_TIMEOUT_S``, once retried).
             QueueFull: Redis refused the job (out of memory).
         """
         level = self._checked(model_id, priority)
-        return Job(self, self._publish(PREDICT_TASK, [(model_id, input)], level)[0])
+        return Job(self, self._publish(PREDICT_TASK, [(model_id, input)], level, expires)[0])
 
-    def submit_jobs(self, jobs: Iterable[tuple[str, Any]], *, priority: str = "interactive") -> list[Job]:
+    def submit_jobs(
+        self, jobs: Iterable[tuple[str, Any]], *, priority: str = "interactive", expires: float | datetime | None = None
+    ) -> list[Job]:
         """Queue one job per ``(model_id, input)`` pair, any mix of models, in one round trip to Redis.
 
         Each job is its own message (its own id, result, retries), exactly as ``submit`` sends it. Jobs are consumed
@@ -264,14 +274,15 @@ class Client:
 
         Raises:
             UnknownModel: ``validate`` is on and an id is not in the registry (nothing is sent).
-            ValueError: unknown ``priority``, or an input JSON cannot encode (nothing is sent).
+            ValueError: unknown ``priority``, an input JSON cannot encode, or ``expires`` is not in the future
+                (nothing is sent).
             QueueUnavailable, QueueFull: as ``submit`` (nothing is sent).
         """
         pairs = list(jobs)
         level = priority_level(priority)
         for model_id in {model_id for model_id, _ in pairs}:
             self._checked(model_id, priority)
-        return [Job(self, job_id) for job_id in self._publish(PREDICT_TASK, pairs, level)]
+        return [Job(self, job_id) for job_id in self._publish(PREDICT_TASK, pairs, level, expires)]
 
     def submit_many(
         self, model_id: str, inputs: Iterable[Any], *, priority: str = "bulk", chunk_size: int = DEFAULT_CHUNK_SIZE

@@ -48,7 +48,7 @@ from tasks.broker.connection import async_redis_client, translate
 from tasks.broker.results import StoredResult
 from tasks.client import Client
 from tasks.client.waiting import aread_result, await_result
-from tasks.errors import QueueFull, QueueUnavailable
+from tasks.errors import JobExpired, QueueFull, QueueUnavailable
 from tasks.gateway.limits import BodyLimit
 from tasks.gateway.schema import (
     ErrorInfo,
@@ -87,6 +87,8 @@ def _failure_status(error: Any) -> int:
         return 422
     if isinstance(error, (BackendUnavailable, ModelLoadError)) and not isinstance(error, ModelTooLarge):
         return 503
+    if isinstance(error, JobExpired):
+        return 504
     return 500
 
 
@@ -121,7 +123,8 @@ class _Gateway:
     async def submit(self, request: JobRequest) -> tuple[ModelSpec, str]:
         spec = self.spec(request.model_id)
         check_input(spec, request.input)
-        job = await asyncio.to_thread(self.client.submit, spec.id, request.input, priority=request.priority)
+        job = await asyncio.to_thread(self.client.submit, spec.id, request.input, priority=request.priority,
+                                      expires=request.expires_s)
         return spec, job.id
 
     async def fetch(self, job_id: str) -> StoredResult:
@@ -215,9 +218,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             None, gt=0, le=3600, description="seconds to wait [default: SWAPLESS_PREDICT_TIMEOUT_S]"
         ),
     ) -> Any:
-        """Queue a job and wait for its result. On timeout: 504 with the job id, to poll ``GET /jobs/{job_id}``."""
-        _, job_id = await gw.submit(request)
+        """Queue a job and wait for its result. On timeout: 504 with the job id, to poll ``GET /jobs/{job_id}`` (the
+        job still runs, unless the body's ``expires_s`` passes before it starts)."""
         wait_s = timeout_s if timeout_s is not None else gw.settings.predict_timeout_s
+        _, job_id = await gw.submit(request)
         stored = await gw.wait(job_id, wait_s)
         if stored.state == states.SUCCESS:
             return Prediction(job_id=job_id, result=stored.value)

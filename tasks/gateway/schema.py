@@ -39,6 +39,11 @@ class JobRequest(_Body):
     model_id: str = Field(min_length=1, max_length=128, examples=["sentiment"])
     input: Any = Field(examples=["what a lovely day"])
     priority: Literal["interactive", "bulk"] = "interactive"
+    expires_s: float | None = Field(
+        None, gt=0, le=7 * 24 * 3600,
+        description="a deadline, in seconds from now: a job not started by then is answered JobExpired and never "
+        "run",
+    )
 
 
 class ErrorInfo(_Body):

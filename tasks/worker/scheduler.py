@@ -5,10 +5,15 @@ is idle (``Backlog.next_group``: loaded models first, then the cold model with t
 of load, a starved job first), runs it through the model cache, stores each job's result in one pipeline and acks
 the messages in bulk. Jobs that were in flight when a worker died run again together, at a second death alone; at
 ``SWAPLESS_MAX_ATTEMPTS`` deaths a job fails as a poison job. Nothing is acked before its result is stored.
+
+A job with a deadline (its message's ``expires``, Celery's own header; else ``SWAPLESS_INTERACTIVE_EXPIRES_S`` or
+``SWAPLESS_BULK_EXPIRES_S`` from its send time, when set) that has not started by then leaves the backlog before
+the next group is chosen and is answered ``JobExpired``: it costs neither a load nor a forward pass.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -30,8 +35,17 @@ from manager import (
 )
 from tasks.broker.acks import AckQueue
 from tasks.broker.results import ResultStore
+from tasks.errors import JobExpired
 from tasks.observe.accounting import NULL_OBSERVER, SchedulerObserver
-from tasks.protocol import CHUNK_TASK, item_id, read_payload, split_item_id
+from tasks.protocol import (
+    CHUNK_TASK,
+    SENT_AT_HEADER,
+    deadline_of,
+    deadline_text,
+    item_id,
+    read_payload,
+    split_item_id,
+)
 from tasks.worker.chunks import ChunkAssembler
 from tasks.worker.runtime import Runtime
 
@@ -106,15 +120,29 @@ class BatchScheduler:
                     continue
                 try:
                     if request.name == CHUNK_TASK:  # one Job per item; self.chunks keeps the request
-                        jobs.extend(self.chunks.expand(request, self.runtime.store, now))
+                        jobs.extend(self._with_deadline(request, self.chunks.expand(request, self.runtime.store, now)))
                         continue
-                    jobs.append(job_from_request(request, self.runtime.store, now))
+                    jobs.extend(self._with_deadline(request, [job_from_request(request, self.runtime.store, now)]))
                     self._requests[request.id] = request
                 except SwaplessError as err:
                     self._rejected.append((request, err))
             self.backlog.add(jobs)
             self._cond.notify()
         self.start()
+
+    def _with_deadline(self, request: Any, jobs: list[Job]) -> list[Job]:
+        """``jobs`` (one request's) with its deadline: the message's own, else the default for its priority."""
+        if not jobs:
+            return jobs
+        deadline = deadline_of(request)
+        if deadline is None:
+            s = self.runtime.settings
+            default_s = s.interactive_expires_s if jobs[0].urgent else s.bulk_expires_s
+            if default_s is None:
+                return jobs
+            sent_at = (getattr(request, "request_dict", None) or {}).get(SENT_AT_HEADER)
+            deadline = (sent_at if isinstance(sent_at, (int, float)) else time.time()) + default_s
+        return [dataclasses.replace(job, expires_at=deadline) for job in jobs]
 
     def hand_over(self, model_id: str) -> int:
         """Give back the waiting jobs of a model this worker no longer holds (placement moved it to another worker):
@@ -155,7 +183,7 @@ class BatchScheduler:
 
     # -- scheduler thread --------------------------------------------------------------------------------
 
-    def _take(self) -> tuple[list[tuple[Any, SwaplessError]], list[Job]] | None:
+    def _take(self) -> tuple[list[tuple[Any, SwaplessError]], list[Job], list[Job]] | None:
         manager = self.runtime.manager
         with self._cond:
             while not self._stopping and not self._rejected and not len(self.backlog):
@@ -163,8 +191,9 @@ class BatchScheduler:
             if self._stopping:
                 return None
             rejected, self._rejected = self._rejected, []
+            expired = self.backlog.take_expired(time.time())
             group = self.backlog.next_group(manager.loaded_ids(), manager.load_cost_s, self.runtime.settings.max_group)
-            return rejected, group
+            return rejected, expired, group
 
     def _loop(self) -> None:
         try:
@@ -179,22 +208,31 @@ class BatchScheduler:
             taken = self._take()
             if taken is None:
                 return
-            rejected, group = taken
+            rejected, expired, group = taken
             try:
                 if rejected:
                     self._finish(results, [(request, None, err) for request, err in rejected])
+                if expired:
+                    self._expire(results, expired)
                 if group:
                     self._run(results, group)
             except (RedisError, OperationalError) as err:
                 # Redis failed in a way the result store does not retry: keep the jobs (still held, unacked) and
                 # try them again shortly; giving them back would need Redis too.
                 logger.warning("a group of %d job(s) hit a Redis error (%s); keeping them, retrying in 1 s",
-                               len(group), err)
-                self._keep(group)
+                               len(group) + len(expired), err)
+                self._keep([*expired, *group])
                 time.sleep(1.0)
             except Exception:  # noqa: BLE001 - the scheduler must outlive any one group
-                logger.exception("a group of %d job(s) failed to complete; putting them back on the queue", len(group))
-                self._give_back(group)
+                logger.exception("a group of %d job(s) failed to complete; putting them back on the queue",
+                                 len(group) + len(expired))
+                self._give_back([*expired, *group])
+
+    def _expire(self, results: ResultStore, jobs: Sequence[Job]) -> None:
+        """Answer jobs whose deadline passed before they started: ``JobExpired``, and never run."""
+        logger.info("%d job(s) passed their deadline before they started; answering JobExpired", len(jobs))
+        outcomes = [Outcome(job, error=JobExpired(job.model_id, deadline_text(job.expires_at or 0.0))) for job in jobs]
+        self._complete(results, jobs[0].model_id, outcomes)
 
     def _unfinished(self, group: Sequence[Job]) -> list[Job]:
         with self._cond:
