@@ -127,17 +127,23 @@ class Backlog:
         expired: list[Job] = []
         if not self._deadlines:
             return expired
-        for model_id in list(self._groups):
-            group = self._groups[model_id]
-            if not any(job.expires_at is not None and job.expires_at < now for job in group):
+        self._deadlines = 0
+        for model_id, group in list(self._groups.items()):
+            kept: deque[Job] = deque()
+            for job in group:
+                if job.expires_at is None:
+                    kept.append(job)
+                elif job.expires_at < now:
+                    expired.append(job)
+                else:
+                    kept.append(job)
+                    self._deadlines += 1
+            if len(kept) == len(group):
                 continue
-            kept = deque(job for job in group if job.expires_at is None or job.expires_at >= now)
-            expired += [job for job in group if job.expires_at is not None and job.expires_at < now]
             if kept:
                 self._groups[model_id] = kept
             else:
                 del self._groups[model_id]
-        self._deadlines = sum(1 for group in self._groups.values() for job in group if job.expires_at is not None)
         return expired
 
     def next_group(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], limit: int) -> list[Job]:

@@ -18,6 +18,7 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 from celery import states
+from kombu.utils.encoding import bytes_to_str
 from redis.client import PubSub
 
 from manager.errors import SwaplessError
@@ -120,8 +121,7 @@ def wait_result(client: redis.Redis, results: ResultStore, job_id: str, timeout_
     other channels (a pub/sub connection reused from an earlier wait may still get one) only wake a read.
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    stored_under = storage_id(job_id)
-    channel = results.key(stored_under)
+    channel = results.key(storage_id(job_id))
     subscriptions = _subscriptions_of(client)
     pubsub = subscriptions.take()
     reusable = False
@@ -135,16 +135,17 @@ def wait_result(client: redis.Redis, results: ResultStore, job_id: str, timeout_
                 reusable = True
                 return stored
             message = pubsub.get_message(timeout=POLL_S if remaining is None else min(POLL_S, remaining))
-            if message is not None and message.get("type") == "message" and _text(message.get("channel")) == channel:
-                stored = _item_result(job_id, results.decode(stored_under, message["data"]))
-            else:
-                stored = read_results(results, [job_id])[0]
+            stored = _published(results, job_id, channel, message) or read_results(results, [job_id])[0]
     finally:
         subscriptions.give_back(pubsub, reusable)
 
 
-def _text(value: Any) -> Any:
-    return value.decode() if isinstance(value, bytes) else value
+def _published(results: ResultStore, job_id: str, channel: str, message: Any) -> StoredResult | None:
+    """``job_id``'s state from a pub/sub message of its result's channel (the stored value itself); None for
+    anything else (no message, a subscription notice, another channel's message)."""
+    if message is None or message.get("type") != "message" or bytes_to_str(message.get("channel")) != channel:
+        return None
+    return _item_result(job_id, results.decode(storage_id(job_id), message["data"]))
 
 
 async def aread_result(client: aredis.Redis, results: ResultStore, job_id: str) -> StoredResult:
@@ -160,8 +161,7 @@ async def await_result(client: aredis.Redis, results: ResultStore, job_id: str, 
     """``wait_result`` for asyncio code: the event loop never waits on Redis (idle pub/sub connections are reused,
     and a publish's payload is decoded as it comes, as there)."""
     deadline = time.monotonic() + timeout_s
-    stored_under = storage_id(job_id)
-    channel = results.key(stored_under)
+    channel = results.key(storage_id(job_id))
     idle = _idle_async.setdefault(client, [])
     pubsub = idle.pop() if idle else client.pubsub(ignore_subscribe_messages=True)
     reusable = False
@@ -175,10 +175,7 @@ async def await_result(client: aredis.Redis, results: ResultStore, job_id: str, 
                 reusable = True
                 return stored
             message = await pubsub.get_message(timeout=min(POLL_S, remaining))
-            if message is not None and message.get("type") == "message" and _text(message.get("channel")) == channel:
-                stored = _item_result(job_id, results.decode(stored_under, message["data"]))
-            else:
-                stored = await aread_result(client, results, job_id)
+            stored = _published(results, job_id, channel, message) or await aread_result(client, results, job_id)
     finally:
         if reusable and len(idle) < _Subscriptions.KEEP:
             idle.append(pubsub)
