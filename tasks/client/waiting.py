@@ -18,7 +18,6 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 from celery import states
-from kombu.utils.encoding import bytes_to_str
 from redis.client import PubSub
 
 from manager.errors import SwaplessError
@@ -143,9 +142,13 @@ def wait_result(client: redis.Redis, results: ResultStore, job_id: str, timeout_
 def _published(results: ResultStore, job_id: str, channel: str, message: Any) -> StoredResult | None:
     """``job_id``'s state from a pub/sub message of its result's channel (the stored value itself); None for
     anything else (no message, a subscription notice, another channel's message)."""
-    if message is None or message.get("type") != "message" or bytes_to_str(message.get("channel")) != channel:
+    if message is None or message.get("type") != "message" or _text(message.get("channel")) != channel:
         return None
     return _item_result(job_id, results.decode(storage_id(job_id), message["data"]))
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 async def aread_result(client: aredis.Redis, results: ResultStore, job_id: str) -> StoredResult:
