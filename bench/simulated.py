@@ -4,10 +4,14 @@ Registered as framework ``simulated`` when a worker imports it (``SWAPLESS_PLUGI
 ``name`` gives its costs, in seconds: ``load=2.0,batch=0.02,item=0.001`` loads in 2 s, and a forward pass of n
 inputs takes 0.02 + 0.001 n s. Sleeping uses no CPU, as a GPU's work does not, so how the queue scales with the
 number of workers can be measured on a 2-core machine. Every input succeeds with one label.
+
+With ``SIMULATED_LOG`` set, every input that reaches a forward pass is appended to that file, one per line (the
+overload benchmark reads from it which jobs reached the model).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -62,6 +66,10 @@ class SimulatedWorker(ModelWorker, framework="simulated"):
         return self.prepare_text(value)
 
     def predict(self, batch: Sequence[Any]) -> list[Any]:
+        log = os.environ.get("SIMULATED_LOG")
+        if log:
+            with open(log, "a", encoding="utf-8") as file:
+                file.write("".join(f"{value}\n" for value in batch))
         cost = costs(self.spec.name)
         out: list[Any] = []
         for chunk in self.batched(batch):

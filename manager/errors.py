@@ -19,6 +19,8 @@ rebuilds the very same error, message included.
     ├── QueueFull *             Redis refuses new jobs: it is out of memory, or the queue is at its bound
     ├── JobFailed *             the job failed with an error this process cannot rebuild
     ├── JobExpired *            the job was not started by its deadline (``expires``); it never ran
+    ├── JobCancelled *          the job was cancelled before it started; it never ran
+    ├── DeadlinePassed *        a bulk job's deadline passed; the rest was not computed (rerun to resume)
     ├── JobTimeout *            no result within the timeout (also a TimeoutError)
     ├── BulkFileError *         a bulk job's input or output file cannot be used; nothing was sent
     ├── LocalModeError *        local mode's embedded Redis or worker did not start, or stopped

@@ -11,6 +11,8 @@ from manager.errors import BackendUnavailable, SwaplessError
 
 __all__ = [
     "BulkFileError",
+    "DeadlinePassed",
+    "JobCancelled",
     "JobExpired",
     "JobFailed",
     "JobTimeout",
@@ -78,6 +80,36 @@ class JobExpired(SwaplessError):
             f"this job for model {self.model_id!r} was not started by its deadline ({self.deadline}) and was not "
             "run; send it again, with a later deadline (expires), if it is still wanted"
         )
+
+
+class DeadlinePassed(SwaplessError):
+    """A stream of chunks (``swapless bulk --expires``, ``Client.stream(expires=)``) reached its deadline: what
+    was not sent or not started by then is not computed. The output holds every record before the first such
+    chunk, so a rerun resumes there."""
+
+    def __init__(self, deadline: str) -> None:
+        super().__init__(deadline)
+        self.deadline = deadline
+
+    @property
+    def message(self) -> str:
+        return (
+            f"the deadline ({self.deadline}) has passed: the records not started by then were not computed; "
+            "rerun with a later --expires (or none) to resume"
+        )
+
+
+class JobCancelled(SwaplessError):
+    """The job was cancelled before it started (``Client.cancel``, ``swapless cancel``, ``DELETE /jobs/{id}``,
+    Celery's ``revoke``), so it was never run."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
+
+    @property
+    def message(self) -> str:
+        return f"job {self.job_id} was cancelled before it started and was not run; send it again if it is wanted"
 
 
 class JobTimeout(SwaplessError, TimeoutError):

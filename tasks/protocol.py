@@ -46,6 +46,7 @@ __all__ = [
     "queue_key",
     "read_payload",
     "split_item_id",
+    "storage_id",
 ]
 
 #: The task single jobs are sent to; args are ``[model_id, input]``.
@@ -132,6 +133,12 @@ def message_args(message: dict[str, Any]) -> list[Any] | None:
 def item_id(chunk_id: str, index: int) -> str:
     """The id of item ``index`` of a chunk: ``"<chunk id>:<index>"`` (Celery ids never contain a colon)."""
     return f"{chunk_id}:{index}"
+
+
+def storage_id(job_id: str) -> str:
+    """The id a job's result is stored under: its chunk's id for an item of a chunk, else its own."""
+    parts = split_item_id(job_id)
+    return parts[0] if parts is not None else job_id
 
 
 def split_item_id(job_id: str) -> tuple[str, int] | None:

@@ -53,7 +53,7 @@ def test_first_result_wins_and_a_redelivered_copy_is_acked_without_running(fault
     assert client.results.store([(written, {"echo": "written first"}, None)]) == [True]
     assert client.results.store([(written, {"echo": "written second"}, None)]) == [False], "first result wins"
     client.app.send_task(PREDICT_TASK, args=["echo", "never run"], task_id=written, queue=faults.queue)
-    wait_for(lambda: worker.count("already have results; acking") >= 1, 20, "the worker to skip the copies")
+    wait_for(lambda: worker.count("have a result already") >= 1, 20, "the worker to skip the copies")
     faults.wait_broker_idle()
 
     assert faults.executions()["replayed copy"] == 0 and faults.executions()["never run"] == 0
@@ -144,7 +144,7 @@ def test_a_live_worker_keeps_its_jobs_past_the_visibility_timeout(faults: FaultE
     assert {text: runs[text] for text in texts} == {text: 1 for text in texts}, "no job redelivered to the other"
     for result in stored:
         assert faults.pids_of(result.value["echo"]) == [result.value["pid"]]
-    assert not any(w.count("already have results") for w in workers)
+    assert not any(w.count("have a result already") for w in workers)
     held_long = [r for r in stored[2:] if r.value["pid"] in {s.value["pid"] for s in stored[:2]}]
     assert held_long, "some jobs waited behind a long batch"
 

@@ -54,18 +54,23 @@ def test_metrics_from_reports(tmp_path: Path) -> None:
         worker.predict(["x"])
     metrics.observe(GroupReport("a", 3, {"InputError": 1}, 0.2, (0.01, 0.02, 3.0, 0.5), 0, 1, (0.3,), 0, ("b",)))
     metrics.observe(GroupReport("a", 2, {}, 0.1, (0.5, 0.5), 1, 0, (), 0, ()))
+    metrics.skipped("a", "expired", 4)
+    metrics.skipped("a", "cancelled", 2)
     from prometheus_client import generate_latest
 
     found = samples(generate_latest(metrics.registry).decode())
     assert value(found, "swapless_jobs_total", model="a", outcome="success") == 5
-    assert value(found, "swapless_jobs_total", model="a", outcome="failure") == 1
+    assert value(found, "swapless_jobs_total", model="a", outcome="failure") == 1 + 4  # expired: a failure
     assert value(found, "swapless_job_errors_total", model="a", error="InputError") == 1
+    assert value(found, "swapless_job_errors_total", model="a", error="JobExpired") == 4
+    assert value(found, "swapless_jobs_not_run_total", model="a", reason="expired") == 4
+    assert value(found, "swapless_jobs_not_run_total", model="a", reason="cancelled") == 2
     assert value(found, "swapless_cache_hits_total", model="a") == 1
     assert value(found, "swapless_cache_misses_total", model="a") == 1
     assert value(found, "swapless_cache_evictions_total", model="b") == 1
     assert value(found, "swapless_model_load_seconds_count", model="a") == 1
     assert value(found, "swapless_model_load_seconds_sum", model="a") == pytest.approx(0.3)
-    assert value(found, "swapless_batch_size_count", model="a") == 2
+    assert value(found, "swapless_batch_size_count", model="a") == 2  # jobs not run are no batch
     assert value(found, "swapless_batch_size_sum", model="a") == 6
     assert value(found, "swapless_batch_size_bucket", model="a", le="2.0") == 1
     assert value(found, "swapless_job_queue_wait_seconds_count", model="a") == 6

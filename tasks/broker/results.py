@@ -36,9 +36,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from manager.errors import SwaplessError
 from tasks.broker.connection import RedisHealth, is_refused_write
-from tasks.errors import JobFailed
+from tasks.errors import JobCancelled, JobFailed
+from tasks.protocol import storage_id
 
-__all__ = ["ResultStore", "StoredResult"]
+__all__ = ["ALREADY_DONE", "CANCELLED", "TOO_LATE", "ResultStore", "StoredResult"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -56,26 +57,64 @@ return 0
 """
 
 
-# Count a first attempt (1) on every key given that has no count yet, server-side; keys with a count are left as
-# they are. The first EXPIRE writes nothing new (see the module docstring).
+# KEYS: n attempt counters, then the n matching result keys (a chunk item's: its chunk's). Count a first attempt (1)
+# on every counter that has no count yet, unless its job has a result already (cancelled, or done by another worker
+# since it was read); counters with a count are left as they are. Returns 1 per job with a result, else 0. The
+# first EXPIRE writes nothing new (see the module docstring).
 _START_FRESH = """
 redis.call('EXPIRE', KEYS[1], ARGV[1])
-for _, key in ipairs(KEYS) do
-  redis.call('SET', key, 1, 'NX', 'EX', ARGV[1])
+local n = #KEYS / 2
+local done = {}
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[n + i]) == 1 then
+    done[i] = 1
+  else
+    redis.call('SET', KEYS[i], 1, 'NX', 'EX', ARGV[1])
+    done[i] = 0
+  end
 end
-return #KEYS
+return done
 """
 
 
-# INCR + EXPIRE every key given, server-side. The first EXPIRE writes nothing new (see the module docstring).
+# KEYS: n attempt counters, then the n matching result keys. INCR + EXPIRE the counter of every job that has no
+# result yet; returns 1 per job with a result (not counted: it is not to run), else 0. The first EXPIRE writes
+# nothing new (see the module docstring).
 _COUNT_ATTEMPTS = """
 redis.call('EXPIRE', KEYS[1], ARGV[1])
-for _, key in ipairs(KEYS) do
-  redis.call('INCR', key)
-  redis.call('EXPIRE', key, ARGV[1])
+local n = #KEYS / 2
+local done = {}
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[n + i]) == 1 then
+    done[i] = 1
+  else
+    redis.call('INCR', KEYS[i])
+    redis.call('EXPIRE', KEYS[i], ARGV[1])
+    done[i] = 0
+  end
 end
-return #KEYS
+return done
 """
+
+
+# KEYS: a job's result, its attempt counter. A job with a result keeps it (2: done); a job started at least once
+# runs to its end (1: too late); else the cancellation is its result, published like any other (0: cancelled).
+# EXISTS first: a full Redis still answers a cancel that writes nothing.
+_CANCEL = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 2
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return 1
+end
+redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
+redis.call('PUBLISH', KEYS[1], ARGV[1])
+return 0
+"""
+
+#: What ``ResultStore.cancel`` says of each job, by the script's answer.
+CANCELLED, TOO_LATE, ALREADY_DONE = "cancelled", "running", "done"
+_CANCEL_ANSWERS = (CANCELLED, TOO_LATE, ALREADY_DONE)
 
 
 @dataclass(frozen=True)
@@ -113,9 +152,7 @@ class ResultStore:
         self.expires_s = int(self.backend.expires or 0) or 365 * 86400
         # the fast encoding is the backend's only for plain JSON results with no extended fields
         self._plain_json = self.backend.serializer == "json" and not app.conf.find_value_for_key("extended", "result")
-        self._sha: str | None = None
-        self._count_sha: str | None = None
-        self._fresh_sha: str | None = None
+        self._shas: dict[str, str] = {}  # script source -> its SHA on the server (see _sha)
 
     def _retrying(self, operation: Callable[[], T]) -> T:
         """Run a Redis operation, retrying connection failures and refused writes with backoff (see the module
@@ -129,9 +166,7 @@ class ResultStore:
                     self.health.ok()
                 return done
             except NoScriptError:  # Redis restarted and lost its scripts: load ours again
-                self._sha = None
-                self._count_sha = None
-                self._fresh_sha = None
+                self._shas.clear()
             except (RedisConnectionError, RedisTimeoutError, RedisResponseError) as err:
                 if isinstance(err, RedisResponseError) and not is_refused_write(err):
                     raise
@@ -143,6 +178,14 @@ class ResultStore:
                     logger.warning("Redis unavailable (%s); retrying in %.1f s", err, pause_s)
                 time.sleep(pause_s)
                 pause_s = min(pause_s * 2, 2.0)
+
+    def _sha(self, script: str) -> str:
+        """The SHA of a script loaded on the server, for EVALSHA in a pipeline: redis-py's Script objects send
+        SCRIPT EXISTS before every pipeline."""
+        sha = self._shas.get(script)
+        if sha is None:
+            sha = self._shas[script] = self.client.script_load(script)
+        return sha
 
     def attempts_key(self, job_id: str) -> str:
         """Where the number of started attempts of a job is counted (poison-job detection)."""
@@ -167,15 +210,13 @@ class ResultStore:
         return self._retrying(lambda: self._store(items))
 
     def _store(self, items: list[tuple[str, Any, SwaplessError | None]]) -> list[bool]:
-        if self._sha is None:
-            # EVALSHA in the pipeline directly: redis-py's Script objects send SCRIPT EXISTS before every pipeline.
-            self._sha = self.client.script_load(_SET_FIRST_WINS)
+        sha = self._sha(_SET_FIRST_WINS)
         pipe = self.client.pipeline(transaction=False)
         done_at = datetime.now(timezone.utc).isoformat()  # one instant for the batch, as Celery's app.now() gives
         for job_id, result, error in items:
             key = self.key(job_id)
             value = self._encode(job_id, result, error, done_at)
-            pipe.evalsha(self._sha, 2, key, self._attempts_key(key), value, self.expires_s)
+            pipe.evalsha(sha, 2, key, self._attempts_key(key), value, self.expires_s)
         return [bool(stored) for stored in pipe.execute()]
 
     def _encode(self, job_id: str, result: Any, error: SwaplessError | None, done_at: str) -> Any:
@@ -217,34 +258,38 @@ class ResultStore:
 
         Args:
             job_ids: the jobs whose attempt counters to read.
-            result_ids: the jobs whose results to look for (default: all of ``job_ids``; the items of a chunk have
-                no result of their own, so there is nothing to look for).
+            result_ids: the ids whose results to look for (default: all of ``job_ids``; the items of a chunk have
+                no result of their own: look for their chunk's).
             start: the jobs about to run (the scheduler's first batch of a group): those never started before
                 (no count) get their first attempt counted, so that a lone job needs no round trip for ``start``;
-                the others keep their count for ``start`` to raise when they run.
+                the others keep their count for ``start`` to raise when they run. One whose result (a chunk item's:
+                its chunk's) appeared since it was read is not counted, and its result id is in the returned set.
 
         Returns:
-            (ids with a stored result, {id: attempts started} for ids started at least once without a result).
+            (result ids with a stored result, {id: attempts started} for ids started at least once without one).
         """
         if not job_ids:
             return set(), {}
         lookup = list(job_ids if result_ids is None else result_ids)
+        started_under = [storage_id(job_id) for job_id in start]
 
         def read() -> list[Any]:
-            if start and self._fresh_sha is None:
-                self._fresh_sha = self.client.script_load(_START_FRESH)
+            fresh_sha = self._sha(_START_FRESH) if start else ""
             pipe = self.client.pipeline(transaction=False)
             if lookup:
                 pipe.mget([self.key(job_id) for job_id in lookup])
             pipe.mget([self.attempts_key(job_id) for job_id in job_ids])
             if start:
-                keys = [self.attempts_key(job_id) for job_id in start]
-                pipe.evalsha(self._fresh_sha, len(keys), *keys, self.expires_s)
+                keys = [self.attempts_key(job_id) for job_id in start] + [self.key(i) for i in started_under]
+                pipe.evalsha(fresh_sha, len(keys), *keys, self.expires_s)
             replies = pipe.execute()
-            return [replies[0] if lookup else [], replies[1] if lookup else replies[0]]
+            if not lookup:
+                replies.insert(0, [])
+            return replies if start else [*replies, []]
 
-        values, attempts = self._retrying(read)
+        values, attempts, now_done = self._retrying(read)
         done = {job_id for job_id, value in zip(lookup, values, strict=True) if value is not None}
+        done.update(under for under, flag in zip(started_under, now_done, strict=True) if flag)
         started = {
             job_id: int(count)
             for job_id, count in zip(job_ids, attempts, strict=True)
@@ -252,19 +297,51 @@ class ResultStore:
         }
         return done, started
 
-    def start(self, job_ids: Sequence[str]) -> None:
+    def start(self, job_ids: Sequence[str]) -> set[str]:
         """Count one more started attempt of each job (cleared when its result is stored): one script call for the
-        whole group, not two commands per job (a bulk group is 256 jobs)."""
+        whole group, not two commands per job (a bulk group is 256 jobs). A job that has a result already (a chunk
+        item: its chunk has one) is not counted.
+
+        Returns:
+            the result ids (a chunk item's: its chunk's) found with a result: those jobs are not to run.
+        """
         if not job_ids:
-            return
-        keys = [self.attempts_key(job_id) for job_id in job_ids]
+            return set()
+        under = [storage_id(job_id) for job_id in job_ids]
+        keys = [self.attempts_key(job_id) for job_id in job_ids] + [self.key(i) for i in under]
 
-        def write() -> None:
-            if self._count_sha is None:
-                self._count_sha = self.client.script_load(_COUNT_ATTEMPTS)
-            self.client.evalsha(self._count_sha, len(keys), *keys, self.expires_s)
+        def write() -> list[int]:
+            return self.client.evalsha(self._sha(_COUNT_ATTEMPTS), len(keys), *keys, self.expires_s)
 
-        self._retrying(write)
+        return {result_id for result_id, flag in zip(under, self._retrying(write), strict=True) if flag}
+
+    def cancel(self, job_ids: Sequence[str], error_for: Callable[[str], SwaplessError]) -> dict[str, str]:
+        """Cancel jobs that have not started, in one round trip: each one's result becomes ``error_for(id)`` (a
+        failure, published like any other, so waiters wake and a worker that takes the job later skips it).
+
+        The items of one chunk share its message and its result: cancelling an item cancels its whole chunk, and a
+        chunk is cancelled as long as it has no result (its items that already ran are dropped).
+
+        Returns:
+            per id: ``CANCELLED``; ``TOO_LATE`` (it has started: it runs to its end and its result is kept); or
+            ``ALREADY_DONE`` (it has a result, kept).
+        """
+        unique = list(dict.fromkeys(storage_id(job_id) for job_id in job_ids))
+        if not unique:
+            return {}
+        done_at = datetime.now(timezone.utc).isoformat()
+
+        def write() -> list[int]:
+            sha = self._sha(_CANCEL)
+            pipe = self.client.pipeline(transaction=False)
+            for job_id in unique:
+                key = self.key(job_id)
+                value = self._encode(job_id, None, error_for(job_id), done_at)
+                pipe.evalsha(sha, 2, key, self._attempts_key(key), value, self.expires_s)
+            return pipe.execute()
+
+        answers = dict(zip(unique, self._retrying(write), strict=True))
+        return {job_id: _CANCEL_ANSWERS[int(answers[storage_id(job_id)])] for job_id in job_ids}
 
     def clear_attempts(self, job_ids: Sequence[str]) -> None:
         """Drop the attempt counters of jobs whose results were stored under another id (the items of a chunk,
@@ -284,6 +361,8 @@ class ResultStore:
         if raw is None:
             return StoredResult(job_id, states.PENDING)
         meta = self.backend.decode_result(raw)
+        if meta["status"] == states.REVOKED:  # Celery's own revoke (a plain Celery worker's): a cancel like ours
+            return StoredResult(job_id, states.FAILURE, JobCancelled(job_id))
         return StoredResult(job_id, meta["status"], meta.get("result"))
 
     def forget(self, job_ids: Sequence[str]) -> None:

@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from contextlib import ExitStack
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -48,6 +49,27 @@ def register(app: typer.Typer) -> None:
 def _default_demo_dir() -> Path:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "swapless" / "demo-models"
+
+
+def parse_deadline(text: str) -> datetime:
+    """``--expires``: seconds from now, or an ISO date-time (without a zone: this machine's local time).
+
+    Raises:
+        ValueError: neither, or not in the future; the message says what to give.
+    """
+    now = datetime.now(UTC)
+    try:
+        when = now + timedelta(seconds=float(text))
+    except ValueError:
+        try:
+            when = datetime.fromisoformat(text).astimezone(UTC)  # a naive time is local time
+        except ValueError:
+            raise ValueError(
+                f"--expires must be seconds from now or a date-time like 2026-12-02T06:00, not {text!r}"
+            ) from None
+    if when <= now:
+        raise ValueError(f"--expires {text!r} is not in the future ({when.isoformat(timespec='seconds')})")
+    return when
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
@@ -145,6 +167,10 @@ def bulk(
     allow_failures: Annotated[bool, typer.Option("--allow-failures", help="exit 0 even if some records failed")] = False,
     restart: Annotated[bool, typer.Option("--restart", help="overwrite the output instead of resuming it")] = False,
     timeout: Annotated[float | None, typer.Option(help="give up when a chunk has no result after this many seconds")] = None,
+    expires: Annotated[
+        str | None,
+        typer.Option(help="deadline: seconds from now, or a local date-time (2026-12-02T06:00); records not started by then are not computed and the run stops, resumable"),
+    ] = None,
     local: Annotated[
         bool | None, typer.Option("--local/--no-local", help="embedded Redis and worker [default: when SWAPLESS_REDIS_URL is unset]")
     ] = None,
@@ -158,9 +184,13 @@ def bulk(
     set_env(models_file=models)
     if progress not in ("auto", "bar", "log", "none"):
         fail(ValueError(f"--progress must be auto, bar, log or none, not {progress!r}"))
+    try:
+        deadline = parse_deadline(expires) if expires is not None else None
+    except ValueError as err:
+        fail(err)
     job = BulkJob(
         model, input, output, field=field, id_field=id_field, fmt=fmt, chunk_size=chunk_size,
-        max_in_flight=max_in_flight, restart=restart, timeout_s=timeout,
+        max_in_flight=max_in_flight, restart=restart, timeout_s=timeout, expires=deadline,
     )
     use_local = local if local is not None else get_settings().redis_url is None
     _run_bulk(job, local=use_local, progress=None if progress == "auto" else progress, log_every_s=log_every,

@@ -1,4 +1,4 @@
-"""The ``swapless`` command line (typer): worker, submit, result, models, serve, status; bulk, demo and demo-models
+"""The ``swapless`` command line (typer): worker, submit, result, cancel, models, serve, status; bulk, demo and demo-models
 live in ``tasks.cli.bulk``. ``main`` turns any SwaplessError into one error line and exit status 2."""
 
 from __future__ import annotations
@@ -157,6 +157,23 @@ def result(
         failed(stored.value)
     else:
         sys.stdout.write(json.dumps({"job_id": job_id, "state": "PENDING", "note": "queued, running, or unknown id"}) + "\n")
+
+
+@app.command()
+def cancel(
+    job_ids: Annotated[list[str], typer.Argument(help="ids `swapless submit` printed (or any job ids)")],
+) -> None:
+    """Cancel jobs that have not started: they are answered JobCancelled and never run.
+
+    Prints one JSON line per job: "cancelled", or "running" (too late: it has started, runs to its end and keeps
+    its result) or "done" (it has a result already). Exit status 1 when some job could not be cancelled."""
+    from tasks.client import Client
+
+    answers = Client(validate=False).cancel(job_ids)
+    for job_id in job_ids:
+        sys.stdout.write(json.dumps({"job_id": job_id, "status": answers[job_id]}) + "\n")
+    if any(status != "cancelled" for status in answers.values()):
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -26,6 +26,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -37,7 +38,7 @@ from tasks.client.stream import (
     ChunkEvent,
     ChunkStream,
 )
-from tasks.errors import BulkFileError
+from tasks.errors import BulkFileError, DeadlinePassed, JobExpired
 
 __all__ = ["DEFAULT_MAX_CHUNK_BYTES", "BulkJob", "BulkRun", "BulkSummary", "ChunkSource", "scan_output"]
 
@@ -62,6 +63,8 @@ class BulkJob:
         max_chunk_bytes: a chunk is sent early when its inputs reach this many characters.
         restart: discard an existing output and start over instead of resuming.
         timeout_s: fail when a chunk has no result this long after it was sent (None: wait; see ``waiting``).
+        expires: the job's deadline (aware datetime): chunks not started by then are not computed, and the run
+            stops at the first of them with ``DeadlinePassed`` (a rerun with a later deadline resumes there).
     """
 
     model_id: str
@@ -75,6 +78,7 @@ class BulkJob:
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
     restart: bool = False
     timeout_s: float | None = None
+    expires: datetime | None = None
 
     def reader(self) -> RecordReader:
         """The input's reader (checks the file, its format and its columns; raises BulkFileError)."""
@@ -211,12 +215,16 @@ class BulkRun:
         Raises:
             BulkFileError: the input cannot be read, or the output does not continue this input.
             UnknownModel: the model is not in the registry.
-            KeyboardInterrupt: Ctrl-C; the output holds every finished chunk, so rerunning resumes.
+            KeyboardInterrupt: Ctrl-C; the output holds every finished chunk, so rerunning resumes; the chunks
+                still in flight are cancelled (the workers never compute them).
+            DeadlinePassed: ``expires`` passed; the output holds every chunk before the first not computed.
         """
         job = self.job
         reader = job.reader()
+        if job.expires is not None and job.expires <= datetime.now(UTC):
+            raise DeadlinePassed(job.expires.isoformat(timespec="seconds"))
         stream = self.client.stream(  # checks the model id: fail before touching the output
-            job.model_id, "bulk", max_in_flight=job.max_in_flight, timeout_s=job.timeout_s,
+            job.model_id, "bulk", expires=job.expires, max_in_flight=job.max_in_flight, timeout_s=job.timeout_s,
             on_event=self._event, watchdog=self.watchdog,
         )
         if job.restart and job.output_path.exists():
@@ -231,6 +239,9 @@ class BulkRun:
         try:
             with job.output_path.open("ab") as output:
                 for keyed, outcomes in stream.run(self._chunks(records)):
+                    if any(not ok and isinstance(value, JobExpired) for ok, value in outcomes):
+                        # not written: the output ends before this chunk, so a rerun resumes here
+                        raise DeadlinePassed(job.expires.isoformat(timespec="seconds") if job.expires else "expires")
                     self._write(output, keyed, iter(outcomes))
                     summary.elapsed_s = time.monotonic() - started
                     self.progress.update(summary.records, summary.failed)

@@ -25,7 +25,7 @@ import itertools
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Self
 
 from celery import Celery, states
@@ -45,8 +45,8 @@ from tasks.client.stream import (
     ChunkEvent,
     ChunkStream,
 )
-from tasks.client.waiting import raise_for, read_results, storage_id, wait_result
-from tasks.errors import JobTimeout, QueueFull
+from tasks.client.waiting import raise_for, read_results, wait_result
+from tasks.errors import DeadlinePassed, JobCancelled, JobTimeout, QueueFull
 from tasks.protocol import (
     CHUNK_TASK,
     PREDICT_TASK,
@@ -57,6 +57,7 @@ from tasks.protocol import (
     priority_level,
     queue_key,
     split_item_id,
+    storage_id,
 )
 
 __all__ = ["Client", "Job"]
@@ -123,6 +124,11 @@ class Job:
     async def aget(self, timeout: float | None = 60.0, *, forget: bool | None = None) -> Any:
         """``get`` for asyncio code: waits in a thread, never blocking the event loop."""
         return await asyncio.to_thread(self.get, timeout, forget=forget)
+
+    def cancel(self) -> str:
+        """Cancel this job if it has not started (``Client.cancel``); returns ``"cancelled"``, ``"running"`` (too
+        late: it runs to its end, its result is kept) or ``"done"``."""
+        return self.client.cancel([self.id])[self.id]
 
 
 class Client:
@@ -252,8 +258,9 @@ class Client:
             model_id: a model id or alias from the registry.
             input: a string for text models; a base64 string of an encoded image for image models.
             priority: ``interactive`` (served ahead of bulk work) or ``bulk``.
-            expires: a deadline, in seconds from now or as a datetime: a job not started by then is answered
-                ``JobExpired`` and never run (default: none, or the workers' ``SWAPLESS_*_EXPIRES_S``).
+            expires: a deadline, in seconds from now or as a datetime: a job not started by then, or whose answer
+                would come after it (the model's forward pass takes time too), is answered ``JobExpired`` and never
+                run (default: none, or the workers' ``SWAPLESS_*_EXPIRES_S``).
 
         Raises:
             UnknownModel: ``validate`` is on and the id is not in the registry.
@@ -344,17 +351,27 @@ class Client:
                     else:
                         raise value
 
-    def stream(self, model_id: str, priority: str = "bulk", **options: Any) -> ChunkStream:
+    def stream(
+        self, model_id: str, priority: str = "bulk", *, expires: float | datetime | None = None, **options: Any
+    ) -> ChunkStream:
         """A ``ChunkStream`` for ``model_id`` (what ``map`` and bulk jobs run on); ``options`` are its own.
+
+        Args:
+            expires: one deadline for every chunk of the stream (seconds from now, or a datetime): a chunk not
+                started by then is answered ``JobExpired`` for each of its inputs.
 
         Raises:
             UnknownModel: ``validate`` is on and the id is not in the registry.
-            ValueError: unknown ``priority``.
+            ValueError: unknown ``priority``; a deadline not in the future.
         """
         level = self._checked(model_id, priority)
+        header = expires_header(expires)  # fixed now: "by morning", not a window that moves with each chunk
+        deadline = datetime.fromisoformat(header) if header is not None else None
 
         def send(inputs: list[Any]) -> str:
-            return self._publish(CHUNK_TASK, [(model_id, inputs)], level)[0]
+            if deadline is not None and deadline <= datetime.now(UTC):
+                raise DeadlinePassed(deadline.isoformat(timespec="seconds"))
+            return self._publish(CHUNK_TASK, [(model_id, inputs)], level, deadline)[0]
 
         return ChunkStream(send, self.results, **options)
 
@@ -366,6 +383,26 @@ class Client:
         """
         with translated(self.settings.broker_url):
             return read_results(self.results, job_ids)
+
+    def cancel(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """Cancel jobs that have not started yet, in one round trip.
+
+        A cancelled job's result is ``JobCancelled`` (``get`` raises it, waiters wake at once) and no worker runs it:
+        every worker checks for a result before it starts a job, and the cancellation is kept in Redis as the job's
+        result (it expires with results, ``SWAPLESS_RESULT_EXPIRES_S``), so it holds across worker restarts and
+        for a job still on its way. A job that has started runs to its end and keeps its result. The jobs of one
+        ``submit_many`` chunk share one message: cancelling one cancels its chunk.
+
+        Returns:
+            per id: ``"cancelled"``; ``"running"`` (too late: it has started, its result will be kept); ``"done"``
+            (it has a result already, kept).
+
+        Raises:
+            QueueUnavailable: Redis cannot be reached.
+        """
+        ids = list(job_ids)
+        with translated(self.settings.broker_url):
+            return self.results.cancel(ids, JobCancelled)
 
     def job(self, job_id: str) -> Job:
         """A handle on a job submitted earlier, by id."""

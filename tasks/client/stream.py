@@ -21,8 +21,8 @@ from typing import Any, Generic, TypeVar
 
 from celery import states
 
-from tasks.broker.results import ResultStore
-from tasks.errors import JobFailed, JobTimeout, QueueFull
+from tasks.broker.results import ALREADY_DONE, ResultStore
+from tasks.errors import JobCancelled, JobFailed, JobTimeout, QueueFull
 from tasks.protocol import decode_outcome, item_id
 
 __all__ = ["ChunkEvent", "ChunkStream", "DEFAULT_CHUNK_SIZE", "DEFAULT_MAX_IN_FLIGHT"]
@@ -147,13 +147,22 @@ class ChunkStream:
                     self._emit("done", head.chunk_id, head.size, window)
                 yield head.tag, outcomes
         finally:
-            # Chunks still in flight (the caller stopped early): their results are not wanted any more.
-            if self.forget and window:
-                ids = [sent.chunk_id for sent in window if sent.chunk_id]
-                try:
-                    self.results.forget(ids)
-                except Exception:  # noqa: BLE001 - best effort on the way out; results expire anyway
-                    logger.debug("could not delete %d abandoned chunk results", len(ids))
+            # Chunks still in flight (the caller stopped early, Ctrl-C): nobody will read them, so they are cancelled
+            # (the workers drop them unrun, even those with items computed already); results already stored go.
+            ids = [sent.chunk_id for sent in window if sent.chunk_id]
+            if ids:
+                self._abandon(ids)
+
+    def _abandon(self, chunk_ids: list[str]) -> None:
+        try:
+            answers = self.results.cancel(chunk_ids, JobCancelled)
+            done = [chunk_id for chunk_id, answer in answers.items() if answer == ALREADY_DONE]
+            if self.forget and done:
+                self.results.forget(done)
+            logger.info("cancelled %d chunk(s) still in flight", len(chunk_ids) - len(done))
+        except Exception:  # noqa: BLE001 - best effort on the way out; results expire anyway
+            logger.warning("could not cancel %d chunk(s) still in flight; the workers will compute them for nothing",
+                           len(chunk_ids))
 
     def _send(self, inputs: list[Any], window: deque[_Sent[T]]) -> str:
         """Send one chunk; while the queue refuses it (``QueueFull``), wait and send it again, up to a bound."""

@@ -23,19 +23,13 @@ from redis.client import PubSub
 from manager.errors import SwaplessError
 from tasks.broker.results import ResultStore, StoredResult
 from tasks.errors import JobFailed
-from tasks.protocol import decode_outcome, split_item_id
+from tasks.protocol import decode_outcome, split_item_id, storage_id
 
-__all__ = ["POLL_S", "aread_result", "await_result", "raise_for", "read_results", "storage_id", "wait_result"]
+__all__ = ["POLL_S", "aread_result", "await_result", "raise_for", "read_results", "wait_result"]
 
 #: Longest sleep between two reads of a result while waiting on its publish.
 POLL_S = 0.5
 _MGET_KEYS = 1000
-
-
-def storage_id(job_id: str) -> str:
-    """The id a job's result is stored under: its chunk's id for an item of a chunk, else its own."""
-    parts = split_item_id(job_id)
-    return parts[0] if parts is not None else job_id
 
 
 def _item_result(job_id: str, chunk: StoredResult) -> StoredResult:

@@ -45,12 +45,13 @@ from manager.errors import (
 from manager.specs import ModelSpec
 from manager.store import ModelStore
 from tasks.broker.connection import async_redis_client, translate
-from tasks.broker.results import StoredResult
+from tasks.broker.results import CANCELLED, TOO_LATE, StoredResult
 from tasks.client import Client
 from tasks.client.waiting import aread_result, await_result
-from tasks.errors import JobExpired, QueueFull, QueueUnavailable
+from tasks.errors import JobCancelled, JobExpired, QueueFull, QueueUnavailable
 from tasks.gateway.limits import BodyLimit
 from tasks.gateway.schema import (
+    CancelReply,
     ErrorInfo,
     Health,
     JobAccepted,
@@ -89,6 +90,8 @@ def _failure_status(error: Any) -> int:
         return 503
     if isinstance(error, JobExpired):
         return 504
+    if isinstance(error, JobCancelled):
+        return 409
     return 500
 
 
@@ -129,6 +132,10 @@ class _Gateway:
 
     async def fetch(self, job_id: str) -> StoredResult:
         return await aread_result(self.redis, self.client.results, job_id)
+
+    async def cancel(self, job_id: str) -> str:
+        answers = await asyncio.to_thread(self.client.cancel, [job_id])
+        return answers[job_id]
 
     async def wait(self, job_id: str, timeout_s: float) -> StoredResult:
         """The job's result once ready, or its PENDING state after ``timeout_s``; woken by the backend's publish."""
@@ -202,6 +209,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def job_state(job_id: str = job_id_path) -> JobState:
         """A job's state: PENDING (queued, running, or unknown id), SUCCESS and its result, or FAILURE and its error."""
         return _job_state(await gw.fetch(job_id))
+
+    @app.delete(
+        "/jobs/{job_id}",
+        response_model=CancelReply,
+        responses={409: {"model": CancelReply, "description": "too late: the job has started or has a result"}},
+    )
+    async def cancel_job(job_id: str = job_id_path) -> Any:
+        """Cancel a job that has not started: it is answered ``JobCancelled`` and never run. One that has started
+        runs to its end and keeps its result (409, ``running``); one with a result keeps it (409, ``done``)."""
+        status = await gw.cancel(job_id)
+        if status == CANCELLED:
+            return CancelReply(job_id=job_id, status="cancelled", detail=f"job {job_id} is cancelled: it will not run")
+        detail = (
+            f"job {job_id} has started: it runs to its end and keeps its result; read it at GET /jobs/{job_id}"
+            if status == TOO_LATE
+            else f"job {job_id} has a result already, kept: read it at GET /jobs/{job_id}"
+        )
+        reply = CancelReply(job_id=job_id, status="running" if status == TOO_LATE else "done", detail=detail)
+        return JSONResponse(status_code=409, content=reply.model_dump())
 
     @app.post(
         "/predict",

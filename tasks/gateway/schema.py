@@ -64,6 +64,13 @@ class JobState(_Body):
     note: str | None = None
 
 
+class CancelReply(_Body):
+    job_id: str
+    #: cancelled: it will not run; running: too late, it has started and keeps its result; done: it has a result
+    status: Literal["cancelled", "running", "done"]
+    detail: str
+
+
 class Prediction(_Body):
     job_id: str
     result: Any

@@ -51,11 +51,18 @@ class SchedulerObserver(Protocol):
             run_s: seconds the group took, model load included.
         """
 
+    def on_skipped(self, model_id: str, reason: str, jobs: int) -> None:
+        """Jobs of ``model_id`` were answered without running: ``reason`` is ``"expired"`` (their deadline passed
+        first) or ``"cancelled"``; ``jobs`` counts them (a chunk's items each)."""
+
 
 class NullObserver:
     """The default observer: ignores everything."""
 
     def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
+        return None
+
+    def on_skipped(self, model_id: str, reason: str, jobs: int) -> None:
         return None
 
 
@@ -74,6 +81,13 @@ class Observers:
                 observer.on_group(model_id, jobs, outcomes, run_s)
             except Exception:  # noqa: BLE001 - an observer must never cost a group its results
                 logger.exception("observer %r failed on a group of %s", observer, model_id)
+
+    def on_skipped(self, model_id: str, reason: str, jobs: int) -> None:
+        for observer in self.observers:
+            try:
+                observer.on_skipped(model_id, reason, jobs)
+            except Exception:  # noqa: BLE001 - as on_group
+                logger.exception("observer %r failed on %d %s job(s) of %s", observer, jobs, reason, model_id)
 
 
 @dataclass(frozen=True)
@@ -154,6 +168,7 @@ class GroupAccounting:
     Args:
         manager: the worker's cache (read after each group, never changed).
         listeners: called with each report, in order.
+        skipped: called with ``(model_id, reason, jobs)`` for jobs answered without running (``on_skipped``).
         sent_times: producers' send times of received jobs (empty: queue wait is measured from receipt).
         clock: wall clock (epoch seconds), to compare with send times.
         monotonic: the clock ``Job.received_s`` comes from.
@@ -164,11 +179,13 @@ class GroupAccounting:
         manager: ModelManager,
         listeners: Sequence[Callable[[GroupReport], None]] = (),
         sent_times: SentTimes | None = None,
+        skipped: Sequence[Callable[[str, str, int], None]] = (),
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.manager = manager
         self.listeners = list(listeners)
+        self.skipped = list(skipped)
         self.sent_times = sent_times if sent_times is not None else SentTimes()
         self.clock = clock
         self.monotonic = monotonic
@@ -185,6 +202,13 @@ class GroupAccounting:
                 listener(report)
         except Exception:  # noqa: BLE001 - accounting must never cost a group its results
             logger.exception("could not account for a group of %d job(s) on %s", len(jobs), model_id)
+
+    def on_skipped(self, model_id: str, reason: str, jobs: int) -> None:
+        for listener in self.skipped:
+            try:
+                listener(model_id, reason, jobs)
+            except Exception:  # noqa: BLE001 - as on_group
+                logger.exception("could not account for %d %s job(s) of %s", jobs, reason, model_id)
 
     def report(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> GroupReport:
         """The report of one group (also advances the accounting: call it once per group)."""

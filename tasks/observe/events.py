@@ -68,6 +68,9 @@ class TaskEvents:
             retries=(getattr(request, "request_dict", None) or {}).get("retries", 0),
         )
 
+    def on_skipped(self, model_id: str, reason: str, jobs: int) -> None:
+        """Expired and cancelled jobs send no event of their own: they age out of ``_pending``."""
+
     def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
         """A group ran (scheduler thread): send each finished task's ``task-succeeded`` or ``task-failed``."""
         finished: list[tuple[_Pending, Outcome]] = []

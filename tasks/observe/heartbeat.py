@@ -85,6 +85,10 @@ class ModelActivity(_Model):
     groups: int = 0
     jobs_done: int = 0
     jobs_failed: int = 0
+    #: jobs answered JobExpired without running (counted in ``jobs_failed`` too: their result is a failure)
+    jobs_expired: int = 0
+    #: jobs found cancelled before they ran (acked, never run)
+    jobs_cancelled: int = 0
     hits: int = 0
     misses: int = 0
     evictions: int = 0
@@ -188,6 +192,16 @@ class WorkerStats:
                 self._models.setdefault(victim, ModelActivity()).evictions += 1
             self._waits.extend(report.queue_wait_s)
             self._wait_count += len(report.queue_wait_s)
+
+    def skipped(self, model_id: str, reason: str, jobs: int) -> None:
+        """Jobs answered without running (a ``GroupAccounting`` ``skipped`` listener)."""
+        with self._lock:
+            model = self._models.setdefault(model_id, ModelActivity())
+            if reason == "expired":
+                model.jobs_expired += jobs
+                model.jobs_failed += jobs
+            elif reason == "cancelled":
+                model.jobs_cancelled += jobs
 
     def models(self) -> dict[str, ModelActivity]:
         with self._lock:

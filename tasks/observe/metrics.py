@@ -109,6 +109,10 @@ class WorkerMetrics:
         )
         self.jobs = Counter("swapless_jobs", "Jobs run, by outcome (success, failure).", ["model", "outcome"], registry=r)
         self.errors = Counter("swapless_job_errors", "Failed jobs by error type.", ["model", "error"], registry=r)
+        self.not_run = Counter(
+            "swapless_jobs_not_run", "Jobs answered without running, by reason (expired, cancelled).",
+            ["model", "reason"], registry=r,
+        )
         r.register(_CacheCollector(manager, backlog, claimed))
 
     def observe(self, report: GroupReport) -> None:
@@ -135,6 +139,12 @@ class WorkerMetrics:
             self.jobs.labels(model, "failure").inc(report.failed)
         for error, count in report.errors.items():
             self.errors.labels(model, error).inc(count)
+
+    def skipped(self, model_id: str, reason: str, jobs: int) -> None:
+        self.not_run.labels(model_id, reason).inc(jobs)
+        if reason == "expired":  # their result is a failure, as JobExpired
+            self.jobs.labels(model_id, "failure").inc(jobs)
+            self.errors.labels(model_id, "JobExpired").inc(jobs)
 
     def serve(self, host: str, port: int) -> Callable[[], None]:
         """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the function that stops it.

@@ -115,7 +115,7 @@ def render_worker(beat: Heartbeat, now: float) -> RenderableType:
     for name, justify in [
         ("model", "left"), ("cache", "left"), ("bytes", "right"), ("hits", "right"), ("misses", "right"),
         ("evicted", "right"), ("loads", "right"), ("last load s", "right"), ("mean load s", "right"),
-        ("done", "right"), ("failed", "right"), ("held", "right"),
+        ("done", "right"), ("failed", "right"), ("expired", "right"), ("cancelled", "right"), ("held", "right"),
     ]:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     loaded = {entry.model_id: entry for entry in beat.loaded}
@@ -142,6 +142,8 @@ def render_worker(beat: Heartbeat, now: float) -> RenderableType:
             _seconds(mean_load),
             str(activity.jobs_done) if activity else "0",
             str(activity.jobs_failed) if activity else "0",
+            str(activity.jobs_expired) if activity else "0",
+            str(activity.jobs_cancelled) if activity else "0",
             str(activity.backlog) if activity else "0",
         )
     return table

@@ -103,6 +103,17 @@ class ChunkAssembler:
         with self._lock:
             return parts[0] in self._pending
 
+    def drop(self, chunk_ids: Sequence[str]) -> dict[str, tuple[list[Any], int]]:
+        """Forget the chunks among ``chunk_ids`` that are in progress here (cancelled, or finished elsewhere):
+        their items' outcomes are no longer wanted. Returns ``{chunk id: (its requests, its item count)}``."""
+        dropped: dict[str, tuple[list[Any], int]] = {}
+        with self._lock:
+            for chunk_id in chunk_ids:
+                pending = self._pending.pop(chunk_id, None)
+                if pending is not None:
+                    dropped[chunk_id] = (pending.requests, len(pending.outcomes))
+        return dropped
+
     def collect(self, outcomes: Sequence[Outcome]) -> tuple[list[Outcome], list[tuple[Any, Any, SwaplessError | None]]]:
         """Take the outcomes of chunk items; return the other outcomes and the chunks now complete.
 

@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import signals
 
@@ -26,6 +26,9 @@ from tasks.observe.memory import WriteRefusals
 from tasks.protocol import SENT_AT_HEADER
 from tasks.worker.runtime import Runtime
 from tasks.worker.scheduler import BatchScheduler
+
+if TYPE_CHECKING:
+    from tasks.observe.metrics import WorkerMetrics  # prometheus-client: imported only when metrics are asked for
 
 __all__ = ["WorkerReporting"]
 
@@ -60,17 +63,22 @@ class WorkerReporting:
         self._publisher: HeartbeatPublisher | None = None
         settings = runtime.settings
         listeners: list[Callable[[GroupReport], None]] = [self.stats]
+        skipped: list[Callable[[str, str, int], None]] = [self.stats.skipped]
         if settings.metrics_port is not None:
-            listeners.append(self._serve_metrics(settings.metrics_host, settings.metrics_port))
+            metrics = self._serve_metrics(settings.metrics_host, settings.metrics_port)
+            listeners.append(metrics.observe)
+            skipped.append(metrics.skipped)
         remembered = max(10_000, 4 * settings.prefetch)
         self.sent_times = SentTimes(max_entries=remembered)
         self.events = TaskEvents(max_entries=remembered)
-        self.observer = Observers([GroupAccounting(runtime.manager, listeners, self.sent_times), self.events])
+        self.observer = Observers(
+            [GroupAccounting(runtime.manager, listeners, self.sent_times, skipped=skipped), self.events]
+        )
 
     def _backlog(self) -> dict[str, int]:
         return self._scheduler.backlog_counts() if self._scheduler is not None else {}
 
-    def _serve_metrics(self, host: str, port: int) -> Callable[[GroupReport], None]:
+    def _serve_metrics(self, host: str, port: int) -> WorkerMetrics:
         try:
             from tasks.observe.metrics import (
                 WorkerMetrics,  # prometheus-client: only when asked for
@@ -80,7 +88,7 @@ class WorkerReporting:
         metrics = WorkerMetrics(self.runtime.manager, self._backlog, claimed=lambda: self.claimed())
         self._stop_metrics = metrics.serve(host, port)
         logger.info("metrics on http://%s:%d/metrics", host, port)
-        return metrics.observe
+        return metrics
 
     def _on_received(self, request: Any = None, **_: Any) -> None:
         sent_at = (getattr(request, "request_dict", None) or {}).get(SENT_AT_HEADER)

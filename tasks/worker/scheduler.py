@@ -8,7 +8,14 @@ the messages in bulk. Jobs that were in flight when a worker died run again toge
 
 A job with a deadline (its message's ``expires``, Celery's own header; else ``SWAPLESS_INTERACTIVE_EXPIRES_S`` or
 ``SWAPLESS_BULK_EXPIRES_S`` from its send time, when set) that has not started by then leaves the backlog before
-the next group is chosen and is answered ``JobExpired``: it costs neither a load nor a forward pass.
+the next group is chosen and is answered ``JobExpired``: it costs neither a load nor a forward pass. A group with
+deadlines runs one forward pass at a time, and before each pass the jobs whose answer would come after their
+deadline (now + the model's last pass time per job) are answered ``JobExpired`` too: under overload, the jobs that
+are served are served in time, instead of every job a little too late.
+
+A job found with a result before it starts (cancelled: ``Client.cancel`` or Celery's ``revoke``, both stored in
+Redis as the job's result; or a redelivered copy of a finished job) is acked without running; the items of a
+cancelled chunk leave the backlog with it.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from celery.worker import state as worker_state
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
@@ -35,7 +43,7 @@ from manager import (
 )
 from tasks.broker.acks import AckQueue
 from tasks.broker.results import ResultStore
-from tasks.errors import JobExpired
+from tasks.errors import JobCancelled, JobExpired
 from tasks.observe.accounting import NULL_OBSERVER, SchedulerObserver
 from tasks.protocol import (
     CHUNK_TASK,
@@ -45,6 +53,7 @@ from tasks.protocol import (
     item_id,
     read_payload,
     split_item_id,
+    storage_id,
 )
 from tasks.worker.chunks import ChunkAssembler
 from tasks.worker.runtime import Runtime
@@ -91,11 +100,15 @@ class BatchScheduler:
         self.observer = observer
         self.backlog = Backlog(runtime.settings.max_wait_s)
         self.jobs_done = 0
-        self.jobs_failed = 0
+        self.jobs_failed = 0  # expired jobs included: their result is a failure
+        self.jobs_expired = 0
+        self.jobs_cancelled = 0
         self._requests: dict[str, Any] = {}
         self._duplicates: dict[str, list[Any]] = {}
         self.chunks = ChunkAssembler()  # chunk requests in progress, by chunk id
         self._rejected: list[tuple[Any, SwaplessError]] = []
+        #: Seconds per job of each model's last forward pass on a loaded model (scheduler thread only).
+        self._pass_s: dict[str, float] = {}
         #: Jobs of the running group whose attempt is counted already (scheduler thread only).
         self._started: set[str] = set()
         self._cond = threading.Condition()
@@ -232,7 +245,13 @@ class BatchScheduler:
         """Answer jobs whose deadline passed before they started: ``JobExpired``, and never run."""
         logger.info("%d job(s) passed their deadline before they started; answering JobExpired", len(jobs))
         outcomes = [Outcome(job, error=JobExpired(job.model_id, deadline_text(job.expires_at or 0.0))) for job in jobs]
-        self._complete(results, jobs[0].model_id, outcomes)
+        by_model: dict[str, list[Outcome]] = {}
+        for outcome in outcomes:
+            by_model.setdefault(outcome.job.model_id, []).append(outcome)
+        for model_id, expired in by_model.items():
+            self._complete(results, model_id, expired)
+            self.jobs_expired += len(expired)
+            self.observer.on_skipped(model_id, "expired", len(expired))
 
     def _unfinished(self, group: Sequence[Job]) -> list[Job]:
         with self._cond:
@@ -271,19 +290,19 @@ class BatchScheduler:
     def _run(self, results: ResultStore, group: Sequence[Job]) -> None:
         """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
         model_id = group[0].model_id
+        self._cancel_revoked(results, group)
         # The first batch's attempts are counted in the same round trip as the reads (see _run_batch).
-        size = self.runtime.settings.max_batch_size
-        first = group if len(group) <= size or any(job.urgent for job in group) else group[:size]
+        size = self._slice(model_id, group)
+        first = group if size is None else group[:size]
         done_before, attempts = results.prior(
-            [job.id for job in group], [job.id for job in group if split_item_id(job.id) is None],
+            [job.id for job in group], list(dict.fromkeys(storage_id(job.id) for job in group)),
             start=[job.id for job in first],
         )
-        self._started = {job.id for job in first if job.id not in attempts and job.id not in done_before}
+        self._started = {job.id for job in first if job.id not in attempts and storage_id(job.id) not in done_before}
         if done_before:
-            # Redelivered copies of jobs that already have a final result: do not run them again.
-            logger.info("%d redelivered job(s) of %s already have results; acking", len(done_before), model_id)
-            self._finish(results, [(self._held(job.id), None, None) for job in group if job.id in done_before], store=False)
-            results.clear_attempts([job.id for job in first if job.id in done_before])
+            # Cancelled jobs, and redelivered copies of jobs that already have a final result: never run them.
+            self._drop(results, model_id, done_before)
+            group = [job for job in group if storage_id(job.id) not in done_before]
         max_attempts = self.runtime.settings.max_attempts
         poison = [job for job in group if attempts.get(job.id, 0) >= max_attempts]
         if poison:
@@ -302,42 +321,75 @@ class BatchScheduler:
             self._complete(results, model_id, self._run_batch(results, model_id, [job]))
         rest = [job for job in group if job.id not in attempts and job.id not in done_before]
         if rest:
-            self._complete(results, model_id, self._run_sliced(results, model_id, rest))
+            self._run_sliced(results, model_id, rest)
 
-    def _run_sliced(self, results: ResultStore, model_id: str, jobs: Sequence[Job]) -> list[Outcome]:
-        """Run a bulk group in slices of ``max_batch_size`` jobs; yield to interactive jobs between slices.
-
-        Interactive jobs that arrive while a long bulk group computes wait for one slice (a forward pass or two),
-        not for the whole group: the unstarted rest goes back to the backlog, and the scheduler picks again.
-        Interactive groups, and groups that fit in one slice, run whole.
-        """
+    def _slice(self, model_id: str, jobs: Sequence[Job]) -> int | None:
+        """Jobs per slice of a group (``_run_sliced``), or None: it runs whole."""
         size = self.runtime.settings.max_batch_size
-        if len(jobs) <= size or any(job.urgent for job in jobs):
-            return self._run_batch(results, model_id, jobs)
-        outcomes: list[Outcome] = []
-        for start in range(0, len(jobs), size):
-            outcomes += self._run_batch(results, model_id, jobs[start : start + size])
-            rest = jobs[start + size :]
-            if rest:
+        if any(job.expires_at is not None for job in jobs):
+            size = min(size, self.runtime.store.get(model_id).max_batch_size or size)
+        elif any(job.urgent for job in jobs):
+            return None
+        return size if len(jobs) > size else None
+
+    def _run_sliced(self, results: ResultStore, model_id: str, jobs: Sequence[Job]) -> None:
+        """Run a group in slices, each slice's results stored (and its messages acked) as soon as it is done;
+        between slices, yield to interactive jobs (bulk groups) and expire jobs whose deadline passed (groups with
+        deadlines).
+
+        Interactive jobs that arrive while a long bulk group computes wait for one slice of ``max_batch_size`` jobs
+        (a forward pass or two), not for the whole group: the unstarted rest goes back to the backlog, and the
+        scheduler picks again. A group with deadlines runs one forward pass (the model's batch size) at a time, and
+        a job whose deadline passes while the passes before it compute is answered ``JobExpired`` instead of
+        starting late. Other interactive groups, and groups that fit in one slice, run whole.
+        """
+        size = self._slice(model_id, jobs)
+        if size is None:
+            self._complete(results, model_id, self._run_batch(results, model_id, jobs))
+            return
+        deadlines = any(job.expires_at is not None for job in jobs)
+        urgent = any(job.urgent for job in jobs)
+        pending = list(jobs)
+        while pending:
+            if deadlines:
+                # a job whose answer would come after its deadline is not started: its caller has given up by then
+                cutoff = time.time() + self._pass_s.get(model_id, 0.0) * min(size, len(pending))
+                late = [job for job in pending if job.expires_at is not None and job.expires_at < cutoff]
+                if late:
+                    self._expire(results, late)
+                    pending = [job for job in pending if job.expires_at is None or job.expires_at >= cutoff]
+                    continue
+            batch, pending = pending[:size], pending[size:]
+            self._complete(results, model_id, self._run_batch(results, model_id, batch))
+            if pending and not urgent:
                 with self._cond:
                     if self.backlog.urgent:
-                        self.backlog.add(rest)  # never started: back as they were
-                        logger.info("%s: yielding to interactive jobs after %d of %d bulk job(s)", model_id,
-                                    start + size, len(jobs))
+                        self.backlog.add(pending)  # never started: back as they were
+                        logger.info("%s: yielding to interactive jobs with %d of %d bulk job(s) left", model_id,
+                                    len(pending), len(jobs))
                         break
-        return outcomes
 
     def _run_batch(self, results: ResultStore, model_id: str, batch: Sequence[Job]) -> list[Outcome]:
         """Mark ``batch`` started (the jobs ``_run`` did not count already), run it, return one outcome per job (never
-        raises)."""
-        results.start([job.id for job in batch if job.id not in self._started])  # a Redis failure keeps the batch
+        raises). Jobs found with a result when they are marked (cancelled since the group began) do not run."""
+        batch = [job for job in batch if self._live(job.id)]  # not of a chunk dropped since the group began
+        # a Redis failure keeps the batch
+        found = results.start([job.id for job in batch if job.id not in self._started])
         self._started.difference_update(job.id for job in batch)
+        if found:
+            self._drop(results, model_id, found)
+            batch = [job for job in batch if storage_id(job.id) not in found]
+        if not batch:
+            return []
         try:
             waiting = self.backlog_counts()
+            warm = model_id in self.runtime.manager.loaded_ids()
             started = time.perf_counter()
             ahead = (lambda: self._load_ahead(model_id)) if self.runtime.settings.load_ahead else None
             outcomes = run_group(self.runtime.manager, model_id, batch, waiting, on_loaded=ahead)
             elapsed = time.perf_counter() - started
+            if warm:  # the last warm pass's seconds per job: when the next answers would come
+                self._pass_s[model_id] = elapsed / len(batch)
             self.observer.on_group(model_id, batch, outcomes, elapsed)  # heartbeat, metrics, events; never raises
             failed = sum(1 for o in outcomes if not o.ok)
             logger.info("ran %d job(s) on %s in %.3f s (%d failed)", len(outcomes), model_id, elapsed, failed)
@@ -346,7 +398,50 @@ class BatchScheduler:
             outcomes = [Outcome(job, error=PredictionFailed(model_id, f"internal error in the worker: {err!r}")) for job in batch]
         return outcomes
 
+    def _live(self, job_id: str) -> bool:
+        """Whether ``job_id`` is still this worker's to answer (not dropped as cancelled or done elsewhere)."""
+        if split_item_id(job_id) is not None:
+            return self.chunks.owns(job_id)
+        with self._cond:
+            return job_id in self._requests
+
+    def _cancel_revoked(self, results: ResultStore, group: Sequence[Job]) -> None:
+        """Jobs revoked through Celery's remote control (``app.control.revoke``; a plain producer's cancel) are
+        cancelled in Redis like ``Client.cancel``'s, so every worker skips them and the cancel outlives this one."""
+        revoked = worker_state.revoked
+        if not revoked:
+            return
+        ids = [under for under in dict.fromkeys(storage_id(job.id) for job in group) if under in revoked]
+        if ids:
+            answers = results.cancel(ids, JobCancelled)
+            logger.info("revoked job(s) of %s: %s", group[0].model_id, answers)
+
+    def _drop(self, results: ResultStore, model_id: str, result_ids: Collection[str]) -> None:
+        """Ack, without running or storing anything, the jobs whose results ``result_ids`` were found before they
+        ran: cancelled jobs (their result is the cancellation) and redelivered copies of finished jobs. A chunk's
+        waiting items leave the backlog with it."""
+        with self._cond:
+            plain = [self._requests[i] for i in result_ids if i in self._requests]
+        chunks = self.chunks.drop([i for i in result_ids if i not in {r.id for r in plain}])
+        if chunks:
+            dropped = set(chunks)
+            with self._cond:
+                self.backlog.take_model(model_id, keep=lambda job: storage_id(job.id) not in dropped)
+        requests = plain + [request for requests, _ in chunks.values() for request in requests]
+        if not requests:
+            return
+        found = results.fetch(list(dict.fromkeys(request.id for request in requests)))
+        cancelled = sum(chunks[s.job_id][1] if s.job_id in chunks else 1 for s in found if isinstance(s.value, JobCancelled))
+        logger.info("%d message(s) of %s have a result already (%d job(s) cancelled); acking without running them",
+                    len(requests), model_id, cancelled)
+        self._finish(results, [(request, None, None) for request in requests], store=False, count=False)
+        results.clear_attempts([item_id(chunk_id, i) for chunk_id, (_, size) in chunks.items() for i in range(size)])
+        if cancelled:
+            self.jobs_cancelled += cancelled
+            self.observer.on_skipped(model_id, "cancelled", cancelled)
+
     def _complete(self, results: ResultStore, model_id: str, outcomes: list[Outcome]) -> None:
+        outcomes = [o for o in outcomes if self._live(o.job.id)]  # a chunk dropped after some of its items ran
         outcomes, chunks_done = self.chunks.collect(outcomes)  # items of chunks -> complete chunks
         self._finish(results, [(self._held(o.job.id), o.result, o.error) for o in outcomes] + chunks_done)
         if chunks_done:  # the items' attempt counters end with their chunk's stored result
@@ -357,7 +452,11 @@ class BatchScheduler:
             return self._requests[job_id]
 
     def _finish(
-        self, results: ResultStore, items: Sequence[tuple[Any, Any, SwaplessError | None]], store: bool = True
+        self,
+        results: ResultStore,
+        items: Sequence[tuple[Any, Any, SwaplessError | None]],
+        store: bool = True,
+        count: bool = True,
     ) -> None:
         if store:
             results.store([(request.id, result, error) for request, result, error in items])
@@ -366,6 +465,8 @@ class BatchScheduler:
                 self._requests.pop(request.id, None)
             copies = [dup for request, _, _ in items for dup in self._duplicates.pop(request.id, [])]
         self.acks.ack([request for request, _, _ in items] + copies)  # only once the results are stored
+        if not count:
+            return
         for _, _, error in items:
             if error is None:
                 self.jobs_done += 1

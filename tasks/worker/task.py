@@ -44,6 +44,7 @@ from tasks.broker.connection import redis_client, worker_health
 from tasks.broker.transport import use_affinity, use_intake
 from tasks.broker.results import ResultStore
 from tasks.protocol import CHUNK_TASK, PREDICT_TASK
+from tasks.worker import control as _control  # noqa: F401 - registers Swapless's revoke in place of Celery's
 from tasks.worker.chunks import ChunkAssembler
 from tasks.observe.placement import read_placement
 from tasks.worker.intake import Intake

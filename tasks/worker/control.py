@@ -1,0 +1,46 @@
+"""Celery's ``revoke`` remote-control command, as Swapless's cancel: what a plain Celery producer sends with
+``app.control.revoke(job_id)`` or ``AsyncResult(job_id).revoke()``.
+
+Celery's own ``revoke`` stores ``REVOKED`` as the task's result at once, also for a task already running; with
+first-result-wins results that would throw away the result of a job that runs to its end. Here, registered in its
+place, a revoke is ``ResultStore.cancel``'s: a job not yet started is answered ``JobCancelled`` (stored in Redis, so
+every worker skips it, across restarts), one that has started runs to its end and keeps its result. Every live
+worker receives the broadcast; the cancel is idempotent, so the first one to act on it is enough. ``terminate`` is
+not supported: a group's forward pass is never killed halfway (the job would be redelivered and counted as a
+crash).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.utils.functional import maybe_list
+from celery.worker import state as worker_state
+from celery.worker.control import control_command, ok
+
+from tasks.broker.results import ResultStore
+from tasks.errors import JobCancelled
+
+__all__ = ["revoke"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a revoke retries Redis before it gives up (it runs on the consumer's thread, which must not stall).
+_RETRY_S = 5.0
+
+
+@control_command(variadic="task_id", signature="[id1 [id2 [... [idN]]]]")
+def revoke(state: Any, task_id: Any, terminate: bool = False, signal: str | None = None, **_: Any) -> dict[str, Any]:
+    """Cancel jobs by id (or list of ids): those not started never run; those running finish with their result."""
+    task_ids = list(dict.fromkeys(maybe_list(task_id) or []))
+    worker_state.revoked.update(task_ids)  # the scheduler cancels them again before a group if Redis failed here
+    if terminate:
+        logger.warning("revoke with terminate=True: a running job is never terminated here; it runs to its end")
+    try:
+        answers = ResultStore(state.app, retry_s=_RETRY_S).cancel(task_ids, JobCancelled)
+    except Exception as err:  # noqa: BLE001 - the consumer thread must outlive a Redis failure
+        logger.warning("could not store the cancel of %d revoked job(s) (%s); this worker skips them", len(task_ids), err)
+        return ok(f"tasks {task_ids} flagged as revoked on this worker")
+    logger.info("revoked: %s", answers)
+    return ok(", ".join(f"{job_id} {answer}" for job_id, answer in answers.items()))

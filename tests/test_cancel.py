@@ -1,0 +1,228 @@
+"""Cancellation: a job cancelled before it starts is answered ``JobCancelled`` and never reaches a model; one that
+has started runs to its end and keeps its result.
+
+Real worker processes on the real Redis, with the ``crashy`` models (tests/crashy.py): every input that reaches a
+model is logged, so "never ran" is read from the log, not assumed. A ``hold`` job keeps the worker busy while the
+jobs under test wait in its backlog.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tasks.broker.results import ALREADY_DONE, CANCELLED, TOO_LATE
+from tasks.client import Client
+from tasks.errors import JobCancelled
+from tasks.protocol import PREDICT_TASK
+from tests.faultkit import FaultEnv, hold, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_cancelled_queued_job_never_runs_and_a_running_one_finishes(faults: FaultEnv) -> None:
+    faults.worker()
+    client = Client()
+    held, _ = hold(client, faults, 2)
+    queued = client.submit("echo", "cancel-me")
+    kept = client.submit("echo", "keep-me")
+    assert held.cancel() == TOO_LATE  # it has started: it runs to its end
+    assert queued.cancel() == CANCELLED
+    with pytest.raises(JobCancelled, match="was cancelled before it started"):
+        queued.get(timeout=5)  # answered at once, not when the worker gets to it
+    assert held.get(timeout=30)["echo"].startswith("sleep:2")  # its result is kept
+    assert kept.get(timeout=30)["echo"] == "keep-me"
+    assert kept.cancel() == ALREADY_DONE
+    assert kept.get(timeout=5)["echo"] == "keep-me"
+    faults.wait_broker_idle()  # the cancelled job's message was acked, not left to be redelivered
+    ran = faults.executions()
+    assert ran["cancel-me"] == 0 and ran["keep-me"] == 1, ran
+
+
+def test_cancelling_an_item_of_a_chunk_cancels_its_chunk_and_none_of_it_runs(faults: FaultEnv) -> None:
+    faults.worker()
+    client = Client()
+    held, _ = hold(client, faults, 2)
+    chunk = client.submit_many("echo", [f"chunk-item-{i}" for i in range(6)], chunk_size=6)
+    other = client.submit_many("echo", [f"other-item-{i}" for i in range(3)], chunk_size=3)
+    answers = client.cancel([chunk[2].id])
+    assert answers == {chunk[2].id: CANCELLED}
+    held.get(timeout=30)
+    for stored in client.gather(chunk, timeout=30):
+        assert stored.state == "FAILURE" and isinstance(stored.value, JobCancelled)
+    assert [s.value["echo"] for s in client.gather(other, timeout=30)] == [f"other-item-{i}" for i in range(3)]
+    faults.wait_broker_idle()
+    ran = faults.executions()
+    assert all(ran[f"chunk-item-{i}"] == 0 for i in range(6)), ran
+    assert all(ran[f"other-item-{i}"] == 1 for i in range(3)), ran
+
+
+def test_a_cancel_survives_a_worker_restart_and_reaches_the_next_worker(faults: FaultEnv) -> None:
+    first = faults.worker()
+    client = Client()
+    held, _ = hold(client, faults, 3)
+    doomed = client.submit("echo", "cancelled-across-restart")
+    assert doomed.cancel() == CANCELLED
+    first.stop(signal.SIGKILL)  # dies holding both messages: both are redelivered to the next worker
+    faults.worker()
+    with pytest.raises(JobCancelled):
+        doomed.get(timeout=5)
+    held.get(timeout=60)  # re-run after the death
+    faults.wait_broker_idle(timeout_s=60)
+    assert faults.executions()["cancelled-across-restart"] == 0
+
+
+def test_celery_revoke_cancels_a_queued_job(faults: FaultEnv) -> None:
+    faults.worker()
+    client = Client()
+    held, _ = hold(client, faults, 2)
+    sent = client.app.send_task(PREDICT_TASK, args=["echo", "revoked"], queue=faults.queue)
+    client.app.control.revoke([sent.id, held.id])  # a plain Celery producer's cancel: a broadcast to the workers
+    with pytest.raises(JobCancelled):
+        client.job(sent.id).get(timeout=30)
+    assert held.get(timeout=30)["echo"].startswith("sleep:2")  # running when revoked: it ends with its result
+    faults.wait_broker_idle()
+    assert faults.executions()["revoked"] == 0
+
+
+def test_swapless_cancel_and_delete_on_the_gateway(faults: FaultEnv) -> None:
+    from tasks.gateway.app import create_app
+
+    faults.worker()
+    client = Client()
+    held, _ = hold(client, faults, 2)
+    by_cli = client.submit("echo", "cancelled-by-cli")
+    by_http = client.submit("echo", "cancelled-by-http")
+    run = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", "cancel", by_cli.id, held.id],
+        capture_output=True, text=True, timeout=60,
+    )
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert lines == [{"job_id": by_cli.id, "status": "cancelled"}, {"job_id": held.id, "status": "running"}]
+    assert run.returncode == 1  # one of them could not be cancelled
+    with TestClient(create_app()) as http:
+        reply = http.delete(f"/jobs/{by_http.id}")
+        assert reply.status_code == 200 and reply.json()["status"] == "cancelled"
+        again = http.delete(f"/jobs/{by_http.id}")
+        assert again.status_code == 409 and again.json()["status"] == "done"
+        assert http.get(f"/jobs/{by_http.id}").json()["error"]["type"] == "JobCancelled"
+    held.get(timeout=30)
+    faults.wait_broker_idle()
+    ran = faults.executions()
+    assert ran["cancelled-by-cli"] == 0 and ran["cancelled-by-http"] == 0, ran
+
+
+def test_cancelled_and_expired_jobs_are_counted_per_model_in_the_status(faults: FaultEnv) -> None:
+    from tasks.observe.heartbeat import read_heartbeats
+
+    faults.worker()
+    client = Client()
+    held, _ = hold(client, faults, 2)
+    cancelled = [client.submit("echo", f"counted-cancel-{i}") for i in range(3)]
+    expired = [client.submit("echo", f"counted-expire-{i}", expires=0.5) for i in range(2)]
+    assert set(client.cancel([job.id for job in cancelled]).values()) == {CANCELLED}
+    held.get(timeout=30)
+    for job in expired:
+        with pytest.raises(Exception, match="deadline"):
+            job.get(timeout=30)
+
+    def counted() -> bool:
+        beats = read_heartbeats(client.redis, faults.key_prefix)
+        echo = beats[0].models.get("echo") if beats else None
+        return echo is not None and echo.jobs_cancelled == 3 and echo.jobs_expired == 2
+
+    wait_for(counted, 30, "the heartbeat to count 3 cancelled and 2 expired echo jobs")
+
+
+def _bulk(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    def default_sigint() -> None:  # a suite started in the background inherits SIGINT ignored
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    with log.open("wb") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local", "--progress", "log"],
+            stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=default_sigint,
+        )
+
+
+def _records(path: Path, prefix: str, count: int) -> Path:
+    path.write_text("".join(json.dumps({"id": f"k{i}", "text": f"{prefix}-{i}"}) + "\n" for i in range(count)))
+    return path
+
+
+def test_ctrl_c_on_bulk_cancels_its_chunks_in_flight_and_a_rerun_resumes(faults: FaultEnv, tmp_path: Path) -> None:
+    faults.worker()
+    client = Client()
+    held, _ = hold(client, faults, 3)
+    source = _records(tmp_path / "in.jsonl", "bulk-sigint", 20)
+    out = tmp_path / "out.jsonl"
+    args = ("echo", str(source), "-o", str(out), "--id-field", "id", "--chunk-size", "5", "--max-in-flight", "4")
+    first = _bulk(*args, log=tmp_path / "first.log")
+    # every chunk is sent and waits behind the hold job (the hold job itself is in flight too)
+    wait_for(lambda: faults.queued() + faults.unacked() >= 5, 30, "the producer to send its 4 chunks")
+    first.send_signal(signal.SIGINT)
+    assert first.wait(60) == 130
+    held.get(timeout=30)
+    faults.wait_broker_idle()  # the cancelled chunks were taken and acked, not left behind
+    assert sum(faults.executions()[f"bulk-sigint-{i}"] for i in range(20)) == 0  # none computed after Ctrl-C
+    assert not out.exists() or out.read_text() == ""
+    second = subprocess.run([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local"],
+                            capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["key"] for line in lines] == [f"k{i}" for i in range(20)]
+    assert all(line["ok"] for line in lines)
+
+
+def test_a_bulk_deadline_stops_the_run_resumably_and_nothing_late_is_computed(
+    faults: FaultEnv, tmp_path: Path
+) -> None:
+    faults.worker()
+    client = Client()
+    held, _ = hold(client, faults, 3)
+    source = _records(tmp_path / "in.jsonl", "bulk-late", 20)
+    out = tmp_path / "out.jsonl"
+    args = ("echo", str(source), "-o", str(out), "--id-field", "id", "--chunk-size", "5", "--max-in-flight", "4")
+    late = subprocess.run([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local", "--expires", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert late.returncode == 3, late.stderr
+    assert "has passed: the records not started by then were not computed; rerun with a later --expires" in late.stderr
+    assert "Traceback" not in late.stderr
+    held.get(timeout=30)
+    faults.wait_broker_idle()
+    assert sum(faults.executions()[f"bulk-late-{i}"] for i in range(20)) == 0
+    assert not out.exists() or out.read_text() == ""
+    bad = subprocess.run([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local", "--expires", "yesterday"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--expires must be seconds from now or a date-time" in bad.stderr
+    resumed = subprocess.run([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local", "--expires", "600"],
+                             capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [json.loads(line)["key"] for line in out.read_text().splitlines()] == [f"k{i}" for i in range(20)]
+
+
+def test_on_celery_s_own_request_path_cancels_and_deadlines_hold_too(faults: FaultEnv) -> None:
+    from tasks.errors import JobExpired
+
+    faults.worker("--task-events")  # with task events on, every message takes Celery's request machinery
+    client = Client()
+    held, _ = hold(client, faults, 2)
+    cancelled = client.submit("echo", "events-cancelled")
+    expired = client.submit("echo", "events-expired", expires=0.5)
+    served = client.submit("echo", "events-served")
+    assert cancelled.cancel() == CANCELLED
+    held.get(timeout=30)
+    with pytest.raises(JobCancelled):
+        cancelled.get(timeout=30)
+    with pytest.raises(JobExpired):
+        expired.get(timeout=30)
+    assert served.get(timeout=30)["echo"] == "events-served"
+    faults.wait_broker_idle()
+    ran = faults.executions()
+    assert ran["events-cancelled"] == 0 and ran["events-expired"] == 0 and ran["events-served"] == 1, ran
