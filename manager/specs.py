@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-__all__ = ["InputType", "ModelSpec", "ModelsFile"]
+__all__ = ["InputType", "ModelSpec", "ModelsFile", "RouteSpec"]
+
+_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
 
 
 class InputType(str, Enum):
@@ -42,7 +44,7 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    id: str = Field(min_length=1, max_length=128, pattern=_ID)
     aliases: tuple[str, ...] = ()
     name: str = Field(min_length=1)
     type: InputType
@@ -64,9 +66,58 @@ class ModelSpec(BaseModel):
         return self
 
 
+class RouteSpec(BaseModel):
+    """One id over several models (``manager.routing``): a weighted ``route`` over versions, with an optional
+    ``shadow``, or a branch ``by_type`` of input. Its targets are model ids, aliases or other routes; the store checks
+    them (``ModelStore``).
+
+    Attributes:
+        id: what jobs address.
+        route: target -> weight (any positive numbers; they need not sum to 100).
+        shadow: target -> percent (0-100] of the jobs also run on it, results kept apart.
+        by_type: input type (``text``, ``image``) -> target.
+        description: free-form text.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, max_length=128, pattern=_ID)
+    route: dict[str, float] | None = None
+    shadow: dict[str, float] | None = None
+    by_type: dict[InputType, str] | None = None
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> RouteSpec:
+        if (self.route is None) == (self.by_type is None):
+            raise ValueError("a route entry has either 'route' (weights per version) or 'by_type' (a model per input type)")
+        if self.route is not None:
+            if not self.route:
+                raise ValueError("'route' names no target: give at least one, with a positive weight")
+            bad = [f"{target}={weight:g}" for target, weight in self.route.items() if not weight > 0 or weight == float("inf")]
+            if bad:
+                raise ValueError(f"route weights must be positive numbers, not {', '.join(bad)}")
+        if self.shadow is not None:
+            if self.route is None:
+                raise ValueError("'shadow' goes with 'route': a by_type entry has no traffic split to copy")
+            bad = [f"{target}={share:g}" for target, share in self.shadow.items() if not 0 < share <= 100]
+            if bad:
+                raise ValueError(f"shadow shares are percents in (0, 100], not {', '.join(bad)}")
+        if self.by_type is not None and not self.by_type:
+            raise ValueError("'by_type' names no branch: give a model for 'text', 'image' or both")
+        return self
+
+
+def _entry_kind(entry: Any) -> str:
+    return "route" if isinstance(entry, dict) and ("route" in entry or "by_type" in entry) else "model"
+
+
 class ModelsFile(BaseModel):
-    """The whole ``models.json``: ``{"models": [ModelSpec, ...]}``."""
+    """The whole ``models.json``: ``{"models": [ModelSpec | RouteSpec, ...]}`` (an entry with ``route`` or
+    ``by_type`` is a route)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    models: list[ModelSpec]
+    models: list[
+        Annotated[Annotated[ModelSpec, Tag("model")] | Annotated[RouteSpec, Tag("route")], Discriminator(_entry_kind)]
+    ]

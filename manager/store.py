@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from manager.errors import ConfigError, UnknownModel
-from manager.specs import ModelSpec, ModelsFile
+from manager.describe import kind
+from manager.errors import ConfigError, InputError, UnknownModel
+from manager.routing import NoBranch, Resolved, resolve
+from manager.specs import InputType, ModelSpec, ModelsFile, RouteSpec
 
 __all__ = ["ModelStore"]
 
@@ -24,7 +26,8 @@ def _where(source: str, raw: object, loc: tuple[int | str, ...]) -> str:
             if isinstance(entry, dict):
                 entry_id = entry.get("id")
         entry_name = f"models[{index}]" + (f" (id {entry_id!r})" if entry_id else "")
-        field = ".".join(str(part) for part in loc[2:])
+        parts = loc[3:] if len(loc) >= 3 and loc[2] in ("model", "route") else loc[2:]  # the entry's kind tag
+        field = ".".join(str(part) for part in parts)
         return f"{source}: {entry_name}" + (f", field {field!r}" if field else "")
     return f"{source}: " + (".".join(str(part) for part in loc) or "top level")
 
@@ -38,11 +41,16 @@ class ModelStore:
             (a producer that only submits jobs does not need the workers).
     """
 
-    def __init__(self, specs: Iterable[ModelSpec], frameworks: Iterable[str] | None = None) -> None:
+    def __init__(self, specs: Iterable[ModelSpec | RouteSpec], frameworks: Iterable[str] | None = None) -> None:
         self._specs: dict[str, ModelSpec] = {}
         self._aliases: dict[str, str] = {}
+        self._routes: dict[str, RouteSpec] = {}
         known_frameworks = sorted(frameworks) if frameworks is not None else None
+        routes: list[tuple[int, RouteSpec]] = []
         for index, spec in enumerate(specs):
+            if isinstance(spec, RouteSpec):
+                routes.append((index, spec))
+                continue
             if spec.id in self._specs:
                 raise ConfigError(f"models[{index}] (id {spec.id!r})", "duplicate id: every model needs its own id")
             if known_frameworks is not None and spec.framework not in known_frameworks:
@@ -60,6 +68,13 @@ class ModelStore:
             if spec.id in self._aliases:
                 raise ConfigError(f"models[{index}] (id {spec.id!r})", "id is already used as another model's alias")
             self._specs[spec.id] = spec
+        for index, route in routes:
+            if route.id in self._specs or route.id in self._aliases or route.id in self._routes:
+                raise ConfigError(f"models[{index}] (id {route.id!r})", "id is already used by a model, an alias or "
+                                  "another route: a route needs its own id")
+            self._routes[route.id] = route
+        for index, route in routes:
+            self._check_route(index, route)
 
     @classmethod
     def from_file(cls, path: str | Path, frameworks: Iterable[str] | None = None) -> ModelStore:
@@ -85,8 +100,11 @@ class ModelStore:
             raise ConfigError(_where(source, raw, tuple(first["loc"])), first["msg"]) from None
 
         base = file.resolve().parent
-        specs = []
+        specs: list[ModelSpec | RouteSpec] = []
         for index, spec in enumerate(parsed.models):
+            if isinstance(spec, RouteSpec):
+                specs.append(spec)
+                continue
             updates: dict[str, Path] = {}
             for field in ("path", "labels_file"):
                 value: Path | None = getattr(spec, field)
@@ -102,6 +120,88 @@ class ModelStore:
             specs.append(spec.model_copy(update=updates) if updates else spec)
         return cls(specs, frameworks)
 
+    def _check_route(self, index: int, route: RouteSpec) -> None:
+        """Every target exists, no route reaches itself, and every branch serves inputs of one type."""
+        where = f"models[{index}] (id {route.id!r})"
+        fields: dict[str, list[str]] = {
+            "route": list(route.route or {}),
+            "shadow": list(route.shadow or {}),
+            "by_type": list((route.by_type or {}).values()),
+        }
+        for field, targets in fields.items():
+            for target in targets:
+                if field == "shadow" and target in self._routes:
+                    raise ConfigError(f"{where}, field 'shadow'", f"{target!r} is a route: a shadow runs on one model")
+                if target not in self._routes and target not in self:
+                    known = ", ".join(sorted([*self._specs, *self._aliases, *self._routes])) or "none"
+                    raise ConfigError(f"{where}, field {field!r}", f"unknown target {target!r} (known: {known})")
+        self._route_types(route.id, (), where)
+        if route.by_type is not None:
+            for wanted, target in route.by_type.items():
+                types = self._types(target, (route.id,), where)
+                if types != {wanted}:
+                    raise ConfigError(
+                        f"{where}, field 'by_type'",
+                        f"the {wanted.value!r} branch goes to {target!r}, which takes "
+                        f"{' and '.join(sorted(t.value for t in types))} inputs",
+                    )
+
+    def _types(self, target: str, path: tuple[str, ...], where: str) -> set[InputType]:
+        if target in self._routes:
+            return self._route_types(target, path, where)
+        return {self.get(target).type}
+
+    def _route_types(self, route_id: str, path: tuple[str, ...], where: str) -> set[InputType]:
+        """The input types a route serves (following routes to routes); a cycle or a split over models of
+        different types is an error."""
+        if route_id in path:
+            cycle = " -> ".join([*path[path.index(route_id):], route_id])
+            raise ConfigError(where, f"routes form a cycle: {cycle}")
+        route = self._routes[route_id]
+        if route.by_type is not None:
+            for target in route.by_type.values():
+                self._types(target, (*path, route_id), where)
+            return set(route.by_type)
+        types: set[InputType] = set()
+        for target in [*(route.route or {}), *(route.shadow or {})]:
+            types |= self._types(target, (*path, route_id), where)
+        if len(types) > 1:
+            raise ConfigError(f"{where}, field 'route'" if not path else where,
+                              f"route {route_id!r} mixes text and image models: every version must take the same input")
+        return types
+
+    @property
+    def routes(self) -> dict[str, RouteSpec]:
+        """Route id -> its entry."""
+        return dict(self._routes)
+
+    def is_route(self, target: object) -> bool:
+        return isinstance(target, str) and target in self._routes
+
+    def route(
+        self,
+        target: str,
+        value: object,
+        key: str,
+        overrides: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> Resolved:
+        """The model that serves a job addressed to ``target`` (a model id or alias: itself, canonical; a route: the
+        version its weights and ``key`` pick, and its shadows). See ``manager.routing``.
+
+        Raises:
+            UnknownModel: no model, alias or route of that id.
+            InputError: a ``by_type`` route has no branch for this input (names the types it accepts).
+        """
+        if not self._routes or target not in self._routes:
+            return Resolved(self.resolve(target))
+        try:
+            found = resolve(self._routes, target, value, key, overrides)
+        except NoBranch as err:
+            kind_found = f"{err.found.value} input" if err.found is not None else f"{kind(value)} input"
+            raise InputError(target, f"route {err.route_id!r} takes {' or '.join(err.accepts)} inputs, not "
+                             f"{kind_found}; send one of those") from None
+        return Resolved(self.resolve(found.model_id), tuple(self.resolve(m) for m in found.shadows), found.via)
+
     def get(self, model_id: str) -> ModelSpec:
         """The entry for ``model_id`` (an id or an alias).
 
@@ -111,7 +211,7 @@ class ModelStore:
         try:
             return self._specs[self._aliases.get(model_id, model_id)]
         except (KeyError, TypeError):
-            raise UnknownModel(str(model_id), self._specs) from None
+            raise UnknownModel(str(model_id), [*self._specs, *self._routes]) from None
 
     def resolve(self, model_id: str) -> str:
         """The canonical id of ``model_id`` (an id or an alias). Raises UnknownModel."""

@@ -32,6 +32,7 @@ __all__ = [
     "PRIORITY_INTERACTIVE",
     "PRIORITY_STEPS",
     "SENT_AT_HEADER",
+    "SHADOW_HEADER",
     "decode_outcome",
     "encode_outcome",
     "is_urgent",
@@ -45,6 +46,8 @@ __all__ = [
     "priority_level",
     "queue_key",
     "read_payload",
+    "routes_key",
+    "shadow_key",
     "split_item_id",
     "storage_id",
 ]
@@ -63,6 +66,8 @@ PRIORITIES = {"interactive": PRIORITY_INTERACTIVE, "bulk": PRIORITY_BULK}
 PRIORITY_STEPS = (PRIORITY_INTERACTIVE, 3, PRIORITY_BULK, 9)
 #: Message header with the producer's wall-clock send time (epoch seconds): the worker measures queue wait from it.
 SENT_AT_HEADER = "swapless_sent_at"
+#: Header of a shadow copy of a routed job: ``[served job id, route id]`` (``manager.routing``).
+SHADOW_HEADER = "swapless_shadow_of"
 
 _PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: "<queue>\x06\x16<priority>" above priority 0
 
@@ -110,6 +115,16 @@ def model_key(queue: str, model_id: str, part: str, key_prefix: str | None = Non
 def model_queue_key(queue: str, model_id: str, priority: int, key_prefix: str | None = None) -> str:
     """The list model ``model_id``'s jobs of ``priority`` wait in (priorities as ``PRIORITY_STEPS``)."""
     return model_key(queue, model_id, f"p{priority}", key_prefix)
+
+
+def routes_key(queue: str, key_prefix: str | None = None) -> str:
+    """The hash of route weights set with ``swapless route`` (route id -> JSON weights), overriding the file's."""
+    return f"{key_prefix or ''}swapless:{queue}:routes"
+
+
+def shadow_key(queue: str, key_prefix: str | None = None) -> str:
+    """The hash of shadow agreement counts (``<route>|<served>|<shadow>|agree`` and ``...|total`` -> count)."""
+    return f"{key_prefix or ''}swapless:{queue}:shadow"
 
 
 def placement_bell_key(queue: str, key_prefix: str | None = None) -> str:

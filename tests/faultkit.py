@@ -294,9 +294,11 @@ class FaultEnv:
             self._monkeypatch.setenv(name, value)
         get_settings.cache_clear()
 
-    def write_models(self, *, real: bool) -> list[str]:
-        """Write the models file: the crashy models, plus (``real``) the tiny real models; returns the ids."""
+    def write_models(self, *, real: bool, extra: Sequence[dict[str, Any]] = ()) -> list[str]:
+        """Write the models file: the crashy models, plus (``real``) the tiny real models and ``extra`` entries;
+        returns the ids."""
         entries = [crashy_entry(model_id, behaviour) for model_id, behaviour in CRASHY_MODELS.items()]
+        entries += list(extra)
         if real:
             tiny = json.loads(self.tiny_models_file.read_text())["models"]
             for entry in tiny:

@@ -149,7 +149,8 @@ def test_predict_waits_for_the_result_and_reports_failures(stack: Stack) -> None
     ok = http.post("/predict", json={"model_id": "spam", "input": "win a free prize now"})
     assert ok.status_code == 200
     body = ok.json()
-    assert set(body) == {"job_id", "result"} and {r["label"] for r in body["result"]} == {"ham", "spam"}
+    assert set(body) == {"job_id", "model", "result"} and {r["label"] for r in body["result"]} == {"ham", "spam"}
+    assert body["model"] == "spam"  # the model that served it
     image = http.post("/predict", json={"model_id": "vision", "input": base64.b64encode(base64.b64decode(encode_image(2))).decode()})
     assert image.status_code == 200 and len(image.json()["result"]) == 5
 

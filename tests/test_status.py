@@ -284,7 +284,10 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     beat = wait_for(beat_after_all_jobs, 10, what="a heartbeat counting all jobs")
     # topic was evicted for a slot: the worker gives up its claim at its next placement round
     claimed = lambda: {p.model_id for p in read_placement(r, settings.queue, settings.key_prefix, ["topic"]) if p.holders}
-    wait_for(lambda: not claimed(), 30, what="the claim on the evicted topic to be given up")
+    try:
+        wait_for(lambda: not claimed(), 30, what="the claim on the evicted topic to be given up")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n--- worker log ---\n{worker.log()[-4000:]}") from None
     # Celery task events, as Flower reads them: each job received, then succeeded or failed
     wait_for(lambda: events.count("task-succeeded") == 5 and events.count("task-failed") == 1, 10, what="task events")
     events.stop()

@@ -33,11 +33,12 @@ _ARGSREPR_MAX = 1024  # Celery's argsrepr_maxsize
 
 def build_messages(
     app: Celery, queue: str, jobs: Sequence[tuple[str, Any]], priority: int, task: str = PREDICT_TASK,
-    expires: str | None = None,
+    expires: str | None = None, ids: Sequence[str] | None = None, headers: Sequence[dict[str, Any]] | None = None,
 ) -> list[tuple[str, str]]:
     """``(job id, message JSON)`` for each ``(model_id, value)``, as ``send_task(task, args=[model_id, value])``
     would send it (``value``: one input for ``PREDICT_TASK``, a list of inputs for ``CHUNK_TASK``); ``expires``:
-    the deadline, as ``send_task(..., expires=...)`` writes it (an ISO time).
+    the deadline, as ``send_task(..., expires=...)`` writes it (an ISO time); ``ids``: the job ids (default: new
+    ones); ``headers``: extra headers per job (``send_task(..., headers=...)``).
 
     Raises:
         ValueError: an input JSON cannot encode (the index of the job is named).
@@ -47,7 +48,7 @@ def build_messages(
     sent_at = time.time()
     out = []
     for index, (model_id, value) in enumerate(jobs):
-        job_id = str(uuid.uuid4())
+        job_id = ids[index] if ids is not None else str(uuid.uuid4())
         args = [model_id, value]
         try:
             body = json.dumps([args, {}, _EMBED])
@@ -78,6 +79,7 @@ def build_messages(
                 "stamped_headers": None,
                 "stamps": {},
                 SENT_AT_HEADER: sent_at,
+                **(headers[index] if headers is not None else {}),
             },
             "properties": {
                 "correlation_id": job_id,

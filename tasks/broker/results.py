@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -124,6 +124,8 @@ class StoredResult:
     job_id: str
     state: str
     value: Any = None
+    #: the model that served the job (a route's pick), when the worker said
+    model: str | None = None
 
     @property
     def ready(self) -> bool:
@@ -198,8 +200,14 @@ class ResultStore:
     def key(self, job_id: str) -> str:
         return self.backend.get_key_for_task(job_id).decode()
 
-    def store(self, outcomes: Iterable[tuple[str, Any, SwaplessError | None]]) -> list[bool]:
+    def store(
+        self, outcomes: Iterable[tuple[str, Any, SwaplessError | None]], models: Mapping[str, str] | None = None
+    ) -> list[bool]:
         """Store ``(job_id, result, error)`` triples in one round trip; a job with ``error`` becomes FAILURE.
+
+        Args:
+            models: job id -> the model that served it, stored beside the result as ``"model"`` (Celery's readers
+                ignore the field; ``StoredResult.model`` reads it).
 
         Returns:
             per job, whether this write stored it (False: a final result was already there, kept as it was).
@@ -207,19 +215,21 @@ class ResultStore:
         items = list(outcomes)
         if not items:
             return []
-        return self._retrying(lambda: self._store(items))
+        return self._retrying(lambda: self._store(items, models or {}))
 
-    def _store(self, items: list[tuple[str, Any, SwaplessError | None]]) -> list[bool]:
+    def _store(self, items: list[tuple[str, Any, SwaplessError | None]], models: Mapping[str, str]) -> list[bool]:
         sha = self._sha(_SET_FIRST_WINS)
         pipe = self.client.pipeline(transaction=False)
         done_at = datetime.now(timezone.utc).isoformat()  # one instant for the batch, as Celery's app.now() gives
         for job_id, result, error in items:
             key = self.key(job_id)
-            value = self._encode(job_id, result, error, done_at)
+            value = self._encode(job_id, result, error, done_at, models.get(job_id))
             pipe.evalsha(sha, 2, key, self._attempts_key(key), value, self.expires_s)
         return [bool(stored) for stored in pipe.execute()]
 
-    def _encode(self, job_id: str, result: Any, error: SwaplessError | None, done_at: str) -> Any:
+    def _encode(
+        self, job_id: str, result: Any, error: SwaplessError | None, done_at: str, model: str | None = None
+    ) -> Any:
         """The backend's encoding of one job's result meta. A result JSON cannot encode (a custom framework
         returning a set or a numpy float) becomes this job's failure: raising here would strand the whole batch.
 
@@ -229,12 +239,17 @@ class ResultStore:
         if error is None and self._plain_json:
             meta = {"status": states.SUCCESS, "result": result, "traceback": None, "children": None,
                     "date_done": done_at, "task_id": job_id}
+            if model is not None:
+                meta["model"] = model
             try:
                 return json.dumps(meta)
             except (TypeError, ValueError):
                 pass  # a type only kombu's encoder knows (a datetime, a UUID): the backend's way below
         try:
-            return self.backend.encode(self._meta(job_id, result, error))
+            meta = self._meta(job_id, result, error)
+            if model is not None:
+                meta["model"] = model
+            return self.backend.encode(meta)
         except EncodeError as err:
             logger.error("the result of job %s cannot be stored as JSON (%s); storing a failure instead", job_id, err)
             failure = JobFailed(job_id, "ResultNotStorable", f"the model's output cannot be stored as JSON: {err}")
@@ -363,7 +378,7 @@ class ResultStore:
         meta = self.backend.decode_result(raw)
         if meta["status"] == states.REVOKED:  # Celery's own revoke (a plain Celery worker's): a cancel like ours
             return StoredResult(job_id, states.FAILURE, JobCancelled(job_id))
-        return StoredResult(job_id, meta["status"], meta.get("result"))
+        return StoredResult(job_id, meta["status"], meta.get("result"), meta.get("model"))
 
     def forget(self, job_ids: Sequence[str]) -> None:
         """Delete stored results (read and no longer wanted), in one round trip."""

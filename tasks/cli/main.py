@@ -1,4 +1,4 @@
-"""The ``swapless`` command line (typer): worker, submit, result, cancel, models, serve, status; bulk, demo and demo-models
+"""The ``swapless`` command line (typer): worker, submit, result, cancel, models, route, serve, status; bulk, demo and demo-models
 live in ``tasks.cli.bulk``. ``main`` turns any SwaplessError into one error line and exit status 2."""
 
 from __future__ import annotations
@@ -192,6 +192,81 @@ def models(models: ModelsOption = None) -> None:
     for spec in store:
         table.add_row(spec.id, ", ".join(spec.aliases), spec.type.value, spec.framework, spec.name, spec.version, spec.description)
     console.print(table)
+    if store.routes:
+        console.print(_routes_table(store))
+
+
+def _routes_table(store: Any) -> Table:
+    """Each route with its split now (the file's weights, or those set with ``swapless route``) and its shadows'
+    agreement so far; without Redis, the file's weights."""
+    overrides: dict[str, dict[str, float]] = {}
+    agreement: dict[tuple[str, str, str], tuple[int, int]] = {}
+    settings = get_settings()
+    if settings.redis_url is not None:
+        from tasks.broker.connection import redis_client
+        from tasks.broker.routes import RouteOverrides, read_shadow
+
+        try:
+            client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s)
+            overrides = RouteOverrides(client, settings.queue, settings.key_prefix).get()
+            agreement = read_shadow(client, settings.queue, settings.key_prefix)
+        except Exception as err:  # noqa: BLE001 - the file's routes are still worth showing
+            print_error(f"cannot read the run-time route weights ({err}); showing the models file's")
+    table = Table(title=f"{len(store.routes)} routes")
+    for column in ("id", "kind", "split now", "shadow", "shadow agreement"):
+        table.add_column(column, overflow="fold")
+    for route in store.routes.values():
+        if route.by_type is not None:
+            branches = ", ".join(f"{t.value} -> {target}" for t, target in route.by_type.items())
+            table.add_row(route.id, "by type", branches, "-", "-")
+            continue
+        weights = overrides.get(route.id) or route.route or {}
+        total = sum(weights.values())
+        split = ", ".join(f"{target} {100 * w / total:.1f} %" for target, w in weights.items())
+        if route.id in overrides:
+            split += " (swapless route)"
+        shadow = ", ".join(f"{target} {share:g} %" for target, share in (route.shadow or {}).items()) or "-"
+        agreed = [f"{served} vs {shadow_model}: {a}/{n} ({100 * a / n:.1f} %)"
+                  for (r, served, shadow_model), (a, n) in sorted(agreement.items()) if r == route.id and n]
+        table.add_row(route.id, "split", split, shadow, "; ".join(agreed) or "-")
+    return table
+
+
+@app.command()
+def route(
+    route_id: Annotated[str, typer.Argument(help="a weighted route of the models file")],
+    weights: Annotated[list[str] | None, typer.Argument(help="VERSION=WEIGHT ... (any positive numbers)")] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="back to the models file's weights")] = False,
+    models: ModelsOption = None,
+) -> None:
+    """Set a route's split at run time (kept in Redis): producers and workers follow within a second, no restart.
+
+    `swapless route sentiment sentiment-v1=50 sentiment-v2=50`; `swapless route sentiment --clear`."""
+    from manager.store import ModelStore
+    from tasks.broker.connection import redis_client
+    from tasks.broker.routes import RouteOverrides
+
+    set_env(models_file=models)
+    settings = get_settings()
+    store = ModelStore.from_file(settings.models_file)
+    parsed: dict[str, float] = {}
+    for item in weights or []:
+        target, sep, number = item.partition("=")
+        try:
+            parsed[target] = float(number) if sep else float("nan")
+        except ValueError:
+            parsed[target] = float("nan")
+        if not sep or parsed[target] != parsed[target]:
+            fail(ValueError(f"{item!r}: write each version as VERSION=WEIGHT, e.g. {target or 'v2'}=10"))
+    if clear == bool(parsed):
+        fail(ValueError("give VERSION=WEIGHT pairs, or --clear (not both)"))
+    overrides = RouteOverrides(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s),
+                               settings.queue, settings.key_prefix)
+    if clear:
+        overrides.clear(route_id)
+    else:
+        overrides.set(store, route_id, parsed)
+    console.print(_routes_table(store))
 
 
 @app.command()
@@ -238,12 +313,15 @@ def status(
     from tasks.observe.memory import read_redis_memory
     from tasks.observe.placement import read_placement
     from tasks.observe.queue import read_queue_depth
+    from rich.console import Group
+
     from tasks.observe.view import render_status
 
     set_env(queue=queue)
     settings = get_settings()
     client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s)
-    model_ids = ModelStore.from_file(settings.models_file).ids()
+    store = ModelStore.from_file(settings.models_file)
+    model_ids = store.ids()
 
     def placement() -> Any:
         return read_placement(client, settings.queue, settings.key_prefix, model_ids)
@@ -252,12 +330,19 @@ def status(
         with translated(settings.broker_url):
             depth = read_queue_depth(client, settings, sample)
             workers = read_heartbeats(client, settings.key_prefix)
-            return render_status(depth, workers, memory=read_redis_memory(client, settings), places=placement())
+            view = render_status(depth, workers, memory=read_redis_memory(client, settings), places=placement())
+            return Group(view, _routes_table(store)) if store.routes else view
 
     with translated(settings.broker_url):
         if as_json:
             depth = read_queue_depth(client, settings, sample)
+            from tasks.broker.routes import read_shadow
+
             payload = {
+                "shadow": [
+                    {"route": route, "served": served, "shadow": shadow, "agreed": agreed, "compared": total}
+                    for (route, served, shadow), (agreed, total) in read_shadow(client, settings.queue, settings.key_prefix).items()
+                ],
                 "redis": dataclasses.asdict(read_redis_memory(client, settings)),
                 "models": [{**dataclasses.asdict(p), "waiting": p.waiting} for p in placement()],
                 "queue": {**dataclasses.asdict(depth), "total": depth.total},

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
+import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -39,6 +41,7 @@ from tasks.broker.connection import redact, redis_client, translated
 from tasks.broker.affinity import ModelKeys
 from tasks.broker.publish import ModelPush, build_messages, push, push_to_models
 from tasks.broker.results import ResultStore, StoredResult
+from tasks.broker.routes import RouteOverrides
 from tasks.client.stream import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_IN_FLIGHT,
@@ -51,6 +54,7 @@ from tasks.protocol import (
     CHUNK_TASK,
     PREDICT_TASK,
     PRIORITY_STEPS,
+    SHADOW_HEADER,
     expires_header,
     item_id,
     placement_bell_key,
@@ -61,6 +65,8 @@ from tasks.protocol import (
 )
 
 __all__ = ["Client", "Job"]
+
+logger = logging.getLogger(__name__)
 
 
 def _batched(values: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -163,6 +169,8 @@ class Client:
         self._validate = validate
         self.forget = forget
         self._store: ModelStore | None = None
+        self._routing_unavailable = False
+        self._overrides: RouteOverrides | None = None
 
     @property
     def queue(self) -> str:
@@ -179,9 +187,55 @@ class Client:
     def _checked(self, model_id: str, priority: str) -> int:
         """Check ``priority`` and (with ``validate``) ``model_id`` before anything is sent; returns the level."""
         level = priority_level(priority)
-        if self._validate:
+        if self._validate and not self.store.is_route(model_id):
             self.store.get(model_id)
         return level
+
+    def _routing_store(self) -> ModelStore | None:
+        """The registry, when this client can read it and it has routes (else jobs go as addressed)."""
+        if self._store is None and self._routing_unavailable:
+            return None
+        try:
+            store = self.store
+        except SwaplessError:
+            self._routing_unavailable = True  # no models file here: the workers route
+            return None
+        return store if store.routes else None
+
+    def route_weights(self) -> RouteOverrides:
+        """The run-time route weights (``swapless route``) this client reads, cached for a second."""
+        if self._overrides is None:
+            self._overrides = RouteOverrides(self.redis, self.settings.queue, self.settings.key_prefix)
+        return self._overrides
+
+    def _route(
+        self, jobs: Sequence[tuple[str, Any]], keys: Sequence[str | None] | None
+    ) -> tuple[list[tuple[str, Any]], list[str], list[tuple[str, str, Any, dict[str, Any]]]]:
+        """Each job addressed to a route, resolved to the model that serves it (``manager.routing``: by its key,
+        else by its id, so a worker resolving a plain Celery job by its id picks the same); plus the shadow copies
+        to send, as ``(id, model, input, headers)``. A job whose route cannot place its input goes as addressed: the
+        worker answers it alone (``InputError``)."""
+        store = self._routing_store()
+        ids = [str(uuid.uuid4()) for _ in jobs]
+        if store is None:
+            return list(jobs), ids, []
+        overrides = self.route_weights().get()
+        routed: list[tuple[str, Any]] = []
+        shadows: list[tuple[str, str, Any, dict[str, Any]]] = []
+        for index, (model_id, value) in enumerate(jobs):
+            given = keys[index] if keys is not None else None
+            key = given if given is not None else ids[index]
+            try:
+                found = store.route(model_id, value, key, overrides) if store.is_route(model_id) else None
+            except SwaplessError:
+                found = None
+            if found is None:
+                routed.append((model_id, value))
+                continue
+            routed.append((found.model_id, value))
+            for n, shadow in enumerate(found.shadows):
+                shadows.append((f"{ids[index]}.shadow{n}", shadow, value, {SHADOW_HEADER: [ids[index], found.via[0]]}))
+        return routed, ids, shadows
 
     def _canonical(self, model_id: str) -> str | None:
         """The id a model's lists are named by (an alias resolved), or None when this client cannot tell (no models
@@ -193,9 +247,20 @@ class Client:
             return None
 
     def _publish(
-        self, task: str, jobs: Sequence[tuple[str, Any]], level: int, expires: float | datetime | None = None
+        self,
+        task: str,
+        jobs: Sequence[tuple[str, Any]],
+        level: int,
+        expires: float | datetime | None = None,
+        keys: Sequence[str | None] | None = None,
+        *,
+        ids: Sequence[str] | None = None,
+        headers: Sequence[dict[str, Any]] | None = None,
     ) -> list[str]:
         """Send one message per ``(model_id, value)`` to ``task``, in one round trip; returns their ids.
+
+        Single jobs addressed to a route go to the model it picks (``_route``; ``keys``: their sticky keys), and
+        their shadow copies follow at bulk priority.
 
         With placement (``SWAPLESS_ROUTING``), each model's messages go to its own list (``tasks.broker.affinity``)
         and ring its bell; otherwise, and for a model this client cannot name, to the queue's shared lists.
@@ -206,7 +271,11 @@ class Client:
             QueueUnavailable: Redis cannot be reached.
         """
         s = self.settings
-        built = build_messages(self.app, s.queue, jobs, level, task=task, expires=expires_header(expires))
+        shadows: list[tuple[str, str, Any, dict[str, Any]]] = []
+        if task == PREDICT_TASK and ids is None:
+            jobs, ids, shadows = self._route(jobs, keys)
+        built = build_messages(self.app, s.queue, jobs, level, task=task, expires=expires_header(expires), ids=ids,
+                               headers=headers)
         shared: list[int] = []
         by_model: dict[str, list[int]] = {}
         for index, (model_id, _) in enumerate(jobs):
@@ -243,6 +312,12 @@ class Client:
             )
             error.queued = queued
             raise error
+        if shadows:
+            try:
+                self._publish(PREDICT_TASK, [(m, v) for _, m, v, _ in shadows], PRIORITY_STEPS[-1], expires,
+                              ids=[i for i, _, _, _ in shadows], headers=[h for _, _, _, h in shadows])
+            except SwaplessError as err:  # a shadow is never worth failing the served job
+                logger.warning("could not send %d shadow job(s): %s", len(shadows), err)
         return [job_id for job_id, _ in built]
 
     def models(self) -> list[ModelSpec]:
@@ -250,17 +325,25 @@ class Client:
         return list(self.store)
 
     def submit(
-        self, model_id: str, input: Any, *, priority: str = "interactive", expires: float | datetime | None = None
+        self,
+        model_id: str,
+        input: Any,
+        *,
+        priority: str = "interactive",
+        expires: float | datetime | None = None,
+        key: str | None = None,
     ) -> Job:
         """Queue one job and return its handle at once.
 
         Args:
-            model_id: a model id or alias from the registry.
+            model_id: a model id, alias or route from the registry.
             input: a string for text models; a base64 string of an encoded image for image models.
             priority: ``interactive`` (served ahead of bulk work) or ``bulk``.
             expires: a deadline, in seconds from now or as a datetime: a job not started by then, or whose answer
                 would come after it (the model's forward pass takes time too), is answered ``JobExpired`` and never
                 run (default: none, or the workers' ``SWAPLESS_*_EXPIRES_S``).
+            key: a sticky key for a route (a user id, say): the same key always gets the same version while the
+                route's weights hold (default: the job's id, a fresh pick per job).
 
         Raises:
             UnknownModel: ``validate`` is on and the id is not in the registry.
@@ -269,12 +352,18 @@ class Client:
             QueueFull: Redis refused the job (out of memory).
         """
         level = self._checked(model_id, priority)
-        return Job(self, self._publish(PREDICT_TASK, [(model_id, input)], level, expires)[0])
+        return Job(self, self._publish(PREDICT_TASK, [(model_id, input)], level, expires, [key])[0])
 
     def submit_jobs(
-        self, jobs: Iterable[tuple[str, Any]], *, priority: str = "interactive", expires: float | datetime | None = None
+        self,
+        jobs: Iterable[tuple[str, Any]],
+        *,
+        priority: str = "interactive",
+        expires: float | datetime | None = None,
+        keys: Sequence[str | None] | None = None,
     ) -> list[Job]:
-        """Queue one job per ``(model_id, input)`` pair, any mix of models, in one round trip to Redis.
+        """Queue one job per ``(model_id, input)`` pair, any mix of models, in one round trip to Redis; ``keys``:
+        one sticky key per job (see ``submit``).
 
         Each job is its own message (its own id, result, retries), exactly as ``submit`` sends it. Jobs are consumed
         in the order given.
@@ -289,7 +378,9 @@ class Client:
         level = priority_level(priority)
         for model_id in {model_id for model_id, _ in pairs}:
             self._checked(model_id, priority)
-        return [Job(self, job_id) for job_id in self._publish(PREDICT_TASK, pairs, level, expires)]
+        if keys is not None and len(keys) != len(pairs):
+            raise ValueError(f"keys has {len(keys)} key(s) for {len(pairs)} job(s): give one per job (None for none)")
+        return [Job(self, job_id) for job_id in self._publish(PREDICT_TASK, pairs, level, expires, keys)]
 
     def submit_many(
         self, model_id: str, inputs: Iterable[Any], *, priority: str = "bulk", chunk_size: int = DEFAULT_CHUNK_SIZE

@@ -123,12 +123,15 @@ class _Gateway:
     def spec(self, model_id: str) -> ModelSpec:
         return self.store.get(model_id)
 
-    async def submit(self, request: JobRequest) -> tuple[ModelSpec, str]:
-        spec = self.spec(request.model_id)
-        check_input(spec, request.input)
-        job = await asyncio.to_thread(self.client.submit, spec.id, request.input, priority=request.priority,
-                                      expires=request.expires_s)
-        return spec, job.id
+    async def submit(self, request: JobRequest) -> str:
+        target = request.model_id
+        if not self.store.is_route(target):  # a route's pick is checked by the worker that serves it
+            spec = self.spec(target)
+            check_input(spec, request.input)
+            target = spec.id
+        job = await asyncio.to_thread(self.client.submit, target, request.input, priority=request.priority,
+                                      expires=request.expires_s, key=request.key)
+        return job.id
 
     async def fetch(self, job_id: str) -> StoredResult:
         return await aread_result(self.redis, self.client.results, job_id)
@@ -159,7 +162,7 @@ def _queue_refused(_: Request, err: BaseException) -> JSONResponse:
 
 def _job_state(stored: StoredResult) -> JobState:
     if stored.state == states.SUCCESS:
-        return JobState(job_id=stored.job_id, state="SUCCESS", result=stored.value)
+        return JobState(job_id=stored.job_id, state="SUCCESS", model=stored.model, result=stored.value)
     if stored.state == states.FAILURE:
         return JobState(job_id=stored.job_id, state="FAILURE", error=_error_info(stored.value))
     return JobState(job_id=stored.job_id, state="PENDING", note="queued, running, or unknown id")
@@ -202,7 +205,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.post("/jobs", status_code=202, response_model=JobAccepted, responses=rejections)
     async def submit_job(request: JobRequest) -> JobAccepted:
         """Queue a job and return its id at once; read its result at ``GET /jobs/{job_id}``."""
-        _, job_id = await gw.submit(request)
+        job_id = await gw.submit(request)
         return JobAccepted(job_id=job_id, status_url=f"/jobs/{job_id}")
 
     @app.get("/jobs/{job_id}", response_model=JobState, response_model_exclude_none=True)
@@ -247,10 +250,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """Queue a job and wait for its result. On timeout: 504 with the job id, to poll ``GET /jobs/{job_id}`` (the
         job still runs, unless the body's ``expires_s`` passes before it starts)."""
         wait_s = timeout_s if timeout_s is not None else gw.settings.predict_timeout_s
-        _, job_id = await gw.submit(request)
+        job_id = await gw.submit(request)
         stored = await gw.wait(job_id, wait_s)
         if stored.state == states.SUCCESS:
-            return Prediction(job_id=job_id, result=stored.value)
+            return Prediction(job_id=job_id, model=stored.model, result=stored.value)
         if stored.state == states.FAILURE:
             failure = JobFailure(detail=str(stored.value), job_id=job_id, error=_error_info(stored.value))
             return JSONResponse(status_code=_failure_status(stored.value), content=failure.model_dump())

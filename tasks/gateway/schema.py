@@ -44,6 +44,10 @@ class JobRequest(_Body):
         description="a deadline, in seconds from now: a job not started by then is answered JobExpired and never "
         "run",
     )
+    key: str | None = Field(
+        None, min_length=1, max_length=256,
+        description="a sticky key for a route (a user id): the same key always gets the same version",
+    )
 
 
 class ErrorInfo(_Body):
@@ -59,6 +63,8 @@ class JobAccepted(_Body):
 class JobState(_Body):
     job_id: str
     state: Literal["PENDING", "SUCCESS", "FAILURE"]
+    #: the model that served it (a route's pick)
+    model: str | None = None
     result: Any = None
     error: ErrorInfo | None = None
     note: str | None = None
@@ -73,6 +79,7 @@ class CancelReply(_Body):
 
 class Prediction(_Body):
     job_id: str
+    model: str | None = None
     result: Any
 
 

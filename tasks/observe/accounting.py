@@ -55,6 +55,9 @@ class SchedulerObserver(Protocol):
         """Jobs of ``model_id`` were answered without running: ``reason`` is ``"expired"`` (their deadline passed
         first) or ``"cancelled"``; ``jobs`` counts them (a chunk's items each)."""
 
+    def on_shadow(self, route_id: str, served: str, shadow: str, agreed: bool, jobs: int) -> None:
+        """``jobs`` shadow copies of ``route_id``'s jobs ran on ``shadow`` and were compared with ``served``'s."""
+
 
 class NullObserver:
     """The default observer: ignores everything."""
@@ -63,6 +66,9 @@ class NullObserver:
         return None
 
     def on_skipped(self, model_id: str, reason: str, jobs: int) -> None:
+        return None
+
+    def on_shadow(self, route_id: str, served: str, shadow: str, agreed: bool, jobs: int) -> None:
         return None
 
 
@@ -88,6 +94,13 @@ class Observers:
                 observer.on_skipped(model_id, reason, jobs)
             except Exception:  # noqa: BLE001 - as on_group
                 logger.exception("observer %r failed on %d %s job(s) of %s", observer, jobs, reason, model_id)
+
+    def on_shadow(self, route_id: str, served: str, shadow: str, agreed: bool, jobs: int) -> None:
+        for observer in self.observers:
+            try:
+                observer.on_shadow(route_id, served, shadow, agreed, jobs)
+            except Exception:  # noqa: BLE001 - as on_group
+                logger.exception("observer %r failed on shadow jobs of %s", observer, route_id)
 
 
 @dataclass(frozen=True)
@@ -169,6 +182,7 @@ class GroupAccounting:
         manager: the worker's cache (read after each group, never changed).
         listeners: called with each report, in order.
         skipped: called with ``(model_id, reason, jobs)`` for jobs answered without running (``on_skipped``).
+        shadowed: called with ``(route_id, served, shadow, agreed, jobs)`` for compared shadow jobs (``on_shadow``).
         sent_times: producers' send times of received jobs (empty: queue wait is measured from receipt).
         clock: wall clock (epoch seconds), to compare with send times.
         monotonic: the clock ``Job.received_s`` comes from.
@@ -180,12 +194,14 @@ class GroupAccounting:
         listeners: Sequence[Callable[[GroupReport], None]] = (),
         sent_times: SentTimes | None = None,
         skipped: Sequence[Callable[[str, str, int], None]] = (),
+        shadowed: Sequence[Callable[[str, str, str, bool, int], None]] = (),
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.manager = manager
         self.listeners = list(listeners)
         self.skipped = list(skipped)
+        self.shadowed = list(shadowed)
         self.sent_times = sent_times if sent_times is not None else SentTimes()
         self.clock = clock
         self.monotonic = monotonic
@@ -209,6 +225,13 @@ class GroupAccounting:
                 listener(model_id, reason, jobs)
             except Exception:  # noqa: BLE001 - as on_group
                 logger.exception("could not account for %d %s job(s) of %s", jobs, reason, model_id)
+
+    def on_shadow(self, route_id: str, served: str, shadow: str, agreed: bool, jobs: int) -> None:
+        for listener in self.shadowed:
+            try:
+                listener(route_id, served, shadow, agreed, jobs)
+            except Exception:  # noqa: BLE001 - as on_group
+                logger.exception("could not account for shadow jobs of %s", route_id)
 
     def report(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> GroupReport:
         """The report of one group (also advances the accounting: call it once per group)."""

@@ -71,6 +71,9 @@ class TaskEvents:
     def on_skipped(self, model_id: str, reason: str, jobs: int) -> None:
         """Expired and cancelled jobs send no event of their own: they age out of ``_pending``."""
 
+    def on_shadow(self, route_id: str, served: str, shadow: str, agreed: bool, jobs: int) -> None:
+        """Shadow comparisons send no event."""
+
     def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
         """A group ran (scheduler thread): send each finished task's ``task-succeeded`` or ``task-failed``."""
         finished: list[tuple[_Pending, Outcome]] = []

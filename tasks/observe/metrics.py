@@ -109,6 +109,10 @@ class WorkerMetrics:
         )
         self.jobs = Counter("swapless_jobs", "Jobs run, by outcome (success, failure).", ["model", "outcome"], registry=r)
         self.errors = Counter("swapless_job_errors", "Failed jobs by error type.", ["model", "error"], registry=r)
+        self.shadow = Counter(
+            "swapless_shadow_compared", "Shadow copies compared with the served job, by whether their top labels agree.",
+            ["route", "served", "shadow", "agree"], registry=r,
+        )
         self.not_run = Counter(
             "swapless_jobs_not_run", "Jobs answered without running, by reason (expired, cancelled).",
             ["model", "reason"], registry=r,
@@ -145,6 +149,9 @@ class WorkerMetrics:
         if reason == "expired":  # their result is a failure, as JobExpired
             self.jobs.labels(model_id, "failure").inc(jobs)
             self.errors.labels(model_id, "JobExpired").inc(jobs)
+
+    def shadowed(self, route_id: str, served: str, shadow: str, agreed: bool, jobs: int) -> None:
+        self.shadow.labels(route_id, served, shadow, "yes" if agreed else "no").inc(jobs)
 
     def serve(self, host: str, port: int) -> Callable[[], None]:
         """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the function that stops it.

@@ -14,7 +14,7 @@ Plain data: no Redis, no Celery, no torch. ``ChunkAssembler`` is what the batch 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,16 +26,27 @@ from tasks.protocol import encode_outcome, item_id, read_payload, split_item_id
 __all__ = ["ChunkAssembler", "jobs_from_chunk"]
 
 
-def jobs_from_chunk(request: Any, store: ModelStore, received_s: float) -> list[Job]:
-    """The item Jobs of one chunk request (a Celery request or anything with ``id``, ``args``, ``kwargs``).
+def jobs_from_chunk(
+    request: Any, store: ModelStore, received_s: float, overrides: Mapping[str, Mapping[str, float]] | None = None
+) -> list[Job]:
+    """The item Jobs of one chunk request (a Celery request or anything with ``id``, ``args``, ``kwargs``). A chunk
+    addressed to a route has each item routed by its own id (a split's items go to their versions).
 
     Raises:
-        InputError: the payload is not ``[model_id, [input, ...]]`` with at least one input.
+        InputError: the payload is not ``[model_id, [input, ...]]`` with at least one input; a route has no
+            branch for one of its inputs.
         UnknownModel: the model id is not in the registry.
     """
     model_id, values, urgent = read_payload(request, "chunk", "[model_id, [input, ...]]")
     if not isinstance(values, (list, tuple)) or not values:
         raise InputError(model_id, "malformed chunk payload: inputs must be a non-empty list")
+    if store.is_route(model_id):
+        ids = [item_id(request.id, index) for index in range(len(values))]
+        targets = [store.route(model_id, value, i, overrides).model_id for i, value in zip(ids, values, strict=True)]
+        return [
+            Job(id=i, model_id=target, input=value, received_s=received_s, urgent=urgent)
+            for i, target, value in zip(ids, targets, values, strict=True)
+        ]
     spec = store.get(model_id)
     return [
         Job(id=item_id(request.id, index), model_id=spec.id, input=value, received_s=received_s, urgent=urgent)
@@ -71,13 +82,19 @@ class ChunkAssembler:
         with self._lock:
             return len(self._pending)
 
-    def expand(self, request: Any, store: ModelStore, received_s: float) -> list[Job]:
+    def expand(
+        self,
+        request: Any,
+        store: ModelStore,
+        received_s: float,
+        overrides: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> list[Job]:
         """Register a chunk request and return its item Jobs for the backlog.
 
         Raises:
             InputError, UnknownModel: the whole chunk fails (see ``jobs_from_chunk``); nothing is registered.
         """
-        jobs = jobs_from_chunk(request, store, received_s)
+        jobs = jobs_from_chunk(request, store, received_s, overrides)
         with self._lock:
             pending = self._pending.get(request.id)
             if pending is not None:

@@ -64,15 +64,17 @@ class WorkerReporting:
         settings = runtime.settings
         listeners: list[Callable[[GroupReport], None]] = [self.stats]
         skipped: list[Callable[[str, str, int], None]] = [self.stats.skipped]
+        shadowed: list[Callable[[str, str, str, bool, int], None]] = []
         if settings.metrics_port is not None:
             metrics = self._serve_metrics(settings.metrics_host, settings.metrics_port)
             listeners.append(metrics.observe)
             skipped.append(metrics.skipped)
+            shadowed.append(metrics.shadowed)
         remembered = max(10_000, 4 * settings.prefetch)
         self.sent_times = SentTimes(max_entries=remembered)
         self.events = TaskEvents(max_entries=remembered)
         self.observer = Observers(
-            [GroupAccounting(runtime.manager, listeners, self.sent_times, skipped=skipped), self.events]
+            [GroupAccounting(runtime.manager, listeners, self.sent_times, skipped=skipped, shadowed=shadowed), self.events]
         )
 
     def _backlog(self) -> dict[str, int]:

@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from celery.worker import state as worker_state
@@ -42,12 +42,15 @@ from manager import (
     run_group,
 )
 from tasks.broker.acks import AckQueue
+from tasks.broker.connection import redis_client
 from tasks.broker.results import ResultStore
+from tasks.broker.routes import RouteOverrides, count_shadow
 from tasks.errors import JobCancelled, JobExpired
 from tasks.observe.accounting import NULL_OBSERVER, SchedulerObserver
 from tasks.protocol import (
     CHUNK_TASK,
     SENT_AT_HEADER,
+    SHADOW_HEADER,
     deadline_of,
     deadline_text,
     item_id,
@@ -63,15 +66,26 @@ __all__ = ["BatchScheduler", "job_from_request"]
 logger = logging.getLogger(__name__)
 
 
-def job_from_request(request: Any, store: ModelStore, received_s: float) -> Job:
-    """Turn one Celery request into a Job, or raise an error that fails this job alone.
+def _top(prediction: Any) -> Any:
+    """The top label of a prediction (a list of ``{label, score}``, best first), or the prediction itself."""
+    if isinstance(prediction, list) and prediction and isinstance(prediction[0], dict):
+        return prediction[0].get("label")
+    return prediction
+
+
+def job_from_request(
+    request: Any, store: ModelStore, received_s: float, overrides: Mapping[str, Mapping[str, float]] | None = None
+) -> Job:
+    """Turn one Celery request into a Job, or raise an error that fails this job alone. A job addressed to a route
+    (a plain Celery producer's: ``Client`` resolves its own) goes to the model the route picks by the job's id,
+    as ``Client.submit`` would pick it; ``overrides``: the run-time route weights.
 
     Raises:
-        InputError: the payload is not ``[model_id, input]``.
+        InputError: the payload is not ``[model_id, input]``; a route has no branch for this input.
         UnknownModel: the model id is not in the registry.
     """
     model_id, value, urgent = read_payload(request, "job", "[model_id, input]")
-    spec = store.get(model_id)
+    spec = store.get(store.route(model_id, value, request.id, overrides).model_id if store.routes else model_id)
     return Job(id=request.id, model_id=spec.id, input=value, received_s=received_s, urgent=urgent)
 
 
@@ -107,6 +121,7 @@ class BatchScheduler:
         self._duplicates: dict[str, list[Any]] = {}
         self.chunks = ChunkAssembler()  # chunk requests in progress, by chunk id
         self._rejected: list[tuple[Any, SwaplessError]] = []
+        self._weights: RouteOverrides | None = None
         #: Seconds per job of each model's last forward pass on a loaded model (scheduler thread only).
         self._pass_s: dict[str, float] = {}
         #: Jobs of the running group whose attempt is counted already (scheduler thread only).
@@ -132,16 +147,28 @@ class BatchScheduler:
                     self._duplicates.setdefault(request.id, []).append(request)
                     continue
                 try:
+                    store, overrides = self.runtime.store, self._route_weights()
                     if request.name == CHUNK_TASK:  # one Job per item; self.chunks keeps the request
-                        jobs.extend(self._with_deadline(request, self.chunks.expand(request, self.runtime.store, now)))
+                        jobs.extend(self._with_deadline(request, self.chunks.expand(request, store, now, overrides)))
                         continue
-                    jobs.extend(self._with_deadline(request, [job_from_request(request, self.runtime.store, now)]))
+                    jobs.extend(self._with_deadline(request, [job_from_request(request, store, now, overrides)]))
                     self._requests[request.id] = request
                 except SwaplessError as err:
                     self._rejected.append((request, err))
             self.backlog.add(jobs)
             self._cond.notify()
         self.start()
+
+    def _route_weights(self) -> Mapping[str, Mapping[str, float]] | None:
+        """The run-time route weights (``swapless route``), when the registry has routes."""
+        if not self.runtime.store.routes:
+            return None
+        if self._weights is None:
+            s = self.runtime.settings
+            self._weights = RouteOverrides(
+                redis_client(s.broker_url, connect_timeout_s=s.connect_timeout_s), s.queue, s.key_prefix
+            )
+        return self._weights.get()
 
     def _with_deadline(self, request: Any, jobs: list[Job]) -> list[Job]:
         """``jobs`` (one request's) with its deadline: the message's own, else the default for its priority."""
@@ -443,9 +470,32 @@ class BatchScheduler:
     def _complete(self, results: ResultStore, model_id: str, outcomes: list[Outcome]) -> None:
         outcomes = [o for o in outcomes if self._live(o.job.id)]  # a chunk dropped after some of its items ran
         outcomes, chunks_done = self.chunks.collect(outcomes)  # items of chunks -> complete chunks
-        self._finish(results, [(self._held(o.job.id), o.result, o.error) for o in outcomes] + chunks_done)
+        served = {o.job.id: o.job.model_id for o in outcomes}
+        held = [(self._held(o.job.id), o) for o in outcomes]
+        self._finish(results, [(request, o.result, o.error) for request, o in held] + chunks_done, models=served)
+        shadows = [(request.request_dict[SHADOW_HEADER], o) for request, o in held
+                   if isinstance((getattr(request, "request_dict", None) or {}).get(SHADOW_HEADER), list)]
+        if shadows:
+            self._compare_shadows(results, shadows)
         if chunks_done:  # the items' attempt counters end with their chunk's stored result
             results.clear_attempts([item_id(r.id, i) for r, value, _ in chunks_done for i in range(len(value))])
+
+    def _compare_shadows(self, results: ResultStore, shadows: list[tuple[list[Any], Outcome]]) -> None:
+        """Count, per (route, served model, shadow model), whether each shadow copy's top label is the served job's
+        (in Redis for ``swapless status``, and in the metrics). A served job with no result yet is not compared."""
+        served = {stored.job_id: stored for stored in results.fetch([str(of[0]) for of, _ in shadows])}
+        counts: dict[tuple[str, str, str, bool], int] = {}
+        for (served_id, route_id, *_), outcome in shadows:
+            stored = served.get(str(served_id))
+            if stored is None or stored.state != "SUCCESS" or outcome.error is not None or not stored.model:
+                continue
+            pair = (str(route_id), stored.model, outcome.job.model_id, _top(stored.value) == _top(outcome.result))
+            counts[pair] = counts.get(pair, 0) + 1
+        if counts:
+            s = self.runtime.settings
+            count_shadow(results.client, s.queue, s.key_prefix, counts)
+            for (route_id, served_model, shadow_model, agreed), n in counts.items():
+                self.observer.on_shadow(route_id, served_model, shadow_model, agreed, n)
 
     def _held(self, job_id: str) -> Any:
         with self._cond:
@@ -457,9 +507,10 @@ class BatchScheduler:
         items: Sequence[tuple[Any, Any, SwaplessError | None]],
         store: bool = True,
         count: bool = True,
+        models: Mapping[str, str] | None = None,
     ) -> None:
         if store:
-            results.store([(request.id, result, error) for request, result, error in items])
+            results.store([(request.id, result, error) for request, result, error in items], models=models)
         with self._cond:  # stored: the jobs leave the backlog's bookkeeping only now
             for request, _, _ in items:
                 self._requests.pop(request.id, None)

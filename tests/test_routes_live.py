@@ -1,0 +1,140 @@
+"""Routes through a real worker on the real Redis: splits, sticky keys, shadows, routing by input type, and weights
+changed at run time. The versions are ``crashy`` echo models (tests/crashy.py): each result echoes the model that
+computed it, and every input that reaches a model is logged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+from manager.errors import InputError
+from manager.store import ModelStore
+from tasks.broker.routes import read_shadow
+from tasks.client import Client
+from tasks.protocol import PREDICT_TASK
+from tests.crashy import crashy_entry
+from tests.faultkit import FaultEnv, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``swapless ARGS`` with this test's environment, its tables unwrapped."""
+    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "200"})
+
+ROUTES = [
+    crashy_entry("sent-v1"),
+    crashy_entry("sent-v2"),
+    crashy_entry("sent-v3"),
+    {"id": "sentiment", "route": {"sent-v1": 75, "sent-v2": 25}, "shadow": {"sent-v3": 50}},
+    {"id": "classify", "by_type": {"text": "sentiment"}},
+]
+
+
+def test_a_route_splits_by_weight_sticks_by_key_and_says_which_model_served(faults: FaultEnv) -> None:
+    faults.write_models(real=False, extra=ROUTES)
+    faults.worker()
+    client = Client()
+    jobs = client.submit_jobs([("sentiment", f"split-{i}") for i in range(400)])
+    stored = client.gather(jobs, timeout=60)
+    assert all(s.state == "SUCCESS" for s in stored)
+    assert all(s.model == s.value["model"] for s in stored)  # the result names the model that computed it
+    served = Counter(s.model for s in stored)
+    assert set(served) == {"sent-v1", "sent-v2"} and 230 <= served["sent-v1"] <= 370, served  # 75 % of 400 ± 7 sd
+    # a sticky key: the same version every time
+    keyed = client.submit_jobs([("sentiment", f"user-{i % 5}") for i in range(30)], keys=[f"user-{i % 5}" for i in range(30)])
+    by_key: dict[str, set[str]] = {}
+    for job, result in zip(keyed, client.gather(keyed, timeout=60), strict=True):
+        by_key.setdefault(result.value["echo"], set()).add(result.model or "")
+    assert all(len(models) == 1 for models in by_key.values()), by_key
+    # a plain Celery producer's job to the route: the worker routes it by its id, as Client would
+    sent = client.app.send_task(PREDICT_TASK, args=["sentiment", "plain-celery"], queue=faults.queue)
+    result = client.job(sent.id)
+    assert result.get(timeout=30)["echo"] == "plain-celery"
+    store = ModelStore.from_file(faults.models_file)
+    assert result.status().model == store.route("sentiment", "plain-celery", sent.id).model_id
+
+
+def test_shadow_copies_run_apart_and_their_agreement_is_counted(faults: FaultEnv) -> None:
+    faults.write_models(real=False, extra=ROUTES)
+    faults.worker()
+    client = Client()
+    jobs = client.submit_jobs([("sentiment", f"shadowed-{i}") for i in range(200)])
+    stored = client.gather(jobs, timeout=60)
+    assert {s.model for s in stored} <= {"sent-v1", "sent-v2"}  # the caller never gets the shadow's result
+
+    def compared() -> int:
+        return sum(total for (route, _, shadow), (_, total) in read_shadow(client.redis, faults.queue, faults.key_prefix).items()
+                   if route == "sentiment" and shadow == "sent-v3")
+
+    wait_for(lambda: compared() >= 60, 30, "shadow copies to be compared")
+    ran_on_v3 = [line for line in faults.exec_log.read_text().splitlines() if "\tsent-v3\t" in line]
+    assert 60 <= len(ran_on_v3) <= 140, len(ran_on_v3)  # 50 % of 200 ± 6 sd
+    agreement = read_shadow(client.redis, faults.queue, faults.key_prefix)
+    for (route, _, _), (agreed, total) in agreement.items():
+        assert route == "sentiment" and agreed == 0 < total  # echoes name their own model: top outputs differ
+    status = cli("status", "--json")
+    assert status.returncode == 0, status.stderr
+    shown = [entry for entry in json.loads(status.stdout)["shadow"] if entry["shadow"] == "sent-v3"]
+    assert sum(entry["compared"] for entry in shown) >= 60 and all(entry["agreed"] == 0 for entry in shown)
+    listed = cli("models")
+    assert "sent-v1 vs sent-v3: 0/" in listed.stdout or "sent-v2 vs sent-v3: 0/" in listed.stdout, listed.stdout
+
+
+def test_routing_by_input_type_and_an_input_no_branch_takes(faults: FaultEnv) -> None:
+    faults.write_models(real=False, extra=ROUTES)
+    faults.worker()
+    client = Client()
+    text = client.submit("classify", "some text")
+    assert text.get(timeout=30)["echo"] == "some text" and text.status().model in ("sent-v1", "sent-v2")
+    bad = client.submit("classify", 5)  # not text, not an image: the worker answers it alone
+    with pytest.raises(InputError, match="route 'classify' takes text inputs, not a number input"):
+        bad.get(timeout=30)
+    assert client.submit("echo", "still fine").get(timeout=30)["echo"] == "still fine"
+
+
+def test_swapless_route_changes_the_split_without_a_restart(faults: FaultEnv) -> None:
+    faults.write_models(real=False, extra=ROUTES)
+    faults.worker()
+    client = Client()
+    moved = cli("route", "sentiment", "sent-v2=1")
+    assert moved.returncode == 0, moved.stderr
+    assert "sent-v2 100.0 % (swapless route)" in moved.stdout
+    time.sleep(1.1)  # the client's cached weights are at most a second old
+    stored = client.gather(client.submit_jobs([("sentiment", f"moved-{i}") for i in range(50)]), timeout=60)
+    assert {s.model for s in stored} == {"sent-v2"}
+    sent = client.app.send_task(PREDICT_TASK, args=["sentiment", "plain-after-move"], queue=faults.queue)
+    client.job(sent.id).get(timeout=30)
+    assert client.job(sent.id).status().model == "sent-v2"  # the worker follows the run-time weights too
+    unknown = cli("route", "sentiment", "sent-v9=1")
+    assert unknown.returncode == 2 and "'sent-v9' is not one of its versions" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+    cleared = cli("route", "sentiment", "--clear")
+    assert cleared.returncode == 0 and "sent-v1 75.0 %, sent-v2 25.0 %" in cleared.stdout
+
+
+def test_the_gateway_routes_with_a_sticky_key_and_names_the_serving_model(faults: FaultEnv) -> None:
+    from fastapi.testclient import TestClient
+
+    from tasks.gateway.app import create_app
+
+    faults.write_models(real=False, extra=ROUTES)
+    faults.worker()
+    with TestClient(create_app()) as http:
+        replies = [http.post("/predict", json={"model_id": "sentiment", "input": f"web-{i}", "key": "user-9"})
+                   for i in range(8)]
+        assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+        models = {r.json()["model"] for r in replies}
+        assert len(models) == 1 and models <= {"sent-v1", "sent-v2"}  # one key, one version
+        assert all(r.json()["result"]["model"] == r.json()["model"] for r in replies)
+        queued = http.post("/jobs", json={"model_id": "classify", "input": "typed"}).json()
+        wait_for(lambda: http.get(queued["status_url"]).json()["state"] != "PENDING", 30, "the routed job's result")
+        state = http.get(queued["status_url"]).json()
+        assert state["state"] == "SUCCESS" and state["model"] in ("sent-v1", "sent-v2")
