@@ -104,8 +104,11 @@ def test_model_with_batch_in_flight_is_never_evicted(tmp_path: Path) -> None:
 
     loader = threading.Thread(target=load_b)
     loader.start()
-    time.sleep(0.2)
+    # b's miss is counted under the cache's lock, which the loader then holds until it waits for room (that wait
+    # releases it): once the miss shows, loaded_ids() (which takes the lock) runs only while b waits or after
+    wait_until(lambda: manager.stats.misses == 2)
     assert manager.loaded_ids() == ["a"], "b must wait: a has a batch in flight"
+    assert loader.is_alive() and order == [] and FakeWorker.loads == {"a": 1}, (order, FakeWorker.loads)
     release.set()
     holder.join(5)
     loader.join(5)

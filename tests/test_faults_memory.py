@@ -95,7 +95,8 @@ def test_a_full_redis_refuses_producers_clearly_and_the_worker_drains_it(
     time.sleep(max(0.0, hold_ends - time.monotonic()))
     _answered(client, row, [held, *accepted], hold_ends)  # no memory freed: the worker drains Redis itself
     assert worker.proc.poll() is None
-    assert "Traceback" not in worker.log(), worker.log()[-3000:]
+    log = worker.log()
+    assert "ready." in log and "Traceback" not in log, log[-3000:]  # the log of this worker, and no traceback in it
 
 
 def test_a_full_redis_freed_by_the_operator(faults: FaultEnv, private_redis: Callable[..., RedisServer]) -> None:
@@ -106,7 +107,7 @@ def test_a_full_redis_freed_by_the_operator(faults: FaultEnv, private_redis: Cal
     client = Client()
     held, _ = hold(client, faults, 5)
     accepted = _fill(client, row, 6000)
-    assert row.refused["QueueFull"] > 0
+    assert row.refused["QueueFull"] > 0 and set(row.refused) == {"QueueFull"}, row  # the wall, and only QueueFull
     with server.client() as admin:
         admin.config_set("maxmemory", "200mb")
     freed_at = time.monotonic()
@@ -126,7 +127,7 @@ def test_a_worker_killed_at_the_wall_is_replaced_by_one_that_starts_there(
     client = Client()
     held, _ = hold(client, faults, 30)  # never finishes: the worker dies with it
     accepted = _fill(client, row, 6000)
-    assert row.refused["QueueFull"] > 0
+    assert row.refused["QueueFull"] > 0 and set(row.refused) == {"QueueFull"}, row  # the wall, and only QueueFull
     first.stop(signal.SIGKILL)
     with server.client() as admin:
         assert admin.info("memory")["used_memory"] >= admin.info("memory")["maxmemory"] * 0.9

@@ -64,6 +64,11 @@ class Cli:
         return self.proc.returncode, stdout, self.log.read_text()
 
     def assert_nothing_left(self, timeout_s: float = 15) -> None:
+        """The embedded redis-server and the worker were both seen while the command ran, and are gone now (with
+        nothing recorded there would be nothing to find alive: the check would pass whatever was left)."""
+        commands = list(self.descendants.values())
+        assert any("redis-server" in cmd for cmd in commands), f"no redis-server recorded: {self.descendants}"
+        assert any("tasks.cli worker" in cmd for cmd in commands), f"no worker recorded: {self.descendants}"
         deadline = time.monotonic() + timeout_s
         alive = self.descendants
         while time.monotonic() < deadline:

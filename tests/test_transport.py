@@ -12,7 +12,7 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Queue
 
-from tasks.broker.transport import Transport, broker_connection
+from tasks.broker.transport import FETCH, Channel, Transport, broker_connection
 
 QUEUE = "jobs"
 
@@ -87,12 +87,37 @@ def test_a_fetched_message_is_in_the_unacked_records_the_moment_it_leaves_the_qu
     assert r.hlen(f"{key_prefix}unacked") == 0 and r.zcard(f"{key_prefix}unacked_index") == 0
 
 
+def count_fetches(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[int]]:
+    """From now on, record the name of every command this process sends to Redis, and the number of messages each
+    ``FETCH`` reply carried to the channel (a fetch is one command sent and its one reply read: a round trip)."""
+    sent: list[str] = []
+    taken: list[int] = []
+    send_command = redis.connection.AbstractConnection.send_command
+    deliver = Channel._deliver_fetched
+
+    def counting_send(self: Any, *args: Any, **kwargs: Any) -> None:
+        sent.append("FETCH" if args[:2] == ("EVAL", FETCH) else str(args[0]).upper())
+        send_command(self, *args, **kwargs)
+
+    def counting_deliver(self: Channel, reply: list[Any]) -> None:
+        taken.append(len(reply) // 2)  # [key index, message, key index, message, ...]
+        deliver(self, reply)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_command", counting_send)
+    monkeypatch.setattr(Channel, "_deliver_fetched", counting_deliver)
+    return sent, taken
+
+
 def test_one_round_trip_takes_many_messages_within_the_prefetch_credit(
-    conn: Connection, r: redis.Redis, key_prefix: str
+    conn: Connection, r: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     publish(conn, [{"n": i} for i in range(30)])
+    sent, taken = count_fetches(monkeypatch)
     got = consume(conn, 10, prefetch=10, timeout=1.0)
-    assert len(got) == 10
+    assert [m.payload for m in got] == [{"n": i} for i in range(10)]
+    # one FETCH script call (one command out, one reply back) brought all ten; no other command took a message
+    assert sent.count("FETCH") == 1 and taken == [10], (sent, taken)
+    assert not {"BRPOP", "RPOP", "LPOP", "BLMOVE", "LMOVE"} & set(sent), sent
     assert r.llen(f"{key_prefix}{QUEUE}") == 20  # the credit bounds the fetch: nothing taken beyond it
     assert r.hlen(f"{key_prefix}unacked") == 10
 

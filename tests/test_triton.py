@@ -145,6 +145,7 @@ class LocalEcho(ModelWorker):
 # -- load / unload -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a live tritonserver
 def test_load_then_unload(fresh_triton: TritonServer) -> None:
     worker = TritonWorker(spec("densenet_like", fresh_triton.url))
     assert worker.remote is True
@@ -169,6 +170,7 @@ def test_load_then_unload(fresh_triton: TritonServer) -> None:
     )
 
 
+@pytest.mark.slow  # a live tritonserver
 def test_missing_model_fails_to_load_with_the_servers_message(fresh_triton: TritonServer) -> None:
     worker = TritonWorker(spec("ghost", fresh_triton.url, name="no_such_model"))
     with pytest.raises(ModelLoadError) as caught:
@@ -180,6 +182,7 @@ def test_missing_model_fails_to_load_with_the_servers_message(fresh_triton: Trit
     worker.unload()
 
 
+@pytest.mark.slow  # a live tritonserver
 def test_predict_loads_again_a_model_the_server_lost(fresh_triton: TritonServer) -> None:
     worker = TritonWorker(spec("densenet_like", fresh_triton.url))
     worker.load()
@@ -194,6 +197,7 @@ def test_predict_loads_again_a_model_the_server_lost(fresh_triton: TritonServer)
 # -- predict ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a live tritonserver
 def test_images_match_a_direct_infer_and_use_few_requests(fresh_triton: TritonServer) -> None:
     worker = TritonWorker(spec("densenet_like", fresh_triton.url, labels_file=LABELS_FILE, top_k=10))
     worker.load()
@@ -215,6 +219,7 @@ def test_images_match_a_direct_infer_and_use_few_requests(fresh_triton: TritonSe
     worker.unload()
 
 
+@pytest.mark.slow  # a live tritonserver
 def test_raw_tensors_without_labels_return_raw_outputs(fresh_triton: TritonServer) -> None:
     worker = TritonWorker(spec("densenet_like", fresh_triton.url, max_batch_size=4))
     worker.load()
@@ -236,6 +241,7 @@ def test_raw_tensors_without_labels_return_raw_outputs(fresh_triton: TritonServe
     worker.unload()
 
 
+@pytest.mark.slow  # a live tritonserver
 def test_bad_tensors_fail_their_job_alone(fresh_triton: TritonServer, tmp_path: Path) -> None:
     models = tmp_path / "models.json"
     models.write_text(json.dumps({"models": [
@@ -369,6 +375,7 @@ def test_requests_that_time_out_are_retried_then_backend_unavailable() -> None:
 # -- the cache ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a live tritonserver
 def test_cache_keeps_remote_max_models_on_the_server(fresh_triton: TritonServer, tmp_path: Path) -> None:
     models = tmp_path / "models.json"
     models.write_text(json.dumps({"models": [

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
 from manager.cache import DEFAULT_LOAD_COST_S
 from manager.specs import InputType
-from manager.warmup import warm_input, warm_start
+from manager.warmup import WARM_TEXT, warm_input, warm_start
 from tasks.client import Client
 from tests.conftest import WorkerProcess
 
@@ -33,22 +35,39 @@ def test_a_tight_budget_stops_the_climb_early(models_file: Path) -> None:
     engine = ModelEngine(WorkerLimits(device="cpu", max_batch_size=64))
     store = ModelStore.from_file(models_file, engine.frameworks)
     manager = ModelManager(store, engine, max_models=1)
-    warm_start(manager, engine, budget_s=0.0)
+    took = warm_start(manager, engine, budget_s=0.0)
+    assert sorted(took) == sorted(store.ids()) == sorted(["sentiment", "spam", "topic", "vision"])  # all local
     for spec in store:
         tuner = engine.tuner(spec.id)
-        if tuner is not None:
-            assert list(tuner.cost_s) == [1], "only the first size fits a budget of zero"
+        assert tuner is not None, spec.id  # every local model is tuned (tuning is on by default)
+        assert len(tuner.sizes) > 1 and tuner.sizes[0] == 1, (spec.id, tuner.sizes)  # there was a climb to stop
+        assert list(tuner.cost_s) == [1], ("only the first size fits a budget of zero", spec.id, tuner.cost_s)
 
 
 def test_warm_inputs_pass_the_models_own_checks(models_file: Path) -> None:
+    import torch
+
     engine = ModelEngine(WorkerLimits(device="cpu"))
-    for spec in ModelStore.from_file(models_file, engine.frameworks):
+    store = ModelStore.from_file(models_file, engine.frameworks)
+    manager = ModelManager(store, engine, max_models=1)
+    seen = set()
+    for spec in store:
         value = warm_input(spec)
-        assert isinstance(value, str) and value
-        if spec.type is InputType.IMAGE:
-            assert len(value) < engine.limits.max_image_bytes
+        # the model's own input check, as a job's input goes through it (an image model's needs its transforms)
+        with manager.use(spec.id) as worker:
+            prepared = worker.prepare(value)  # raises InputError if the warm input is not one the model takes
+        seen.add(spec.type)
+        if spec.type is InputType.TEXT:
+            assert prepared == value == WARM_TEXT
+        else:
+            assert isinstance(prepared, torch.Tensor) and prepared.dtype == torch.float32, prepared
+            assert tuple(prepared.shape) == (3, 224, 224), prepared.shape  # mobilenet_v2's input, after transforms
+    assert seen == {InputType.TEXT, InputType.IMAGE}  # both kinds of warm input were checked
+    assert manager.stats.load_failures == 0
+    manager.close()
 
 
+@pytest.mark.slow
 def test_a_worker_with_warm_start_warms_before_ready_and_serves(start_worker: Callable[..., WorkerProcess]) -> None:
     worker = start_worker("--warm-start")
     log = worker.log()
@@ -80,6 +99,7 @@ def test_a_model_tuned_before_is_warmed_with_one_pass(models_file: Path) -> None
     assert len(engine.tuner("topic").cost_s) >= 2  # the others were measured as before
 
 
+@pytest.mark.slow
 def test_what_a_worker_learned_seeds_the_next_one(start_worker: Callable[..., WorkerProcess], redis_url: str,
                                                   key_prefix: str) -> None:
     import json
