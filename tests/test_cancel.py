@@ -226,3 +226,22 @@ def test_on_celery_s_own_request_path_cancels_and_deadlines_hold_too(faults: Fau
     faults.wait_broker_idle()
     ran = faults.executions()
     assert ran["events-cancelled"] == 0 and ran["events-expired"] == 0 and ran["events-served"] == 1, ran
+
+
+def test_submit_many_and_map_take_a_deadline(faults: FaultEnv) -> None:
+    from tasks.errors import JobExpired
+
+    faults.worker()
+    client = Client()
+    held, _ = hold(client, faults, 2)
+    late = client.submit_many("echo", [f"many-late-{i}" for i in range(4)], chunk_size=2, expires=0.5)
+    mapped = client.map("echo", (f"map-late-{i}" for i in range(4)), chunk_size=2, expires=0.5, return_exceptions=True)
+    first = next(mapped)  # waits behind the hold: the deadline passes first
+    assert isinstance(first, JobExpired)
+    assert all(isinstance(value, JobExpired) for value in mapped)
+    held.get(timeout=30)
+    for stored in client.gather(late, timeout=30):
+        assert stored.state == "FAILURE" and isinstance(stored.value, JobExpired)
+    faults.wait_broker_idle()
+    ran = faults.executions()
+    assert sum(ran[f"many-late-{i}"] + ran[f"map-late-{i}"] for i in range(4)) == 0, ran

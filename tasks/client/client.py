@@ -383,22 +383,32 @@ class Client:
         return [Job(self, job_id) for job_id in self._publish(PREDICT_TASK, pairs, level, expires, keys)]
 
     def submit_many(
-        self, model_id: str, inputs: Iterable[Any], *, priority: str = "bulk", chunk_size: int = DEFAULT_CHUNK_SIZE
+        self,
+        model_id: str,
+        inputs: Iterable[Any],
+        *,
+        priority: str = "bulk",
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        expires: float | datetime | None = None,
     ) -> list[Job]:
         """Queue one job per input, sent as chunk messages of ``chunk_size`` inputs (bulk priority by default).
 
         Returns at once with one Job per input, in order (``gather`` them, or ``get`` each). For inputs too many to
         hold, use ``map``, which keeps a bounded number of chunks in flight.
 
+        ``expires``: one deadline for every chunk (seconds from now, or a datetime), as ``submit``'s.
+
         Raises:
             UnknownModel: ``validate`` is on and the id is not in the registry.
-            ValueError: unknown ``priority`` or ``chunk_size`` below 1.
+            ValueError: unknown ``priority``, ``chunk_size`` below 1, or ``expires`` not in the future.
             QueueUnavailable, QueueFull: as ``submit`` (the chunks before it were sent).
         """
         level = self._checked(model_id, priority)
+        header = expires_header(expires)  # fixed now, for every chunk
+        deadline = datetime.fromisoformat(header) if header is not None else None
         jobs: list[Job] = []
         for batch in _batched(inputs, chunk_size):
-            chunk_id = self._publish(CHUNK_TASK, [(model_id, batch)], level)[0]
+            chunk_id = self._publish(CHUNK_TASK, [(model_id, batch)], level, deadline)[0]
             jobs.extend(Job(self, item_id(chunk_id, index)) for index in range(len(batch)))
         return jobs
 
@@ -413,6 +423,7 @@ class Client:
         timeout: float | None = None,
         return_exceptions: bool = False,
         on_event: Callable[[ChunkEvent], None] | None = None,
+        expires: float | datetime | None = None,
     ) -> Iterator[Any]:
         """Predict every input, yielding the predictions in input order as they finish.
 
@@ -428,12 +439,19 @@ class Client:
             timeout: seconds a chunk may take from being sent to its result (None: no limit).
             return_exceptions: yield a failed input's error instead of raising it.
             on_event: called with a ``ChunkEvent`` per chunk sent and read (progress, instrumentation).
+            expires: one deadline for the whole map (seconds from now, or a datetime): inputs not started by then
+                are answered ``JobExpired`` (and no chunk is sent after it: ``DeadlinePassed``).
+
+        Stopping early (``break``, an exception, Ctrl-C) cancels the chunks still in flight.
 
         Raises:
-            SwaplessError: the first failed input's error (InputError, ...), unless ``return_exceptions``.
+            SwaplessError: the first failed input's error (InputError, JobExpired, ...), unless
+                ``return_exceptions``.
             JobTimeout: a chunk had no result within ``timeout``.
+            DeadlinePassed: ``expires`` passed before every chunk was sent.
         """
-        stream = self.stream(model_id, priority, max_in_flight=max_in_flight, timeout_s=timeout, on_event=on_event)
+        stream = self.stream(model_id, priority, expires=expires, max_in_flight=max_in_flight, timeout_s=timeout,
+                             on_event=on_event)
         with translated(self.settings.broker_url):
             for _, outcomes in stream.run((None, batch) for batch in _batched(inputs, chunk_size)):
                 for ok, value in outcomes:
