@@ -12,12 +12,14 @@ whole model does:
 - ``oom``: ``predict`` raises an error named like ``torch.OutOfMemoryError`` for batches of more than one input;
 - ``unstorable``: ``predict`` returns outputs JSON cannot encode (a custom framework returning a ``set``).
 
-Before acting on a batch, ``predict`` appends one line per input, ``<pid>\\t<model id>\\t<input>``, to the file
-named by ``CRASHY_LOG`` (when set): tests count executions from it, across worker processes and deaths.
+Before acting on a batch, ``predict`` appends one line per input, ``<batch id>\\t<pid>\\t<model id>\\t<input>``, to
+the file named by ``CRASHY_LOG`` (when set): tests count executions from it, across worker processes and deaths,
+and see which inputs ran together.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -27,12 +29,13 @@ from typing import Any
 
 from manager.worker import ModelWorker
 
-__all__ = ["LOG_ENV", "CrashWorker", "OutOfMemoryError", "crashy_entry", "executions"]
+__all__ = ["LOG_ENV", "CrashWorker", "OutOfMemoryError", "batches", "crashy_entry", "executions"]
 
 #: The environment variable naming the execution log.
 LOG_ENV = "CRASHY_LOG"
 #: What a loaded crashy model reports as its memory (bytes): small enough for any test budget.
 MEMORY_BYTES = 1000
+_BATCHES = itertools.count()
 
 
 class OutOfMemoryError(RuntimeError):
@@ -71,7 +74,8 @@ def _record(model_id: str, batch: Sequence[Any]) -> None:
     path = os.environ.get(LOG_ENV)
     if not path:
         return
-    lines = "".join(f"{os.getpid()}\t{model_id}\t{text}\n" for text in batch)
+    batch_id = f"{os.getpid()}-{next(_BATCHES)}"
+    lines = "".join(f"{batch_id}\t{os.getpid()}\t{model_id}\t{text}\n" for text in batch)
     # One O_APPEND write per batch: lines of concurrent workers never interleave, and the kernel keeps them
     # even if this process is SIGKILLed the next instant.
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -81,15 +85,27 @@ def _record(model_id: str, batch: Sequence[Any]) -> None:
         os.close(fd)
 
 
-def executions(path: Path) -> list[tuple[int, str, str]]:
-    """The ``(pid, model id, input)`` lines of an execution log, in order (empty if nothing ran yet)."""
+def _rows(path: Path) -> list[tuple[str, int, str, str]]:
     if not path.exists():
         return []
     rows = []
     for line in path.read_text().splitlines():
-        pid, model_id, text = line.split("\t", 2)
-        rows.append((int(pid), model_id, text))
+        batch_id, pid, model_id, text = line.split("\t", 3)
+        rows.append((batch_id, int(pid), model_id, text))
     return rows
+
+
+def executions(path: Path) -> list[tuple[int, str, str]]:
+    """The ``(pid, model id, input)`` lines of an execution log, in order (empty if nothing ran yet)."""
+    return [(pid, model_id, text) for _, pid, model_id, text in _rows(path)]
+
+
+def batches(path: Path) -> list[list[str]]:
+    """The inputs of each forward pass, in order: which inputs ran together."""
+    grouped: dict[str, list[str]] = {}
+    for batch_id, _, _, text in _rows(path):
+        grouped.setdefault(batch_id, []).append(text)
+    return list(grouped.values())
 
 
 def crashy_entry(model_id: str, behaviour: str = "echo") -> dict[str, Any]:

@@ -29,6 +29,7 @@ from celery import states
 from manager import PoisonJob
 from tasks.client import Client, Job
 from tasks.protocol import PREDICT_TASK
+from tests.crashy import batches
 from tests.faultkit import FaultEnv, Scenario, echoes, fails, hold, settle, wait_for
 from tests.redis_server import FreezingProxy
 
@@ -282,6 +283,34 @@ def test_a_poison_job_fails_after_max_attempts_deaths_and_its_batch_mates_succee
     assert faults.executions()["crash:0.5"] == 3
     assert worker.proc.poll() is None, "the last worker is alive"
     faults.wait_broker_idle()
+    # Which inputs ran together: after one death the batch runs again whole; after a second, each job alone
+    ran = [batch for batch in batches(faults.exec_log) if "crash:0.5" in batch or set(batch) & set(mates)]
+    whole = sorted(["crash:0.5", *mates])
+    assert [sorted(batch) for batch in ran[:2]] == [whole, whole], ran[:2]  # the first run, and the re-run together
+    assert all(len(batch) == 1 for batch in ran[2:]), ran[2:]  # then one at a time
+    assert sorted(text for batch in ran[2:] for text in batch if text != "crash:0.5") == sorted(mates)
+
+
+def test_a_worker_killed_between_storing_a_result_and_acking_it_loses_nothing_and_runs_nothing_twice(
+    faults: FaultEnv,
+) -> None:
+    from tests.ackhook import MARKER_ENV
+
+    marker = faults.root / "killed-before-ack"
+    faults.set(SWAPLESS_PLUGINS="tests.crashy,tests.ackhook", **{MARKER_ENV: str(marker)})
+    first = faults.worker()
+    client = Client()
+    job = client.submit("echo", "die-before-ack")
+    wait_for(lambda: first.proc.poll() is not None, 30, "the worker to die between the store and the ack")
+    assert marker.exists()
+    stored = client.job(job.id).status()
+    assert stored.state == "SUCCESS" and stored.value["pid"] == first.proc.pid  # stored before the death
+    assert faults.unacked() + faults.queued() == 1, "the message is still there: it was never acked"
+    second = faults.worker()
+    faults.wait_broker_idle(30)  # the next worker acks it
+    assert faults.executions()["die-before-ack"] == 1, "the stored result is not computed again"
+    assert client.job(job.id).status().value["pid"] == first.proc.pid  # the first result is kept
+    assert second.count("have a result already") >= 1
 
 
 # -- 7. graceful shutdown -----------------------------------------------------------------------------------------

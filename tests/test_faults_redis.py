@@ -66,6 +66,26 @@ def test_redis_restarts_and_worker_and_producer_reconnect_by_themselves(
     faults.wait_broker_idle(30)
 
 
+def test_a_result_write_during_a_redis_outage_is_retried_until_it_lands_and_the_job_is_not_rerun(
+    faults: FaultEnv, private_redis: Callable[..., RedisServer]
+) -> None:
+    server = private_redis()
+    faults.set(SWAPLESS_REDIS_URL=server.url(0))
+    worker = faults.worker()
+    client = Client()
+    held, held_ok = hold(client, faults, 1)  # computing when Redis goes: its result is written while Redis is down
+    server.stop(signal.SIGKILL)
+    wait_for(lambda: "ran 1 job(s) on hold" in worker.log(), 20, "the held batch to finish while Redis is down")
+    time.sleep(3)  # its result write fails and is retried all the while (backoff up to 2 s)
+    assert "the worker keeps its jobs and retries" in worker.log()
+    assert worker.proc.poll() is None
+    server.start()
+    stored, _ = settle(client, [held], 60)
+    assert held_ok.matches(stored[0]), stored[0]
+    assert faults.executions()[stored[0].value["echo"]] == 1, "stored once it could be, never run again"
+    faults.wait_broker_idle(30)  # and acked after the store
+
+
 # -- 10. security ----------------------------------------------------------------------------------------------------
 
 
