@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import io
 import json
 import os
 import signal
@@ -358,3 +359,87 @@ def test_bulk_image_paths_under_the_input_root(
     assert "'notes.png' is not an image file" in lines[4]["error"]
     assert os.fspath(tmp_path / "secret.png") not in out.read_text()
 
+
+
+# -- progress, --restart, --timeout, a lost Redis ------------------------------------------------------------------
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_live_bar_on_a_terminal_and_plain_lines_otherwise() -> None:
+    from tasks.client.progress import LogProgress, RichProgress, make_progress
+
+    terminal = _Terminal()
+    bar = make_progress(terminal)
+    assert isinstance(bar, RichProgress)
+    bar.start(100, 0, 0)
+    bar.update(40, 2)
+    bar.stop()
+    shown = terminal.getvalue()
+    assert "bulk" in shown and "40/100" in shown and "2 failed" in shown
+    logged = io.StringIO()
+    lines = make_progress(logged, interval_s=0.0)
+    assert isinstance(lines, LogProgress)
+    lines.start(100, 10, 1)
+    lines.update(60, 3)
+    lines.notice("the queue refused a chunk; sending it again")
+    assert logged.getvalue().splitlines() == [
+        "bulk: starting, about 100 records, resuming after 10 records already in the output",
+        logged.getvalue().splitlines()[1],
+        "bulk: the queue refused a chunk; sending it again",
+    ]
+    assert logged.getvalue().splitlines()[1].startswith("bulk: 60/100 records (3 failed), ")
+    assert "\x1b[" not in logged.getvalue()  # no terminal codes in a log
+
+
+@pytest.mark.slow
+def test_restart_overwrites_the_output_and_timeout_stops_with_status_3(
+    start_worker: Callable[..., WorkerProcess], tmp_path: Path, key_prefix: str
+) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", texts(30))
+    out = tmp_path / "out.jsonl"
+    # no worker yet: nothing answers, and --timeout gives up, resumably, with one line
+    stalled = run_cli("bulk", "topic", str(source), "-o", str(out), "--id-field", "id", "--chunk-size", "10",
+                      "--timeout", "2", "--no-local")
+    assert stalled.returncode == 3, stalled.stderr
+    assert "has no result after 2 s" in stalled.stderr and "Traceback" not in stalled.stderr
+    assert "rerun the same command to resume" in stalled.stderr
+    start_worker()
+    first = run_cli("bulk", "topic", str(source), "-o", str(out), "--id-field", "id", "--no-local")
+    assert first.returncode == 0, first.stderr
+    assert keys_of(out) == [f"k{i}" for i in range(30)]
+    out.write_text(out.read_text().replace('"ok":true', '"ok":true,"stale":1', 1))  # mark the old output
+    again = run_cli("bulk", "topic", str(source), "-o", str(out), "--id-field", "id", "--restart", "--no-local")
+    assert again.returncode == 0, again.stderr
+    assert "from an earlier run" not in again.stderr and '"stale"' not in out.read_text()
+    assert keys_of(out) == [f"k{i}" for i in range(30)]
+
+
+@pytest.mark.slow
+def test_a_bulk_job_that_loses_redis_midway_stops_with_status_3_and_resumes(
+    faults: Any, private_redis: Callable[..., Any], tmp_path: Path
+) -> None:
+    server = private_redis()
+    faults.set(SWAPLESS_REDIS_URL=server.url(0))
+    faults.worker()
+    source = write_jsonl(tmp_path / "in.jsonl", [{"id": f"k{i}", "text": f"sleep:0.05:r{i}"} for i in range(400)])
+    out = tmp_path / "out.jsonl"
+    args = ("echo", str(source), "-o", str(out), "--id-field", "id", "--chunk-size", "10", "--max-in-flight", "2",
+            "--no-local")
+    log = tmp_path / "bulk.log"
+    bulk = start_bulk(*args, log=log)
+    wait_for_lines(out, 50, bulk)
+    server.stop(signal.SIGKILL)
+    assert bulk.wait(60) == 3
+    stderr = log.read_text()
+    assert "cannot reach Redis at redis://127.0.0.1:" in stderr and "Traceback" not in stderr
+    assert "rerun the same command to resume" in stderr
+    written = len(out.read_text().splitlines())
+    assert 50 <= written < 400
+    server.start()
+    resumed = run_cli(*("bulk", *args), timeout_s=180)
+    assert resumed.returncode == 0, resumed.stderr
+    assert keys_of(out) == [f"k{i}" for i in range(400)]
