@@ -413,3 +413,48 @@ def test_module_imports_without_torch() -> None:
     code = "import sys, manager.triton_worker; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.slow  # a live tritonserver and a real worker process
+def test_a_real_worker_serves_triton_models_beside_local_ones(
+    fresh_triton: TritonServer, start_worker: Any, swapless_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Through a real ``swapless worker``: Triton entries of the models file, ``SWAPLESS_TRITON_URL``,
+    ``SWAPLESS_TRITON_MAX_MODELS``, the warm start leaving remote models alone, and local loads never evicting a
+    Triton model (nor a Triton load a local one)."""
+    from tasks.client import Client
+    from tests.crashy import crashy_entry
+
+    models = tmp_path / "models.json"
+    models.write_text(json.dumps({"models": [
+        crashy_entry("echo"), crashy_entry("echo2"),
+        {"id": "classifier", "name": "densenet_like", "type": "image", "framework": "triton",
+         "labels_file": str(LABELS_FILE), "top_k": 3},
+        {"id": "adder", "name": "adder", "type": "text", "framework": "triton"},
+    ]}))
+    env = {"SWAPLESS_MODELS_FILE": str(models), "SWAPLESS_PLUGINS": "tests.crashy",
+           "SWAPLESS_TRITON_URL": fresh_triton.url, "SWAPLESS_TRITON_MAX_MODELS": "1", "SWAPLESS_MAX_MODELS": "1",
+           "SWAPLESS_WARM_START": "true"}
+    worker = start_worker(env=env)
+    states = {e["name"]: e.get("state", "UNAVAILABLE") for e in fresh_triton.repository_index()}
+    assert states == {"densenet_like": "UNAVAILABLE", "adder": "UNAVAILABLE"}, "the warm start loads no remote model"
+    assert "warmed echo " in worker.log() and "warmed classifier" not in worker.log()  # local ones only
+    client = Client(settings=Client().settings.model_copy(update={"models_file": models}))
+    image = b64_image(5)
+    classified = client.submit("classifier", image).get(timeout=60)
+    assert [entry["label"] for entry in classified] == [
+        LABELS[i] for i in np.argsort(-direct_infer(fresh_triton.url, "densenet_like",
+                                                    {"data_0": reference_tensor(image)[None]}, ["fc6_1"])
+                                      ["fc6_1"][0])[:3]
+    ]
+    assert fresh_triton.state("densenet_like") == "READY"
+    # local loads (one local slot: echo2 evicts echo) leave the Triton model loaded on its server
+    assert client.submit("echo", "one").get(timeout=30)["echo"] == "one"
+    assert client.submit("echo2", "two").get(timeout=30)["echo"] == "two"
+    assert fresh_triton.state("densenet_like") == "READY"
+    # a second Triton model takes the one remote slot: the first is unloaded on the server, the local one stays
+    added = client.submit("adder", {"inputs": {"INPUT0": [1] * 4, "INPUT1": [2] * 4}}).get(timeout=60)
+    assert added == {"SUM": [3] * 4, "DIFF": [-1] * 4}
+    assert fresh_triton.state("densenet_like") == "UNAVAILABLE" and fresh_triton.state("adder") == "READY"
+    assert client.submit("echo2", "still loaded").get(timeout=30)["echo"] == "still loaded"
+    assert "loaded echo2" not in worker.log().split("loaded adder")[-1], "echo2 was not evicted by the Triton load"
