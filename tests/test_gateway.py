@@ -184,7 +184,8 @@ def test_predict_times_out_with_the_job_id_then_polling_succeeds(stack: Stack) -
         responses, latencies = asyncio.run(scenario())
     finally:
         os.kill(stack.worker.proc.pid, signal.SIGCONT)
-    assert max(latencies) < 0.5, latencies
+    # a loop blocked by the waits would answer only when they end (2 s); the bound is generous for a loaded machine
+    assert max(latencies) < 1.5, latencies
     assert [r.status_code for r in responses] == [504] * len(texts)
     first = responses[0].json()
     assert first["detail"] == f"no result after 2 s; the job is still queued or running: poll GET /jobs/{first['job_id']}"
