@@ -26,6 +26,7 @@ from tasks.errors import JobFailed
 
 __all__ = [
     "CHUNK_TASK",
+    "KEYS_HEADER",
     "PREDICT_TASK",
     "PRIORITIES",
     "PRIORITY_BULK",
@@ -66,6 +67,8 @@ PRIORITIES = {"interactive": PRIORITY_INTERACTIVE, "bulk": PRIORITY_BULK}
 PRIORITY_STEPS = (PRIORITY_INTERACTIVE, 3, PRIORITY_BULK, 9)
 #: Message header with the producer's wall-clock send time (epoch seconds): the worker measures queue wait from it.
 SENT_AT_HEADER = "swapless_sent_at"
+#: Header of a chunk sent to a route with sticky keys: one key (or null) per input, in order.
+KEYS_HEADER = "swapless_keys"
 #: Header of a shadow copy of a routed job: ``[served job id, route id]`` (``manager.routing``).
 SHADOW_HEADER = "swapless_shadow_of"
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,28 @@ def test_the_gateway_routes_with_a_sticky_key_and_names_the_serving_model(faults
         wait_for(lambda: http.get(queued["status_url"]).json()["state"] != "PENDING", 30, "the routed job's result")
         state = http.get(queued["status_url"]).json()
         assert state["state"] == "SUCCESS" and state["model"] in ("sent-v1", "sent-v2")
+
+
+def test_bulk_routes_each_record_and_a_key_field_keeps_a_key_on_one_version(faults: FaultEnv, tmp_path: Path) -> None:
+    faults.write_models(real=False, extra=ROUTES)
+    faults.worker()
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"id": f"r{i}", "text": f"bulk-{i}", "user": f"u{i % 7}"}) + "\n"
+                              for i in range(300)))
+    out = tmp_path / "out.jsonl"
+    done = cli("bulk", "sentiment", str(source), "-o", str(out), "--id-field", "id", "--key-field", "user",
+               "--chunk-size", "50", "--no-local")
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["key"] for line in lines] == [f"r{i}" for i in range(300)]
+    by_user: dict[str, set[str]] = {}
+    for i, line in enumerate(lines):
+        by_user.setdefault(f"u{i % 7}", set()).add(line["result"]["model"])
+    assert all(len(models) == 1 for models in by_user.values()), by_user  # one version per key, across chunks
+    store = ModelStore.from_file(faults.models_file)
+    assert all(models == {store.route("sentiment", "x", user).model_id} for user, models in by_user.items())
+    unkeyed = cli("bulk", "sentiment", str(source), "-o", str(tmp_path / "unkeyed.jsonl"), "--chunk-size", "50",
+                  "--no-local")
+    assert unkeyed.returncode == 0, unkeyed.stderr
+    served = Counter(json.loads(line)["result"]["model"] for line in (tmp_path / "unkeyed.jsonl").read_text().splitlines())
+    assert set(served) == {"sent-v1", "sent-v2"} and 170 <= served["sent-v1"] <= 280, served  # split per record

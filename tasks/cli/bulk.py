@@ -161,6 +161,7 @@ def bulk(
     output: Annotated[Path, typer.Option("--output", "-o", help="JSONL output, one line per record; rerun to resume")],
     field: Annotated[str, typer.Option(help="JSON field / CSV column with the input (text, base64 image, image path)")] = "text",
     id_field: Annotated[str | None, typer.Option(help="JSON field / CSV column with each record's key [default: line number]")] = None,
+    key_field: Annotated[str | None, typer.Option(help="JSON field / CSV column with a sticky routing key (a user id): a route sends all of a key's records to one version")] = None,
     fmt: Annotated[str | None, typer.Option("--format", help="jsonl, csv or tsv [default: from the suffix]")] = None,
     chunk_size: Annotated[int, typer.Option(min=1, help="inputs per queue message")] = DEFAULT_CHUNK_SIZE,
     max_in_flight: Annotated[int, typer.Option(min=1, help="chunks queued or running at once")] = DEFAULT_MAX_IN_FLIGHT,
@@ -190,7 +191,7 @@ def bulk(
         fail(err)
     job = BulkJob(
         model, input, output, field=field, id_field=id_field, fmt=fmt, chunk_size=chunk_size,
-        max_in_flight=max_in_flight, restart=restart, timeout_s=timeout, expires=deadline,
+        max_in_flight=max_in_flight, restart=restart, timeout_s=timeout, expires=deadline, key_field=key_field,
     )
     use_local = local if local is not None else get_settings().redis_url is None
     _run_bulk(job, local=use_local, progress=None if progress == "auto" else progress, log_every_s=log_every,

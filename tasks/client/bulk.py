@@ -65,6 +65,8 @@ class BulkJob:
         timeout_s: fail when a chunk has no result this long after it was sent (None: wait; see ``waiting``).
         expires: the job's deadline (aware datetime): chunks not started by then are not computed, and the run
             stops at the first of them with ``DeadlinePassed`` (a rerun with a later deadline resumes there).
+        key_field: JSON field / CSV column with each record's sticky routing key (a route sends every record of a
+            key to the same version); None: records are routed by their own item ids.
     """
 
     model_id: str
@@ -79,12 +81,14 @@ class BulkJob:
     restart: bool = False
     timeout_s: float | None = None
     expires: datetime | None = None
+    key_field: str | None = None
 
     def reader(self) -> RecordReader:
         """The input's reader (checks the file, its format and its columns; raises BulkFileError)."""
         if self.chunk_size < 1 or self.max_in_flight < 1:
             raise ValueError("chunk_size and max_in_flight must be at least 1")
-        return RecordReader(self.input_path, self.model_id, field=self.field, id_field=self.id_field, fmt=self.fmt)
+        return RecordReader(self.input_path, self.model_id, field=self.field, id_field=self.id_field, fmt=self.fmt,
+                            key_field=self.key_field)
 
 
 @dataclass
@@ -270,22 +274,27 @@ class BulkRun:
                 )
         return (record for record in parsed if record is not None)
 
-    def _chunks(self, records: Iterator[Record]) -> Iterator[tuple[list[tuple[Any, Any]], list[Any]]]:
-        """``(keys and pre-failures, inputs to send)`` per chunk: cut at ``chunk_size`` records or
-        ``max_chunk_bytes`` characters of input. Only keys stay with a chunk in flight."""
+    def _chunks(
+        self, records: Iterator[Record]
+    ) -> Iterator[tuple[list[tuple[Any, Any]], list[Any], list[str | None] | None]]:
+        """``(keys and pre-failures, inputs to send, their routing keys)`` per chunk: cut at ``chunk_size`` records
+        or ``max_chunk_bytes`` characters of input. Only keys stay with a chunk in flight. Routing keys are None
+        without ``key_field``."""
         keyed: list[tuple[Any, Any]] = []
         inputs: list[Any] = []
+        route_keys: list[str | None] = []
         size = 0
         for record in records:
             keyed.append((record.key, record.error))
             if record.error is None:
                 inputs.append(record.value)
+                route_keys.append(record.route_key)
                 size += len(record.value) if isinstance(record.value, str) else 16
             if len(keyed) >= self.job.chunk_size or size >= self.job.max_chunk_bytes:
-                yield keyed, inputs
-                keyed, inputs, size = [], [], 0
+                yield keyed, inputs, route_keys if self.job.key_field else None
+                keyed, inputs, route_keys, size = [], [], [], 0
         if keyed:
-            yield keyed, inputs
+            yield keyed, inputs, route_keys if self.job.key_field else None
 
     def _write(self, output: IO[bytes], keyed: list[tuple[Any, Any]], outcomes: Iterator[tuple[bool, Any]]) -> None:
         lines = []

@@ -53,6 +53,7 @@ from tasks.errors import DeadlinePassed, JobCancelled, JobTimeout, QueueFull
 from tasks.protocol import (
     CHUNK_TASK,
     PREDICT_TASK,
+    KEYS_HEADER,
     PRIORITY_STEPS,
     SHADOW_HEADER,
     expires_header,
@@ -477,10 +478,11 @@ class Client:
         header = expires_header(expires)  # fixed now: "by morning", not a window that moves with each chunk
         deadline = datetime.fromisoformat(header) if header is not None else None
 
-        def send(inputs: list[Any]) -> str:
+        def send(inputs: list[Any], keys: list[str | None] | None = None) -> str:
             if deadline is not None and deadline <= datetime.now(UTC):
                 raise DeadlinePassed(deadline.isoformat(timespec="seconds"))
-            return self._publish(CHUNK_TASK, [(model_id, inputs)], level, deadline)[0]
+            headers = [{KEYS_HEADER: keys}] if keys is not None and any(k is not None for k in keys) else None
+            return self._publish(CHUNK_TASK, [(model_id, inputs)], level, deadline, headers=headers)[0]
 
         return ChunkStream(send, self.results, **options)
 

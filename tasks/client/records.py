@@ -39,6 +39,8 @@ class Record:
     key: Any
     value: Any = None
     error: InputError | None = None
+    #: the record's sticky routing key (``key_field``), when it has one
+    route_key: str | None = None
 
 
 class RecordReader:
@@ -49,17 +51,29 @@ class RecordReader:
         model_id: named in the per-record errors.
         field: the JSON field or CSV column holding the input (text, base64 image, or image path).
         id_field: the JSON field or CSV column holding each record's key (None: the line number).
+        key_field: the JSON field or CSV column holding each record's sticky routing key (a user id: a route then
+            sends every record of that key to the same version); None, or a record without it: none.
         fmt: ``jsonl``, ``csv`` or ``tsv``; None picks it from the suffix (``FORMATS``).
 
     Raises:
         BulkFileError: the file is missing, its format is unknown, or a CSV header lacks ``field``/``id_field``.
     """
 
-    def __init__(self, path: Path, model_id: str, *, field: str = "text", id_field: str | None = None, fmt: str | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        model_id: str,
+        *,
+        field: str = "text",
+        id_field: str | None = None,
+        fmt: str | None = None,
+        key_field: str | None = None,
+    ) -> None:
         self.path = Path(path)
         self.model_id = model_id
         self.field = field
         self.id_field = id_field
+        self.key_field = key_field
         if not self.path.is_file():
             raise BulkFileError(str(path), "no such input file")
         self.fmt = fmt or FORMATS.get(self.path.suffix.lower(), "")
@@ -69,7 +83,7 @@ class RecordReader:
         if self.fmt != "jsonl":
             with self._open_csv() as file:
                 header = next(csv.reader(file, delimiter=self._delimiter), [])
-            for wanted, option in ((field, "--field"), (id_field, "--id-field")):
+            for wanted, option in ((field, "--field"), (id_field, "--id-field"), (key_field, "--key-field")):
                 if wanted is not None and wanted not in header:
                     raise BulkFileError(
                         str(path), f"no column {wanted!r} ({option}); the header has: {', '.join(header) or 'nothing'}"
@@ -136,7 +150,8 @@ class RecordReader:
         if data.get(self.field) is None:
             fields = ", ".join(str(name) for name in data) or "none"
             return self._bad(key, f"line {line_number} has no {self.field!r} (--field; it has: {fields})")
-        return Record(key, data[self.field])
+        route_key = data.get(self.key_field) if self.key_field is not None else None
+        return Record(key, data[self.field], route_key=None if route_key is None else str(route_key))
 
     def _no_key(self, line_number: int) -> Any:
         """The key of a record whose fields cannot be read: its line number, or null when keys come from a field."""

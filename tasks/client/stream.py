@@ -78,7 +78,8 @@ class ChunkStream:
     """Sends chunks of one model's inputs and yields their outcomes in order (``Client.stream`` builds one).
 
     Args:
-        send: sends one chunk message of these inputs and returns its id (the model and priority are its own).
+        send: sends one chunk message of these inputs (and, when a chunk has them, their routing keys) and returns
+            its id (the model and priority are its own).
         results: where the chunks' results are read (and deleted once read).
         max_in_flight: chunks sent and not yet read back, at most (at least 1).
         timeout_s: fail with JobTimeout when the head chunk has no result this long after it was sent (None: wait).
@@ -90,7 +91,7 @@ class ChunkStream:
 
     def __init__(
         self,
-        send: Callable[[list[Any]], str],
+        send: Callable[..., str],
         results: ResultStore,
         *,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
@@ -111,8 +112,11 @@ class ChunkStream:
         self.on_event = on_event
         self.watchdog = watchdog
 
-    def run(self, chunks: Iterable[tuple[T, list[Any]]]) -> Iterator[tuple[T, list[tuple[bool, Any]]]]:
-        """Send ``(tag, inputs)`` chunks and yield ``(tag, outcomes)`` per chunk, in the order of ``chunks``.
+    def run(
+        self, chunks: Iterable[tuple[T, list[Any]] | tuple[T, list[Any], list[str | None] | None]]
+    ) -> Iterator[tuple[T, list[tuple[bool, Any]]]]:
+        """Send ``(tag, inputs)`` chunks (or ``(tag, inputs, routing keys)``: ``send`` then gets the keys too) and
+        yield ``(tag, outcomes)`` per chunk, in the order of ``chunks``.
 
         ``outcomes`` has one ``(True, prediction)`` or ``(False, error)`` per input. A chunk with no inputs is not
         sent; it is yielded, with no outcomes, in its turn. When the whole chunk failed (unknown model, malformed
@@ -130,11 +134,11 @@ class ChunkStream:
             while True:
                 while not exhausted and len(window) < self.max_in_flight:
                     try:
-                        tag, inputs = next(source)
+                        tag, inputs, *rest = next(source)
                     except StopIteration:
                         exhausted = True
                         break
-                    chunk_id = self._send(inputs, window) if inputs else ""
+                    chunk_id = self._send(inputs, window, rest[0] if rest else None) if inputs else ""
                     window.append(_Sent(tag, chunk_id, len(inputs), time.monotonic()))
                     if chunk_id:
                         self._emit("sent", chunk_id, len(inputs), window)
@@ -164,13 +168,14 @@ class ChunkStream:
             logger.warning("could not cancel %d chunk(s) still in flight; the workers will compute them for nothing",
                            len(chunk_ids))
 
-    def _send(self, inputs: list[Any], window: deque[_Sent[T]]) -> str:
-        """Send one chunk; while the queue refuses it (``QueueFull``), wait and send it again, up to a bound."""
+    def _send(self, inputs: list[Any], window: deque[_Sent[T]], keys: list[str | None] | None = None) -> str:
+        """Send one chunk (with its inputs' routing keys, if any); while the queue refuses it (``QueueFull``), wait
+        and send it again, up to a bound."""
         started = time.monotonic()
         pause_s = 0.5
         while True:
             try:
-                return self.send(inputs)
+                return self.send(inputs, keys) if keys is not None else self.send(inputs)
             except QueueFull as err:
                 waited_s = time.monotonic() - started
                 if waited_s + pause_s > self.refused_wait_s:

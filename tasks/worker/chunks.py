@@ -21,7 +21,7 @@ from typing import Any
 from manager.errors import InputError, SwaplessError
 from manager.runner import Job, Outcome
 from manager.store import ModelStore
-from tasks.protocol import encode_outcome, item_id, read_payload, split_item_id
+from tasks.protocol import KEYS_HEADER, encode_outcome, item_id, read_payload, split_item_id
 
 __all__ = ["ChunkAssembler", "jobs_from_chunk"]
 
@@ -30,7 +30,8 @@ def jobs_from_chunk(
     request: Any, store: ModelStore, received_s: float, overrides: Mapping[str, Mapping[str, float]] | None = None
 ) -> list[Job]:
     """The item Jobs of one chunk request (a Celery request or anything with ``id``, ``args``, ``kwargs``). A chunk
-    addressed to a route has each item routed by its own id (a split's items go to their versions).
+    addressed to a route has each item routed by its sticky key (the message's ``KEYS_HEADER``), else by its own
+    id (a split's items go to their versions).
 
     Raises:
         InputError: the payload is not ``[model_id, [input, ...]]`` with at least one input; a route has no
@@ -42,7 +43,13 @@ def jobs_from_chunk(
         raise InputError(model_id, "malformed chunk payload: inputs must be a non-empty list")
     if store.is_route(model_id):
         ids = [item_id(request.id, index) for index in range(len(values))]
-        targets = [store.route(model_id, value, i, overrides).model_id for i, value in zip(ids, values, strict=True)]
+        keys = (getattr(request, "request_dict", None) or {}).get(KEYS_HEADER)
+        if not isinstance(keys, list) or len(keys) != len(values):
+            keys = [None] * len(values)
+        targets = [
+            store.route(model_id, value, key if isinstance(key, str) else i, overrides).model_id
+            for i, value, key in zip(ids, values, keys, strict=True)
+        ]
         return [
             Job(id=i, model_id=target, input=value, received_s=received_s, urgent=urgent)
             for i, target, value in zip(ids, targets, values, strict=True)
