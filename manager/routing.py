@@ -140,7 +140,9 @@ def resolve(
                 raise NoBranch(spec.id, found, tuple(t.value for t in spec.by_type))
             target = branch
             continue
-        weights = (overrides or {}).get(spec.id) or spec.route or {}
+        # run-time weights name only this entry's versions (set from a newer models file, they may name others)
+        override = {t: w for t, w in ((overrides or {}).get(spec.id) or {}).items() if t in (spec.route or {})}
+        weights = override or spec.route or {}
         if spec.shadow:
             shadows.extend(shadows_of(spec.shadow, key))
         target = pick(weights, f"{spec.id}\0{key}")

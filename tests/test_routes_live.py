@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -107,7 +108,7 @@ def test_swapless_route_changes_the_split_without_a_restart(faults: FaultEnv) ->
     client = Client()
     moved = cli("route", "sentiment", "sent-v2=1")
     assert moved.returncode == 0, moved.stderr
-    assert "sent-v2 100.0 % (swapless route)" in moved.stdout
+    assert "sent-v2 100.0 % (run-time)" in moved.stdout
     time.sleep(1.1)  # the client's cached weights are at most a second old
     stored = client.gather(client.submit_jobs([("sentiment", f"moved-{i}") for i in range(50)]), timeout=60)
     assert {s.model for s in stored} == {"sent-v2"}
@@ -164,3 +165,48 @@ def test_bulk_routes_each_record_and_a_key_field_keeps_a_key_on_one_version(faul
     assert unkeyed.returncode == 0, unkeyed.stderr
     served = Counter(json.loads(line)["result"]["model"] for line in (tmp_path / "unkeyed.jsonl").read_text().splitlines())
     assert set(served) == {"sent-v1", "sent-v2"} and 170 <= served["sent-v1"] <= 280, served  # split per record
+
+
+def test_reload_applies_the_file_s_weights_during_a_burst_losing_nothing_and_refuses_a_bad_file(
+    faults: FaultEnv,
+) -> None:
+    import threading
+
+    faults.write_models(real=False, extra=ROUTES)
+    faults.worker()
+    client = Client()
+    jobs: list[Any] = []
+    stop = threading.Event()
+
+    def burst() -> None:
+        while not stop.is_set():
+            jobs.append(client.submit("sentiment", f"burst-{len(jobs)}"))
+            time.sleep(0.005)
+
+    sender = threading.Thread(target=burst)
+    sender.start()
+    time.sleep(0.5)
+    edited = [dict(entry) for entry in ROUTES]
+    edited[3] = {"id": "sentiment", "route": {"sent-v2": 1}}  # everything to v2 now
+    faults.write_models(real=False, extra=edited)
+    reloaded = cli("reload")
+    assert reloaded.returncode == 0, reloaded.stderr
+    assert "sent-v2 100.0 % (run-time)" in reloaded.stdout
+    time.sleep(1.1)  # the client's cached weights are at most a second old
+    followed = len(jobs)
+    time.sleep(0.5)
+    stop.set()
+    sender.join(30)
+    stored = client.gather(jobs, timeout=120)
+    assert all(s.state == "SUCCESS" for s in stored)  # nothing lost
+    assert all(s.model == s.value["model"] for s in stored)  # each job ran whole on the version it names
+    served = [s.model for s in stored]
+    assert "sent-v1" in served[:50] and len(served) > followed + 20  # the split changed mid-burst
+    assert set(served[followed:]) == {"sent-v2"}  # a second after the reload, every job goes to v2
+    broken = [dict(entry) for entry in ROUTES]
+    broken[3] = {"id": "sentiment", "route": {"ghost": 1}}
+    faults.write_models(real=False, extra=broken)
+    refused = cli("reload")
+    assert refused.returncode == 2 and "unknown target 'ghost'" in refused.stderr
+    assert "nothing was reloaded: the running routes stay as they were" in refused.stderr
+    assert {s.model for s in client.gather([client.submit("sentiment", f"after-{i}") for i in range(20)], timeout=60)} == {"sent-v2"}

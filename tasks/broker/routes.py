@@ -57,6 +57,19 @@ class RouteOverrides:
             self._read_at = time.monotonic()
             return self._cached
 
+    def reload(self, store: ModelStore) -> dict[str, dict[str, float]]:
+        """Make every weighted route of ``store`` (a models file just read and checked) the run-time split, in one
+        round trip: producers and workers running with an older file follow within ``ttl_s``. Returns the weights
+        set. (A version a running process does not know yet is ignored by it until it restarts.)"""
+        weights = {route.id: dict(route.route) for route in store.routes.values() if route.route is not None}
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(self.key)
+        if weights:
+            pipe.hset(self.key, mapping={route_id: json.dumps(split) for route_id, split in weights.items()})
+        pipe.execute()
+        self._read_at = float("-inf")
+        return weights
+
     def set(self, store: ModelStore, route_id: str, weights: Mapping[str, float]) -> None:
         """Set a route's weights (checked against the store: a split route, known targets, positive weights).
 

@@ -224,12 +224,34 @@ def _routes_table(store: Any) -> Table:
         total = sum(weights.values())
         split = ", ".join(f"{target} {100 * w / total:.1f} %" for target, w in weights.items())
         if route.id in overrides:
-            split += " (swapless route)"
+            split += " (run-time)"
         shadow = ", ".join(f"{target} {share:g} %" for target, share in (route.shadow or {}).items()) or "-"
         agreed = [f"{served} vs {shadow_model}: {a}/{n} ({100 * a / n:.1f} %)"
                   for (r, served, shadow_model), (a, n) in sorted(agreement.items()) if r == route.id and n]
         table.add_row(route.id, "split", split, shadow, "; ".join(agreed) or "-")
     return table
+
+
+@app.command()
+def reload(models: ModelsOption = None) -> None:
+    """Apply the models file's route weights to every running producer and worker (within a second, no restart).
+
+    The file is checked first: if it has an error, nothing changes and the error is printed. Weights set with
+    `swapless route` are replaced by the file's."""
+    from manager.store import ModelStore
+    from tasks.broker.connection import redis_client
+    from tasks.broker.routes import RouteOverrides
+
+    set_env(models_file=models)
+    settings = get_settings()
+    try:
+        store = ModelStore.from_file(settings.models_file)
+    except SwaplessError as err:
+        fail(f"{err}; nothing was reloaded: the running routes stay as they were")
+    overrides = RouteOverrides(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s),
+                               settings.queue, settings.key_prefix)
+    overrides.reload(store)
+    console.print(_routes_table(store))
 
 
 @app.command()
