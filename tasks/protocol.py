@@ -33,6 +33,7 @@ __all__ = [
     "PRIORITY_INTERACTIVE",
     "PRIORITY_STEPS",
     "SENT_AT_HEADER",
+    "SHADOWED_HEADER",
     "SHADOW_HEADER",
     "decode_outcome",
     "encode_outcome",
@@ -49,6 +50,7 @@ __all__ = [
     "read_payload",
     "routes_key",
     "shadow_key",
+    "shadow_ref_key",
     "split_item_id",
     "storage_id",
 ]
@@ -71,6 +73,8 @@ SENT_AT_HEADER = "swapless_sent_at"
 KEYS_HEADER = "swapless_keys"
 #: Header of a shadow copy of a routed job: ``[served job id, route id]`` (``manager.routing``).
 SHADOW_HEADER = "swapless_shadow_of"
+#: Header of a routed job that has shadow copies: its worker keeps its top label for them (``shadow_ref_key``).
+SHADOWED_HEADER = "swapless_shadowed"
 
 _PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: "<queue>\x06\x16<priority>" above priority 0
 
@@ -123,6 +127,12 @@ def model_queue_key(queue: str, model_id: str, priority: int, key_prefix: str | 
 def routes_key(queue: str, key_prefix: str | None = None) -> str:
     """The hash of route weights set with ``swapless route`` (route id -> JSON weights), overriding the file's."""
     return f"{key_prefix or ''}swapless:{queue}:routes"
+
+
+def shadow_ref_key(job_id: str, key_prefix: str | None = None) -> str:
+    """What a shadowed job's copies compare with: ``[served model, top label]`` as JSON, kept for an hour (the job's
+    own result may be read and forgotten long before its bulk-priority shadow runs)."""
+    return f"{key_prefix or ''}swapless-shadowref-{job_id}"
 
 
 def shadow_key(queue: str, key_prefix: str | None = None) -> str:

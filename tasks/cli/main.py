@@ -181,8 +181,10 @@ def models(models: ModelsOption = None) -> None:
     """List the models in the registry."""
     from manager.engine import ModelEngine
     from manager.store import ModelStore
+    from tasks.worker.runtime import load_plugins
 
     try:
+        load_plugins(get_settings())  # their frameworks are known frameworks
         store = ModelStore.from_file(models or get_settings().models_file, ModelEngine().frameworks)
     except SwaplessError as err:
         fail(err)

@@ -56,6 +56,7 @@ from tasks.protocol import (
     KEYS_HEADER,
     PRIORITY_STEPS,
     SHADOW_HEADER,
+    SHADOWED_HEADER,
     expires_header,
     item_id,
     placement_bell_key,
@@ -275,6 +276,9 @@ class Client:
         shadows: list[tuple[str, str, Any, dict[str, Any]]] = []
         if task == PREDICT_TASK and ids is None:
             jobs, ids, shadows = self._route(jobs, keys)
+            if shadows:  # the served jobs leave their top label for their shadows to compare with
+                shadowed = {of for _, _, _, h in shadows for of in h[SHADOW_HEADER][:1]}
+                headers = [{SHADOWED_HEADER: 1} if job_id in shadowed else {} for job_id in ids]
         built = build_messages(self.app, s.queue, jobs, level, task=task, expires=expires_header(expires), ids=ids,
                                headers=headers)
         shared: list[int] = []

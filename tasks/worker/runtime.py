@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from config.settings import Settings, get_settings
 from manager import ConfigError, ModelEngine, ModelManager, ModelStore, WorkerLimits
 
-__all__ = ["Runtime", "build_runtime", "get_runtime", "reset_runtime"]
+__all__ = ["Runtime", "build_runtime", "get_runtime", "load_plugins", "reset_runtime"]
 
 
 @dataclass
@@ -23,6 +23,19 @@ class Runtime:
     settings: Settings
     store: ModelStore
     manager: ModelManager
+
+
+def load_plugins(settings: Settings) -> None:
+    """Import the modules of ``SWAPLESS_PLUGINS``, which register custom frameworks.
+
+    Raises:
+        ConfigError: a plugin cannot be imported.
+    """
+    for module in filter(None, (name.strip() for name in settings.plugins.split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError("SWAPLESS_PLUGINS", f"cannot import {module!r}: {err}") from None
 
 
 def build_runtime(settings: Settings | None = None, *, warm_up: bool = False) -> Runtime:
@@ -36,11 +49,7 @@ def build_runtime(settings: Settings | None = None, *, warm_up: bool = False) ->
         ConfigError: a plugin cannot be imported, or the models file is missing or invalid.
     """
     s = settings or get_settings()
-    for module in filter(None, (name.strip() for name in s.plugins.split(","))):
-        try:
-            importlib.import_module(module)  # registers custom frameworks
-        except ImportError as err:
-            raise ConfigError("SWAPLESS_PLUGINS", f"cannot import {module!r}: {err}") from None
+    load_plugins(s)
     limits = WorkerLimits(
         device=s.device,
         max_batch_size=s.max_batch_size,

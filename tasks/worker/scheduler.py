@@ -21,6 +21,7 @@ cancelled chunk leave the backlog with it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -51,10 +52,12 @@ from tasks.protocol import (
     CHUNK_TASK,
     SENT_AT_HEADER,
     SHADOW_HEADER,
+    SHADOWED_HEADER,
     deadline_of,
     deadline_text,
     item_id,
     read_payload,
+    shadow_ref_key,
     split_item_id,
     storage_id,
 )
@@ -64,6 +67,10 @@ from tasks.worker.runtime import Runtime
 __all__ = ["BatchScheduler", "job_from_request"]
 
 logger = logging.getLogger(__name__)
+
+
+#: Seconds a shadowed job's top label is kept for its shadow copies (they run at bulk priority, maybe much later).
+SHADOW_REF_S = 3600
 
 
 def _top(prediction: Any) -> Any:
@@ -473,8 +480,16 @@ class BatchScheduler:
         served = {o.job.id: o.job.model_id for o in outcomes}
         held = [(self._held(o.job.id), o) for o in outcomes]
         self._finish(results, [(request, o.result, o.error) for request, o in held] + chunks_done, models=served)
-        shadows = [(request.request_dict[SHADOW_HEADER], o) for request, o in held
-                   if isinstance((getattr(request, "request_dict", None) or {}).get(SHADOW_HEADER), list)]
+        headers = [((getattr(request, "request_dict", None) or {}), o) for request, o in held]
+        references = {o.job.id: json.dumps([o.job.model_id, _top(o.result)]) for h, o in headers
+                      if h.get(SHADOWED_HEADER) and o.error is None}
+        if references:
+            prefix = self.runtime.settings.key_prefix
+            pipe = results.client.pipeline(transaction=False)
+            for job_id, reference in references.items():
+                pipe.set(shadow_ref_key(job_id, prefix), reference, ex=SHADOW_REF_S)
+            pipe.execute()
+        shadows = [(h[SHADOW_HEADER], o) for h, o in headers if isinstance(h.get(SHADOW_HEADER), list)]
         if shadows:
             self._compare_shadows(results, shadows)
         if chunks_done:  # the items' attempt counters end with their chunk's stored result
@@ -482,14 +497,16 @@ class BatchScheduler:
 
     def _compare_shadows(self, results: ResultStore, shadows: list[tuple[list[Any], Outcome]]) -> None:
         """Count, per (route, served model, shadow model), whether each shadow copy's top label is the served job's
-        (in Redis for ``swapless status``, and in the metrics). A served job with no result yet is not compared."""
-        served = {stored.job_id: stored for stored in results.fetch([str(of[0]) for of, _ in shadows])}
+        (its ``shadow_ref_key``; in Redis for ``swapless status``, and in the metrics). A served job that failed or
+        has not finished is not compared."""
+        prefix = self.runtime.settings.key_prefix
+        raws = results.client.mget([shadow_ref_key(str(of[0]), prefix) for of, _ in shadows])
         counts: dict[tuple[str, str, str, bool], int] = {}
-        for (served_id, route_id, *_), outcome in shadows:
-            stored = served.get(str(served_id))
-            if stored is None or stored.state != "SUCCESS" or outcome.error is not None or not stored.model:
-                continue
-            pair = (str(route_id), stored.model, outcome.job.model_id, _top(stored.value) == _top(outcome.result))
+        for ((_, route_id, *_), outcome), raw in zip(shadows, raws, strict=True):
+            if raw is None or outcome.error is not None:
+                continue  # the served job failed, or has not finished yet
+            served_model, served_top = json.loads(raw)
+            pair = (str(route_id), served_model, outcome.job.model_id, served_top == _top(outcome.result))
             counts[pair] = counts.get(pair, 0) + 1
         if counts:
             s = self.runtime.settings
