@@ -104,13 +104,18 @@ def redis_client(url: str, connect_timeout_s: float = 3.0, socket_timeout_s: flo
     return redis.Redis(connection_pool=pool)
 
 
+#: Connections an asyncio client may open: every request the gateway holds waiting for a result has one of its own
+#: (a pub/sub subscription), so redis-py's default of 100 would turn the 101st waiting request into an error.
+ASYNC_MAX_CONNECTIONS = 2000
+
+
 def async_redis_client(url: str, connect_timeout_s: float = 3.0, socket_timeout_s: float | None = 10.0) -> aredis.Redis:
-    """``redis_client`` for asyncio code."""
+    """``redis_client`` for asyncio code (``ASYNC_MAX_CONNECTIONS`` connections at most)."""
     from redis.asyncio.retry import Retry as AsyncRetry
 
     options = _options(connect_timeout_s, socket_timeout_s)
     options["retry"] = AsyncRetry(ExponentialBackoff(cap=0.5, base=0.05), retries=1)
-    return aredis.Redis.from_url(client_url(url), **options)
+    return aredis.Redis.from_url(client_url(url), max_connections=ASYNC_MAX_CONNECTIONS, **options)
 
 
 def refusal(err: BaseException) -> str | None:
