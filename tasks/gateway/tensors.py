@@ -1,0 +1,248 @@
+"""The Open Inference Protocol's tensors on the wire (KServe v2 / Triton HTTP): pure functions over bytes, no I/O.
+
+An inference request is a JSON object, or, with Triton's binary tensor extension, that JSON object followed by raw
+tensor bytes: the header ``Inference-Header-Content-Length`` gives the JSON's length, and each input whose
+``parameters.binary_data_size`` is set takes that many of the bytes after it, in input order. In binary form a
+BYTES tensor is its elements one after another, each a 4-byte little-endian length then the bytes; an FP32 tensor
+is 4-byte little-endian floats, row-major. A response uses the same layout for the outputs asked for in binary.
+
+- ``parse_request(body, header_length, model_id)``: the request (``InferRequest``: its id, parameters, input
+  tensors and the outputs asked for).
+- ``bytes_elements(tensor, model_id)``: the elements of a BYTES input (``bytes`` from binary data, ``str`` from JSON).
+- ``encode_response(header, outputs)``: the response body, and the JSON length when some output is binary.
+
+Every problem with a request raises ``InputError`` naming the model, the field, and what to send instead.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from manager.describe import kind
+from manager.errors import InputError
+
+__all__ = [
+    "HEADER_LENGTH",
+    "InferRequest",
+    "InputTensor",
+    "OutputTensor",
+    "RequestedOutput",
+    "bytes_elements",
+    "encode_response",
+    "parse_request",
+]
+
+#: The header that gives the JSON part's length in bytes when binary tensor data follows it.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+_LENGTH = struct.Struct("<I")
+
+
+class _Tensor(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class _Input(_Tensor):
+    shape: list[int]
+    datatype: str = Field(min_length=1)
+    data: Any = None
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    inputs: list[_Input]
+    outputs: list[_Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class InputTensor:
+    """One input tensor of a request: ``raw`` holds its binary data, else ``data`` its JSON data (flattened)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: list[Any] | None = None
+    raw: bytes | None = None
+
+    @property
+    def size(self) -> int:
+        """How many elements the shape says the tensor has."""
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    """An output the request asks for; ``binary``: None when the request does not say."""
+
+    name: str
+    binary: bool | None
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    id: str | None
+    parameters: dict[str, Any]
+    inputs: tuple[InputTensor, ...]
+    outputs: tuple[RequestedOutput, ...] | None
+
+
+@dataclass(frozen=True)
+class OutputTensor:
+    """One output of a response: BYTES ``values`` are ``str``, FP32 ones ``float``, row-major over ``shape``."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    values: list[Any]
+
+
+def _flat(data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        return [data]
+    flat: list[Any] = []
+    for item in data:
+        flat.extend(_flat(item))
+    return flat
+
+
+def _flag(value: Any, model_id: str, where: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise InputError(model_id, f"{where} is {kind(value)}: send true or false")
+
+
+def parse_request(body: bytes, header_length: str | None, model_id: str) -> InferRequest:
+    """An inference request from its body and its ``Inference-Header-Content-Length`` header (None: all JSON).
+
+    Raises:
+        InputError: the body is not such a request (names the field and what to send).
+    """
+    if header_length is None:
+        head, rest = body, b""
+    else:
+        if not header_length.strip().isdigit() or int(header_length) > len(body):
+            raise InputError(model_id, f"{HEADER_LENGTH} is {header_length!r} for a body of {len(body)} bytes: "
+                             "give the length in bytes of the JSON part")
+        head, rest = body[: int(header_length)], body[int(header_length) :]
+    try:
+        raw = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        hint = f" (or set {HEADER_LENGTH} when binary data follows it)" if header_length is None else ""
+        raise InputError(model_id, f"the request is not valid JSON ({err}): send an inference request object{hint}")
+    if not isinstance(raw, dict):
+        raise InputError(model_id, f"the request is {kind(raw)}: send a JSON object with 'inputs'")
+    try:
+        request = _Request.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise InputError(model_id, f"field {where!r}: {first['msg']}; send an Open Inference Protocol request")
+    inputs = []
+    offset = 0
+    for tensor in request.inputs:
+        where = f"input {tensor.name!r}"
+        if any(dim < 0 for dim in tensor.shape):
+            raise InputError(model_id, f"{where} has shape {tensor.shape}: give the size of every dimension")
+        size = tensor.parameters.get("binary_data_size")
+        if size is None:
+            if tensor.data is None:
+                raise InputError(model_id, f"{where} has no data: give 'data', or binary data and 'binary_data_size'")
+            inputs.append(InputTensor(tensor.name, tensor.datatype, tuple(tensor.shape), data=_flat(tensor.data)))
+            continue
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise InputError(model_id, f"{where} has binary_data_size {size!r}: give its length in bytes")
+        if header_length is None:
+            raise InputError(model_id, f"{where} has binary_data_size but the request has no {HEADER_LENGTH} header: "
+                             "set it to the length of the JSON part")
+        if offset + size > len(rest):
+            raise InputError(model_id, f"{where} says {size} bytes of binary data, but only {len(rest) - offset} "
+                             "are left in the body: check binary_data_size")
+        inputs.append(InputTensor(tensor.name, tensor.datatype, tuple(tensor.shape), raw=rest[offset : offset + size]))
+        offset += size
+    if offset != len(rest):
+        raise InputError(model_id, f"the body has {len(rest) - offset} bytes after the inputs' binary data: "
+                         "check each input's binary_data_size")
+    outputs = None
+    if request.outputs is not None:
+        outputs = tuple(
+            RequestedOutput(o.name, _flag(o.parameters.get("binary_data"), model_id, f"output {o.name!r} binary_data"),
+                            o.parameters)
+            for o in request.outputs
+        )
+    return InferRequest(request.id, request.parameters, tuple(inputs), outputs)
+
+
+def bytes_elements(tensor: InputTensor, model_id: str) -> list[bytes | str]:
+    """The elements of a BYTES tensor: ``bytes`` from binary data, ``str`` from JSON; as many as its shape says.
+
+    Raises:
+        InputError: the data is cut short, has bytes left over, or holds a JSON element that is not a string.
+    """
+    where = f"input {tensor.name!r}"
+    if tensor.raw is None:
+        elements: list[bytes | str] = []
+        for index, value in enumerate(tensor.data or []):
+            if not isinstance(value, str):
+                raise InputError(model_id, f"{where} element {index} is {kind(value)}: BYTES elements are strings")
+            elements.append(value)
+    else:
+        elements, raw, offset = [], tensor.raw, 0
+        while offset < len(raw):
+            if offset + _LENGTH.size > len(raw):
+                raise InputError(model_id, f"{where} ends inside a length prefix: each BYTES element is a 4-byte "
+                                 "little-endian length, then that many bytes")
+            (length,) = _LENGTH.unpack_from(raw, offset)
+            offset += _LENGTH.size
+            if offset + length > len(raw):
+                raise InputError(model_id, f"{where} element {len(elements)} says {length} bytes, but only "
+                                 f"{len(raw) - offset} are left: check its length prefix")
+            elements.append(raw[offset : offset + length])
+            offset += length
+    if len(elements) != tensor.size:
+        raise InputError(model_id, f"{where} has {len(elements)} elements for shape {list(tensor.shape)}: "
+                         "make the shape match the data")
+    return elements
+
+
+def _binary(tensor: OutputTensor) -> bytes:
+    if tensor.datatype == "FP32":
+        return struct.pack(f"<{len(tensor.values)}f", *tensor.values)
+    parts = []
+    for value in tensor.values:
+        encoded = value.encode("utf-8")
+        parts += [_LENGTH.pack(len(encoded)), encoded]
+    return b"".join(parts)
+
+
+def encode_response(header: dict[str, Any], outputs: list[tuple[OutputTensor, bool]]) -> tuple[bytes, int | None]:
+    """The body of an inference response: ``header`` (model_name, id, ...) with the ``outputs``, each inline in the
+    JSON or, when its flag is true, as binary data after it; plus the JSON's length when some output is binary
+    (for ``Inference-Header-Content-Length``), else None."""
+    described, chunks = [], []
+    for tensor, binary in outputs:
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+        if binary:
+            chunk = _binary(tensor)
+            entry["parameters"] = {"binary_data_size": len(chunk)}
+            chunks.append(chunk)
+        else:
+            entry["data"] = tensor.values
+        described.append(entry)
+    text = json.dumps({**header, "outputs": described}, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if not chunks:
+        return text, None
+    return b"".join([text, *chunks]), len(text)
