@@ -45,6 +45,9 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_METRICS_HOST           | 127.0.0.1                  | address the Prometheus endpoint binds to |
 | SWAPLESS_GATEWAY_MAX_BODY_BYTES | 33554432 bytes (32 MiB)    | larger request bodies get 413 from the HTTP gateway |
 | SWAPLESS_PREDICT_TIMEOUT_S      | 30 s                       | how long ``POST /predict`` waits before answering 504 with the job id |
+| SWAPLESS_API_KEYS               | unset (no keys)            | API keys of the HTTP gateway, comma-separated; an entry ``KEY:MODELS`` may call only those models (the syntax: ``tasks.gateway.auth``). No keys at all: the gateway asks for none |
+| SWAPLESS_API_KEYS_FILE          | unset                      | a file of more API keys, one entry per line in the same syntax, ``#`` starting a comment |
+| SWAPLESS_GATEWAY_INSECURE_NO_AUTH | false                    | let ``swapless serve`` listen on a non-loopback address with no API key configured (``--insecure-no-auth``) |
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from manager.errors import ConfigError
@@ -141,6 +144,11 @@ class Settings(BaseSettings):
     metrics_host: str = "127.0.0.1"
     gateway_max_body_bytes: int = Field(32 * 1024 * 1024, ge=1)
     predict_timeout_s: float = Field(30.0, gt=0)
+    #: The gateway's API keys (``tasks.gateway.auth`` parses and hashes them); a secret, so never shown in a repr.
+    api_keys: SecretStr | None = None
+    api_keys_file: Path | None = None
+    #: ``swapless serve`` binds a non-loopback address without API keys only with this (``--insecure-no-auth``).
+    gateway_insecure_no_auth: bool = False
 
     @field_validator("memory_budget_bytes", mode="before")
     @classmethod

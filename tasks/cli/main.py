@@ -4,7 +4,6 @@ live in ``tasks.cli.bulk``. ``main`` turns any SwaplessError into one error line
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -293,15 +292,38 @@ def route(
     console.print(_routes_table(store))
 
 
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, or ``localhost``) is reachable from this machine only."""
+    import ipaddress
+
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # another name: it may resolve to any address
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="port to listen on")] = 8000,
     models: ModelsOption = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+    insecure_no_auth: Annotated[
+        bool | None,
+        typer.Option(
+            "--insecure-no-auth",
+            help="listen on a non-loopback --host with no API key configured: anyone who reaches it may submit "
+            "jobs [default: SWAPLESS_GATEWAY_INSECURE_NO_AUTH, false]",
+        ),
+    ] = None,
 ) -> None:
-    """Run the HTTP gateway: POST /jobs, GET /jobs/{id}, POST /predict, GET /models, GET /healthz, /docs."""
-    set_env(models_file=models)
+    """Run the HTTP gateway: POST /jobs, GET /jobs/{id}, POST /predict, GET /models, GET /status, GET /healthz, /docs.
+
+    With API keys (SWAPLESS_API_KEYS, SWAPLESS_API_KEYS_FILE) every request but the health checks and the docs needs
+    one; with none, the gateway listens on a loopback address only, unless --insecure-no-auth."""
+    set_env(models_file=models, gateway_insecure_no_auth=None if insecure_no_auth is None else str(insecure_no_auth).lower())
     try:
         import uvicorn
 
@@ -309,9 +331,13 @@ def serve(
     except ImportError as err:
         fail(f"the gateway needs {err.name}, which is not installed: pip install 'swapless' installs it")
     try:
-        gateway = create_app(get_settings())
+        settings = get_settings()
+        gateway = create_app(settings)
     except SwaplessError as err:
         fail(err)
+    if not gateway.state.api_keys_required and not _is_loopback(host) and not settings.gateway_insecure_no_auth:
+        fail(f"no API key is configured, so the gateway listens on a loopback address only, not {host}: set "
+             "SWAPLESS_API_KEYS (or SWAPLESS_API_KEYS_FILE), or pass --insecure-no-auth to serve it open")
     uvicorn.run(gateway, host=host, port=port, log_level=log_level.lower())
 
 
@@ -357,23 +383,13 @@ def status(
             view = render_status(depth, workers, memory=read_redis_memory(client, settings), places=placement())
             return Group(view, _routes_table(store)) if store.routes else view
 
-    with translated(settings.broker_url):
-        if as_json:
-            depth = read_queue_depth(client, settings, sample)
-            from tasks.broker.routes import read_shadow
+    if as_json:
+        from tasks.observe.status import read_status
 
-            payload = {
-                "shadow": [
-                    {"route": route, "served": served, "shadow": shadow, "agreed": agreed, "compared": total}
-                    for (route, served, shadow), (agreed, total) in read_shadow(client, settings.queue, settings.key_prefix).items()
-                ],
-                "redis": dataclasses.asdict(read_redis_memory(client, settings)),
-                "models": [{**dataclasses.asdict(p), "waiting": p.waiting} for p in placement()],
-                "queue": {**dataclasses.asdict(depth), "total": depth.total},
-                "workers": [beat.model_dump() for beat in read_heartbeats(client, settings.key_prefix)],
-            }
-            sys.stdout.write(json.dumps(payload) + "\n")
-            return
+        with translated(settings.broker_url):
+            payload = read_status(client, settings, model_ids, sample)
+        sys.stdout.write(json.dumps(payload) + "\n")
+        return
     view = render()  # Redis down: one error line (main)
     if not watch:
         console.print(view)

@@ -6,6 +6,10 @@
     GET  /models                         the registry beside what each live worker has loaded (its heartbeat)
     GET  /healthz                        200 when Redis answers, else 503
     GET  /docs                           the OpenAPI UI (schema at /openapi.json)
+    GET  /status, /status.json           the live status page and its data (``status_page``; ``/`` redirects)
+
+With API keys set (``SWAPLESS_API_KEYS``), all but the health checks and the docs need ``Authorization: Bearer
+<key>`` (``auth`` says which key each request needs).
 
 Requests are checked before anything is queued: an unknown model is 404 naming the known ids, an input of the
 wrong type for the model's ``type`` is 422 (text: a string; image: a base64 string), a body over
@@ -49,6 +53,7 @@ from tasks.broker.results import CANCELLED, TOO_LATE, StoredResult
 from tasks.client import Client
 from tasks.client.waiting import aread_result, await_result
 from tasks.errors import JobCancelled, JobExpired, QueueFull, QueueUnavailable
+from tasks.gateway.auth import install_api_keys
 from tasks.gateway.limits import BodyLimit
 from tasks.gateway.schema import (
     CancelReply,
@@ -66,6 +71,7 @@ from tasks.gateway.schema import (
     WorkerView,
     check_input,
 )
+from tasks.gateway.status_page import status_router
 from tasks.observe.heartbeat import aread_heartbeats
 from tasks.observe.placement import aread_placement
 from tasks.observe.queue import aread_queue_depth
@@ -183,6 +189,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Queue inference jobs for many models and read their results.",
         lifespan=gw.lifespan,
     )
+    install_api_keys(app, gw.settings, gw.store)  # inside BodyLimit: the bodies it reads are bounded already
     app.add_middleware(BodyLimit, max_bytes=gw.settings.gateway_max_body_bytes)
     app.add_exception_handler(UnknownModel, _unknown_model)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
@@ -314,4 +321,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return JSONResponse(status_code=503, content=health.model_dump(exclude_none=True))
         return Health(status="ok", redis="ok", workers=workers)
 
+    from tasks.gateway.v2 import v2_router  # the Open Inference Protocol (KServe v2): its own errors, {"error": ...}
+
+    app.include_router(v2_router(gw, retry_after_s=RETRY_AFTER_S))
+    app.include_router(status_router(gw.settings, gw.store, lambda: gw.redis))
     return app

@@ -1,0 +1,101 @@
+"""The whole status as plain JSON data: what ``swapless status --json`` prints and the gateway's ``GET /status.json``
+serves (the status page draws it).
+
+One builder over plain readings (``status_payload``) and a pair of readers around it, as elsewhere in this package:
+``read_status`` for ``redis.Redis``, ``aread_status`` for asyncio code (the readers that exist only for
+``redis.Redis``, Redis's memory and the shadow agreement, run in a worker thread there).
+
+The shape::
+
+    {"now": epoch seconds of the reading,
+     "shadow": [{"route", "served", "shadow", "agreed", "compared"}, ...],
+     "redis": RedisMemory's fields,
+     "models": [ModelPlacement's fields and "waiting", ...],
+     "queue": QueueDepth's fields and "total",
+     "workers": [Heartbeat, ...]}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+import redis.asyncio as aredis
+
+from config.settings import Settings
+from tasks.broker.routes import read_shadow
+from tasks.observe.heartbeat import Heartbeat, aread_heartbeats, read_heartbeats
+from tasks.observe.memory import RedisMemory, read_redis_memory
+from tasks.observe.placement import ModelPlacement, aread_placement, read_placement
+from tasks.observe.queue import DEFAULT_SAMPLE, QueueDepth, aread_queue_depth, read_queue_depth
+
+__all__ = ["aread_status", "read_status", "status_payload"]
+
+Shadow = dict[tuple[str, str, str], tuple[int, int]]
+
+
+def status_payload(
+    *,
+    depth: QueueDepth,
+    workers: Sequence[Heartbeat],
+    places: Sequence[ModelPlacement],
+    memory: RedisMemory,
+    shadow: Shadow,
+    now: float,
+) -> dict[str, Any]:
+    """The status as JSON-ready data (the module docstring shows its shape)."""
+    return {
+        "now": now,
+        "shadow": [
+            {"route": route, "served": served, "shadow": copy, "agreed": agreed, "compared": total}
+            for (route, served, copy), (agreed, total) in shadow.items()
+        ],
+        "redis": dataclasses.asdict(memory),
+        "models": [{**dataclasses.asdict(p), "waiting": p.waiting} for p in places],
+        "queue": {**dataclasses.asdict(depth), "total": depth.total},
+        "workers": [beat.model_dump() for beat in workers],
+    }
+
+
+def read_status(
+    client: redis.Redis, settings: Settings, model_ids: Sequence[str], sample: int = DEFAULT_SAMPLE
+) -> dict[str, Any]:
+    """The status now, read with ``client``.
+
+    Args:
+        client: the deployment's Redis.
+        settings: its queue and key prefix.
+        model_ids: the models of the models file (placement is read per model).
+        sample: queued messages read per priority level to count jobs per model.
+    """
+    return status_payload(
+        depth=read_queue_depth(client, settings, sample),
+        workers=read_heartbeats(client, settings.key_prefix),
+        places=read_placement(client, settings.queue, settings.key_prefix, model_ids),
+        memory=read_redis_memory(client, settings),
+        shadow=read_shadow(client, settings.queue, settings.key_prefix),
+        now=time.time(),
+    )
+
+
+async def aread_status(
+    client: aredis.Redis,
+    sync_client: redis.Redis,
+    settings: Settings,
+    model_ids: Sequence[str],
+    sample: int = DEFAULT_SAMPLE,
+) -> dict[str, Any]:
+    """``read_status`` for asyncio code: ``client`` for the readers that have an asyncio twin, ``sync_client`` (in a
+    worker thread, so the event loop never waits on Redis) for the others."""
+    depth, workers, places, memory, shadow = await asyncio.gather(
+        aread_queue_depth(client, settings, sample),
+        aread_heartbeats(client, settings.key_prefix),
+        aread_placement(client, settings.queue, settings.key_prefix, model_ids),
+        asyncio.to_thread(read_redis_memory, sync_client, settings),
+        asyncio.to_thread(read_shadow, sync_client, settings.queue, settings.key_prefix),
+    )
+    return status_payload(depth=depth, workers=workers, places=places, memory=memory, shadow=shadow, now=time.time())

@@ -1,0 +1,414 @@
+"""API keys on the gateway: the key syntax and its errors, what each path needs, the middleware over an app that
+echoes what reached it, the access log, and a real `swapless serve` (with keys, and refusing to bind a
+non-loopback host without them)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from pydantic import SecretStr
+
+from config.settings import Settings
+from manager.errors import ConfigError
+from manager.store import ModelStore
+from tasks.gateway.auth import Need, RedactKeyFilter, access, install_api_keys, load_keys, parse_keys
+from tasks.gateway.limits import BodyLimit
+from tests.fakes import write_fake_models
+from tests.stack import GatewayProcess, free_port, listening_ports, private_env, run_cli, wait_for
+
+FULL = "full-key-" + "f" * 24
+LIMITED = "limited-key-" + "l" * 20
+OTHER = "unknown-key-" + "u" * 20
+MAX_BODY_BYTES = 4096
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ModelStore:
+    """Models with a UUID id and an alias, a plain id, and a route over two versions."""
+    entries = [
+        {"id": "550e8400-e29b-41d4-a716-446655440000", "aliases": ["sentiment"], "name": "a", "type": "text",
+         "framework": "fake"},
+        {"id": "spam", "name": "b", "type": "text", "framework": "fake"},
+        {"id": "topic", "name": "c", "type": "text", "framework": "fake"},
+        {"id": "tone-v1", "name": "d", "type": "text", "framework": "fake"},
+        {"id": "tone-v2", "name": "e", "type": "text", "framework": "fake"},
+        {"id": "tone", "route": {"tone-v1": 50, "tone-v2": 50}},
+    ]
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps({"models": entries}))
+    return ModelStore.from_file(path)
+
+
+def settings_with(keys: str | None = None, keys_file: Path | None = None) -> Settings:
+    return Settings(api_keys=SecretStr(keys) if keys is not None else None, api_keys_file=keys_file)
+
+
+# -- the syntax ---------------------------------------------------------------------------------------------------
+
+
+def test_entries_name_a_key_and_optionally_its_models() -> None:
+    entries = parse_keys(f" {FULL} , {LIMITED}:sentiment|spam ,", "SWAPLESS_API_KEYS", per_line=False)
+    assert [e.models for e in entries] == [None, ("sentiment", "spam")]
+    assert [e.where for e in entries] == ["SWAPLESS_API_KEYS entry 1", "SWAPLESS_API_KEYS entry 2"]
+    text = f"# the gateway's keys\n\n{FULL}   # ops\n  {LIMITED}:tone\n"
+    assert [(e.models, e.where) for e in parse_keys(text, "keys.txt", per_line=True)] == [
+        (None, "keys.txt line 3"), (("tone",), "keys.txt line 4")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("short-key", ("SWAPLESS_API_KEYS entry 1: the key is 9 characters; use 16 to 512: make one with: python -c "
+                       "'import secrets; print(secrets.token_urlsafe(32))'")),
+        (f"{FULL},has space in it 0123456789", ("SWAPLESS_API_KEYS entry 2: an API key holds only letters, digits "
+                                                "and - . _ ~ + / (= at the end), with no spaces; write KEY or "
+                                                "KEY:MODEL|MODEL")),
+        (f"{LIMITED}:", ("SWAPLESS_API_KEYS entry 1: after the ':' name the models the key may call, separated by |, "
+                         "like KEY:sentiment|spam (or drop the ':' for every model)")),
+        (f"{LIMITED}:spam||topic", "SWAPLESS_API_KEYS entry 1: after the ':' name the models"),
+    ],
+)
+def test_a_malformed_entry_is_one_line_naming_it_never_the_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_keys(text, "SWAPLESS_API_KEYS", per_line=False)
+    assert str(caught.value).startswith(message)
+    assert "\n" not in str(caught.value)
+    for secret in ("short-key", "has space", LIMITED):
+        assert secret not in str(caught.value)
+
+
+def test_keys_are_kept_as_digests_and_models_resolved_to_their_ids(store: ModelStore, tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text(f"# more keys\n{LIMITED}:sentiment|tone\n")
+    settings = settings_with(FULL, keys_file)
+    rules = load_keys(settings, store)
+    assert [r.models for r in rules] == [None, frozenset({"550e8400-e29b-41d4-a716-446655440000", "tone"})]
+    assert [r.names for r in rules] == [(), ("sentiment", "tone")]
+    for shown in (repr(rules), repr(settings), settings.model_dump_json()):
+        assert FULL not in shown and LIMITED not in shown
+    limited = rules[1]
+    assert limited.allows(store, "sentiment") and limited.allows(store, "550e8400-e29b-41d4-a716-446655440000")
+    assert limited.allows(store, "tone") and not limited.allows(store, "tone-v1")  # the route, not its versions
+    assert not limited.allows(store, "spam") and not limited.allows(store, "no-such-model")
+    assert load_keys(settings_with(), store) == [] and load_keys(settings_with("  "), store) == []
+
+
+@pytest.mark.parametrize(
+    ("keys", "file_text", "message"),
+    [
+        (f"{LIMITED}:sentimnt", None, ("SWAPLESS_API_KEYS entry 1: unknown model 'sentimnt' (known: "
+                                       "550e8400-e29b-41d4-a716-446655440000, spam, tone, tone-v1, tone-v2, topic); "
+                                       "name models of the models file")),
+        (f"{FULL},{FULL}:spam", None, ("SWAPLESS_API_KEYS entry 2: the same key as SWAPLESS_API_KEYS entry 1: list "
+                                       "each key once")),
+        (" , ", None, "SWAPLESS_API_KEYS: it lists no key: write KEY or KEY:MODEL|MODEL, comma-separated, or unset it"),
+        (None, "# only a comment\n", "lists no key: write one KEY or KEY:MODEL|MODEL per line, or unset the variable"),
+        (FULL, f"{FULL}\n", "line 1: the same key as SWAPLESS_API_KEYS entry 1: list each key once"),
+    ],
+)
+def test_a_bad_key_configuration_stops_the_gateway_with_one_line(
+    store: ModelStore, tmp_path: Path, keys: str | None, file_text: str | None, message: str
+) -> None:
+    keys_file = None
+    if file_text is not None:
+        keys_file = tmp_path / "keys.txt"
+        keys_file.write_text(file_text)
+    with pytest.raises(ConfigError) as caught:
+        load_keys(settings_with(keys, keys_file), store)
+    assert message in str(caught.value)
+
+
+def test_a_missing_keys_file_says_what_to_point_it_at(store: ModelStore, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_keys(settings_with(keys_file=tmp_path / "nope.txt"), store)
+    assert str(caught.value) == (f"SWAPLESS_API_KEYS_FILE: cannot read {tmp_path / 'nope.txt'} (No such file or "
+                                 "directory): point it at a readable UTF-8 file of keys, one per line")
+
+
+# -- what each path needs -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "need"),
+    [
+        ("GET", "/healthz", (Need.NOTHING, None)),
+        ("GET", "/v2", (Need.NOTHING, None)),
+        ("GET", "/v2/health/ready", (Need.NOTHING, None)),
+        ("GET", "/docs", (Need.NOTHING, None)),
+        ("GET", "/openapi.json", (Need.NOTHING, None)),
+        ("GET", "/", (Need.NOTHING, None)),
+        ("POST", "/jobs", (Need.MODEL_IN_BODY, None)),
+        ("POST", "/predict", (Need.MODEL_IN_BODY, None)),
+        ("GET", "/jobs/abc-123", (Need.KEY, None)),
+        ("DELETE", "/jobs/abc-123", (Need.KEY, None)),
+        ("GET", "/models", (Need.KEY, None)),
+        ("GET", "/status", (Need.KEY, None)),
+        ("GET", "/status.json", (Need.KEY, None)),
+        ("GET", "/v2/models/spam", (Need.MODEL_IN_PATH, "spam")),
+        ("POST", "/v2/models/spam/infer", (Need.MODEL_IN_PATH, "spam")),
+        ("POST", "/v2/models/tone/versions/2/infer", (Need.MODEL_IN_PATH, "tone")),
+        ("GET", "/v2/models/", (Need.EVERY_MODEL, None)),
+        ("POST", "/v2/repository/index", (Need.EVERY_MODEL, None)),
+        ("POST", "/v2/repository/models/spam/load", (Need.EVERY_MODEL, None)),
+        ("POST", "/models", (Need.EVERY_MODEL, None)),
+        ("GET", "/jobs", (Need.EVERY_MODEL, None)),
+        ("GET", "/v2/health/../models/spam", (Need.EVERY_MODEL, None)),
+        ("GET", "/nowhere", (Need.EVERY_MODEL, None)),
+    ],
+)
+def test_what_each_path_needs(method: str, path: str, need: tuple[Need, str | None]) -> None:
+    assert access(method, path) == need
+
+
+# -- the middleware, over an app that echoes what reached it ---------------------------------------------------------
+
+
+def echo_app(store: ModelStore, keys: str) -> FastAPI:
+    """Routes shaped like the gateway's, answering with the body and query they were given; guarded as the gateway
+    is (the keys inside BodyLimit)."""
+    app = FastAPI()
+
+    async def echo(request: Request) -> dict[str, Any]:
+        body = await request.body()
+        return {"path": request.url.path, "query": request.url.query, "body": body.decode()}
+
+    for path in ("/jobs", "/predict", "/v2/models/{model}/infer", "/v2/repository/index"):
+        app.add_api_route(path, echo, methods=["POST"])
+    for path in ("/jobs/{job_id}", "/models", "/status", "/status.json", "/healthz", "/v2/health/live", "/v2/models/{m}"):
+        app.add_api_route(path, echo, methods=["GET"])
+    app.add_api_route("/jobs/{job_id}", echo, methods=["DELETE"])
+    assert install_api_keys(app, settings_with(keys), store) and app.state.api_keys_required
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    return app
+
+
+def call(app: FastAPI, method: str, path: str, key: str | None = None, **kwargs: Any) -> httpx.Response:
+    headers = {**({"Authorization": f"Bearer {key}"} if key else {}), **kwargs.pop("headers", {})}
+
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            return await client.request(method, path, headers=headers, **kwargs)
+
+    return asyncio.run(go())
+
+
+async def stream(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    """A body sent in pieces, with no declared length (chunked)."""
+    for chunk in chunks:
+        yield chunk
+
+
+@pytest.fixture
+def guarded(store: ModelStore) -> FastAPI:
+    return echo_app(store, f"{FULL},{LIMITED}:sentiment|tone")
+
+
+def test_no_key_or_an_unknown_one_is_401_saying_what_to_send(guarded: FastAPI) -> None:
+    missing = call(guarded, "POST", "/jobs", json={"model_id": "spam", "input": "hi"})
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"] == 'Bearer realm="swapless"'
+    assert missing.json() == {"detail": "this gateway needs an API key: send the header 'Authorization: Bearer <key>'"}
+    unknown = call(guarded, "GET", "/jobs/abc", OTHER)
+    assert unknown.status_code == 401
+    assert unknown.headers["www-authenticate"] == 'Bearer realm="swapless", error="invalid_token"'
+    assert unknown.json() == {"detail": "this API key is not one the gateway accepts: send a key from its "
+                                        "SWAPLESS_API_KEYS or SWAPLESS_API_KEYS_FILE as 'Authorization: Bearer <key>'"}
+    basic = call(guarded, "GET", "/models", headers={"Authorization": f"Basic {FULL}"})
+    assert basic.status_code == 401
+    assert call(guarded, "GET", "/models", FULL[:-1]).status_code == 401
+    assert call(guarded, "GET", "/models", headers={"Authorization": f"bearer  {FULL} "}).status_code == 200
+    status = call(guarded, "GET", "/status")
+    assert status.json()["detail"].endswith("'Authorization: Bearer <key>', or open /status?key=<key>")
+    assert call(guarded, "POST", "/v2/models/spam/infer", OTHER).json() == {"error": unknown.json()["detail"]}
+
+
+def test_health_checks_stay_open(guarded: FastAPI) -> None:
+    assert call(guarded, "GET", "/healthz").status_code == 200
+    assert call(guarded, "GET", "/v2/health/live").status_code == 200
+
+
+def test_a_full_key_reaches_everything_with_the_body_untouched(guarded: FastAPI) -> None:
+    body = json.dumps({"model_id": "spam", "input": "hi"})
+    for path in ("/jobs", "/predict", "/v2/models/spam/infer", "/v2/repository/index"):
+        answer = call(guarded, "POST", path, FULL, content=body)
+        assert (answer.status_code, answer.json()["body"]) == (200, body), path
+    assert call(guarded, "DELETE", "/jobs/abc", FULL).status_code == 200
+
+
+def test_a_limited_key_calls_its_models_only(guarded: FastAPI) -> None:
+    for model in ("sentiment", "550e8400-e29b-41d4-a716-446655440000", "tone"):
+        body = json.dumps({"model_id": model, "input": "hello"})
+        answer = call(guarded, "POST", "/predict", LIMITED, content=body)
+        assert (answer.status_code, answer.json()["body"]) == (200, body), model
+    # a streamed (chunked) body is read whole for the check, then handed on whole
+    chunks = [b'{"model_id": "sent', b'iment", ', b'"input": "x"}']
+    streamed = call(guarded, "POST", "/jobs", LIMITED, content=stream(chunks))
+    assert (streamed.status_code, streamed.json()["body"]) == (200, b"".join(chunks).decode())
+
+    other = call(guarded, "POST", "/jobs", LIMITED, json={"model_id": "spam", "input": "hi"})
+    assert other.status_code == 403
+    assert other.headers["www-authenticate"] == 'Bearer realm="swapless", error="insufficient_scope"'
+    assert other.json() == {"detail": "this API key may call only the models sentiment, tone, not 'spam': use a key "
+                                      "for 'spam'"}
+    assert call(guarded, "POST", "/jobs", LIMITED, json={"model_id": "tone-v1", "input": "hi"}).status_code == 403
+    for unreadable in (b"not json", b'["sentiment"]', b'{"model_id": 5}', b'{"input": "hi"}'):
+        refused = call(guarded, "POST", "/jobs", LIMITED, content=unreadable)
+        assert refused.status_code == 403
+        assert refused.json()["detail"] == ("this API key may call only the models sentiment, tone: send a JSON body "
+                                            "whose model_id is one of them")
+    # the same name twice: json.loads keeps the last, as FastAPI's parsing does
+    assert call(guarded, "POST", "/jobs", LIMITED, content=b'{"model_id": "sentiment", "model_id": "spam"}').status_code == 403
+
+    assert call(guarded, "POST", "/v2/models/tone/infer", LIMITED).status_code == 200
+    in_path = call(guarded, "POST", "/v2/models/spam/infer", LIMITED)
+    assert in_path.status_code == 403
+    assert in_path.json() == {"error": "this API key may call only the models sentiment, tone, not 'spam': use a key "
+                                       "for 'spam'"}
+    assert call(guarded, "GET", "/v2/models/spam", LIMITED).status_code == 403
+    every = call(guarded, "POST", "/v2/repository/index", LIMITED)
+    assert every.status_code == 403
+    assert every.json() == {"error": "this API key may call only the models sentiment, tone; POST "
+                                     "/v2/repository/index needs a key for every model"}
+    for method, path in [("GET", "/jobs/abc"), ("DELETE", "/jobs/abc"), ("GET", "/models"), ("GET", "/status.json")]:
+        assert call(guarded, method, path, LIMITED).status_code == 200, path
+
+
+def test_the_body_limit_still_holds_for_a_limited_key(guarded: FastAPI) -> None:
+    big = [b'{"model_id": "sentiment", "input": "', b"a" * MAX_BODY_BYTES, b'"}']
+    assert call(guarded, "POST", "/jobs", LIMITED, content=stream(big)).status_code == 413
+    assert call(guarded, "POST", "/jobs", LIMITED, content=b"".join(big)).status_code == 413
+
+
+def test_a_query_key_opens_the_status_paths_only_and_goes_no_further(guarded: FastAPI) -> None:
+    page = call(guarded, "GET", "/status", params={"key": LIMITED, "x": "1"})
+    assert page.status_code == 200 and page.json()["query"] == "x=1"
+    data = call(guarded, "GET", "/status.json", params={"key": FULL})
+    assert data.status_code == 200 and data.json()["query"] == ""
+    assert call(guarded, "GET", "/status.json", params={"key": OTHER}).status_code == 401
+    # with the header too, the query's key is still taken out
+    assert call(guarded, "GET", "/status", FULL, params={"key": OTHER}).json()["query"] == ""
+    assert call(guarded, "GET", "/models", params={"key": FULL}).status_code == 401
+    assert call(guarded, "GET", "/jobs/abc", params={"key": FULL}).status_code == 401
+    assert call(guarded, "POST", "/jobs", params={"key": FULL}, json={"model_id": "spam", "input": "x"}).status_code == 401
+
+
+def test_the_openapi_schema_declares_the_bearer_keys(guarded: FastAPI) -> None:
+    schema = call(guarded, "GET", "/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
+    assert schema["security"] == [{"apiKey": []}]
+    assert schema["paths"]["/healthz"]["get"]["security"] == []
+    assert "security" not in schema["paths"]["/models"]["get"]
+
+
+def test_no_keys_no_middleware(store: ModelStore) -> None:
+    app = FastAPI()
+    assert install_api_keys(app, settings_with(), store) is False and app.state.api_keys_required is False
+    assert app.user_middleware == []
+
+
+@pytest.mark.parametrize(
+    ("line", "shown"),
+    [
+        (f"/status?key={FULL}", "/status?key=***"),
+        (f"/?x=1&key={FULL}&y=2", "/?x=1&key=***&y=2"),
+        (f"/status?%6Bey={FULL}", "/status?key=***"),  # however the name is spelt
+        ("/jobs/abc?monkey=1", "/jobs/abc?monkey=1"),
+    ],
+)
+def test_the_access_log_shows_no_query_key(line: str, shown: str) -> None:
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+                               ("127.0.0.1:5000", "GET", line, "1.1", 200), None)
+    assert RedactKeyFilter().filter(record)
+    assert record.getMessage() == f'127.0.0.1:5000 - "GET {shown} HTTP/1.1" 200'
+
+
+# -- a real `swapless serve` ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "gateway.example"])  # a name may resolve to any address
+def test_serve_without_keys_refuses_a_non_loopback_host(tmp_path: Path, redis_url: str, host: str) -> None:
+    with private_env(redis_url, write_fake_models(tmp_path, {"spam": 1})) as env:
+        done = run_cli("serve", "--host", host, "--port", str(free_port()), env=env, timeout_s=30)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        (f"error: no API key is configured, so the gateway listens on a loopback address only, not {host}: set "
+         "SWAPLESS_API_KEYS (or SWAPLESS_API_KEYS_FILE), or pass --insecure-no-auth to serve it open")
+    ]
+
+
+@pytest.fixture
+def gateways(tmp_path: Path) -> Iterator[list[GatewayProcess]]:
+    started: list[GatewayProcess] = []
+    yield started
+    for gateway in started:
+        gateway.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["--insecure-no-auth", "SWAPLESS_GATEWAY_INSECURE_NO_AUTH", "SWAPLESS_API_KEYS"])
+def test_serve_binds_a_non_loopback_host_when_told_or_with_keys(
+    how: str, tmp_path: Path, redis_url: str, models_file: Path, gateways: list[GatewayProcess]
+) -> None:
+    extra = {"SWAPLESS_GATEWAY_INSECURE_NO_AUTH": "true"} if how.startswith("SWAPLESS_GATEWAY") else {}
+    if how == "SWAPLESS_API_KEYS":
+        extra = {how: FULL}
+    with private_env(redis_url, models_file, **extra) as env:
+        gateway = GatewayProcess(env, tmp_path / "gw.log", "--host", "0.0.0.0", *([how] if how.startswith("--") else []))
+        gateways.append(gateway)
+        gateway.wait_ready()
+    assert ("0.0.0.0", gateway.port) in listening_ports(gateway.proc.pid)
+    models = httpx.get(gateway.url + "/models", timeout=10)
+    assert models.status_code == (401 if how == "SWAPLESS_API_KEYS" else 200)
+
+
+@pytest.mark.slow
+def test_a_real_gateway_with_keys(tmp_path: Path, redis_url: str, models_file: Path, gateways: list[GatewayProcess]) -> None:
+    """Against `swapless serve` (no worker: jobs are queued, not run), its access log at info level."""
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text(f"# the gateway's keys\n{LIMITED}:sentiment|spam\n")
+    with private_env(redis_url, models_file, SWAPLESS_API_KEYS=FULL, SWAPLESS_API_KEYS_FILE=str(keys_file)) as env:
+        gateway = GatewayProcess(env, tmp_path / "gw.log", "--log-level", "info")
+        gateways.append(gateway)
+        gateway.wait_ready()
+        with httpx.Client(base_url=gateway.url, timeout=30) as http:
+            def with_key(key: str) -> dict[str, str]:
+                return {"Authorization": f"Bearer {key}"}
+
+            assert http.get("/healthz").status_code == 200
+            assert http.get("/v2/health/live").status_code == 200
+            assert http.get("/v2").status_code == 200
+            assert http.post("/jobs", json={"model_id": "spam", "input": "hi"}).status_code == 401
+            accepted = http.post("/jobs", json={"model_id": "spam", "input": "hi"}, headers=with_key(LIMITED))
+            assert accepted.status_code == 202
+            job_id = accepted.json()["job_id"]
+            assert http.get(f"/jobs/{job_id}", headers=with_key(LIMITED)).json()["state"] == "PENDING"
+            assert http.get(f"/jobs/{job_id}").status_code == 401
+            # the body reaches the gateway's own checks untouched
+            invalid = http.post("/jobs", json={"model_id": "spam", "input": 5}, headers=with_key(LIMITED))
+            assert invalid.status_code == 422 and invalid.json()["detail"][0]["loc"] == ["body", "input"]
+            assert http.post("/predict", json={"model_id": "topic", "input": "hi"}, headers=with_key(LIMITED)).status_code == 403
+            assert http.post("/jobs", json={"model_id": "topic", "input": "hi"}, headers=with_key(FULL)).status_code == 202
+            assert http.get("/v2/models/topic", headers=with_key(LIMITED)).status_code == 403
+            assert http.get("/v2/models/spam", headers=with_key(LIMITED)).status_code == 200
+            assert http.get("/status.json", params={"key": LIMITED}).status_code == 200
+            assert http.get("/", params={"key": FULL}).headers["location"] == f"status?key={FULL}"
+            assert http.delete(f"/jobs/{job_id}", headers=with_key(LIMITED)).json()["status"] == "cancelled"
+            schema = http.get("/openapi.json").json()
+            assert "apiKey" in schema["components"]["securitySchemes"]
+
+    def logged() -> str | None:
+        log = gateway.log()
+        return log if f'"DELETE /jobs/{job_id} HTTP/1.1" 200' in log else None
+
+    log = wait_for(logged, 10, what="the access log line of the last request")
+    assert '"GET /status.json HTTP/1.1" 200' in log and '"GET /?key=*** HTTP/1.1" 307' in log
+    assert FULL not in log and LIMITED not in log
