@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -19,7 +20,7 @@ import httpx
 import redis
 
 from config.settings import get_settings
-from tests.conftest import REPO, CliProcess
+from tests.conftest import REPO, CliProcess, WorkerProcess
 
 __all__ = ["GatewayProcess", "free_port", "listening_ports", "private_env", "run_cli", "wait_for"]
 
@@ -109,6 +110,34 @@ class GatewayProcess(CliProcess):
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
         return super().stop(sig, timeout_s)
+
+
+@dataclass
+class Stack:
+    """A real worker and a real gateway on one private environment, and an HTTP client of the gateway."""
+
+    env: dict[str, str]
+    worker: WorkerProcess
+    gateway: GatewayProcess
+    http: httpx.Client
+
+
+@contextmanager
+def worker_and_gateway(
+    redis_url: str, models_file: Path, logs: Path, hostname: str, *gateway_args: str, **extra: str
+) -> Iterator[tuple[dict[str, str], WorkerProcess, GatewayProcess]]:
+    """A private environment (``extra`` on top), a real worker (``--hostname``, no warm start) and a real
+    ``swapless serve`` on it, both ready; both stopped afterwards."""
+    with private_env(redis_url, models_file, **extra) as env:
+        worker = WorkerProcess(["--hostname", hostname, "--no-warm-start"], env, logs / "worker.log")
+        gateway = GatewayProcess(env, logs / "gateway.log", *gateway_args)
+        try:
+            worker.wait_ready()
+            gateway.wait_ready()
+            yield env, worker, gateway
+        finally:
+            gateway.stop()
+            worker.stop()
 
 
 def listening_ports(pid: int) -> list[tuple[str, int]]:

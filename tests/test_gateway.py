@@ -13,7 +13,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,7 @@ import pytest
 import redis
 
 from tasks.client import Client
-from tests.conftest import WorkerProcess
-from tests.stack import GatewayProcess, free_port, private_env, wait_for
+from tests.stack import GatewayProcess, Stack, free_port, wait_for, worker_and_gateway
 from tests.tinymodels import encode_image
 
 pytestmark = pytest.mark.slow
@@ -31,29 +29,13 @@ pytestmark = pytest.mark.slow
 MAX_BODY_BYTES = 256 * 1024
 
 
-@dataclass
-class Stack:
-    env: dict[str, str]
-    worker: WorkerProcess
-    gateway: GatewayProcess
-    http: httpx.Client
-
-
 @pytest.fixture(scope="module")
 def stack(redis_url: str, models_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     logs = tmp_path_factory.mktemp("gateway-logs")
     extra = {"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5", "SWAPLESS_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY_BYTES)}
-    with private_env(redis_url, models_file, **extra) as env:
-        worker = WorkerProcess(["--hostname", "gw@%h", "--no-warm-start"], env, logs / "worker.log")
-        gateway = GatewayProcess(env, logs / "gateway.log")
-        try:
-            worker.wait_ready()
-            gateway.wait_ready()
-            with httpx.Client(base_url=gateway.url, timeout=30) as http:
-                yield Stack(env, worker, gateway, http)
-        finally:
-            gateway.stop()
-            worker.stop()
+    with worker_and_gateway(redis_url, models_file, logs, "gw@%h", **extra) as (env, worker, gateway):
+        with httpx.Client(base_url=gateway.url, timeout=30) as http:
+            yield Stack(env, worker, gateway, http)
 
 
 def poll_job(http: httpx.Client, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:

@@ -24,8 +24,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import WorkerProcess
-from tests.stack import GatewayProcess, free_port, private_env, wait_for
+from tests.stack import GatewayProcess, free_port, wait_for, worker_and_gateway
+from tests.stack import Stack as GatewayStack
 from tests.tinymodels import encode_image, write_models_file
 
 pytestmark = pytest.mark.slow
@@ -36,11 +36,7 @@ TEXT_MODELS = {"sentiment", "spam", "topic"}
 
 
 @dataclass
-class Stack:
-    env: dict[str, str]
-    worker: WorkerProcess
-    gateway: GatewayProcess
-    http: httpx.Client
+class Stack(GatewayStack):
     triton: httpclient.InferenceServerClient
 
 
@@ -64,19 +60,13 @@ def v2_models_file(models_file: Path, tmp_path_factory: pytest.TempPathFactory) 
 def stack(redis_url: str, v2_models_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     logs = tmp_path_factory.mktemp("gateway-v2-logs")
     extra = {"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5", "SWAPLESS_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY_BYTES)}
-    with private_env(redis_url, v2_models_file, **extra) as env:
-        worker = WorkerProcess(["--hostname", "v2@%h", "--no-warm-start"], env, logs / "worker.log")
-        gateway = GatewayProcess(env, logs / "gateway.log")
+    with worker_and_gateway(redis_url, v2_models_file, logs, "v2@%h", **extra) as (env, worker, gateway):
+        triton = httpclient.InferenceServerClient(f"127.0.0.1:{gateway.port}", network_timeout=120)
         try:
-            worker.wait_ready()
-            gateway.wait_ready()
-            triton = httpclient.InferenceServerClient(f"127.0.0.1:{gateway.port}", network_timeout=120)
             with httpx.Client(base_url=gateway.url, timeout=60) as http:
                 yield Stack(env, worker, gateway, http, triton)
-            triton.close()
         finally:
-            gateway.stop()
-            worker.stop()
+            triton.close()
 
 
 def texts_input(texts: list[str], binary: bool = True) -> httpclient.InferInput:
@@ -86,8 +76,7 @@ def texts_input(texts: list[str], binary: bool = True) -> httpclient.InferInput:
 
 
 def predict_all(stack: Stack, model_id: str, inputs: list[str]) -> list[list[dict[str, Any]]]:
-    """What ``POST /predict`` answers for each input, 16 at a time (each waiting /predict holds one of the gateway's
-    100 asyncio Redis connections)."""
+    """What ``POST /predict`` answers for each input, 16 at a time."""
 
     async def run() -> list[httpx.Response]:
         limit = asyncio.Semaphore(16)

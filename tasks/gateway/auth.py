@@ -50,6 +50,7 @@ from starlette._utils import get_route_path
 from config.settings import Settings
 from manager.errors import ConfigError
 from manager.store import ModelStore
+from tasks.gateway.limits import replay
 
 __all__ = [
     "ApiKeys", "KeyEntry", "KeyRule", "Need", "RedactKeyFilter", "access", "install_api_keys", "load_keys", "parse_keys",
@@ -308,7 +309,7 @@ class ApiKeys:
         elif not rule.allows(self.store, named):
             await _forbid(scope, send, f"{may}, not {named!r}: use a key for {named!r}")
         else:
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay(body, receive), send)
 
     def _presented(self, scope: Scope, path: str) -> str | bytes | None:
         """The key of a request: its ``Authorization: Bearer`` header, else (status paths only) ``?key=``. On those
@@ -342,20 +343,6 @@ async def _read_body(receive: Receive) -> bytes | None:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that hands on ``body`` in one piece, then whatever comes next (a disconnect)."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if sent:
-            return await receive()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replay
 
 
 def _body_model(body: bytes) -> str | None:

@@ -6,7 +6,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-__all__ = ["BodyLimit"]
+__all__ = ["BodyLimit", "replay"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -45,17 +45,7 @@ class BodyLimit:
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
-        body = b"".join(chunks)
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if sent:
-                return await receive()
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay(b"".join(chunks), receive), send)
 
     async def _reject(self, send: Send, size: int | None) -> None:
         what = f"request body of {size} bytes" if size is not None else "request body"
@@ -68,3 +58,18 @@ class BodyLimit:
             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
         })
         await send({"type": "http.response.body", "body": payload})
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands on ``body`` in one piece, then whatever comes next (a disconnect): for middleware
+    that read the body before the app does."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed
