@@ -291,7 +291,9 @@ def test_server_down_is_backend_unavailable_after_the_backoff() -> None:
     with pytest.raises(BackendUnavailable) as caught:
         worker.load()
     elapsed = time.perf_counter() - started
-    assert 1.3 <= elapsed < 3.0  # 0.2 + 0.4 + 0.8 s of backoff, not forever
+    # 0.2 + 0.4 + 0.8 s of backoff, then it gives up: the lower bound is the point; the upper one only says "not
+    # forever" and is generous for a loaded machine
+    assert 1.3 <= elapsed < 6.0
     message = str(caught.value)
     assert message.startswith(f"inference server at {url} is unavailable: load of 'densenet_like' failed 4 times in ")
     assert "ConnectionRefusedError" in message
@@ -318,7 +320,7 @@ def test_a_load_without_answer_is_not_sent_again() -> None:
         with pytest.raises(BackendUnavailable) as caught:
             worker.load()
         elapsed = time.perf_counter() - started
-    assert 0.3 <= elapsed < 1.5
+    assert 0.3 <= elapsed < 4.0  # it waited its 0.3 s, then gave up (the default would wait minutes)
     assert str(caught.value) == (
         f"inference server at {url} is unavailable: load of 'densenet_like' got no answer within 0.3 s"
     )
@@ -364,7 +366,7 @@ def test_requests_that_time_out_are_retried_then_backend_unavailable() -> None:
         server.shutdown()
         server.server_close()
         thread.join()
-    assert 0.7 <= elapsed < 2.0  # 3 tries x 0.2 s + 0.15 s of backoff
+    assert 0.7 <= elapsed < 5.0  # 3 tries x 0.2 s + 0.15 s of backoff, then it gives up (generous: not forever)
     message = str(caught.value)
     assert message.startswith(
         f"inference server at {url} is unavailable: readiness check of 'densenet_like' failed 3 times in "
