@@ -57,11 +57,12 @@ return 0
 """
 
 
-# KEYS: n attempt counters, then the n matching result keys (a chunk item's: its chunk's). Count a first attempt (1)
-# on every counter that has no count yet, unless its job has a result already (cancelled, or done by another worker
-# since it was read); counters with a count are left as they are. Returns 1 per job with a result, else 0. The
-# first EXPIRE writes nothing new (see the module docstring).
-_START_FRESH = """
+# KEYS: n attempt counters, then the n matching result keys (a chunk item's: its chunk's). ARGV: the expiry, then
+# the mode: "fresh" counts a first attempt (1) only on counters with no count yet (the reads before a group),
+# "count" adds one to every counter (a batch about to run). A job that has a result already (cancelled, or done by
+# another worker since it was read) is not counted: returns 1 per such job, else 0. The first EXPIRE writes nothing
+# new (see the module docstring).
+_START = """
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 local n = #KEYS / 2
 local done = {}
@@ -69,27 +70,12 @@ for i = 1, n do
   if redis.call('EXISTS', KEYS[n + i]) == 1 then
     done[i] = 1
   else
-    redis.call('SET', KEYS[i], 1, 'NX', 'EX', ARGV[1])
-    done[i] = 0
-  end
-end
-return done
-"""
-
-
-# KEYS: n attempt counters, then the n matching result keys. INCR + EXPIRE the counter of every job that has no
-# result yet; returns 1 per job with a result (not counted: it is not to run), else 0. The first EXPIRE writes
-# nothing new (see the module docstring).
-_COUNT_ATTEMPTS = """
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-local n = #KEYS / 2
-local done = {}
-for i = 1, n do
-  if redis.call('EXISTS', KEYS[n + i]) == 1 then
-    done[i] = 1
-  else
-    redis.call('INCR', KEYS[i])
-    redis.call('EXPIRE', KEYS[i], ARGV[1])
+    if ARGV[2] == 'fresh' then
+      redis.call('SET', KEYS[i], 1, 'NX', 'EX', ARGV[1])
+    else
+      redis.call('INCR', KEYS[i])
+      redis.call('EXPIRE', KEYS[i], ARGV[1])
+    end
     done[i] = 0
   end
 end
@@ -289,14 +275,14 @@ class ResultStore:
         started_under = [storage_id(job_id) for job_id in start]
 
         def read() -> list[Any]:
-            fresh_sha = self._sha(_START_FRESH) if start else ""
+            fresh_sha = self._sha(_START) if start else ""
             pipe = self.client.pipeline(transaction=False)
             if lookup:
                 pipe.mget([self.key(job_id) for job_id in lookup])
             pipe.mget([self.attempts_key(job_id) for job_id in job_ids])
             if start:
                 keys = [self.attempts_key(job_id) for job_id in start] + [self.key(i) for i in started_under]
-                pipe.evalsha(fresh_sha, len(keys), *keys, self.expires_s)
+                pipe.evalsha(fresh_sha, len(keys), *keys, self.expires_s, "fresh")
             replies = pipe.execute()
             if not lookup:
                 replies.insert(0, [])
@@ -326,7 +312,7 @@ class ResultStore:
         keys = [self.attempts_key(job_id) for job_id in job_ids] + [self.key(i) for i in under]
 
         def write() -> list[int]:
-            return self.client.evalsha(self._sha(_COUNT_ATTEMPTS), len(keys), *keys, self.expires_s)
+            return self.client.evalsha(self._sha(_START), len(keys), *keys, self.expires_s, "count")
 
         return {result_id for result_id, flag in zip(under, self._retrying(write), strict=True) if flag}
 
