@@ -253,15 +253,16 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     if not runtime.settings.task_events:  # with events on, every message goes through Celery's requests
         _intake = Intake(scheduler.submit, _reporting.sent_times.record, answer_malformed)
         use_intake(_intake)
-    if runtime.settings.routing == "placement":
-        _start_placement(runtime, _reporting, scheduler)
 
 
 _placement: Placement | None = None
 
 
 def _start_placement(runtime: Runtime, reporting: WorkerReporting, scheduler: BatchScheduler) -> None:
+    """Start this worker's one placement thread (once: two would claim and release against each other)."""
     global _placement
+    if _placement is not None:
+        return
     _placement = Placement(runtime, reporting.worker_id, activity=reporting.stats.models,
                            on_release=scheduler.hand_over)
     reporting.claimed = _placement.claimed
