@@ -12,8 +12,8 @@ The rules, in order:
    soonest with it, counting in seconds the work it holds already (waiting jobs times their cost, plus the load
    of each claimed model it has not loaded) and this model's load. A worker with a free slot, or an eviction
    victim (a claimed model with no waiting work: it releases it), takes it as it is; one with neither pays a
-   reload on top (it will swap models in its own cache, as one worker alone does). Ties go to the victim idle
-   longest, then to fewer claims.
+   reload on top (it will swap models in its own cache, as one worker alone does). Ties go to a free slot, then
+   to the victim idle longest, then to fewer claims.
 2. **Hot models** get one more copy per plan when their waiting work per copy passes ``copy_backlog_s`` and
    their holders are the long pole: even the least busy holder would finish more than one load of the model after
    the cluster's average worker. The copy goes to the worker that would be ready for it soonest (rule 1's choice,
@@ -23,9 +23,10 @@ The rules, in order:
    another copy elsewhere, releases it; the holder first by id keeps the last copy, so the model stays warm until
    its slot is needed.
 4. **Joining and idle workers** take a share: a worker holding more models than it has slots hands over one it
-   alone holds, has not loaded, and has waiting work for, when another worker with a free slot or an idle victim
-   would be done with it sooner than it would get to it (the model turns cold and rule 1 places it there; its
-   waiting jobs go back to its lists).
+   alone holds and has not loaded, one per plan: one with waiting work when another worker with a free slot or an
+   idle victim would be done with it sooner than it would get to it (the model turns cold and rule 1 places it
+   there; its waiting jobs go back to its lists), one with none whenever another worker has a free slot (the
+   claim would only make this worker swap it in later while that slot stays empty).
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def _choose(
     for worker_id in board.workers:
         if worker_id in exclude:
             continue
-        busy, victim, idle = board.busy_s(worker_id), None, 0.0
+        busy, victim, idle = board.busy_s(worker_id), None, math.inf  # a free slot evicts nothing: it wins ties
         if board.free(worker_id) <= 0:
             found = board.victim(worker_id)
             if found is not None:
@@ -246,9 +247,14 @@ def plan(
         unloaded = [
             m for m in board.claims[me]
             if m not in me_view.loaded and m not in taken and m not in drop and m in by_model
-            and by_model[m].waiting and by_model[m].holders == (me,)
+            and by_model[m].holders == (me,)
         ]
+        free_elsewhere = any(board.free(w) > 0 for w in board.workers if w != me)
         for m in sorted(unloaded, key=lambda m: (-by_model[m].waiting, m))[:1]:
+            if not by_model[m].waiting:
+                if free_elsewhere:  # nothing to hand over: the claim only keeps a free slot idle
+                    release.append(m)
+                continue
             mine_first = board.busy_s(me) - board.cost_s(me, m)  # what comes before it here
             there = _choose(board, m, (me,), any_worker=False)
             if there is not None and there[2] < mine_first:

@@ -93,6 +93,23 @@ def test_an_overloaded_worker_hands_a_model_it_has_not_loaded_to_a_joining_worke
     assert plan("new", workers, demand) == Moves()  # it claims the model once it is free
 
 
+def test_an_over_claimed_worker_frees_an_idle_model_it_has_not_loaded_for_a_free_slot() -> None:
+    demand = [Demand("m0", queued=4, holders=("old",)), Demand("m1", holders=("old",)),
+              Demand("m2", holders=("old",))]
+    joined = [WorkerView("old", 2, frozenset({"m0", "m2"})), WorkerView("new", 2)]
+    assert plan("old", joined, demand) == Moves(release=("m1",))  # idle, not loaded: the new worker's slot takes it
+    full = [WorkerView("old", 2, frozenset({"m0", "m2"})), WorkerView("new", 1)]
+    taken = [*demand, Demand("x", queued=1, holders=("new",))]
+    assert plan("old", full, taken) == Moves()  # no free slot elsewhere: it keeps its claims and swaps locally
+
+
+def test_a_cold_model_goes_to_a_free_slot_before_an_idle_victim() -> None:
+    workers = [WorkerView("a", 1, frozenset({"idle"}), idle_s={"idle": 100.0}), WorkerView("b", 1)]
+    demand = [Demand("idle", holders=("a",)), Demand("new", queued=10)]
+    assert plan("b", workers, demand) == Moves(claim=(("new", 1, None),))
+    assert plan("a", workers, demand) == Moves()  # its idle model stays loaded
+
+
 def test_a_worker_missing_from_the_live_list_plans_nothing() -> None:
     assert plan("ghost", _workers("a"), [Demand("m", queued=1)]) == Moves()
 

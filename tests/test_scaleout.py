@@ -187,6 +187,7 @@ def test_a_joining_worker_takes_a_share(cluster: Cluster) -> None:
     first_jobs = client.submit_jobs([(m, f"sleep:0.05:{m}-a{i}") for i in range(20) for m in MODELS[:4]])
     wait_for(lambda: len(cluster.holders()) == 4, 20, "the lone worker to claim the four models")
     joiner = cluster.worker()
+    wait_for(lambda: len(cluster.beats()) == 2, 10, "the joiner's heartbeat")
     more: list[Job] = []
     for round_ in range(10):  # a steady stream: the joiner is given models, and their waiting jobs
         more += client.submit_jobs([(m, f"sleep:0.05:{m}-b{round_}.{i}") for i in range(5) for m in MODELS[:4]])
