@@ -32,6 +32,14 @@ REDIS_DB = int(os.environ.get("SWAPLESS_TEST_REDIS_DB", "11"))
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that reaches the real Redis (its fixtures, however indirectly, include ``redis_url``) is marked
+    ``redis``: ``-m "not slow and not redis"`` is the set that runs with no Redis at all."""
+    for item in items:
+        if "redis_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.redis)
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     url = f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB}"

@@ -396,6 +396,37 @@ def test_progress_is_a_live_bar_on_a_terminal_and_plain_lines_otherwise() -> Non
 
 
 @pytest.mark.slow
+def test_the_command_draws_a_bar_on_a_terminal_and_no_log_lines(
+    start_worker: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
+    import pty
+
+    start_worker()
+    source = write_jsonl(tmp_path / "in.jsonl", texts(60))
+    out = tmp_path / "out.jsonl"
+    master, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "tasks.cli", "bulk", "topic", str(source), "-o", str(out),
+                             "--id-field", "id", "--chunk-size", "10", "--no-local"],
+                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=terminal)
+    os.close(terminal)
+    shown = b""
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the command exited and closed its end
+            break
+        if not data:
+            break
+        shown += data
+    os.close(master)
+    assert proc.wait(60) == 0, shown.decode(errors="replace")
+    text = shown.decode(errors="replace")
+    assert "60/60" in text and "\x1b[" in text, text  # a bar redrawn in place, with terminal codes
+    assert "records (" not in text, text  # not the plain log lines of a pipe
+    assert keys_of(out) == [f"k{i}" for i in range(60)]
+
+
+@pytest.mark.slow
 def test_restart_overwrites_the_output_and_timeout_stops_with_status_3(
     start_worker: Callable[..., WorkerProcess], tmp_path: Path, key_prefix: str
 ) -> None:

@@ -81,7 +81,6 @@ def assert_same(got: list[dict[str, Any]], expected: list[dict[str, Any]]) -> No
 def test_mixed_workload_over_four_models_with_a_cache_of_two(
     start_worker: Callable[..., WorkerProcess], models_file: Path
 ) -> None:
-    worker = start_worker("--max-models", "2")
     client = Client()
     store = ModelStore.from_file(models_file)
     images = [encode_image(seed) for seed in range(6)]
@@ -97,13 +96,14 @@ def test_mixed_workload_over_four_models_with_a_cache_of_two(
         for model_id in ["sentiment", "spam", "vision", "topic"]:
             for i, value in enumerate(inputs[model_id]):
                 submitted.append((model_id, i, client.submit(model_id, value)))
+    worker = start_worker("--max-models", "2")  # every job waits first: the count below does not race the producer
     results = client.gather([job for _, _, job in submitted], timeout=120)
     assert [r.state for r in results] == ["SUCCESS"] * len(submitted)
     for (model_id, i, _), stored in zip(submitted, results):
         assert_same(stored.value, expected[model_id][i])
-    # grouping: each model is loaded a handful of times, not once per job
+    # grouping: each model is loaded about once (twice at most, where one fetch splits its jobs), not once per job
     loads = worker.count("loaded ")
-    assert 4 <= loads <= 12, worker.log()[-3000:]
+    assert 4 <= loads <= 8, worker.log()[-3000:]
     # job.get and job lookup by id
     again = client.job(submitted[0][2].id)
     assert_same(again.get(timeout=5), expected["sentiment"][0])

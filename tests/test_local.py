@@ -11,11 +11,13 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+import redis
 
 from tests.conftest import REPO
 
@@ -194,3 +196,47 @@ def test_local_mode_reads_image_paths_next_to_the_input(local_env: dict[str, str
     assert lines[0]["ok"] and len(lines[0]["result"]) == 5
     assert not lines[1]["ok"] and "outside the input root" in lines[1]["error"]
     cli.assert_nothing_left()
+
+
+def test_local_forces_local_mode_when_a_redis_url_is_set(local_env: dict[str, str], tmp_path: Path) -> None:
+    env = {**local_env, "SWAPLESS_REDIS_URL": "redis://127.0.0.1:1/0"}  # nothing listens there
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": f"a fine day {i}"}) + "\n" for i in range(40)))
+    out = tmp_path / "out.jsonl"
+    cli = Cli(["bulk", "sentiment", str(source), "-o", str(out), "--local"], env, tmp_path / "log")
+    status, _, log = cli.finish()
+    assert status == 0, log
+    assert "local mode: starting an embedded Redis and a worker (--local)" in log
+    assert [json.loads(line)["key"] for line in out.read_text().splitlines()] == list(range(1, 41))
+    cli.assert_nothing_left()
+
+
+def test_no_local_refuses_local_mode_and_uses_the_default_redis(local_env: dict[str, str], tmp_path: Path) -> None:
+    """With no SWAPLESS_REDIS_URL, ``--no-local`` starts nothing and sends to redis://127.0.0.1:6379/0 (the
+    worker's default): with no worker there, ``--timeout`` stops it. Its keys there carry this test's own queue
+    name and prefix, and are deleted afterwards."""
+    tag = f"swapless-test-nolocal-{uuid.uuid4().hex[:10]}"
+    env = {**local_env, "SWAPLESS_QUEUE": tag, "SWAPLESS_KEY_PREFIX": f"{tag}:"}
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": f"no worker {i}"}) + "\n" for i in range(10)))
+    default = redis.Redis(host="127.0.0.1", port=6379, db=0)
+    seen: set[bytes] = set()
+    cli = Cli(["bulk", "sentiment", str(source), "-o", str(tmp_path / "out.jsonl"), "--no-local", "--timeout", "2",
+               "--chunk-size", "5"], env, tmp_path / "log")
+    try:
+        deadline = time.monotonic() + 60
+        while cli.proc.poll() is None and time.monotonic() < deadline:
+            seen.update(default.scan_iter(match=f"*{tag}*"))  # the queue is emptied when the chunks are cancelled
+            cli.watch(time.monotonic() + 0.1)
+        cli.proc.communicate(timeout=30)
+        status, log = cli.proc.returncode, cli.log.read_text()
+        seen.update(default.scan_iter(match=f"*{tag}*"))
+        assert status == 3, log
+        assert "local mode" not in log and "has no result after 2 s" in log and "Traceback" not in log
+        assert not cli.descendants, cli.descendants  # no embedded Redis, no worker
+        assert seen, "nothing reached redis://127.0.0.1:6379/0"
+    finally:
+        left = list(default.scan_iter(match=f"*{tag}*"))
+        if left:
+            default.delete(*left)
+        default.close()

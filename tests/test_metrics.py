@@ -18,7 +18,7 @@ from config.settings import Settings
 from manager import InputError, ModelEngine, ModelManager, ModelStore
 from tasks.client import Client
 from tasks.observe.accounting import GroupReport
-from tasks.observe.heartbeat import read_heartbeats
+from tasks.observe.heartbeat import read_heartbeats, worker_key
 from tasks.observe.metrics import WorkerMetrics
 from tests.conftest import WorkerProcess
 from tests.fakes import FakeWorker, write_fake_models
@@ -90,7 +90,9 @@ def test_metrics_endpoint_of_a_real_worker_after_known_jobs(
     start_worker: Callable[..., WorkerProcess], settings: Settings
 ) -> None:
     port = free_port()
-    worker = start_worker("--max-models", "1", "--metrics-port", str(port), "--hostname", "m@%h")
+    # a heartbeat TTL of 60 s (3 intervals of 20 s): a heartbeat gone at the stop was taken away, it did not expire
+    worker = start_worker("--max-models", "1", "--metrics-port", str(port), "--hostname", "m@%h",
+                          env={"SWAPLESS_HEARTBEAT_INTERVAL_S": "20"})
     assert listening_ports(worker.proc.pid) == [("127.0.0.1", port)], "the metrics port, on loopback, and no other"
     client = Client()
     # one job at a time, cache of one: s(miss) s(hit) spam(miss, evicts s) s(miss, evicts spam) s-blank(hit, fails)
@@ -134,11 +136,14 @@ def test_metrics_endpoint_of_a_real_worker_after_known_jobs(
     assert clash.proc.wait(60) != 0
     assert f"cannot serve metrics on 127.0.0.1:{port}: Address already in use; pick another --metrics-port" in clash.log()
 
-    # a clean stop takes the heartbeat away at once (not after its 6 s TTL) and closes the port
+    # a clean stop takes the heartbeat away at once (not after its TTL) and closes the port
     r = redis.Redis.from_url(settings.broker_url)
-    assert [b.hostname for b in read_heartbeats(r, settings.key_prefix)] == [f"m@{os.uname().nodename}"]
+    beats = read_heartbeats(r, settings.key_prefix)
+    assert [b.hostname for b in beats] == [f"m@{os.uname().nodename}"]
+    left_ms = r.pttl(worker_key(settings.key_prefix, beats[0].worker_id))
     stopped_at = time.monotonic()
     assert worker.stop() == 0
-    assert read_heartbeats(r, settings.key_prefix) == [] and time.monotonic() - stopped_at < 6
+    assert read_heartbeats(r, settings.key_prefix) == []
+    assert (time.monotonic() - stopped_at) * 1000 < left_ms, "it went before it could have expired"
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)

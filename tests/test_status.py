@@ -326,8 +326,8 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     assert watched.returncode == 0 and f"worker {beat.hostname}" in watched.stdout
 
     worker.stop(signal.SIGKILL)
-    killed_at = time.monotonic()
     assert read_heartbeats(r, settings.key_prefix), "a killed worker deletes nothing: its heartbeat lingers"
-    wait_for(lambda: not read_heartbeats(r, settings.key_prefix), 5, what="the heartbeat to expire")
-    assert time.monotonic() - killed_at <= 1.5 + 0.5, "gone within its TTL (3 intervals of 0.5 s)"
+    left_ms = r.pttl(worker_key(settings.key_prefix, beat.worker_id))
+    assert 0 < left_ms <= 1500, left_ms  # Redis drops it within its TTL (3 intervals of 0.5 s): no clock needed
+    wait_for(lambda: not read_heartbeats(r, settings.key_prefix), 10, what="the heartbeat to expire")
     assert "no live workers" in run_cli("status").stdout

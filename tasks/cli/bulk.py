@@ -104,7 +104,8 @@ def _run_bulk(job: BulkJob, *, local: bool, progress: str | None, log_every_s: f
         with ExitStack() as stack:
             watchdog = None
             if local:
-                err_console.print("local mode: starting an embedded Redis and a worker (SWAPLESS_REDIS_URL is unset)")
+                why = "SWAPLESS_REDIS_URL is unset" if get_settings().redis_url is None else "--local"
+                err_console.print(f"local mode: starting an embedded Redis and a worker ({why})")
                 embedded = stack.enter_context(LocalSwapless(env=_local_env(job.input_path)))
                 client = Client(settings=embedded.settings)
                 watchdog = embedded.check
