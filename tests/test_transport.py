@@ -88,22 +88,33 @@ def test_a_fetched_message_is_in_the_unacked_records_the_moment_it_leaves_the_qu
 
 
 def count_fetches(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[int]]:
-    """From now on, record the name of every command this process sends to Redis, and the number of messages each
-    ``FETCH`` reply carried to the channel (a fetch is one command sent and its one reply read: a round trip)."""
+    """From now on, record the name of every command this process sends to Redis (commands written together
+    joined by ``+``), and the number of messages each ``FETCH`` reply carried to the channel (a fetch is one command
+    sent and its one reply read: a round trip)."""
     sent: list[str] = []
     taken: list[int] = []
     send_command = redis.connection.AbstractConnection.send_command
+    pack_commands = redis.connection.AbstractConnection.pack_commands
     deliver = Channel._deliver_fetched
 
+    def name(args: tuple[Any, ...]) -> str:
+        return "FETCH" if tuple(args[:2]) == ("EVAL", FETCH) else str(args[0]).upper()
+
     def counting_send(self: Any, *args: Any, **kwargs: Any) -> None:
-        sent.append("FETCH" if args[:2] == ("EVAL", FETCH) else str(args[0]).upper())
+        sent.append(name(args))
         send_command(self, *args, **kwargs)
+
+    def counting_pack(self: Any, commands: Any) -> Any:  # several commands in one write (pipelines, wait + fetch)
+        commands = list(commands)
+        sent.append("+".join(name(args) for args in commands))
+        return pack_commands(self, commands)
 
     def counting_deliver(self: Channel, reply: list[Any]) -> None:
         taken.append(len(reply) // 2)  # [key index, message, key index, message, ...]
         deliver(self, reply)
 
     monkeypatch.setattr(redis.connection.AbstractConnection, "send_command", counting_send)
+    monkeypatch.setattr(redis.connection.AbstractConnection, "pack_commands", counting_pack)
     monkeypatch.setattr(Channel, "_deliver_fetched", counting_deliver)
     return sent, taken
 
@@ -117,7 +128,7 @@ def test_one_round_trip_takes_many_messages_within_the_prefetch_credit(
     assert [m.payload for m in got] == [{"n": i} for i in range(10)]
     # one FETCH script call (one command out, one reply back) brought all ten; no other command took a message
     assert sent.count("FETCH") == 1 and taken == [10], (sent, taken)
-    assert not {"BRPOP", "RPOP", "LPOP", "BLMOVE", "LMOVE"} & set(sent), sent
+    assert not {"BRPOP", "RPOP", "LPOP", "BLMOVE", "LMOVE"} & {n for write in sent for n in write.split("+")}, sent
     assert r.llen(f"{key_prefix}{QUEUE}") == 20  # the credit bounds the fetch: nothing taken beyond it
     assert r.hlen(f"{key_prefix}unacked") == 10
 
@@ -141,6 +152,31 @@ def test_an_idle_consumer_wakes_for_new_messages_on_any_priority(conn: Connectio
         publish(producer, [{"late": 1}], priority=6)
     drain(conn, lambda: len(got) >= 2, 5)
     assert sorted(m.payload["late"] for m in got) == [0, 1]
+
+
+def test_a_waiting_consumer_gets_the_message_that_wakes_it_in_the_same_round_trip(
+    conn: Connection, redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    channel = conn.channel()
+    got: list[Any] = []
+    consumer = conn.Consumer(Queue(QUEUE, Exchange(QUEUE), QUEUE), channel=channel, callbacks=[lambda b, m: got.append(m)])
+    consumer.consume()
+    drain(conn, lambda: False, 0.3)  # several empty polls: the channel waits now, its fetch sent behind the wait
+    with Connection(redis_url, transport=Transport, transport_options={"global_keyprefix": key_prefix}) as producer:
+        publish(producer, [{"wake": 1}], priority=0)
+    sent, _ = count_fetches(monkeypatch)
+    counted = Channel._deliver_fetched
+
+    def marking(self: Channel, reply: list[Any]) -> None:
+        sent.append(f"deliver {len(reply) // 2}")
+        counted(self, reply)
+
+    monkeypatch.setattr(Channel, "_deliver_fetched", marking)
+    drain(conn, lambda: len(got) >= 1, 5)
+    assert [m.payload for m in got] == [{"wake": 1}]
+    # in the reply of a wait's own fetch (written with it): no fetch of its own went out after the wake
+    at = sent.index("deliver 1")
+    assert at == 0 or sent[at - 1] == "BLMOVE+FETCH", sent
 
 
 def test_unacked_messages_come_back_after_the_visibility_timeout_exactly_as_sent(

@@ -12,9 +12,10 @@ Fetching many messages per round trip also takes most of the consumer thread's p
 ``fetch_limit`` jobs, bounded by the prefetch credit.
 
 Lua cannot block, so an idle worker waits with ``BLMOVE key key RIGHT RIGHT timeout`` on the queue's first
-(priority 0) list: it wakes as soon as a message is there and moves nothing (the message stays where it was), then
-runs the script. Other lists (the bulk priorities, other queues) are checked at least every ``idle_poll_s``
-(0.1 s by default, transport option ``swapless_idle_poll_s``); a worker with work in hand never waits.
+(priority 0) list, sent together with the script: Redis returns from the wait as soon as a message is there (it
+moves nothing: the message stays where it was) and runs the script at once, in the same round trip. Other lists
+(the bulk priorities, other queues) are checked at least every ``idle_poll_s`` (0.1 s by default, transport option
+``swapless_idle_poll_s``: the script runs when the wait runs out, too); a worker with work in hand never waits.
 
 With placement (the worker calls ``use_affinity``), the channel fetches from the lists of the models this worker
 claimed too, routes the shared lists' messages to their models' lists, and acks, refreshes and restores those
@@ -197,27 +198,44 @@ class Channel(PlacedChannel, kombu_redis.Channel):
             return
         conn = self.client.connection
         affinity = current_affinity()
+        wait = timeout if timeout is not None else self.brpop_timeout
+        wait = min(wait or self.swapless_idle_poll_s, self.swapless_idle_poll_s)
         if affinity is not None:
-            wait = timeout if timeout is not None else self.brpop_timeout
-            wait = min(wait or self.swapless_idle_poll_s, self.swapless_idle_poll_s)
-            if self._mode == _FETCH:
-                commands = self._placed_fetch_commands(affinity, queues[0], self._shared_fetch(queues))
-                conn.send_packed_command(conn.pack_commands(commands))
-            else:
-                conn.send_command(*self._placed_wait_command(affinity, queues[0], wait))
-            self._in_poll = conn
-            self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]  # kombu declares it None
-            return
-        if self._mode == _FETCH:
-            args = self._shared_fetch(queues)
+            commands = self._placed_fetch_commands(affinity, queues[0], self._shared_fetch(queues))
+            if self._mode == _WAIT:
+                commands.insert(0, self._placed_wait_command(affinity, queues[0], wait))
         else:
-            wait = timeout if timeout is not None else self.brpop_timeout
-            wait = min(wait or self.swapless_idle_poll_s, self.swapless_idle_poll_s)
-            key = self._prefixed(self._q_for_pri(queues[0], 0))
-            args = ["BLMOVE", key, key, "RIGHT", "RIGHT", wait]
+            commands = [tuple(self._shared_fetch(queues))]
+            if self._mode == _WAIT:
+                key = self._prefixed(self._q_for_pri(queues[0], 0))
+                commands.insert(0, ("BLMOVE", key, key, "RIGHT", "RIGHT", wait))
+        # An idle worker sends the wait and the fetch together: Redis runs the fetch the moment the wait returns (a
+        # message came, or the idle poll ran out), so a job that wakes the worker is fetched in the same round trip.
+        conn.send_packed_command(conn.pack_commands(commands))
         self._in_poll = conn
         self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]  # kombu declares it None
-        conn.send_command(*args)
+
+    def _read_round(self, names: Sequence[str]) -> tuple[list[Any], ResponseError | None]:
+        """Read every reply of one round (one per command sent); a refused write (a read-only replica) reads as
+        None and is returned, so the connection stays in step. Any other failure drops the connection (the next
+        poll reconnects) and is raised."""
+        conn = self.client.connection
+        replies: list[Any] = []
+        refused: ResponseError | None = None
+        for name in names:
+            try:
+                replies.append(self.client.parse_response(conn, name))
+            except self.connection_errors:
+                conn.disconnect()
+                self._mode = _FETCH
+                raise
+            except ResponseError as err:
+                if not is_refused_write(err):
+                    conn.disconnect()  # the round's other replies are still on the wire
+                    raise
+                refused = err
+                replies.append(None)
+        return replies, refused
 
     def _shared_fetch(self, queues: list[str]) -> list[Any]:
         """The ``FETCH`` command over the shared lists of ``queues``."""
@@ -242,64 +260,39 @@ class Channel(PlacedChannel, kombu_redis.Channel):
         affinity = current_affinity()
         if affinity is not None:
             return self._placed_read(affinity)
-        mode = self._mode
         try:
-            try:
-                reply = self.client.parse_response(self.client.connection, "EVAL" if mode == _FETCH else "BLMOVE")
-            except self.connection_errors:
-                # as kombu's: drop the connection so the next poll reconnects
-                self.client.connection.disconnect()
-                self._mode = _FETCH
-                raise
-            except ResponseError as err:
-                if not is_refused_write(err):
-                    raise
+            names = (["BLMOVE"] if self._mode == _WAIT else []) + ["EVAL"]
+            replies, refused = self._read_round(names)
+            if refused is not None:
                 # a read-only replica (a failover), a failed save: nothing can be fetched now; try again shortly
-                worker_health.failed(err, "fetching jobs")
+                worker_health.failed(refused, "fetching jobs")
                 self._mode = _FETCH
                 time.sleep(self.swapless_refused_pause_s)
                 raise Empty() from None
-            if mode == _WAIT:
-                # woken by a message, or the idle poll ran out: fetch from every list next
-                self._mode = _FETCH
+            if not replies[-1]:
+                self._mode = _WAIT  # nothing anywhere: wait for the next message
                 raise Empty()
-            if not reply:
-                self._mode = _WAIT
-                raise Empty()
-            self._deliver_fetched(reply)
+            self._mode = _FETCH  # work is flowing: fetch again at once
+            self._deliver_fetched(replies[-1])
             return True
         finally:
             self._in_poll = None  # type: ignore[assignment]  # as kombu does
             self._flush_brpop_reauth()
 
     def _placed_read(self, affinity: Any) -> bool:
-        mode = self._mode
-        conn = self.client.connection
         queue = self._fetch_queues[0] if self._fetch_queues else next(iter(self.active_queues))
         try:
-            replies: list[Any] = []
-            refused: ResponseError | None = None
-            for _ in self._plan if mode == _FETCH else [None]:
-                try:
-                    replies.append(self.client.parse_response(conn, "EVAL" if mode == _FETCH else "BLPOP"))
-                except self.connection_errors:
-                    conn.disconnect()
-                    self._mode = _FETCH
-                    raise
-                except ResponseError as err:  # read every reply of the round, whatever one of them says
-                    if not is_refused_write(err):
-                        raise
-                    refused = err
-                    replies.append(None)
-            if mode == _WAIT:
-                self._mode = _FETCH  # rung, or the idle poll ran out: fetch from every list next
-                raise Empty()
+            waited = self._mode == _WAIT
+            replies, refused = self._read_round((["BLPOP"] if waited else []) + ["EVAL"] * len(self._plan))
+            if waited:
+                replies = replies[1:]  # the bell's
             if refused is not None:
                 worker_health.failed(refused, "fetching jobs")
                 time.sleep(self.swapless_refused_pause_s)
             if not self._placed_deliver(affinity, replies, queue):
                 self._mode = _WAIT
                 raise Empty()
+            self._mode = _FETCH
             return True
         finally:
             self._in_poll = None  # type: ignore[assignment]  # as kombu does
