@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from bench.common import OUT, REPO, summary
+from bench.common import OUT, REPO, percentile, summary
 from bench.scaleout import Cluster
 from bench.simulated import simulated_entry
 
@@ -88,11 +88,6 @@ def shadow(cluster: Cluster, jobs: int = 200) -> tuple[dict[str, list[float]], t
     return latency, (agreed, total)
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.routing", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -112,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             agreement.append(agreed)
             for route, values in latency.items():
                 p50[route].append(statistics.median(values))
-                p95[route].append(_pct(values, 0.95))
+                p95[route].append(percentile(values, 95))
             print(f"repeat {repeat + 1}: split {splits[-1]}, p50 {dict((r, v[-1]) for r, v in p50.items())}, "
                   f"shadow agreement {agreed}", file=sys.stderr)
         finally:
