@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -53,10 +52,6 @@ def worker(
     metrics_host: Annotated[str | None, typer.Option(help="address of the metrics endpoint [default: 127.0.0.1]")] = None,
 ) -> None:
     """Run the GPU worker: consume jobs, group them by model, run them through the model cache."""
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        # before torch loads OpenMP: its threads would spin for a while after each forward pass, on the cores the
-        # queue's own work (fetching, decoding, storing results between passes) needs; they sleep instead
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     if memory_budget is not None:
         try:
             parse_bytes(memory_budget)
