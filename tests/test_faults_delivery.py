@@ -346,5 +346,7 @@ def test_sigterm_finishes_the_batch_in_hand_and_requeues_the_rest(faults: FaultE
     scenario.assert_complete(faults.snapshot)
     runs = faults.executions()
     assert {t: runs[t] for t in in_hand + buffered} == {t: 1 for t in in_hand + buffered}, "each job ran once"
-    assert stopped_s < 3 + 5
+    # the point (the batch in hand finished, the buffered jobs handed back, not run) is asserted above; the bound
+    # only says the worker exits once its batch is done, and is generous for a loaded machine
+    assert stopped_s < 3 + 20
     faults.wait_broker_idle()
