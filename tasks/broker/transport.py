@@ -160,6 +160,7 @@ class Channel(PlacedChannel, kombu_redis.Channel):
         self._mode = _FETCH
         self._fetch_queues: list[str] = []
         self._fetch_keys: list[str] = []
+        self._sent: list[str] = []
         self._placed_init()
 
     def _prefixed(self, key: str) -> str:
@@ -212,17 +213,18 @@ class Channel(PlacedChannel, kombu_redis.Channel):
         # An idle worker sends the wait and the fetch together: Redis runs the fetch the moment the wait returns (a
         # message came, or the idle poll ran out), so a job that wakes the worker is fetched in the same round trip.
         conn.send_packed_command(conn.pack_commands(commands))
+        self._sent = [str(command[0]) for command in commands]  # what the replies of this round answer
         self._in_poll = conn
         self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]  # kombu declares it None
 
-    def _read_round(self, names: Sequence[str]) -> tuple[list[Any], ResponseError | None]:
-        """Read every reply of one round (one per command sent); a refused write (a read-only replica) reads as
+    def _read_round(self) -> tuple[list[Any], ResponseError | None]:
+        """Read every reply of the round ``_brpop_start`` sent (one per command); a refused write (a read-only replica) reads as
         None and is returned, so the connection stays in step. Any other failure drops the connection (the next
         poll reconnects) and is raised."""
         conn = self.client.connection
         replies: list[Any] = []
         refused: ResponseError | None = None
-        for name in names:
+        for name in self._sent:
             try:
                 replies.append(self.client.parse_response(conn, name))
             except self.connection_errors:
@@ -261,8 +263,7 @@ class Channel(PlacedChannel, kombu_redis.Channel):
         if affinity is not None:
             return self._placed_read(affinity)
         try:
-            names = (["BLMOVE"] if self._mode == _WAIT else []) + ["EVAL"]
-            replies, refused = self._read_round(names)
+            replies, refused = self._read_round()
             if refused is not None:
                 # a read-only replica (a failover), a failed save: nothing can be fetched now; try again shortly
                 worker_health.failed(refused, "fetching jobs")
@@ -282,9 +283,8 @@ class Channel(PlacedChannel, kombu_redis.Channel):
     def _placed_read(self, affinity: Any) -> bool:
         queue = self._fetch_queues[0] if self._fetch_queues else next(iter(self.active_queues))
         try:
-            waited = self._mode == _WAIT
-            replies, refused = self._read_round((["BLPOP"] if waited else []) + ["EVAL"] * len(self._plan))
-            if waited:
+            replies, refused = self._read_round()
+            if self._sent[0] == "BLPOP":
                 replies = replies[1:]  # the bell's
             if refused is not None:
                 worker_health.failed(refused, "fetching jobs")
