@@ -14,7 +14,8 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_TRITON_MAX_MODELS      | 4                          | Triton models kept loaded on their servers |
 | SWAPLESS_DEVICE                 | auto                       | ``auto`` (cuda if available, else cpu), ``cpu``, ``cuda``, ``cuda:1`` |
 | SWAPLESS_MAX_BATCH_SIZE         | 32 inputs                  | largest forward pass unless the model entry says otherwise; the best size below it is measured |
-| SWAPLESS_MAX_QUEUED             | unset (no bound)           | most messages one model's lists (or the shared lists) may hold, a chunk counting once: producers get ``QueueFull`` beyond it, before Redis is full |
+| SWAPLESS_MAX_QUEUED             | 100000 messages            | most messages one model's lists (or the shared lists) may hold, a chunk counting once: producers get ``QueueFull`` beyond it, before Redis is full |
+| SWAPLESS_MAX_MESSAGE_BYTES      | 67108864 bytes (64 MiB)    | largest queue message a producer sends (one job, or one chunk of a bulk job): a larger one is refused with ``InputError`` before anything is queued |
 | SWAPLESS_ROUTING                | placement                  | ``placement``: each model's jobs go to the workers that claimed it, one cache across workers; ``shared``: any worker takes any job (one worker, or the baseline) |
 | SWAPLESS_PREFETCH_PER_MODEL     | 512 messages               | most messages of one model a worker holds (two groups: one running, the next fetched meanwhile); with other workers live, also at most about SWAPLESS_COPY_BACKLOG_S of its work, so the rest waits in Redis for whichever copy is free |
 | SWAPLESS_COPY_BACKLOG_S         | 2 s                        | a model gets one more copy (on another worker) when its waiting work per copy passes this many seconds |
@@ -27,6 +28,7 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_INTERACTIVE_EXPIRES_S  | unset (no deadline)        | an interactive job sent without its own deadline (``expires``) that has not started this long after it was sent is answered ``JobExpired`` and never run |
 | SWAPLESS_BULK_EXPIRES_S         | unset (no deadline)        | the same for bulk jobs |
 | SWAPLESS_RESULT_EXPIRES_S       | 3600 s                     | how long an unread result stays in Redis (``forget=True`` deletes one once read) |
+| SWAPLESS_CANCEL_HOLD_S          | 604800 s (7 days)          | how long a job without a deadline may still wait in the queue, as far as a cancellation (kept that long) and the gateway's record of a job go |
 | SWAPLESS_MAX_ATTEMPTS           | 3                          | a job in flight at this many worker deaths fails as a poison job |
 | SWAPLESS_TASK_EVENTS            | false                      | Celery task events per job (Flower); they cost 10-25 % of single-model throughput |
 | SWAPLESS_LOAD_AHEAD             | true                       | while a group computes, load the model the next group needs when there is room (never evicting a model with work) |
@@ -43,7 +45,14 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_HEARTBEAT_INTERVAL_S   | 2 s                        | how often a worker publishes its status; the key expires after 3 intervals |
 | SWAPLESS_METRICS_PORT           | unset (no metrics server)  | port of the worker's Prometheus endpoint (``/metrics``) |
 | SWAPLESS_METRICS_HOST           | 127.0.0.1                  | address the Prometheus endpoint binds to |
-| SWAPLESS_GATEWAY_MAX_BODY_BYTES | 33554432 bytes (32 MiB)    | larger request bodies get 413 from the HTTP gateway |
+| SWAPLESS_GATEWAY_MAX_BODY_BYTES | 33554432 bytes (32 MiB)    | larger request bodies get 413 from the HTTP gateway (counted as they arrive, and again once decompressed) |
+| SWAPLESS_GATEWAY_BODY_TIMEOUT_S | 30 s                       | a request body that takes longer to arrive gets 408 |
+| SWAPLESS_GATEWAY_MAX_ELEMENTS   | 1024 jobs                  | most elements (jobs) of one Open Inference Protocol request, checked from the declared shapes: more get 413 |
+| SWAPLESS_GATEWAY_RATE_PER_KEY   | 1000 jobs/s                | jobs one API key (without keys: one client address) may submit per second, in bursts of twice that; more get 429; kept in Redis, shared by every gateway process |
+| SWAPLESS_GATEWAY_INFLIGHT_PER_KEY | 2048 jobs                | jobs one API key (or client address) may have submitted and not yet finished; more get 429 |
+| SWAPLESS_GATEWAY_MAX_WAITS      | 1000 requests              | ``POST /predict`` and ``/v2`` infer requests one gateway process holds waiting for results; more get 503 |
+| SWAPLESS_GATEWAY_ALLOWED_HOSTS  | unset (see meaning)        | ``Host`` names the gateway answers to, comma-separated (``*``: any). Default: with no API key and no ``--insecure-no-auth``, loopback names only (``localhost``, ``127.0.0.1``, ``[::1]``: a web page cannot reach a loopback gateway through a DNS rebinding); else any |
+| SWAPLESS_GATEWAY_ALLOWED_ORIGINS | unset (same origin only)  | web origins (``https://app.example``) whose pages may call the gateway from a browser, comma-separated; a request from any other ``Origin`` gets 403 |
 | SWAPLESS_PREDICT_TIMEOUT_S      | 30 s                       | how long ``POST /predict`` waits before answering 504 with the job id |
 | SWAPLESS_API_KEYS               | unset (no keys)            | API keys of the HTTP gateway, comma-separated; an entry ``KEY:MODELS`` may call only those models (the syntax: ``tasks.gateway.auth``). No keys at all: the gateway asks for none |
 | SWAPLESS_API_KEYS_FILE          | unset                      | a file of more API keys, one entry per line in the same syntax, ``#`` starting a comment |
@@ -110,7 +119,8 @@ class Settings(BaseSettings):
     triton_max_models: int = Field(4, ge=1)
     device: str = "auto"
     max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, ge=1)
-    max_queued: int | None = Field(None, ge=1)
+    max_queued: int | None = Field(100_000, ge=1)
+    max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     routing: Literal["placement", "shared"] = "placement"
     prefetch_per_model: int = Field(512, ge=1)
     copy_backlog_s: float = Field(2.0, gt=0)
@@ -123,6 +133,7 @@ class Settings(BaseSettings):
     interactive_expires_s: float | None = Field(None, gt=0)
     bulk_expires_s: float | None = Field(None, gt=0)
     result_expires_s: int = Field(3600, ge=1)
+    cancel_hold_s: int = Field(7 * 24 * 3600, ge=1)
     max_attempts: int = Field(3, ge=1)
     #: Per-job Celery task events for Flower (off, as in Celery: they cost 10-25 % of single-model throughput here).
     task_events: bool = False
@@ -143,6 +154,14 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(None, ge=1, le=65535)
     metrics_host: str = "127.0.0.1"
     gateway_max_body_bytes: int = Field(32 * 1024 * 1024, ge=1)
+    gateway_body_timeout_s: float = Field(30.0, gt=0)
+    gateway_max_elements: int = Field(1024, ge=1)
+    gateway_rate_per_key: float = Field(1000.0, gt=0)
+    gateway_inflight_per_key: int = Field(2048, ge=1)
+    gateway_max_waits: int = Field(1000, ge=1)
+    #: None: the default the table gives (loopback names only without API keys)
+    gateway_allowed_hosts: str | None = None
+    gateway_allowed_origins: str = ""
     predict_timeout_s: float = Field(30.0, gt=0)
     #: The gateway's API keys (``tasks.gateway.auth`` parses and hashes them); a secret, so never shown in a repr.
     api_keys: SecretStr | None = None
@@ -158,6 +177,11 @@ class Settings(BaseSettings):
         if isinstance(value, (str, int, float)):
             return parse_bytes(value)
         raise ValueError(f"cannot read {value!r} as a size")
+
+    @field_validator("api_keys_file", "input_root", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
 
     @model_validator(mode="after")
     def _check_visibility(self) -> Settings:

@@ -58,13 +58,14 @@ def shadows_of(shadow: Mapping[str, float], key: str) -> tuple[str, ...]:
     return tuple(target for target in sorted(shadow) if unit_hash("shadow", target, key) * 100.0 < shadow[target])
 
 
-def input_type(value: object) -> InputType | None:
-    """What an input is: an image (a base64 string or data URL of an encoded image, or a path to an image file),
-    text (any other non-empty string), or None (not a string)."""
+def input_type(value: object, *, paths: bool = True) -> InputType | None:
+    """What an input is: an image (a base64 string or data URL of an encoded image, or, with ``paths``, a path to an
+    image file), text (any other non-empty string), or None (not a string). Inputs from the network are typed with
+    ``paths=False``: no remote caller may have a worker open a file, so ``secret.png`` is text there."""
     if not isinstance(value, str) or not value.strip():
         return None
     text = value.strip()
-    if text.lower().endswith(_IMAGE_SUFFIXES) and "\n" not in text and len(text) < 4096:
+    if paths and text.lower().endswith(_IMAGE_SUFFIXES) and "\n" not in text and len(text) < 4096:
         return InputType.IMAGE
     if text.startswith("data:image/"):
         return InputType.IMAGE
@@ -111,6 +112,8 @@ def resolve(
     key: str,
     overrides: Mapping[str, Mapping[str, float]] | None = None,
     is_route: Callable[[str], bool] | None = None,
+    *,
+    paths: bool = True,
 ) -> Resolved:
     """Follow ``target`` through ``routes`` to one model.
 
@@ -121,6 +124,7 @@ def resolve(
         key: the job's sticky key, else its id.
         overrides: route id -> weights that replace the entry's (``swapless route``).
         is_route: whether an id is a route (default: a key of ``routes``).
+        paths: whether an input may be an image file's path (``input_type``); False for network callers.
 
     Raises:
         NoBranch: a ``by_type`` route has no branch for this input.
@@ -134,7 +138,7 @@ def resolve(
         spec = routes[target]
         via.append(spec.id)
         if spec.by_type is not None:
-            found = input_type(value)
+            found = input_type(value, paths=paths)
             branch = spec.by_type.get(found) if found is not None else None
             if branch is None:
                 raise NoBranch(spec.id, found, tuple(t.value for t in spec.by_type))

@@ -184,9 +184,12 @@ class ModelStore:
         value: object,
         key: str,
         overrides: Mapping[str, Mapping[str, float]] | None = None,
+        *,
+        paths: bool = True,
     ) -> Resolved:
         """The model that serves a job addressed to ``target`` (a model id or alias: itself, canonical; a route: the
-        version its weights and ``key`` pick, and its shadows). See ``manager.routing``.
+        version its weights and ``key`` pick, and its shadows). See ``manager.routing``; ``paths``: whether an input
+        may be an image file's path (False for network callers).
 
         Raises:
             UnknownModel: no model, alias or route of that id.
@@ -195,7 +198,7 @@ class ModelStore:
         if not self._routes or target not in self._routes:
             return Resolved(self.resolve(target))
         try:
-            found = resolve(self._routes, target, value, key, overrides)
+            found = resolve(self._routes, target, value, key, overrides, paths=paths)
         except NoBranch as err:
             kind_found = f"{err.found.value} input" if err.found is not None else f"{kind(value)} input"
             raise InputError(target, f"route {err.route_id!r} takes {' or '.join(err.accepts)} inputs, not "

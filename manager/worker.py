@@ -10,16 +10,14 @@ batches, then ``unload()`` when it evicts the model. Subclasses register themsel
 
 from __future__ import annotations
 
-import base64
-import binascii
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from manager.describe import kind
 from manager.errors import DuplicateFramework, InputError, UnknownFramework
 from manager.image_files import looks_like_path, read_image_file
+from manager.inputs import base64_image, text_input
 from manager.specs import InputType, ModelSpec
 from manager.tuning import BatchTuner
 
@@ -150,43 +148,19 @@ class ModelWorker(ABC):
     # -- input helpers shared by the frameworks ------------------------------------------------------------
 
     def prepare_text(self, value: Any) -> str:
-        """A non-empty string of at most ``max_text_chars`` characters."""
-        if not isinstance(value, str):
-            raise InputError(self.spec.id, f"this is a text model; send a string, not {kind(value)}")
-        if not value.strip():
-            raise InputError(self.spec.id, "empty text; send at least one non-blank character")
-        if len(value) > self.limits.max_text_chars:
-            raise InputError(
-                self.spec.id,
-                f"text of {len(value)} characters is over the limit of {self.limits.max_text_chars} "
-                "(SWAPLESS_MAX_TEXT_CHARS)",
-            )
-        return value
+        """A non-empty string of at most ``max_text_chars`` characters (``manager.inputs.text_input``)."""
+        return text_input(self.spec.id, value, self.limits.max_text_chars)
 
     def prepare_image_bytes(self, value: Any) -> bytes:
-        """The encoded image bytes of a base64 string (a ``data:image/...;base64,`` prefix is allowed)."""
-        if not isinstance(value, str):
-            raise InputError(
-                self.spec.id, f"this is an image model; send a base64 string of a PNG/JPEG/WebP, not {kind(value)}"
-            )
+        """The encoded image bytes of a base64 string (a ``data:image/...;base64,`` prefix is allowed), or of an
+        image file under ``SWAPLESS_INPUT_ROOT`` when the value is a path (``manager.image_files``)."""
+        data = base64_image(self.spec.id, value, self.limits.max_image_bytes)
+        if data is not None:
+            return data
         text = value.strip()
-        if text.startswith("data:") and "," in text:
-            text = text.split(",", 1)[1]
-        if not text:
-            raise InputError(self.spec.id, "empty image; send a base64 string of a PNG/JPEG/WebP")
-        if len(text) * 3 // 4 > self.limits.max_image_bytes:
-            raise InputError(
-                self.spec.id,
-                f"encoded image of about {len(text) * 3 // 4} bytes is over the limit of "
-                f"{self.limits.max_image_bytes} bytes (SWAPLESS_MAX_IMAGE_BYTES)",
-            )
-        try:
-            return base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError):
-            if looks_like_path(text):  # an image file, read only from under SWAPLESS_INPUT_ROOT
-                return read_image_file(self.spec.id, text, self.limits.input_root, self.limits.max_image_bytes)
-            raise InputError(
-                self.spec.id,
-                "image is not valid base64; this is an image model (did you send plain text or a file path?)",
-            ) from None
+        if looks_like_path(text):  # an image file, read only from under SWAPLESS_INPUT_ROOT
+            return read_image_file(self.spec.id, text, self.limits.input_root, self.limits.max_image_bytes)
+        raise InputError(
+            self.spec.id, "image is not valid base64; this is an image model (did you send plain text or a file path?)"
+        )
 

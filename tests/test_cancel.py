@@ -12,6 +12,7 @@ import json
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -96,22 +97,28 @@ def test_swapless_cancel_and_delete_on_the_gateway(faults: FaultEnv) -> None:
 
     faults.worker()
     client = Client()
-    held, _ = hold(client, faults, 2)
-    by_cli = client.submit("echo", "cancelled-by-cli")
-    by_http = client.submit("echo", "cancelled-by-http")
-    run = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", "cancel", by_cli.id, held.id],
-        capture_output=True, text=True, timeout=60,
-    )
-    lines = [json.loads(line) for line in run.stdout.splitlines()]
-    assert lines == [{"job_id": by_cli.id, "status": "cancelled"}, {"job_id": held.id, "status": "running"}]
-    assert run.returncode == 1  # one of them could not be cancelled
-    with TestClient(create_app()) as http:
+    with TestClient(create_app(), base_url="http://localhost") as http:
+        held_text = f"sleep:2:hold-{uuid.uuid4().hex[:6]}"
+        held = client.job(http.post("/jobs", json={"model_id": "hold", "input": held_text}).json()["job_id"])
+        faults.wait_executed(held_text)
+        by_cli = client.submit("echo", "cancelled-by-cli")
+        by_http = client.job(http.post("/jobs", json={"model_id": "echo", "input": "cancelled-by-http"}).json()["job_id"])
+        run = subprocess.run(
+            [sys.executable, "-m", "tasks.cli", "cancel", by_cli.id, held.id],
+            capture_output=True, text=True, timeout=60,
+        )
+        lines = [json.loads(line) for line in run.stdout.splitlines()]
+        assert lines == [{"job_id": by_cli.id, "status": "cancelled"}, {"job_id": held.id, "status": "running"}]
+        assert run.returncode == 1  # one of them could not be cancelled
+        running = http.delete(f"/jobs/{held.id}")
+        assert running.status_code == 409 and running.json()["status"] == "running"
         reply = http.delete(f"/jobs/{by_http.id}")
         assert reply.status_code == 200 and reply.json()["status"] == "cancelled"
         again = http.delete(f"/jobs/{by_http.id}")
         assert again.status_code == 409 and again.json()["status"] == "done"
         assert http.get(f"/jobs/{by_http.id}").json()["error"]["type"] == "JobCancelled"
+        # a job some other producer sent is no job of the gateway's: refused, nothing written
+        assert http.delete(f"/jobs/{by_cli.id}").status_code == 404
     held.get(timeout=30)
     faults.wait_broker_idle()
     ran = faults.executions()

@@ -4,23 +4,24 @@ non-loopback host without them)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI, Request
+import redis
+from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from config.settings import Settings
 from manager.errors import ConfigError
 from manager.store import ModelStore
-from tasks.gateway.auth import Need, RedactKeyFilter, access, install_api_keys, load_keys, parse_keys
-from tasks.gateway.limits import BodyLimit
+from tasks.gateway import create_app
+from tasks.gateway.auth import Callers, Need, RedactKeyFilter
+from tasks.gateway.keys import KeyRule, load_keys, parse_keys
 from tests.fakes import write_fake_models
 from tests.stack import GatewayProcess, free_port, listening_ports, private_env, run_cli, wait_for
 
@@ -31,7 +32,7 @@ MAX_BODY_BYTES = 4096
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> ModelStore:
+def models_json(tmp_path: Path) -> Path:
     """Models with a UUID id and an alias, a plain id, and a route over two versions."""
     entries = [
         {"id": "550e8400-e29b-41d4-a716-446655440000", "aliases": ["sentiment"], "name": "a", "type": "text",
@@ -44,7 +45,12 @@ def store(tmp_path: Path) -> ModelStore:
     ]
     path = tmp_path / "models.json"
     path.write_text(json.dumps({"models": entries}))
-    return ModelStore.from_file(path)
+    return path
+
+
+@pytest.fixture
+def store(models_json: Path) -> ModelStore:
+    return ModelStore.from_file(models_json)
 
 
 def settings_with(keys: str | None = None, keys_file: Path | None = None) -> Settings:
@@ -134,88 +140,62 @@ def test_a_missing_keys_file_says_what_to_point_it_at(store: ModelStore, tmp_pat
                                  "directory): point it at a readable UTF-8 file of keys, one per line")
 
 
-# -- what each path needs -----------------------------------------------------------------------------------------
+# -- the real app, its routes' declarations, and the middleware ---------------------------------------------------
+
+
+@pytest.fixture
+def guarded(models_json: Path, redis_url: str, key_prefix: str) -> Iterator[TestClient]:
+    """The gateway's real app with a full key and one limited to sentiment and tone, on a private corner of Redis
+    (no worker: jobs are queued, not run)."""
+    settings = Settings(api_keys=SecretStr(f"{FULL},{LIMITED}:sentiment|tone"), redis_url=redis_url,
+                        key_prefix=key_prefix, queue=key_prefix + "jobs", models_file=models_json,
+                        gateway_max_body_bytes=MAX_BODY_BYTES)
+    with TestClient(create_app(settings), base_url="http://localhost") as http:
+        yield http
+
+
+def call(http: TestClient, method: str, path: str, key: str | None = None, **kwargs: Any) -> httpx.Response:
+    headers = {**({"Authorization": f"Bearer {key}"} if key else {}), **kwargs.pop("headers", {})}
+    return http.request(method, path, headers=headers, **kwargs)
 
 
 @pytest.mark.parametrize(
     ("method", "path", "need"),
     [
-        ("GET", "/healthz", (Need.NOTHING, None)),
-        ("GET", "/v2", (Need.NOTHING, None)),
-        ("GET", "/v2/health/ready", (Need.NOTHING, None)),
-        ("GET", "/docs", (Need.NOTHING, None)),
-        ("GET", "/openapi.json", (Need.NOTHING, None)),
-        ("GET", "/", (Need.NOTHING, None)),
-        ("POST", "/jobs", (Need.MODEL_IN_BODY, None)),
-        ("POST", "/predict", (Need.MODEL_IN_BODY, None)),
-        ("GET", "/jobs/abc-123", (Need.KEY, None)),
-        ("DELETE", "/jobs/abc-123", (Need.KEY, None)),
-        ("GET", "/models", (Need.KEY, None)),
-        ("GET", "/status", (Need.KEY, None)),
-        ("GET", "/status.json", (Need.KEY, None)),
-        ("GET", "/v2/models/spam", (Need.MODEL_IN_PATH, "spam")),
-        ("POST", "/v2/models/spam/infer", (Need.MODEL_IN_PATH, "spam")),
-        ("POST", "/v2/models/tone/versions/2/infer", (Need.MODEL_IN_PATH, "tone")),
-        ("GET", "/v2/models/", (Need.EVERY_MODEL, None)),
-        ("POST", "/v2/repository/index", (Need.EVERY_MODEL, None)),
-        ("POST", "/v2/repository/models/spam/load", (Need.EVERY_MODEL, None)),
-        ("POST", "/models", (Need.EVERY_MODEL, None)),
-        ("GET", "/jobs", (Need.EVERY_MODEL, None)),
-        ("GET", "/v2/health/../models/spam", (Need.EVERY_MODEL, None)),
-        ("GET", "/nowhere", (Need.EVERY_MODEL, None)),
+        ("GET", "/healthz", Need.NOTHING),
+        ("GET", "/v2", Need.NOTHING),
+        ("GET", "/v2/health/ready", Need.NOTHING),
+        ("GET", "/docs", Need.NOTHING),
+        ("GET", "/openapi.json", Need.NOTHING),
+        ("GET", "/", Need.NOTHING),
+        ("POST", "/jobs", Need.KEY),
+        ("POST", "/predict", Need.KEY),
+        ("GET", "/jobs/abc-123", Need.KEY),
+        ("DELETE", "/jobs/abc-123", Need.KEY),
+        ("GET", "/models", Need.KEY),
+        ("GET", "/status", Need.KEY),
+        ("GET", "/status.json", Need.KEY),
+        ("GET", "/v2/models/spam", Need.KEY),
+        ("POST", "/v2/models/spam/infer", Need.KEY),
+        ("POST", "/v2/models/tone/versions/2/infer", Need.KEY),
+        ("POST", "/v2/repository/index", Need.EVERY_MODEL),
+        ("POST", "/v2/repository/models/spam/load", Need.EVERY_MODEL),
+        ("POST", "/models", Need.KEY),  # no such route: any key gets its 405
+        ("GET", "/nowhere", Need.KEY),
     ],
 )
-def test_what_each_path_needs(method: str, path: str, need: tuple[Need, str | None]) -> None:
-    assert access(method, path) == need
+def test_each_route_declares_what_it_needs(guarded: TestClient, method: str, path: str, need: Need) -> None:
+    callers = next(m for m in guarded.app.user_middleware if m.cls is Callers)  # type: ignore[attr-defined]
+    middleware = Callers(guarded.app, **callers.kwargs)  # type: ignore[arg-type]
+    scope = {"type": "http", "method": method, "path": path, "root_path": "", "query_string": b"", "headers": []}
+    assert middleware._need(scope)[0] is need
 
 
-# -- the middleware, over an app that echoes what reached it ---------------------------------------------------------
-
-
-def echo_app(store: ModelStore, keys: str) -> FastAPI:
-    """Routes shaped like the gateway's, answering with the body and query they were given; guarded as the gateway
-    is (the keys inside BodyLimit)."""
-    app = FastAPI()
-
-    async def echo(request: Request) -> dict[str, Any]:
-        body = await request.body()
-        return {"path": request.url.path, "query": request.url.query, "body": body.decode()}
-
-    for path in ("/jobs", "/predict", "/v2/models/{model}/infer", "/v2/repository/index"):
-        app.add_api_route(path, echo, methods=["POST"])
-    for path in ("/jobs/{job_id}", "/models", "/status", "/status.json", "/healthz", "/v2/health/live", "/v2/models/{m}"):
-        app.add_api_route(path, echo, methods=["GET"])
-    app.add_api_route("/jobs/{job_id}", echo, methods=["DELETE"])
-    assert install_api_keys(app, settings_with(keys), store) and app.state.api_keys_required
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
-    return app
-
-
-def call(app: FastAPI, method: str, path: str, key: str | None = None, **kwargs: Any) -> httpx.Response:
-    headers = {**({"Authorization": f"Bearer {key}"} if key else {}), **kwargs.pop("headers", {})}
-
-    async def go() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
-            return await client.request(method, path, headers=headers, **kwargs)
-
-    return asyncio.run(go())
-
-
-async def stream(chunks: list[bytes]) -> AsyncIterator[bytes]:
-    """A body sent in pieces, with no declared length (chunked)."""
-    for chunk in chunks:
-        yield chunk
-
-
-@pytest.fixture
-def guarded(store: ModelStore) -> FastAPI:
-    return echo_app(store, f"{FULL},{LIMITED}:sentiment|tone")
-
-
-def test_no_key_or_an_unknown_one_is_401_saying_what_to_send(guarded: FastAPI) -> None:
+def test_no_key_or_an_unknown_one_is_401_saying_what_to_send(guarded: TestClient) -> None:
     missing = call(guarded, "POST", "/jobs", json={"model_id": "spam", "input": "hi"})
     assert missing.status_code == 401
     assert missing.headers["www-authenticate"] == 'Bearer realm="swapless"'
+    assert missing.headers["connection"] == "close"  # the server reads no more of what the caller sends
     assert missing.json() == {"detail": "this gateway needs an API key: send the header 'Authorization: Bearer <key>'"}
     unknown = call(guarded, "GET", "/jobs/abc", OTHER)
     assert unknown.status_code == 401
@@ -231,88 +211,93 @@ def test_no_key_or_an_unknown_one_is_401_saying_what_to_send(guarded: FastAPI) -
     assert call(guarded, "POST", "/v2/models/spam/infer", OTHER).json() == {"error": unknown.json()["detail"]}
 
 
-def test_health_checks_stay_open(guarded: FastAPI) -> None:
+def test_health_checks_and_docs_stay_open(guarded: TestClient) -> None:
     assert call(guarded, "GET", "/healthz").status_code == 200
     assert call(guarded, "GET", "/v2/health/live").status_code == 200
+    assert call(guarded, "GET", "/docs").status_code == 200
 
 
-def test_a_full_key_reaches_everything_with_the_body_untouched(guarded: FastAPI) -> None:
-    body = json.dumps({"model_id": "spam", "input": "hi"})
-    for path in ("/jobs", "/predict", "/v2/models/spam/infer", "/v2/repository/index"):
-        answer = call(guarded, "POST", path, FULL, content=body)
-        assert (answer.status_code, answer.json()["body"]) == (200, body), path
-    assert call(guarded, "DELETE", "/jobs/abc", FULL).status_code == 200
-
-
-def test_a_limited_key_calls_its_models_only(guarded: FastAPI) -> None:
+def test_a_limited_key_calls_its_models_only(guarded: TestClient) -> None:
     for model in ("sentiment", "550e8400-e29b-41d4-a716-446655440000", "tone"):
-        body = json.dumps({"model_id": model, "input": "hello"})
-        answer = call(guarded, "POST", "/predict", LIMITED, content=body)
-        assert (answer.status_code, answer.json()["body"]) == (200, body), model
-    # a streamed (chunked) body is read whole for the check, then handed on whole
-    chunks = [b'{"model_id": "sent', b'iment", ', b'"input": "x"}']
-    streamed = call(guarded, "POST", "/jobs", LIMITED, content=stream(chunks))
-    assert (streamed.status_code, streamed.json()["body"]) == (200, b"".join(chunks).decode())
-
+        answer = call(guarded, "POST", "/jobs", LIMITED, json={"model_id": model, "input": "hello"})
+        assert answer.status_code == 202, (model, answer.text)
     other = call(guarded, "POST", "/jobs", LIMITED, json={"model_id": "spam", "input": "hi"})
     assert other.status_code == 403
-    assert other.headers["www-authenticate"] == 'Bearer realm="swapless", error="insufficient_scope"'
     assert other.json() == {"detail": "this API key may call only the models sentiment, tone, not 'spam': use a key "
                                       "for 'spam'"}
-    assert call(guarded, "POST", "/jobs", LIMITED, json={"model_id": "tone-v1", "input": "hi"}).status_code == 403
-    for unreadable in (b"not json", b'["sentiment"]', b'{"model_id": 5}', b'{"input": "hi"}'):
-        refused = call(guarded, "POST", "/jobs", LIMITED, content=unreadable)
-        assert refused.status_code == 403
-        assert refused.json()["detail"] == ("this API key may call only the models sentiment, tone: send a JSON body "
-                                            "whose model_id is one of them")
-    # the same name twice: json.loads keeps the last, as FastAPI's parsing does
-    assert call(guarded, "POST", "/jobs", LIMITED, content=b'{"model_id": "sentiment", "model_id": "spam"}').status_code == 403
-
-    assert call(guarded, "POST", "/v2/models/tone/infer", LIMITED).status_code == 200
-    in_path = call(guarded, "POST", "/v2/models/spam/infer", LIMITED)
+    assert call(guarded, "POST", "/predict", LIMITED, json={"model_id": "tone-v1", "input": "hi"}).status_code == 403
+    # the same name twice: json.loads keeps the last, and the check reads what the route reads
+    twice = call(guarded, "POST", "/jobs", LIMITED, content=b'{"model_id": "sentiment", "model_id": "spam", "input": "x"}',
+                 headers={"content-type": "application/json"})
+    assert twice.status_code == 403
+    in_path = call(guarded, "POST", "/v2/models/spam/infer", LIMITED, content=b"{}")
     assert in_path.status_code == 403
     assert in_path.json() == {"error": "this API key may call only the models sentiment, tone, not 'spam': use a key "
                                        "for 'spam'"}
     assert call(guarded, "GET", "/v2/models/spam", LIMITED).status_code == 403
+    assert call(guarded, "GET", "/v2/models/tone", LIMITED).status_code == 200
     every = call(guarded, "POST", "/v2/repository/index", LIMITED)
     assert every.status_code == 403
     assert every.json() == {"error": "this API key may call only the models sentiment, tone; POST "
                                      "/v2/repository/index needs a key for every model"}
-    for method, path in [("GET", "/jobs/abc"), ("DELETE", "/jobs/abc"), ("GET", "/models"), ("GET", "/status.json")]:
+    assert call(guarded, "POST", "/v2/repository/index", FULL, content=b"{}").status_code == 200
+    for method, path in [("GET", "/models"), ("GET", "/status.json")]:
         assert call(guarded, method, path, LIMITED).status_code == 200, path
 
 
-def test_the_body_limit_still_holds_for_a_limited_key(guarded: FastAPI) -> None:
+def test_the_body_limit_still_holds_for_a_limited_key(guarded: TestClient) -> None:
     big = [b'{"model_id": "sentiment", "input": "', b"a" * MAX_BODY_BYTES, b'"}']
-    assert call(guarded, "POST", "/jobs", LIMITED, content=stream(big)).status_code == 413
+    assert call(guarded, "POST", "/jobs", LIMITED, content=iter(big)).status_code == 413
     assert call(guarded, "POST", "/jobs", LIMITED, content=b"".join(big)).status_code == 413
 
 
-def test_a_query_key_opens_the_status_paths_only_and_goes_no_further(guarded: FastAPI) -> None:
-    page = call(guarded, "GET", "/status", params={"key": LIMITED, "x": "1"})
-    assert page.status_code == 200 and page.json()["query"] == "x=1"
-    data = call(guarded, "GET", "/status.json", params={"key": FULL})
-    assert data.status_code == 200 and data.json()["query"] == ""
+def test_a_query_key_opens_the_status_paths_only_and_goes_no_further(guarded: TestClient) -> None:
+    assert call(guarded, "GET", "/status", params={"key": LIMITED, "x": "1"}).status_code == 200
+    assert call(guarded, "GET", "/status.json", params={"key": FULL}).status_code == 200
     assert call(guarded, "GET", "/status.json", params={"key": OTHER}).status_code == 401
-    # with the header too, the query's key is still taken out
-    assert call(guarded, "GET", "/status", FULL, params={"key": OTHER}).json()["query"] == ""
     assert call(guarded, "GET", "/models", params={"key": FULL}).status_code == 401
     assert call(guarded, "GET", "/jobs/abc", params={"key": FULL}).status_code == 401
     assert call(guarded, "POST", "/jobs", params={"key": FULL}, json={"model_id": "spam", "input": "x"}).status_code == 401
 
 
-def test_the_openapi_schema_declares_the_bearer_keys(guarded: FastAPI) -> None:
+def test_the_query_key_goes_no_further_than_the_check() -> None:
+    seen: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["query_string"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    from tasks.gateway.keys import KeyRing
+
+    rules = parse_keys(FULL, "SWAPLESS_API_KEYS", per_line=False)
+    middleware = Callers(app, KeyRing([KeyRule(rules[0].digest, None)]), [], frozenset())
+    scope = {"type": "http", "method": "GET", "path": "/status", "query_string": f"key={FULL}&x=1".encode(),
+             "headers": []}
+    taken = Callers._presented(scope, query_key=True)
+    assert taken == FULL and scope["query_string"] == b"x=1" and middleware.keys.match(FULL) is not None
+    assert seen == []
+
+
+def test_the_openapi_schema_declares_the_bearer_keys(guarded: TestClient) -> None:
     schema = call(guarded, "GET", "/openapi.json").json()
-    assert schema["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
-    assert schema["security"] == [{"apiKey": []}]
-    assert schema["paths"]["/healthz"]["get"]["security"] == []
-    assert "security" not in schema["paths"]["/models"]["get"]
+    assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    assert "security" not in schema["paths"]["/healthz"]["get"]
+    assert schema["paths"]["/models"]["get"]["security"] == [{"HTTPBearer": []}]
+    assert schema["paths"]["/jobs"]["post"]["x-swapless-needs"] == "key"
 
 
-def test_no_keys_no_middleware(store: ModelStore) -> None:
-    app = FastAPI()
-    assert install_api_keys(app, settings_with(), store) is False and app.state.api_keys_required is False
-    assert app.user_middleware == []
+def test_without_keys_every_caller_is_an_operator_known_by_its_address(models_json: Path, redis_url: str,
+                                                                        key_prefix: str) -> None:
+    settings = Settings(redis_url=redis_url, key_prefix=key_prefix, queue=key_prefix + "jobs", models_file=models_json)
+    app = create_app(settings)
+    assert app.state.api_keys_required is False
+    with TestClient(app, base_url="http://localhost") as http:
+        accepted = http.post("/jobs", json={"model_id": "spam", "input": "hi"})
+        assert accepted.status_code == 202
+        job_id = accepted.json()["job_id"]
+        record = redis.Redis.from_url(redis_url).hgetall(f"{key_prefix}swapless-owner-{job_id}")
+        assert record == {b"owner": b"addr:testclient"}
 
 
 @pytest.mark.parametrize(
@@ -403,7 +388,7 @@ def test_a_real_gateway_with_keys(tmp_path: Path, redis_url: str, models_file: P
             assert http.get("/", params={"key": FULL}).headers["location"] == f"status?key={FULL}"
             assert http.delete(f"/jobs/{job_id}", headers=with_key(LIMITED)).json()["status"] == "cancelled"
             schema = http.get("/openapi.json").json()
-            assert "apiKey" in schema["components"]["securitySchemes"]
+            assert "HTTPBearer" in schema["components"]["securitySchemes"]
 
     def logged() -> str | None:
         log = gateway.log()

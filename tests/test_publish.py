@@ -64,6 +64,34 @@ def test_nothing_is_sent_when_one_job_is_invalid(swapless_env: dict[str, str], r
     r.close()
 
 
+def test_a_message_over_the_byte_bound_is_refused_and_nothing_of_its_call_is_sent(
+    swapless_env: dict[str, str], redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from config.settings import get_settings
+
+    monkeypatch.setenv("SWAPLESS_MAX_MESSAGE_BYTES", "4096")
+    get_settings.cache_clear()
+    client = Client()
+    r = redis.Redis.from_url(redis_url)
+    with pytest.raises(InputError) as caught:
+        client.submit_jobs([("sentiment", "small"), ("spam", "x" * 4000)])
+    assert str(caught.value).startswith("bad input for model 'spam': the job's queue message would be ")
+    assert str(caught.value).endswith("bytes, over the limit of 4096 bytes (SWAPLESS_MAX_MESSAGE_BYTES): send a smaller input")
+    with pytest.raises(InputError, match=r"send a smaller chunk of inputs \(fewer inputs per chunk: --chunk-size\)"):
+        client.submit_many("sentiment", ["y" * 500] * 10, chunk_size=10)
+    s = client.settings
+    keys = [model_queue_key(s.queue, m, level, s.key_prefix) for m in ("sentiment", "spam") for level in (0, 6)]
+    assert all(r.llen(key) == 0 for key in keys)
+    assert client.submit("sentiment", "small").id  # under the bound, as ever
+    r.close()
+
+
+def test_a_fresh_install_bounds_the_queue() -> None:
+    from config.settings import Settings
+
+    assert Settings().max_queued == 100_000, "one caller cannot fill a fresh install's Redis"
+
+
 @pytest.mark.slow
 def test_a_real_worker_answers_each_job_like_submit(start_worker: Callable[..., WorkerProcess]) -> None:
     start_worker("--max-models", "2")

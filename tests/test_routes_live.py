@@ -129,7 +129,7 @@ def test_the_gateway_routes_with_a_sticky_key_and_names_the_serving_model(faults
 
     faults.write_models(real=False, extra=ROUTES)
     faults.worker()
-    with TestClient(create_app()) as http:
+    with TestClient(create_app(), base_url="http://localhost") as http:
         replies = [http.post("/predict", json={"model_id": "sentiment", "input": f"web-{i}", "key": "user-9"})
                    for i in range(8)]
         assert all(r.status_code == 200 for r in replies), [r.text for r in replies]

@@ -23,6 +23,8 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
+from manager.errors import InputError
+from tasks.client import Client
 from tests.stack import Stack as GatewayStack
 from tests.stack import run_cli, wait_for, worker_and_gateway
 
@@ -121,7 +123,8 @@ def cells(row: Node) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def stack(redis_url: str, models_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A worker and a keyed gateway, after known jobs: 3 sentiment and 2 spam done, 1 failed (blank text), 1 expired
+    """A worker and a keyed gateway, after known jobs: 3 sentiment and 2 spam done, 1 failed (blank text, sent by a
+    plain client: the gateway refuses it), 1 expired
     and 1 cancelled (sent while the worker was frozen)."""
     logs = tmp_path_factory.mktemp("status-page")
     extra = {"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5", "SWAPLESS_API_KEYS": f"{KEY},{SPAM_ONLY}:spam"}
@@ -133,6 +136,8 @@ def stack(redis_url: str, models_file: Path, tmp_path_factory: pytest.TempPathFa
                                    ("spam", "e")]:
                 assert http.post("/predict", json={"model_id": model_id, "input": text}).status_code == 200
             assert http.post("/predict", json={"model_id": "sentiment", "input": "  "}).status_code == 422
+            with pytest.raises(InputError):  # the gateway refuses it; a producer of its own reaches the worker
+                Client().submit("sentiment", "  ").get(timeout=30)
             os.kill(worker.proc.pid, signal.SIGSTOP)
             try:
                 late = http.post("/jobs", json={"model_id": "spam", "input": "late", "expires_s": 0.3}).json()

@@ -22,6 +22,7 @@ from celery import Celery
 from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 
+from manager.errors import InputError
 from tasks.broker.affinity import ModelKeys
 from tasks.protocol import PREDICT_TASK, SENT_AT_HEADER
 
@@ -34,14 +35,17 @@ _ARGSREPR_MAX = 1024  # Celery's argsrepr_maxsize
 def build_messages(
     app: Celery, queue: str, jobs: Sequence[tuple[str, Any]], priority: int, task: str = PREDICT_TASK,
     expires: str | None = None, ids: Sequence[str] | None = None, headers: Sequence[dict[str, Any]] | None = None,
+    max_bytes: int | None = None,
 ) -> list[tuple[str, str]]:
     """``(job id, message JSON)`` for each ``(model_id, value)``, as ``send_task(task, args=[model_id, value])``
     would send it (``value``: one input for ``PREDICT_TASK``, a list of inputs for ``CHUNK_TASK``); ``expires``:
     the deadline, as ``send_task(..., expires=...)`` writes it (an ISO time); ``ids``: the job ids (default: new
-    ones); ``headers``: extra headers per job (``send_task(..., headers=...)``).
+    ones); ``headers``: extra headers per job (``send_task(..., headers=...)``); ``max_bytes``: the largest message
+    (``SWAPLESS_MAX_MESSAGE_BYTES``).
 
     Raises:
         ValueError: an input JSON cannot encode (the index of the job is named).
+        InputError: a message is over ``max_bytes`` (nothing is returned, so nothing of the call is sent).
     """
     origin = anon_nodename()  # what send_task puts in "origin"
     reply_to = app.thread_oid
@@ -91,7 +95,13 @@ def build_messages(
                 "delivery_tag": str(uuid.uuid4()),
             },
         }
-        out.append((job_id, json.dumps(message)))
+        encoded = json.dumps(message)
+        if max_bytes is not None and len(encoded) > max_bytes:
+            what = "chunk of inputs" if isinstance(value, list) and task != PREDICT_TASK else "input"
+            raise InputError(model_id, f"the job's queue message would be {len(encoded)} bytes, over the limit of "
+                             f"{max_bytes} bytes (SWAPLESS_MAX_MESSAGE_BYTES): send a smaller {what}"
+                             + (" (fewer inputs per chunk: --chunk-size)" if what != "input" else ""))
+        out.append((job_id, encoded))
     return out
 
 

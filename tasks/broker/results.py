@@ -23,8 +23,8 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timezone
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from celery import Celery, states
@@ -44,10 +44,16 @@ __all__ = ["ALREADY_DONE", "CANCELLED", "TOO_LATE", "ResultStore", "StoredResult
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# KEYS: the result, the job's attempt counter. The counter ends with the result (deleted first: see the module
-# docstring), the result is stored only if absent, and published so that Celery's AsyncResult.get() wakes up.
+# KEYS: the result, the job's attempt counter, the gateway's record of the job. The counter ends with the result
+# (deleted first: see the module docstring), the result is stored only if absent, and published so that Celery's
+# AsyncResult.get() wakes up. A job the gateway accepted has a record: it is marked done (its owner's in-flight
+# count drops) and outlives the result by one result expiry, so that a read after that says "expired".
 _SET_FIRST_WINS = """
 redis.call('DEL', KEYS[2])
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HSET', KEYS[3], 'done', 1)
+  redis.call('EXPIRE', KEYS[3], 2 * tonumber(ARGV[2]))
+end
 local ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
 if ok then
   redis.call('PUBLISH', KEYS[1], ARGV[1])
@@ -83,9 +89,10 @@ return done
 """
 
 
-# KEYS: a job's result, its attempt counter. A job with a result keeps it (2: done); a job started at least once
-# runs to its end (1: too late); else the cancellation is its result, published like any other (0: cancelled).
-# EXISTS first: a full Redis still answers a cancel that writes nothing.
+# KEYS: a job's result, its attempt counter, the gateway's record of it. A job with a result keeps it (2: done); a
+# job started at least once runs to its end (1: too late); else the cancellation is its result, published like any
+# other (0: cancelled), and its record (if any) is done. EXISTS first: a full Redis still answers a cancel that
+# writes nothing.
 _CANCEL = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 2
@@ -95,6 +102,9 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
 end
 redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
 redis.call('PUBLISH', KEYS[1], ARGV[1])
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HSET', KEYS[3], 'done', 1)
+end
 return 0
 """
 
@@ -183,6 +193,20 @@ class ResultStore:
     def _attempts_key(result_key: str) -> str:
         return result_key.replace("celery-task-meta-", "swapless-attempts-", 1)
 
+    def record_key(self, job_id: str) -> str:
+        """Where the gateway records who submitted a job (``tasks.gateway.ledger``); the worker marks it done with
+        the job's result."""
+        return self._record_key(self.key(job_id))
+
+    @property
+    def record_key_prefix(self) -> str:
+        """What every record key starts with (the job id follows)."""
+        return self.record_key("-")[:-1]
+
+    @staticmethod
+    def _record_key(result_key: str) -> str:
+        return result_key.replace("celery-task-meta-", "swapless-owner-", 1)
+
     def key(self, job_id: str) -> str:
         return self.backend.get_key_for_task(job_id).decode()
 
@@ -206,11 +230,11 @@ class ResultStore:
     def _store(self, items: list[tuple[str, Any, SwaplessError | None]], models: Mapping[str, str]) -> list[bool]:
         sha = self._sha(_SET_FIRST_WINS)
         pipe = self.client.pipeline(transaction=False)
-        done_at = datetime.now(timezone.utc).isoformat()  # one instant for the batch, as Celery's app.now() gives
+        done_at = datetime.now(UTC).isoformat()  # one instant for the batch, as Celery's app.now() gives
         for job_id, result, error in items:
             key = self.key(job_id)
             value = self._encode(job_id, result, error, done_at, models.get(job_id))
-            pipe.evalsha(sha, 2, key, self._attempts_key(key), value, self.expires_s)
+            pipe.evalsha(sha, 3, key, self._attempts_key(key), self._record_key(key), value, self.expires_s)
         return [bool(stored) for stored in pipe.execute()]
 
     def _encode(
@@ -316,9 +340,12 @@ class ResultStore:
 
         return {result_id for result_id, flag in zip(under, self._retrying(write), strict=True) if flag}
 
-    def cancel(self, job_ids: Sequence[str], error_for: Callable[[str], SwaplessError]) -> dict[str, str]:
+    def cancel(
+        self, job_ids: Sequence[str], error_for: Callable[[str], SwaplessError], hold_s: int | None = None
+    ) -> dict[str, str]:
         """Cancel jobs that have not started, in one round trip: each one's result becomes ``error_for(id)`` (a
-        failure, published like any other, so waiters wake and a worker that takes the job later skips it).
+        failure, published like any other, so waiters wake and a worker that takes the job later skips it), kept
+        ``hold_s`` seconds (at least the result expiry): as long as the job may still be waiting in the queue.
 
         The items of one chunk share its message and its result: cancelling an item cancels its whole chunk, and a
         chunk is cancelled as long as it has no result (its items that already ran are dropped).
@@ -330,7 +357,8 @@ class ResultStore:
         unique = list(dict.fromkeys(storage_id(job_id) for job_id in job_ids))
         if not unique:
             return {}
-        done_at = datetime.now(timezone.utc).isoformat()
+        done_at = datetime.now(UTC).isoformat()
+        keep_s = max(self.expires_s, hold_s or 0)
 
         def write() -> list[int]:
             sha = self._sha(_CANCEL)
@@ -338,7 +366,7 @@ class ResultStore:
             for job_id in unique:
                 key = self.key(job_id)
                 value = self._encode(job_id, None, error_for(job_id), done_at)
-                pipe.evalsha(sha, 2, key, self._attempts_key(key), value, self.expires_s)
+                pipe.evalsha(sha, 3, key, self._attempts_key(key), self._record_key(key), value, keep_s)
             return pipe.execute()
 
         answers = dict(zip(unique, self._retrying(write), strict=True))

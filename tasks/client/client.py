@@ -27,6 +27,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self
 
@@ -37,8 +38,8 @@ from manager.errors import SwaplessError
 from manager.specs import ModelSpec
 from manager.store import ModelStore
 from tasks.app import make_app
-from tasks.broker.connection import redact, redis_client, translated
 from tasks.broker.affinity import ModelKeys
+from tasks.broker.connection import redact, redis_client, translated
 from tasks.broker.publish import ModelPush, build_messages, push, push_to_models
 from tasks.broker.results import ResultStore, StoredResult
 from tasks.broker.routes import RouteOverrides
@@ -52,8 +53,8 @@ from tasks.client.waiting import raise_for, read_results, wait_result
 from tasks.errors import DeadlinePassed, JobCancelled, JobTimeout, QueueFull
 from tasks.protocol import (
     CHUNK_TASK,
-    PREDICT_TASK,
     KEYS_HEADER,
+    PREDICT_TASK,
     PRIORITY_STEPS,
     SHADOW_HEADER,
     SHADOWED_HEADER,
@@ -66,7 +67,7 @@ from tasks.protocol import (
     storage_id,
 )
 
-__all__ = ["Client", "Job"]
+__all__ = ["Client", "Job", "Routed"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,18 @@ def _batched(values: Iterable[Any], size: int) -> Iterator[list[Any]]:
     iterator = iter(values)
     while batch := list(itertools.islice(iterator, size)):
         yield batch
+
+
+@dataclass(frozen=True)
+class Routed:
+    """A single job ready to send: its id, the model its message addresses (the route's pick, or as addressed), its
+    input, and the shadow models that get a copy (``via``: the routes it went through, outermost first)."""
+
+    job_id: str
+    model_id: str
+    value: Any
+    shadows: tuple[str, ...] = ()
+    via: tuple[str, ...] = ()
 
 
 class Job:
@@ -210,34 +223,67 @@ class Client:
             self._overrides = RouteOverrides(self.redis, self.settings.queue, self.settings.key_prefix)
         return self._overrides
 
-    def _route(
-        self, jobs: Sequence[tuple[str, Any]], keys: Sequence[str | None] | None
-    ) -> tuple[list[tuple[str, Any]], list[str], list[tuple[str, str, Any, dict[str, Any]]]]:
-        """Each job addressed to a route, resolved to the model that serves it (``manager.routing``: by its key,
-        else by its id, so a worker resolving a plain Celery job by its id picks the same); plus the shadow copies
-        to send, as ``(id, model, input, headers)``. A job whose route cannot place its input goes as addressed: the
-        worker answers it alone (``InputError``)."""
+    def route_jobs(
+        self, jobs: Sequence[tuple[str, Any]], keys: Sequence[str | None] | None = None, *, paths: bool = True
+    ) -> list[Routed]:
+        """Each job with a fresh id, addressed to the model that serves it: a route resolved (``manager.routing``: by
+        its sticky key, else by its id, so a worker resolving a plain Celery job by its id picks the same) with the
+        shadows it sends copies to. A job whose route cannot place its input goes as addressed: the worker answers
+        it alone (``InputError``). ``paths``: whether an input may be an image file's path (False for inputs from
+        the network: ``secret.png`` is then text).
+        """
         store = self._routing_store()
         ids = [str(uuid.uuid4()) for _ in jobs]
         if store is None:
-            return list(jobs), ids, []
+            return [Routed(job_id, model_id, value) for job_id, (model_id, value) in zip(ids, jobs, strict=True)]
         overrides = self.route_weights().get()
-        routed: list[tuple[str, Any]] = []
-        shadows: list[tuple[str, str, Any, dict[str, Any]]] = []
+        routed: list[Routed] = []
         for index, (model_id, value) in enumerate(jobs):
             given = keys[index] if keys is not None else None
             key = given if given is not None else ids[index]
             try:
-                found = store.route(model_id, value, key, overrides) if store.is_route(model_id) else None
+                found = store.route(model_id, value, key, overrides, paths=paths) if store.is_route(model_id) else None
             except SwaplessError:
                 found = None
             if found is None:
-                routed.append((model_id, value))
-                continue
-            routed.append((found.model_id, value))
-            for n, shadow in enumerate(found.shadows):
-                shadows.append((f"{ids[index]}.shadow{n}", shadow, value, {SHADOW_HEADER: [ids[index], found.via[0]]}))
-        return routed, ids, shadows
+                routed.append(Routed(ids[index], model_id, value))
+            else:
+                routed.append(Routed(ids[index], found.model_id, value, found.shadows, found.via))
+        return routed
+
+    def send_routed(
+        self, routed: Sequence[Routed], *, priority: str = "interactive", expires: float | datetime | None = None,
+        headers: Sequence[dict[str, Any]] | None = None,
+    ) -> list[str]:
+        """Send jobs ``route_jobs`` addressed, in one round trip, then their shadow copies at bulk priority (a shadow
+        never delays a served job; one that cannot be sent is logged, never failing the served job); returns the
+        served jobs' ids. ``headers``: extra message headers per job.
+
+        Raises:
+            ValueError: unknown ``priority``; an input JSON cannot encode; a message over
+                ``SWAPLESS_MAX_MESSAGE_BYTES`` (``InputError``; nothing is sent).
+            QueueFull, QueueUnavailable: as ``submit``.
+        """
+        level = priority_level(priority)
+        shadows = [
+            (f"{r.job_id}.shadow{n}", shadow, r.value, {SHADOW_HEADER: [r.job_id, r.via[0]]})
+            for r in routed
+            for n, shadow in enumerate(r.shadows)
+        ]
+        extra = [dict(h) for h in headers] if headers is not None else [{} for _ in routed]
+        if shadows:  # the served jobs leave their top label for their shadows to compare with
+            for r, h in zip(routed, extra, strict=True):
+                if r.shadows:
+                    h[SHADOWED_HEADER] = 1
+        sent = self._publish(PREDICT_TASK, [(r.model_id, r.value) for r in routed], level, expires,
+                             ids=[r.job_id for r in routed], headers=extra)
+        if shadows:
+            try:
+                self._publish(PREDICT_TASK, [(m, v) for _, m, v, _ in shadows], PRIORITY_STEPS[-1], expires,
+                              ids=[i for i, _, _, _ in shadows], headers=[h for _, _, _, h in shadows])
+            except SwaplessError as err:  # a shadow is never worth failing the served job
+                logger.warning("could not send %d shadow job(s): %s", len(shadows), err)
+        return sent
 
     def _canonical(self, model_id: str) -> str | None:
         """The id a model's lists are named by (an alias resolved), or None when this client cannot tell (no models
@@ -254,15 +300,12 @@ class Client:
         jobs: Sequence[tuple[str, Any]],
         level: int,
         expires: float | datetime | None = None,
-        keys: Sequence[str | None] | None = None,
         *,
         ids: Sequence[str] | None = None,
         headers: Sequence[dict[str, Any]] | None = None,
     ) -> list[str]:
-        """Send one message per ``(model_id, value)`` to ``task``, in one round trip; returns their ids.
-
-        Single jobs addressed to a route go to the model it picks (``_route``; ``keys``: their sticky keys), and
-        their shadow copies follow at bulk priority.
+        """Send one message per ``(model_id, value)`` to ``task`` as addressed, in one round trip; returns their ids
+        (``ids``, else new ones). Single jobs are routed before they get here (``route_jobs``, ``send_routed``).
 
         With placement (``SWAPLESS_ROUTING``), each model's messages go to its own list (``tasks.broker.affinity``)
         and ring its bell; otherwise, and for a model this client cannot name, to the queue's shared lists.
@@ -273,14 +316,8 @@ class Client:
             QueueUnavailable: Redis cannot be reached.
         """
         s = self.settings
-        shadows: list[tuple[str, str, Any, dict[str, Any]]] = []
-        if task == PREDICT_TASK and ids is None:
-            jobs, ids, shadows = self._route(jobs, keys)
-            if shadows:  # the served jobs leave their top label for their shadows to compare with
-                shadowed = {of for _, _, _, h in shadows for of in h[SHADOW_HEADER][:1]}
-                headers = [{SHADOWED_HEADER: 1} if job_id in shadowed else {} for job_id in ids]
         built = build_messages(self.app, s.queue, jobs, level, task=task, expires=expires_header(expires), ids=ids,
-                               headers=headers)
+                               headers=headers, max_bytes=s.max_message_bytes)
         shared: list[int] = []
         by_model: dict[str, list[int]] = {}
         for index, (model_id, _) in enumerate(jobs):
@@ -317,12 +354,6 @@ class Client:
             )
             error.queued = queued
             raise error
-        if shadows:
-            try:
-                self._publish(PREDICT_TASK, [(m, v) for _, m, v, _ in shadows], PRIORITY_STEPS[-1], expires,
-                              ids=[i for i, _, _, _ in shadows], headers=[h for _, _, _, h in shadows])
-            except SwaplessError as err:  # a shadow is never worth failing the served job
-                logger.warning("could not send %d shadow job(s): %s", len(shadows), err)
         return [job_id for job_id, _ in built]
 
     def models(self) -> list[ModelSpec]:
@@ -356,8 +387,9 @@ class Client:
             QueueUnavailable: Redis cannot be reached (within ``SWAPLESS_CONNECT_TIMEOUT_S``, once retried).
             QueueFull: Redis refused the job (out of memory).
         """
-        level = self._checked(model_id, priority)
-        return Job(self, self._publish(PREDICT_TASK, [(model_id, input)], level, expires, [key])[0])
+        self._checked(model_id, priority)
+        return Job(self, self.send_routed(self.route_jobs([(model_id, input)], [key]), priority=priority,
+                                          expires=expires)[0])
 
     def submit_jobs(
         self,
@@ -380,12 +412,13 @@ class Client:
             QueueUnavailable, QueueFull: as ``submit`` (nothing is sent).
         """
         pairs = list(jobs)
-        level = priority_level(priority)
+        priority_level(priority)
         for model_id in {model_id for model_id, _ in pairs}:
             self._checked(model_id, priority)
         if keys is not None and len(keys) != len(pairs):
             raise ValueError(f"keys has {len(keys)} key(s) for {len(pairs)} job(s): give one per job (None for none)")
-        return [Job(self, job_id) for job_id in self._publish(PREDICT_TASK, pairs, level, expires, keys)]
+        sent = self.send_routed(self.route_jobs(pairs, keys), priority=priority, expires=expires)
+        return [Job(self, job_id) for job_id in sent]
 
     def submit_many(
         self,
@@ -504,8 +537,8 @@ class Client:
 
         A cancelled job's result is ``JobCancelled`` (``get`` raises it, waiters wake at once) and no worker runs it:
         every worker checks for a result before it starts a job, and the cancellation is kept in Redis as the job's
-        result (it expires with results, ``SWAPLESS_RESULT_EXPIRES_S``), so it holds across worker restarts and
-        for a job still on its way. A job that has started runs to its end and keeps its result. The jobs of one
+        result for ``SWAPLESS_CANCEL_HOLD_S`` (7 days: as long as a job may wait), so it holds across worker restarts
+        and for a job still on its way. A job that has started runs to its end and keeps its result. The jobs of one
         ``submit_many`` chunk share one message: cancelling one cancels its chunk.
 
         Returns:
@@ -517,7 +550,7 @@ class Client:
         """
         ids = list(job_ids)
         with translated(self.settings.broker_url):
-            return self.results.cancel(ids, JobCancelled)
+            return self.results.cancel(ids, JobCancelled, self.settings.cancel_hold_s)
 
     def job(self, job_id: str) -> Job:
         """A handle on a job submitted earlier, by id."""

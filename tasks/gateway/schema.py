@@ -1,16 +1,10 @@
-"""The gateway's request and response bodies (they make its OpenAPI schema), and the input check per model type."""
+"""The gateway's request and response bodies (they make its OpenAPI schema)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any, Literal
 
-from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
-
-from manager.describe import kind
-from manager.specs import InputType, ModelSpec
 
 __all__ = [
     "ErrorInfo",
@@ -25,7 +19,6 @@ __all__ = [
     "PredictTimeout",
     "Prediction",
     "WorkerView",
-    "check_input",
 ]
 
 
@@ -141,30 +134,3 @@ class Health(_Body):
     status: Literal["ok", "unavailable"]
     redis: str
     workers: int | None = None
-
-
-def _invalid(kind: str, message: str) -> RequestValidationError:
-    return RequestValidationError([{"type": kind, "loc": ("body", "input"), "msg": message}])
-
-
-def check_input(spec: ModelSpec, value: Any) -> None:
-    """Check an input's type against the model's: text models take a string, image models a base64 string.
-
-    Raises:
-        RequestValidationError: the input does not fit (422, naming the model and what to send).
-    """
-    if spec.type is InputType.TEXT:
-        if not isinstance(value, str):
-            raise _invalid("string_type", f"model {spec.id!r} takes text: send a string, not {kind(value)}")
-        return
-    what = f"model {spec.id!r} takes images: send a base64 string of a PNG/JPEG/WebP"
-    if not isinstance(value, str):
-        raise _invalid("string_type", f"{what}, not {kind(value)}")
-    text = value.strip()
-    if text.startswith("data:") and "," in text:
-        text = text.split(",", 1)[1]
-    try:
-        if not base64.b64decode(text, validate=True):
-            raise _invalid("base64", f"{what}; this one is empty")
-    except (binascii.Error, ValueError):
-        raise _invalid("base64", f"{what}; this one is not valid base64") from None

@@ -23,6 +23,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from config.settings import Settings
 from manager.store import ModelStore
 from tasks.broker.connection import redis_client
+from tasks.gateway.auth import Need, needs
+from tasks.gateway.http import GuardedRoute
 from tasks.observe.queue import DEFAULT_SAMPLE
 from tasks.observe.status import aread_status
 from tasks.protocol import PRIORITY_BULK
@@ -59,23 +61,23 @@ def status_router(settings: Settings, store: ModelStore, redis: Callable[[], are
         store: the models file (placement is read per model).
         redis: the gateway's asyncio Redis client (it exists while the app runs).
     """
-    router = APIRouter()
+    router = APIRouter(route_class=GuardedRoute)
     html = page_html()
     headers = _page_headers(html)
     model_ids = store.ids()
     sync = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s)  # connects when used
 
-    @router.get("/", include_in_schema=False)
+    @router.get("/", include_in_schema=False, **needs(Need.NOTHING))
     async def root(request: Request) -> RedirectResponse:
         query = request.url.query
         return RedirectResponse("status" + (f"?{query}" if query else ""), status_code=307)
 
-    @router.get("/status", response_class=HTMLResponse)
+    @router.get("/status", response_class=HTMLResponse, **needs(Need.KEY, query_key=True))
     async def status_page() -> HTMLResponse:
         """The live status page for a browser (with API keys: open ``/status?key=<key>``)."""
         return HTMLResponse(html, headers=headers)
 
-    @router.get("/status.json")
+    @router.get("/status.json", **needs(Need.KEY, query_key=True))
     async def status_json(
         sample: int = Query(DEFAULT_SAMPLE, ge=1, le=10_000, description="queued messages read per priority level"),
     ) -> Any:

@@ -17,6 +17,7 @@ Every problem with a request raises ``InputError`` naming the model, the field, 
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from manager.describe import kind
-from manager.errors import InputError
+from manager.errors import InputError, SwaplessError
 
 __all__ = [
     "HEADER_LENGTH",
@@ -32,7 +33,9 @@ __all__ = [
     "InputTensor",
     "OutputTensor",
     "RequestedOutput",
+    "TooManyElements",
     "bytes_elements",
+    "declared_elements",
     "encode_response",
     "parse_request",
 ]
@@ -40,6 +43,7 @@ __all__ = [
 #: The header that gives the JSON part's length in bytes when binary tensor data follows it.
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _LENGTH = struct.Struct("<I")
+_ASCII_DIGITS = re.compile(r"[0-9]{1,12}")
 
 
 class _Tensor(BaseModel):
@@ -62,6 +66,19 @@ class _Request(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
     inputs: list[_Input]
     outputs: list[_Tensor] | None = None
+
+
+class TooManyElements(SwaplessError):
+    """An inference request declares more elements (jobs) than one request may have."""
+
+    def __init__(self, declared: int, cap: int) -> None:
+        super().__init__(declared, cap)
+        self.declared, self.cap = declared, cap
+
+    @property
+    def message(self) -> str:
+        return (f"the request's shapes declare {self.declared} elements, over the limit of {self.cap} per request "
+                "(SWAPLESS_GATEWAY_MAX_ELEMENTS): send them in several requests")
 
 
 @dataclass(frozen=True)
@@ -125,26 +142,62 @@ def _flag(value: Any, model_id: str, where: str) -> bool | None:
     raise InputError(model_id, f"{where} is {kind(value)}: send true or false")
 
 
-def parse_request(body: bytes, header_length: str | None, model_id: str) -> InferRequest:
+def declared_elements(raw: dict[str, Any], model_id: str) -> int:
+    """How many elements the inputs of a request's JSON declare, from their shapes alone (nothing else is read).
+
+    Raises:
+        InputError: ``inputs`` is not a list, or a shape is not a list of at most 8 non-negative integers.
+    """
+    inputs = raw.get("inputs")
+    if not isinstance(inputs, list):
+        raise InputError(model_id, "field 'inputs': send a list of input tensors")
+    total = 0
+    for index, tensor in enumerate(inputs):
+        shape = tensor.get("shape") if isinstance(tensor, dict) else None
+        if not isinstance(shape, list) or len(shape) > 8 or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31 for d in shape
+        ):
+            raise InputError(model_id, f"field 'inputs.{index}.shape': give a list of at most 8 non-negative "
+                             "integers, the size of each dimension")
+        count = 1
+        for dim in shape:
+            count *= dim
+        total += count
+    return total
+
+
+def parse_request(body: bytes, header_length: str | None, model_id: str, max_elements: int | None = None
+                  ) -> InferRequest:
     """An inference request from its body and its ``Inference-Header-Content-Length`` header (None: all JSON).
+
+    ``max_elements``: the most elements the declared shapes may total, checked before any tensor is read.
 
     Raises:
         InputError: the body is not such a request (names the field and what to send).
+        TooManyElements: the shapes declare more than ``max_elements``.
     """
     if header_length is None:
         head, rest = body, b""
     else:
-        if not header_length.strip().isdigit() or int(header_length) > len(body):
-            raise InputError(model_id, f"{HEADER_LENGTH} is {header_length!r} for a body of {len(body)} bytes: "
-                             "give the length in bytes of the JSON part")
-        head, rest = body[: int(header_length)], body[int(header_length) :]
+        length = header_length.strip()
+        if not _ASCII_DIGITS.fullmatch(length) or int(length) > len(body):
+            shown = length if len(length) <= 24 else length[:24] + "..."
+            raise InputError(model_id, f"{HEADER_LENGTH} is {shown!r} for a body of {len(body)} bytes: give the "
+                             "length in bytes of the JSON part, in ASCII digits")
+        head, rest = body[: int(length)], body[int(length) :]
     try:
         raw = json.loads(head)
+    except RecursionError:
+        raise InputError(model_id, "the request's JSON is nested too deeply: send an inference request object") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         hint = f" (or set {HEADER_LENGTH} when binary data follows it)" if header_length is None else ""
         raise InputError(model_id, f"the request is not valid JSON ({err}): send an inference request object{hint}")
     if not isinstance(raw, dict):
         raise InputError(model_id, f"the request is {kind(raw)}: send a JSON object with 'inputs'")
+    if max_elements is not None:
+        declared = declared_elements(raw, model_id)
+        if declared > max_elements:
+            raise TooManyElements(declared, max_elements)
     try:
         request = _Request.model_validate(raw)
     except ValidationError as err:

@@ -1,0 +1,199 @@
+"""The gateway's own errors, and its one map from any error to an HTTP status and a message safe to show.
+
+    SwaplessError
+    ├── UnknownJob          no job of that id for this caller (404: never accepted, another caller's, long gone)
+    ├── ResultExpired       the job finished, but its result has expired (410)
+    ├── ModelForbidden      the caller's key may not call that model (403)
+    ├── BodyTooLarge        a compressed body is over the limit once decompressed (413)
+    ├── TooManyElements     an Open Inference Protocol request declares more jobs than allowed (413; ``tensors``)
+    ├── OverLimit           a caller is over its rate or in-flight limit (429; ``tasks.gateway.quotas``)
+    └── GatewayBusy         the gateway holds as many waiting requests as it may (503; ``tasks.gateway.quotas``)
+
+``problem(err, protocol)`` gives every error its status, one-line message and headers for both protocols (the REST
+routes' ``{"detail"}`` and the Open Inference Protocol's ``{"error"}``): the model side's and the queue's errors
+too, with Redis's host, port and user left out of what the caller sees (they go to the gateway's log, once a
+minute at most). An error that is none of these is a bug: 500, logged with its traceback, never shown.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fastapi.exceptions import RequestValidationError
+from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException
+
+from manager.errors import (
+    BackendUnavailable,
+    InputError,
+    ModelLoadError,
+    ModelTooLarge,
+    SwaplessError,
+    UnknownModel,
+)
+from tasks.broker.connection import translate
+from tasks.errors import JobCancelled, JobExpired, QueueFull, QueueUnavailable
+from tasks.gateway.quotas import GatewayBusy, OverLimit
+from tasks.gateway.signature import UnknownVersion
+from tasks.gateway.tensors import TooManyElements
+
+__all__ = [
+    "BodyTooLarge",
+    "ModelForbidden",
+    "Problem",
+    "ResultExpired",
+    "TooManyElements",
+    "UnknownJob",
+    "job_status",
+    "note_unavailable",
+    "problem",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a caller is told to wait before sending again when the queue refuses jobs (``Retry-After``).
+QUEUE_RETRY_AFTER_S = 5
+_LOG_EVERY_S = 60.0
+_last_logged: dict[str, float] = {}
+
+
+class UnknownJob(SwaplessError):
+    """No job of this id that the caller may read: never accepted here, another caller's, or long gone."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
+
+    @property
+    def message(self) -> str:
+        return (f"no job {self.job_id} for this caller: use the job_id that POST /jobs returned to this key (records "
+                "are kept until its result expires)")
+
+
+class ResultExpired(SwaplessError):
+    """The job finished, but its result is no longer kept."""
+
+    def __init__(self, job_id: str, expires_s: int) -> None:
+        super().__init__(job_id, expires_s)
+        self.job_id, self.expires_s = job_id, expires_s
+
+    @property
+    def message(self) -> str:
+        return (f"job {self.job_id} finished, but its result has expired (results are kept "
+                f"{self.expires_s} s, SWAPLESS_RESULT_EXPIRES_S): send the job again")
+
+
+class ModelForbidden(SwaplessError):
+    """The caller's key may not call the model a request addresses."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+    @property
+    def message(self) -> str:
+        return self.detail
+
+
+class BodyTooLarge(SwaplessError):
+    """A compressed request body is over the gateway's limit once decompressed."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(max_bytes)
+        self.max_bytes = max_bytes
+
+    @property
+    def message(self) -> str:
+        return (f"the request body is over the limit of {self.max_bytes} bytes once decompressed "
+                "(SWAPLESS_GATEWAY_MAX_BODY_BYTES): send fewer inputs per request")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """An error as a response: its status, the message shown, and its headers."""
+
+    status: int
+    message: str
+    headers: dict[str, str] = field(default_factory=dict)
+    #: FastAPI's own validation errors, kept as their list (REST only)
+    errors: list[dict[str, object]] | None = None
+    #: more fields of the REST body (an unknown model's ``known`` ids)
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def _log_once(kind: str, text: str) -> None:
+    now = time.monotonic()
+    if now - _last_logged.get(kind, -_LOG_EVERY_S) >= _LOG_EVERY_S:
+        _last_logged[kind] = now
+        logger.warning("%s", text)
+
+
+def note_unavailable(err: BaseException, redis_url: str) -> None:
+    """Log, at most once a minute, why Redis could not be reached (what callers are told leaves it out)."""
+    better = translate(err, redis_url) if isinstance(err, (RedisError, OSError)) else err
+    _log_once("unavailable", f"Redis unavailable: {better or type(err).__name__}")
+
+
+def _queue_problem(err: QueueFull | QueueUnavailable) -> Problem:
+    retry = {"Retry-After": str(QUEUE_RETRY_AFTER_S)}
+    _log_once(type(err).__name__, f"answering 503: {err}")
+    if isinstance(err, QueueFull):
+        return Problem(503, f"the queue refused the job: {err.reason}", retry)
+    return Problem(503, f"the queue (Redis) is unavailable: try again in {QUEUE_RETRY_AFTER_S} s", retry)
+
+
+def problem(err: BaseException, protocol: Literal["rest", "v2"], redis_url: str) -> Problem:
+    """The response for ``err`` (see the module docstring); ``redis_url``: what Redis errors are translated for."""
+    if isinstance(err, (RedisError, OSError)):
+        err = translate(err, redis_url)
+    if isinstance(err, RequestValidationError):
+        # FastAPI's default echoes each bad value back; a body can be megabytes of base64: leave the values out.
+        errors = [{k: v for k, v in e.items() if k not in ("input", "ctx", "url")} for e in err.errors()]
+        first = errors[0] if errors else {}
+        where = ".".join(str(part) for part in first.get("loc", ()))  # type: ignore[union-attr]
+        return Problem(422 if protocol == "rest" else 400, f"{where}: {first.get('msg', 'invalid request')}",
+                       errors=errors)
+    if isinstance(err, HTTPException):
+        return Problem(err.status_code, str(err.detail), dict(err.headers or {}))
+    if isinstance(err, (QueueFull, QueueUnavailable)):
+        return _queue_problem(err)
+    if isinstance(err, OverLimit):
+        return Problem(429, str(err), {"Retry-After": str(err.retry_after_s)})
+    if isinstance(err, GatewayBusy):
+        return Problem(503, str(err), {"Retry-After": str(err.retry_after_s)})
+    if not isinstance(err, SwaplessError):
+        logger.exception("%s in a gateway request", type(err).__name__, exc_info=err)
+        return Problem(500, f"internal error ({type(err).__name__}): see the gateway's log")
+    if isinstance(err, InputError) and protocol == "rest":  # the shape of FastAPI's own 422s
+        return Problem(422, str(err), errors=[{"type": "input", "loc": ["body", "input"], "msg": str(err)}])
+    if isinstance(err, UnknownModel):
+        return Problem(404, str(err), extra={"known": list(err.known)})
+    return Problem(_status(err, protocol), str(err))
+
+
+def job_status(error: object, protocol: Literal["rest", "v2"]) -> int:
+    """The status a failed job's own error answers with (its kind's; 500 for one of no kind of ours)."""
+    return _status(error, protocol) if isinstance(error, SwaplessError) else 500
+
+
+def _status(err: SwaplessError, protocol: Literal["rest", "v2"]) -> int:
+    if isinstance(err, (UnknownModel, UnknownVersion, UnknownJob)):
+        return 404
+    if isinstance(err, InputError):
+        return 422 if protocol == "rest" else 400
+    if isinstance(err, ModelForbidden):
+        return 403
+    if isinstance(err, ResultExpired):
+        return 410
+    if isinstance(err, (BodyTooLarge, TooManyElements)):
+        return 413
+    if isinstance(err, JobCancelled):
+        return 409
+    if isinstance(err, JobExpired):
+        return 504
+    if isinstance(err, (BackendUnavailable, ModelLoadError)) and not isinstance(err, ModelTooLarge):
+        return 503
+    return 500

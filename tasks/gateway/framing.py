@@ -1,0 +1,184 @@
+"""The gateway's outermost ASGI middleware: what a request must be before anything reads it.
+
+``RequestGuard`` checks, from the headers alone:
+
+- **Host**: one ``Host`` header naming a host the gateway answers to (``SWAPLESS_GATEWAY_ALLOWED_HOSTS``; without
+  API keys, loopback names only, so that a web page cannot reach a loopback gateway through a DNS rebinding);
+- **Origin**: a browser's cross-origin request is refused unless its origin is listed
+  (``SWAPLESS_GATEWAY_ALLOWED_ORIGINS``), so a page cannot drive a gateway with its visitor's network position;
+- **framing**: at most one ``Content-Length``, of ASCII digits, never together with ``Transfer-Encoding`` (a
+  request smuggling vector: the declared length is not what the server reads), and no body declared over
+  ``SWAPLESS_GATEWAY_MAX_BODY_BYTES``;
+
+and then hands the app a ``receive`` that counts the body's bytes as they arrive, in every framing, and bounds
+how long the body may take (``SWAPLESS_GATEWAY_BODY_TIMEOUT_S``). Past either bound it answers 413 or 408 itself
+and the app sees the client gone. Every refusal is ``{"detail": ...}`` (``{"error": ...}`` under ``/v2/``) with
+``Connection: close``, so the server stops reading whatever the client still sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+__all__ = ["LOOPBACK_HOSTS", "ASGIApp", "Receive", "RequestGuard", "Scope", "Send", "reply"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: The host names a loopback gateway answers to by default.
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+_DIGITS = re.compile(rb"[0-9]{1,19}")
+_DISCONNECT: Message = {"type": "http.disconnect"}
+
+
+async def reply(scope: Scope, send: Send, status: int, detail: str, headers: Iterable[tuple[bytes, bytes]] = (),
+                *, close: bool = False) -> None:
+    """Send a whole JSON error response: ``{"detail": ...}``, or the Open Inference Protocol's ``{"error": ...}``
+    under ``/v2/``; ``close``: ask the server to close the connection after it (the rest of a refused body is
+    then never read)."""
+    field = "error" if scope.get("path", "").startswith("/v2/") else "detail"
+    payload = json.dumps({field: detail}).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *headers]
+    if close:
+        head.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def host_name(value: str) -> str:
+    """The host of a ``Host`` header or an origin's authority, lower-cased, without its port or IPv6 brackets."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class RequestGuard:
+    """ASGI middleware: Host, Origin and framing checks, then a body bounded in bytes and time (module docstring).
+
+    Args:
+        app: the application it guards.
+        max_body_bytes: the most bytes a request body may have.
+        body_timeout_s: the most seconds a body may take to arrive, from the request's start.
+        allowed_hosts: host names answered to (lower case, no port); None: any.
+        allowed_origins: origins (``scheme://host[:port]``) whose cross-origin requests are let through.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float,
+                 allowed_hosts: frozenset[str] | None, allowed_origins: frozenset[str]) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.allowed_hosts = allowed_hosts
+        self.allowed_origins = allowed_origins
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "websocket":  # the gateway has no websocket route
+                await send({"type": "websocket.close", "code": 1008, "reason": "no websocket endpoints here"})
+                return
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            status, detail = refusal
+            await reply(scope, send, status, detail, close=True)
+            return
+        body = _BoundedBody(scope, receive, send, self.max_body_bytes, time.monotonic() + self.body_timeout_s,
+                            self.body_timeout_s)
+        await self.app(scope, body.receive, body.send)
+
+    def _refusal(self, scope: Scope) -> tuple[int, str] | None:
+        """The status and message of a request whose headers alone refuse it; None when they do not."""
+        hosts, lengths, encodings, origins = [], [], [], []
+        for name, value in scope.get("headers", ()):
+            if name == b"host":
+                hosts.append(value)
+            elif name == b"content-length":
+                lengths.append(value)
+            elif name == b"transfer-encoding":
+                encodings.append(value)
+            elif name == b"origin":
+                origins.append(value)
+        if len(hosts) != 1:
+            return 400, "send exactly one Host header"
+        host_header = hosts[0].decode("latin-1")
+        host = host_name(host_header)
+        if self.allowed_hosts is not None and host not in self.allowed_hosts:
+            allowed = ", ".join(sorted(self.allowed_hosts))
+            return 400, (f"this gateway answers to the hosts {allowed}, not {host!r}: address it by one of them, or "
+                         "add the name to SWAPLESS_GATEWAY_ALLOWED_HOSTS")
+        if origins:
+            origin = origins[0].decode("latin-1").strip().lower()
+            same = origin.partition("://")[2] == host_header.strip().lower()
+            if not same and origin not in self.allowed_origins:
+                return 403, (f"requests from web pages of {origin} are refused: call the gateway from a server, or "
+                             "add the origin to SWAPLESS_GATEWAY_ALLOWED_ORIGINS")
+        if encodings and lengths:
+            return 400, "the request has both Content-Length and Transfer-Encoding: send one of them"
+        if encodings and any(e.strip().lower() != b"chunked" for e in encodings):
+            return 400, "the only Transfer-Encoding taken is chunked: send the body chunked or with a Content-Length"
+        if len(lengths) > 1:
+            return 400, "the request has several Content-Length headers: send one"
+        if lengths:
+            if not _DIGITS.fullmatch(lengths[0].strip()):
+                return 400, "Content-Length is not a number of bytes: send the body's length in ASCII digits"
+            declared = int(lengths[0])
+            if declared > self.max_body_bytes:
+                return 413, (f"request body of {declared} bytes is over the limit of {self.max_body_bytes} bytes "
+                             "(SWAPLESS_GATEWAY_MAX_BODY_BYTES)")
+        return None
+
+
+class _BoundedBody:
+    """One request's ``receive`` and ``send`` as the app gets them: the body counted and timed as it arrives; past a
+    bound, the refusal is sent here and the app sees a disconnect, and whatever it sends afterwards is dropped."""
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send, max_bytes: int, deadline: float,
+                 timeout_s: float) -> None:
+        self.scope, self._receive, self._send = scope, receive, send
+        self.max_bytes, self.deadline, self.timeout_s = max_bytes, deadline, timeout_s
+        self.seen = 0
+        self.complete = False
+        self.started = False
+        self.refused = False
+
+    async def receive(self) -> Message:
+        if self.refused:
+            return _DISCONNECT
+        if self.complete:  # the body is in: what comes now is a disconnect, whenever it comes
+            return await self._receive()
+        try:
+            message = await asyncio.wait_for(self._receive(), max(0.0, self.deadline - time.monotonic()))
+        except TimeoutError:
+            await self._refuse(408, f"the request body did not arrive within {self.timeout_s:g} s "
+                               "(SWAPLESS_GATEWAY_BODY_TIMEOUT_S): send it at once")
+            return _DISCONNECT
+        if message["type"] == "http.request":
+            self.seen += len(message.get("body", b""))
+            if self.seen > self.max_bytes:
+                await self._refuse(413, f"request body is over the limit of {self.max_bytes} bytes "
+                                   "(SWAPLESS_GATEWAY_MAX_BODY_BYTES)")
+                return _DISCONNECT
+            self.complete = not message.get("more_body", False)
+        return message
+
+    async def send(self, message: Message) -> None:
+        if self.refused:
+            return
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+    async def _refuse(self, status: int, detail: str) -> None:
+        self.refused = True
+        if not self.started:
+            await reply(self.scope, self._send, status, detail, close=True)

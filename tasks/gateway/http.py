@@ -1,0 +1,77 @@
+"""How every gateway route answers: ``GuardedRoute``, the route class of all of them.
+
+- A JSON body is parsed off the event loop when it is large (a 32 MiB body would hold the loop for a while), and
+  one nested too deeply is an ordinary invalid-JSON 422, not a crash.
+- Any error a route raises becomes its response through ``tasks.gateway.errors.problem``: ``{"detail": ...}``
+  (FastAPI's own validation errors as their list) on the REST routes, ``{"error": ...}`` under ``/v2``; never a
+  traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+
+from tasks.gateway.errors import problem
+
+__all__ = ["GuardedRoute", "error_response", "loads"]
+
+#: Bodies of more bytes than this are parsed in a worker thread.
+OFF_LOOP_BYTES = 64 * 1024
+
+
+def _loads(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", body.decode("utf-8", "replace")[:64], 0) from None
+
+
+async def loads(body: bytes) -> Any:
+    """``json.loads``, in a worker thread for a large body.
+
+    Raises:
+        json.JSONDecodeError, UnicodeDecodeError: not JSON (nested too deeply included).
+    """
+    return await asyncio.to_thread(_loads, body) if len(body) > OFF_LOOP_BYTES else _loads(body)
+
+
+class _OffLoopJson(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = await loads(await self.body())
+        return self._json
+
+
+def error_response(request: Request, err: BaseException) -> JSONResponse:
+    """The response for ``err`` raised while answering ``request`` (its protocol by its path)."""
+    v2 = request.url.path.startswith("/v2")
+    found = problem(err, "v2" if v2 else "rest", request.app.state.redis_url)
+    if v2:
+        content: dict[str, Any] = {"error": found.message}
+    elif found.errors is not None:
+        content = {"detail": found.errors}
+    else:
+        content = {"detail": found.message, **found.extra}
+    return JSONResponse(status_code=found.status, content=content, headers=found.headers or None)
+
+
+class GuardedRoute(APIRoute):
+    """An ``APIRoute`` whose handler parses JSON off the loop and answers every error through the one error map."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(_OffLoopJson(request.scope, request.receive))
+            except Exception as err:  # noqa: BLE001 - every error answers through the map; bugs are logged there
+                return error_response(request, err)
+
+        return guarded

@@ -1,0 +1,240 @@
+"""The gateway's data plane: what every protocol's routes do with jobs (the REST routes and the Open Inference
+Protocol's alike), so each check is made once, in one place.
+
+- ``submit(caller, asks)``: the caller may call each addressed model (else ``ModelForbidden``); each job is routed
+  here, with inputs typed as a network caller's (no file paths), and its input checked against the model that
+  will serve it (type, ``SWAPLESS_MAX_TEXT_CHARS``, ``_MAX_IMAGE_BYTES``, ``_MAX_IMAGE_PIXELS``), off the event
+  loop when it is large; then the caller's rate and in-flight limits (``OverLimit``), the jobs' records
+  (``tasks.gateway.ledger``), and one publish. A publish that fails forgets the records: nothing half-accepted.
+- ``read(caller, job_id)`` / ``cancel(caller, job_id)``: only the caller that submitted a job (or an operator)
+  sees it; any other id is ``UnknownJob``, the same answer as an id never submitted, so ids cannot be probed; a
+  finished job whose result has expired is ``ResultExpired``; a cancel writes nothing for an unknown id, and
+  holds as long as the job's record (its deadline, else ``SWAPLESS_CANCEL_HOLD_S``).
+- ``wait(...)`` / ``wait_all(...)``: results as they are published, each wait holding one of the process's wait
+  slots (``GatewayBusy`` past ``SWAPLESS_GATEWAY_MAX_WAITS``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aredis
+
+from config.settings import Settings
+from manager.errors import InputError
+from manager.inputs import base64_image, image_header, text_input
+from manager.specs import InputType, ModelSpec
+from manager.store import ModelStore
+from tasks.broker.connection import async_redis_client
+from tasks.broker.results import StoredResult
+from tasks.client import Client
+from tasks.client.client import Routed
+from tasks.client.waiting import await_result
+from tasks.errors import JobCancelled
+from tasks.gateway.auth import Caller
+from tasks.gateway.errors import ModelForbidden, ResultExpired, UnknownJob
+from tasks.gateway.ledger import JobLedger
+from tasks.gateway.quotas import OverLimit, RateLimit, WaitSlots
+
+__all__ = ["Ask", "DataPlane", "check_input"]
+
+#: Inputs of more characters than this are routed and checked in a worker thread, off the event loop.
+_OFF_LOOP_CHARS = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One job as a caller asks for it: the model (id, alias or route), the input, and a sticky routing key."""
+
+    model_id: str
+    value: Any
+    key: str | None = None
+
+
+def check_input(spec: ModelSpec, value: Any, settings: Settings) -> None:
+    """Refuse what the worker serving ``spec`` would fail: text models take a non-blank string within
+    ``SWAPLESS_MAX_TEXT_CHARS``; image models a base64 image within ``SWAPLESS_MAX_IMAGE_BYTES`` and
+    ``SWAPLESS_MAX_IMAGE_PIXELS`` (read from its header), never a file path.
+
+    Raises:
+        InputError: the input does not fit; the message names the model, the limit and its setting.
+    """
+    if spec.type is InputType.TEXT:
+        text_input(spec.id, value, settings.max_text_chars)
+        return
+    data = base64_image(spec.id, value, settings.max_image_bytes)
+    if data is None:
+        raise InputError(spec.id, "the image is not valid base64: send the image's bytes in base64 (the gateway reads "
+                         "no file paths)")
+    image_header(spec.id, data, settings.max_image_pixels)
+
+
+class DataPlane:
+    """Jobs through the gateway (see the module docstring). Built with the app; ``start`` and ``stop`` bracket its
+    Redis connections (the app's lifespan).
+
+    Args:
+        settings: the gateway's settings.
+        store: the models file.
+        client: the producer it publishes with.
+    """
+
+    def __init__(self, settings: Settings, store: ModelStore, client: Client) -> None:
+        self.settings = settings
+        self.store = store
+        self.client = client
+        self.waits = WaitSlots(settings.gateway_max_waits)
+        self._redis: aredis.Redis | None = None
+        self._ledger: JobLedger | None = None
+        self._rate: RateLimit | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        self._redis = async_redis_client(s.broker_url, connect_timeout_s=s.connect_timeout_s)
+        self._ledger = JobLedger(self._redis, self.client.results, s.key_prefix, s.gateway_inflight_per_key)
+        self._rate = RateLimit(self._redis, s.gateway_rate_per_key, s.key_prefix)
+
+    async def stop(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+        self._redis = self._ledger = self._rate = None
+        self.client.close()
+
+    @property
+    def redis(self) -> aredis.Redis:
+        """The asyncio Redis client (while the app runs)."""
+        if self._redis is None:
+            raise RuntimeError("the gateway's Redis client exists only while the app runs (lifespan)")
+        return self._redis
+
+    @property
+    def ledger(self) -> JobLedger:
+        if self._ledger is None:
+            raise RuntimeError("the gateway's ledger exists only while the app runs (lifespan)")
+        return self._ledger
+
+    # -- submitting ---------------------------------------------------------------------------------------------
+
+    def allow(self, caller: Caller, model_id: str) -> None:
+        """Raises ModelForbidden when ``caller`` may not call ``model_id``."""
+        if not caller.may_call(self.store, model_id):
+            raise ModelForbidden(caller.refusal(model_id))
+
+    def _route(self, asks: Sequence[Ask], label: Callable[[int], str] | None) -> list[Routed]:
+        routed = self.client.route_jobs([(a.model_id, a.value) for a in asks], [a.key for a in asks], paths=False)
+        for index, job in enumerate(routed):
+            try:
+                if self.store.is_route(job.model_id):  # the route could not place this input: say why
+                    self.store.route(job.model_id, job.value, job.job_id, paths=False)
+                check_input(self.store.get(job.model_id), job.value, self.settings)
+            except InputError as err:
+                if label is None:
+                    raise
+                raise InputError(err.model_id, f"{label(index)}: {err.problem}") from None
+        return routed
+
+    async def submit(
+        self, caller: Caller, asks: Sequence[Ask], *, priority: str = "interactive", expires_s: float | None = None,
+        label: Callable[[int], str] | None = None,
+    ) -> list[str]:
+        """Queue ``asks`` as ``caller``'s jobs, all or none; returns their ids (see the module docstring).
+        ``label``: how an input's error names it (``input 'TEXT' element 3``).
+
+        Raises:
+            ModelForbidden, UnknownModel, InputError: nothing is queued.
+            OverLimit: the caller is over its rate or in-flight limit (nothing is queued).
+            QueueFull, QueueUnavailable: Redis refused the jobs or cannot be reached (nothing is queued).
+        """
+        for model_id in dict.fromkeys(a.model_id for a in asks):
+            self.allow(caller, model_id)
+        large = len(asks) > 1 or any(isinstance(a.value, str) and len(a.value) > _OFF_LOOP_CHARS for a in asks)
+        routed = await asyncio.to_thread(self._route, asks, label) if large else self._route(asks, label)
+        if self._rate is None:
+            raise RuntimeError("the gateway's limits exist only while the app runs (lifespan)")
+        await self._rate.take(caller.owner, len(routed))
+        ids = [job.job_id for job in routed]
+        hold_s = expires_s if expires_s is not None else float(self.settings.cancel_hold_s)
+        admitted, count = await self.ledger.admit(caller.owner, ids, hold_s)
+        if not admitted:
+            raise OverLimit("SWAPLESS_GATEWAY_INFLIGHT_PER_KEY", f"this caller has {count} jobs submitted and not yet "
+                            f"finished, and {len(ids)} more would pass the limit of {self.ledger.inflight_cap}", 1)
+        try:
+            await asyncio.to_thread(self.client.send_routed, routed, priority=priority, expires=expires_s)
+        except BaseException:
+            await self.ledger.release(caller.owner, ids)
+            raise
+        return ids
+
+    # -- reading and cancelling ---------------------------------------------------------------------------------
+
+    async def read(self, caller: Caller, job_id: str) -> StoredResult:
+        """The job's stored state now, for its submitter or an operator.
+
+        Raises:
+            UnknownJob: no record of it that this caller may read (an operator may read a job some other producer
+                sent, once it has a result).
+            ResultExpired: it finished, and its result has expired.
+        """
+        record, stored = await self.ledger.read(job_id)
+        if record is None:
+            if caller.admin and stored.ready:
+                return stored
+            raise UnknownJob(job_id)
+        if record.owner != caller.owner and not caller.admin:
+            raise UnknownJob(job_id)
+        if not stored.ready and record.done:
+            raise ResultExpired(job_id, self.client.results.expires_s)
+        return stored
+
+    async def cancel(self, caller: Caller, job_id: str) -> str:
+        """Cancel the caller's job if it has not started: ``cancelled``, ``running`` (too late) or ``done``.
+
+        Raises:
+            UnknownJob, ResultExpired: as ``read``; nothing is written.
+        """
+        record, stored = await self.ledger.read(job_id)
+        if record is None or (record.owner != caller.owner and not caller.admin):
+            raise UnknownJob(job_id)
+        if not stored.ready and record.done:
+            raise ResultExpired(job_id, self.client.results.expires_s)
+        hold_s = await self.ledger.remaining_s(job_id)
+        answers = await asyncio.to_thread(self.client.results.cancel, [job_id], JobCancelled, hold_s)
+        return answers[job_id]
+
+    # -- waiting ------------------------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def waiting(self) -> AsyncIterator[None]:
+        """A wait slot for the block (``GatewayBusy`` when none is free)."""
+        async with self.waits.hold():
+            yield
+
+    async def wait(self, job_id: str, timeout_s: float) -> StoredResult:
+        """The job's result once ready, or its PENDING state after ``timeout_s``; woken by the backend's publish."""
+        return await await_result(self.redis, self.client.results, job_id, timeout_s)
+
+    async def wait_all(self, job_ids: Sequence[str], timeout_s: float) -> tuple[dict[str, StoredResult], list[str]]:
+        """The jobs' final states, and the ids still pending after ``timeout_s``. Jobs are consumed in order, so it
+        waits on the last one pending (one pub/sub wait), then reads the others in one batched read."""
+        deadline = time.monotonic() + timeout_s
+        found: dict[str, StoredResult] = {}
+        pending = list(job_ids)
+        while pending:
+            last = pending[-1]
+            stored = await self.wait(last, max(0.0, deadline - time.monotonic()))
+            if not stored.ready:
+                break
+            found[last] = stored
+            others = pending[:-1]
+            if others:
+                for job_id, other in zip(others, await asyncio.to_thread(self.client.fetch, others), strict=True):
+                    if other.ready:
+                        found[job_id] = other
+            pending = [job_id for job_id in pending if job_id not in found]
+        return found, pending
+

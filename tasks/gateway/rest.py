@@ -1,0 +1,210 @@
+"""The gateway's REST routes, over the data plane (``tasks.gateway.plane``):
+
+    POST   /jobs       {model_id, input}   202 {job_id}
+    GET    /jobs/{id}                      200 {job_id, state, result | error}; 404 not this caller's; 410 expired
+    DELETE /jobs/{id}                      200 cancelled; 409 running or done; 404 not this caller's
+    POST   /predict    {model_id, input}   200 {job_id, result}; 504 {job_id} when the wait runs out (poll /jobs/{id})
+    GET    /models                         the registry beside what each live worker has loaded (its heartbeat)
+    GET    /healthz                        200 when Redis answers, else 503 ("unavailable": no host, port or user)
+
+A job's failure on ``/predict`` answers with the job's own error and the status of its kind (404 unknown model,
+422 bad input, 409 cancelled, 503 backend down, 504 expired, else 500).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from celery import states
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse
+
+from tasks.broker.results import CANCELLED, TOO_LATE, StoredResult
+from tasks.gateway.auth import Caller, Need, needs
+from tasks.gateway.errors import job_status, note_unavailable
+from tasks.gateway.http import GuardedRoute
+from tasks.gateway.plane import Ask, DataPlane
+from tasks.gateway.schema import (
+    CancelReply,
+    ErrorInfo,
+    Health,
+    JobAccepted,
+    JobFailure,
+    JobRequest,
+    JobState,
+    LoadedOn,
+    ModelsView,
+    ModelView,
+    Prediction,
+    PredictTimeout,
+    WorkerView,
+)
+from tasks.observe.heartbeat import aread_heartbeats
+from tasks.observe.placement import aread_placement
+from tasks.observe.queue import aread_queue_depth
+
+__all__ = ["rest_router"]
+
+_JOB_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
+_PING_S = 2.0
+
+
+def caller_of(request: Request) -> Caller:
+    """The caller ``Callers`` found for this request."""
+    caller: Caller = request.state.caller
+    return caller
+
+
+def _error_info(error: Any) -> ErrorInfo:
+    return ErrorInfo(type=type(error).__name__ if error is not None else "Unknown", message=str(error))
+
+
+def _job_state(stored: StoredResult) -> JobState:
+    if stored.state == states.SUCCESS:
+        return JobState(job_id=stored.job_id, state="SUCCESS", model=stored.model, result=stored.value)
+    if stored.state == states.FAILURE:
+        return JobState(job_id=stored.job_id, state="FAILURE", error=_error_info(stored.value))
+    return JobState(job_id=stored.job_id, state="PENDING", note="queued or running")
+
+
+def rest_router(plane: DataPlane) -> APIRouter:
+    """The REST routes over ``plane``."""
+    router = APIRouter(route_class=GuardedRoute)
+    job_id_path = Path(pattern=_JOB_ID, description="the id POST /jobs returned")
+    rejections: dict[int | str, dict[str, Any]] = {
+        403: {"description": "the API key may not call this model"},
+        404: {"description": "unknown model; the message names the known ids"},
+        413: {"description": "request body too large"},
+        422: {"description": "the input does not fit the model (its type, or a size limit)"},
+        429: {"description": "over this caller's rate or in-flight limit; see Retry-After"},
+    }
+
+    async def submit(request: Request, body: JobRequest) -> str:
+        ids = await plane.submit(caller_of(request), [Ask(body.model_id, body.input, body.key)],
+                                 priority=body.priority, expires_s=body.expires_s)
+        return ids[0]
+
+    @router.post("/jobs", status_code=202, response_model=JobAccepted, responses=rejections, **needs(Need.KEY))
+    async def submit_job(request: Request, body: JobRequest) -> JobAccepted:
+        """Queue a job and return its id at once; read its result at ``GET /jobs/{job_id}``."""
+        job_id = await submit(request, body)
+        return JobAccepted(job_id=job_id, status_url=f"/jobs/{job_id}")
+
+    @router.get("/jobs/{job_id}", response_model=JobState, response_model_exclude_none=True,
+                responses={404: {"description": "no such job for this caller"},
+                           410: {"description": "the job finished; its result has expired"}},
+                **needs(Need.KEY))
+    async def job_state(request: Request, job_id: str = job_id_path) -> JobState:
+        """A job's state: PENDING (queued or running), SUCCESS and its result, or FAILURE and its error."""
+        return _job_state(await plane.read(caller_of(request), job_id))
+
+    @router.delete(
+        "/jobs/{job_id}",
+        response_model=CancelReply,
+        responses={409: {"model": CancelReply, "description": "too late: the job has started or has a result"},
+                   404: {"description": "no such job for this caller"}},
+        **needs(Need.KEY),
+    )
+    async def cancel_job(request: Request, job_id: str = job_id_path) -> Any:
+        """Cancel a job that has not started: it is answered ``JobCancelled`` and never run. One that has started
+        runs to its end and keeps its result (409, ``running``); one with a result keeps it (409, ``done``)."""
+        status = await plane.cancel(caller_of(request), job_id)
+        if status == CANCELLED:
+            return CancelReply(job_id=job_id, status="cancelled", detail=f"job {job_id} is cancelled: it will not run")
+        detail = (
+            f"job {job_id} has started: it runs to its end and keeps its result; read it at GET /jobs/{job_id}"
+            if status == TOO_LATE
+            else f"job {job_id} has a result already, kept: read it at GET /jobs/{job_id}"
+        )
+        reply = CancelReply(job_id=job_id, status="running" if status == TOO_LATE else "done", detail=detail)
+        return JSONResponse(status_code=409, content=reply.model_dump())
+
+    @router.post(
+        "/predict",
+        response_model=Prediction,
+        responses={
+            **rejections,
+            503: {"description": "the queue is unavailable, or the gateway holds as many waits as it may"},
+            504: {"model": PredictTimeout, "description": "no result in time; poll the job"},
+            500: {"model": JobFailure, "description": "the job failed"},
+        },
+        **needs(Need.KEY),
+    )
+    async def predict(
+        request: Request,
+        body: JobRequest,
+        timeout_s: float | None = Query(
+            None, gt=0, le=3600, description="seconds to wait [default: SWAPLESS_PREDICT_TIMEOUT_S]"
+        ),
+    ) -> Any:
+        """Queue a job and wait for its result. On timeout: 504 with the job id, to poll ``GET /jobs/{job_id}`` (the
+        job still runs, unless the body's ``expires_s`` passes before it starts)."""
+        wait_s = timeout_s if timeout_s is not None else plane.settings.predict_timeout_s
+        async with plane.waiting():
+            job_id = await submit(request, body)
+            stored = await plane.wait(job_id, wait_s)
+        if stored.state == states.SUCCESS:
+            return Prediction(job_id=job_id, model=stored.model, result=stored.value)
+        if stored.state == states.FAILURE:
+            failure = JobFailure(detail=str(stored.value), job_id=job_id, error=_error_info(stored.value))
+            return JSONResponse(status_code=job_status(stored.value, "rest"), content=failure.model_dump())
+        timeout = PredictTimeout(
+            detail=f"no result after {wait_s:g} s; the job is still queued or running: poll GET /jobs/{job_id}",
+            job_id=job_id,
+            status_url=f"/jobs/{job_id}",
+        )
+        return JSONResponse(status_code=504, content=timeout.model_dump(), headers={"Location": f"/jobs/{job_id}"})
+
+    @router.get("/models", response_model=ModelsView, **needs(Need.KEY))
+    async def models() -> ModelsView:
+        """What exists (the models file) beside what is loaded on which live worker right now (their heartbeats)."""
+        s, store = plane.settings, plane.store
+        beats, depth, places = await asyncio.gather(
+            aread_heartbeats(plane.redis, s.key_prefix), aread_queue_depth(plane.redis, s),
+            aread_placement(plane.redis, s.queue, s.key_prefix, store.ids()),
+        )
+        placed = {p.model_id: p for p in places}
+        now = time.time()
+        views = []
+        for spec in store:
+            place = placed[spec.id]
+            loaded_on = [
+                LoadedOn(worker=beat.hostname, bytes=e.bytes, load_s=e.load_s, hits=e.hits, busy=e.busy)
+                for beat in beats
+                for e in beat.loaded
+                if e.model_id == spec.id
+            ]
+            views.append(
+                ModelView(
+                    id=spec.id, aliases=list(spec.aliases), type=spec.type.value, framework=spec.framework,
+                    name=spec.name, version=spec.version, description=spec.description,
+                    waiting=depth.by_model.get(spec.id, 0) + place.waiting, held=place.held,
+                    claimed_by=list(place.holder_ids), loaded_on=loaded_on,
+                )
+            )
+        workers = [
+            WorkerView(
+                hostname=beat.hostname, worker_id=beat.worker_id, queue=beat.queue, heartbeat_age_s=round(beat.age_s(now), 3),
+                loaded=[e.model_id for e in beat.loaded], used_bytes=beat.cache.used_bytes,
+                max_models=beat.cache.max_models, memory_budget_bytes=beat.cache.memory_budget_bytes,
+                jobs_done=beat.jobs_done, jobs_failed=beat.jobs_failed, backlog=beat.backlog,
+            )
+            for beat in beats
+        ]
+        return ModelsView(models=views, workers=workers, waiting_estimated=depth.sampled)
+
+    @router.get("/healthz", response_model=Health, responses={503: {"model": Health}}, **needs(Need.NOTHING))
+    async def healthz() -> Any:
+        """200 when Redis answers (with the number of live workers), else 503."""
+        try:
+            await asyncio.wait_for(plane.redis.ping(), timeout=_PING_S)
+            workers = len(await aread_heartbeats(plane.redis, plane.settings.key_prefix))
+        except Exception as err:  # noqa: BLE001 - any failure to reach Redis is "unavailable"
+            note_unavailable(err, plane.settings.broker_url)
+            health = Health(status="unavailable", redis="unavailable")
+            return JSONResponse(status_code=503, content=health.model_dump(exclude_none=True))
+        return Health(status="ok", redis="ok", workers=workers)
+
+    return router
