@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -34,8 +34,22 @@ IMAGE_MODEL = "vision"
 MODEL_IDS = [m[0] for m in TEXT_MODELS] + [IMAGE_MODEL]
 
 
-def build_models(directory: Path = OUT / "models") -> Path:
-    """Build the six benchmark models once (offline, random weights) and return their models.json."""
+def build_models(
+    directory: Path = OUT / "models",
+    text_models: Sequence[tuple[str, str, str]] = TEXT_MODELS,
+    image_models: Sequence[tuple[str, str]] = ((IMAGE_MODEL, "mobilenet_v2"),),
+) -> Path:
+    """Build benchmark models once (offline, random weights) and return their models.json.
+
+    Args:
+        directory: where the models and their ``models.json`` go; a directory that has a ``models.json`` already is
+            taken as built.
+        text_models: ``(id, arch, preset)`` of the text classifiers (``manager.tiny.build_text_classifier``).
+        image_models: ``(id, torchvision builder)`` of the image classifiers (``build_image_classifier``).
+
+    Returns:
+        The path of ``directory/models.json``. The defaults are the six models of ``bench.scheduler``.
+    """
     from manager.tiny import (
         build_image_classifier,
         build_text_classifier,
@@ -46,14 +60,15 @@ def build_models(directory: Path = OUT / "models") -> Path:
     if models_file.exists():
         return models_file
     entries = []
-    for seed, (model_id, arch, preset) in enumerate(TEXT_MODELS):
+    for seed, (model_id, arch, preset) in enumerate(text_models):
         vocab = 30522  # the real bert/distilbert vocabulary size, so the sizes are the real ones
         build_text_classifier(directory / model_id, arch=arch, preset=preset, labels=["neg", "pos"], seed=seed, vocab_size=vocab)
         entries.append({"id": model_id, "name": model_id, "type": "text", "framework": "transformers", "path": model_id})
-    weights = build_image_classifier(directory / IMAGE_MODEL)
-    entries.append(
-        {"id": IMAGE_MODEL, "name": "mobilenet_v2", "type": "image", "framework": "torchvision", "path": str(weights.relative_to(directory))}
-    )
+    for model_id, builder in image_models:
+        weights = build_image_classifier(directory / model_id, arch=builder)
+        entries.append(
+            {"id": model_id, "name": builder, "type": "image", "framework": "torchvision", "path": str(weights.relative_to(directory))}
+        )
     return write_models_file(directory, entries)
 
 
@@ -71,15 +86,18 @@ def image_inputs(n: int) -> list[str]:
     return [pool[i % len(pool)] for i in range(n)]
 
 
-def inputs_for(model_id: str, rng: random.Random, n: int) -> list[str]:
-    return image_inputs(n) if model_id == IMAGE_MODEL else text_inputs(rng, n)
+def inputs_for(model_id: str, rng: random.Random, n: int, image_models: Collection[str] = (IMAGE_MODEL,)) -> list[str]:
+    """``n`` inputs for ``model_id``: base64 images for the ids in ``image_models``, else sentences."""
+    return image_inputs(n) if model_id in image_models else text_inputs(rng, n)
 
 
-def mixed_jobs(seed: int, n: int = 600) -> list[tuple[str, str]]:
-    """``n`` jobs spread evenly over the six models, in random order."""
+def mixed_jobs(
+    seed: int, n: int = 600, models: Sequence[str] = MODEL_IDS, image_models: Collection[str] = (IMAGE_MODEL,)
+) -> list[tuple[str, str]]:
+    """``n`` jobs spread evenly over ``models`` (by default the six of ``bench.scheduler``), in random order."""
     rng = random.Random(seed)
-    per_model = n // len(MODEL_IDS)
-    jobs = [(model_id, value) for model_id in MODEL_IDS for value in inputs_for(model_id, rng, per_model)]
+    per_model = n // len(models)
+    jobs = [(model_id, value) for model_id in models for value in inputs_for(model_id, rng, per_model, image_models)]
     rng.shuffle(jobs)
     return jobs
 

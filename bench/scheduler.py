@@ -51,11 +51,17 @@ BATCH_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
 # -- the in-process limit ----------------------------------------------------------------------------------
 
 
-def measure_limit(models_file: Path, jobs: list[tuple[str, str]]) -> tuple[Run, dict[str, int], dict[str, float]]:
-    """One load per model + its jobs at its best batch size. Returns the run, best batch sizes, per-job seconds."""
+def measure_limit(
+    models_file: Path, jobs: list[tuple[str, str]], device: str = "cpu"
+) -> tuple[Run, dict[str, int], dict[str, float]]:
+    """One load per model + its jobs at its best batch size, on ``device`` (``cpu``, ``cuda``).
+
+    Returns:
+        The run, the best batch size per model and the seconds per job per model at that size.
+    """
     from manager import ModelEngine, ModelStore, WorkerLimits
 
-    engine = ModelEngine(WorkerLimits(device="cpu", max_batch_size=1024))
+    engine = ModelEngine(WorkerLimits(device=device, max_batch_size=1024))
     store = ModelStore.from_file(models_file, engine.frameworks)
     engine.warm_up(spec.framework for spec in store)  # as a worker does at start-up
     by_model: dict[str, list[str]] = {}

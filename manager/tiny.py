@@ -30,12 +30,13 @@ __all__ = [
     "write_models_file",
 ]
 
-#: Layer sizes of the text presets, after google/bert_uncased_L-*_H-* and distilbert-base.
+#: Layer sizes of the text presets, after google/bert_uncased_L-*_H-*, distilbert-base and bert-base.
 #: ``max_length`` is the tokenizer's ``model_max_length`` (tokens).
 TEXT_PRESETS: dict[str, dict[str, int]] = {
     "tiny": {"layers": 2, "hidden": 128, "heads": 2, "intermediate": 512, "positions": 512, "max_length": 128},
     "mini": {"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024, "positions": 512, "max_length": 256},
     "distilbert": {"layers": 6, "hidden": 768, "heads": 12, "intermediate": 3072, "positions": 512, "max_length": 512},
+    "base": {"layers": 12, "hidden": 768, "heads": 12, "intermediate": 3072, "positions": 512, "max_length": 512},
 }
 
 _SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -108,7 +109,7 @@ def build_text_classifier(
     Args:
         directory: where ``config.json``, ``model.safetensors`` and the tokenizer files go.
         arch: ``bert`` (BertForSequenceClassification) or ``distilbert`` (DistilBertForSequenceClassification).
-        preset: layer sizes from ``TEXT_PRESETS`` (``tiny``, ``mini``, ``distilbert``).
+        preset: layer sizes from ``TEXT_PRESETS`` (``tiny``, ``mini``, ``distilbert``, ``base``).
         labels: class names, in class-index order; they become ``id2label`` / ``label2id``.
         seed: torch seed for the random weights.
         vocab_size: entries in the generated vocabulary (30522 gives the parameter count of the real
@@ -189,7 +190,7 @@ def build_image_classifier(directory: Path, *, arch: str = "mobilenet_v2", seed:
 
     Args:
         directory: where the weights file goes (created if missing).
-        arch: a torchvision builder name (``mobilenet_v2``, ``resnet18``, ...).
+        arch: a torchvision builder name (``mobilenet_v2``, ``resnet18``, ``resnet50``, ...).
         seed: torch seed for the random weights.
 
     Returns:

@@ -146,7 +146,7 @@ def test_the_benchmarks_need_no_test_tools() -> None:
     """``python -m bench.scheduler`` runs on the base install (plus the ``bench`` extra): no pytest, no tests/."""
     probe = (
         "import sys; sys.modules['pytest'] = None; sys.modules['tests'] = None; "
-        "import random, bench.scheduler, bench.bulk, bench.common as c; "
+        "import random, bench.scheduler, bench.bulk, bench.gpu, bench.common as c; "
         "c.text_inputs(random.Random(0), 2); c.image_inputs(1); print('ok')"
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True)

@@ -1,0 +1,162 @@
+"""The tables of ``bench/gpu.py``: throughput against the limit, per-model loads and memory, the memory budget.
+
+Every row names the device it was measured on; a figure a CPU run cannot give reads "n/a (no CUDA)".
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from bench.common import summary
+from bench.gpu_probe import UNLOAD_TOLERANCE_BYTES, LoadProbe
+
+if TYPE_CHECKING:
+    from bench.gpu import Results
+
+__all__ = ["render"]
+
+NO_CUDA = "n/a (no CUDA)"
+MB = 1024 * 1024
+GIB = 1024**3
+
+
+def _gib(value: int | None) -> str:
+    return NO_CUDA if value is None else f"{value / GIB:.2f} GiB"
+
+
+def _mb(values: Sequence[int | None]) -> str:
+    known = [v / MB for v in values if v is not None]
+    return summary(known) if known else NO_CUDA
+
+
+def _ratio(top: Sequence[float], bottom: Sequence[float]) -> str:
+    if not top or not bottom:
+        return ""
+    return f"{statistics.median(top) / statistics.median(bottom):.2f}"
+
+
+def _throughput(results: Results) -> list[str]:
+    plan, dev = results.plan, results.info.label
+
+    def jobs_per_s(workload: str, system: str) -> list[float]:
+        return [r.jobs_per_s for r in results.runs.get((workload, system), [])]
+
+    def worker(workload: str, key: str) -> list[float]:
+        return [r.extra[key] for r in results.runs.get((workload, "swapless"), [])]
+
+    mixed, mixed_limit = jobs_per_s("mixed", "swapless"), jobs_per_s("mixed", "limit")
+    stream, stream_limit = jobs_per_s("stream", "swapless"), jobs_per_s("stream", "limit")
+    loads = [float(r.loads) for r in results.runs.get(("mixed", "swapless"), [])]
+    cpu_mixed, cpu_stream = worker("mixed", "cpu_ms_per_job"), worker("stream", "cpu_ms_per_job")
+    n_models = len(plan.model_ids)
+    rows = [
+        ("mixed burst: jobs/s", f"{plan.mixed_jobs} jobs over {n_models} models at once, cache of 2",
+         summary(mixed), f"limit {summary(mixed_limit)}", _ratio(mixed, mixed_limit)),
+        ("mixed burst: model loads", "the worker's loads during the burst", summary(loads),
+         f"limit {n_models} (one per model)", ""),
+        ("single-model stream: jobs/s", f"{plan.stream_jobs} jobs of {plan.stream_model}, loaded and warm",
+         summary(stream), f"limit {summary(stream_limit)}", _ratio(stream, stream_limit)),
+        ("worker CPU per job, mixed burst (ms)", "all the worker's threads, /proc", summary(cpu_mixed), "", ""),
+        ("worker CPU per job, single-model stream (ms)", "all the worker's threads, /proc", summary(cpu_stream),
+         f"in-process passes {summary(results.compute_cpu_ms)}", _ratio(cpu_stream, results.compute_cpu_ms)),
+    ]
+    lines = ["| measurement | what | device | swapless worker | baseline (this run, this device) | ratio |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {name} | {what} | {dev} | {value} | {base} | {ratio} |" for name, what, value, base, ratio in rows]
+    return lines
+
+
+def _back(probes: Sequence[LoadProbe]) -> str:
+    left = [p.left_bytes for p in probes if p.left_bytes is not None]
+    if not left:
+        return NO_CUDA
+    worst = max(left)
+    verdict = "yes" if worst <= UNLOAD_TOLERANCE_BYTES else "NO"
+    return f"{verdict} (worst {worst / MB:+.1f} MB)"
+
+
+def _per_model(results: Results) -> list[str]:
+    dev = results.info.label
+    lines = ["| model | architecture | device | size MB | load s (in-process) | load s (worker) | allocated before MB "
+             "| after load MB | after unload MB | back within 64 MB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for model_id in results.plan.model_ids:
+        probes = [p for p in results.probes if p.model_id == model_id]
+        worker = results.worker_loads.get(model_id, [])
+        lines.append(
+            f"| {model_id} | {results.plan.architecture(model_id)} | {dev} | "
+            f"{summary([p.size_bytes / MB for p in probes])} | {summary([p.load_s for p in probes])} | "
+            f"{summary(worker) if worker else ''} | {_mb([p.before for p in probes])} | "
+            f"{_mb([p.after_load for p in probes])} | {_mb([p.after_unload for p in probes])} | {_back(probes)} |"
+        )
+    return lines
+
+
+def _memory(results: Results) -> list[str]:
+    info, dev = results.info, results.info.label
+    budget = results.budget_bytes
+    worker_peak = max(results.worker_peak_bytes) if results.worker_peak_bytes else None
+    limit_peak = max(results.limit_peak_bytes) if results.limit_peak_bytes else None
+    if budget is None:
+        budget_text = "none: `SWAPLESS_MEMORY_BUDGET_BYTES` unset is no byte limit; the cache is bounded by `--max-models` alone"
+        against, against_name = info.total_bytes, "no budget: total device memory − worker peak"
+    else:
+        budget_text = f"{budget / GIB:.2f} GiB (`SWAPLESS_MEMORY_BUDGET_BYTES`)"
+        against, against_name = budget, "budget − worker peak"
+    headroom = None if against is None or worker_peak is None else against - worker_peak
+    rows = [
+        ("total device memory", _gib(info.total_bytes)),
+        ("memory budget in effect for a worker started with no `--memory-budget`", budget_text),
+        ("peak device memory of the worker (above what was in use before it started; its CUDA context included)",
+         _gib(worker_peak)),
+        ("peak allocated in-process during the limit (`torch.cuda.max_memory_allocated`)", _gib(limit_peak)),
+        (f"headroom ({against_name})", _gib(headroom)),
+    ]
+    return ["| figure | device | value |", "|---|---|---|"] + [f"| {name} | {dev} | {value} |" for name, value in rows]
+
+
+def render(results: Results, command: str, max_batch: int, stream_sample: int) -> str:
+    """The whole Markdown report of one run.
+
+    Args:
+        results: the run's measurements.
+        command: the command line that made them.
+        max_batch: the largest forward pass, of the worker and of the limit.
+        stream_sample: jobs of the stream its limit was measured on.
+    """
+    plan, info = results.plan, results.info
+    repeats = len(results.runs.get(("mixed", "limit"), []))
+    sizes = ", ".join(f"{model_id} {summary([float(s) for s in found])}" for model_id, found in results.best_sizes.items())
+    models = ", ".join(f"{model_id} ({plan.architecture(model_id)})" for model_id in plan.model_ids)
+    lines = [
+        "# GPU benchmark",
+        "",
+        f"Measured on **{info.label}**" + (f", {info.total_bytes / GIB:.1f} GiB" if info.total_bytes else "")
+        + f". Command: `{command}`; {repeats} repetition{'s' if repeats != 1 else ''}, median [min–max]; "
+        f"{results.wall_s:.0f} s in all.",
+        "",
+        f"Models (real architectures, random weights, real sizes, built offline by `manager/tiny.py`): {models}. "
+        f"Swapless is a real `swapless worker --warm-start --max-models 2` process on the device, forward passes up "
+        f"to {max_batch} inputs (start-up {summary(results.worker_start_s)} s, not counted)"
+        + (f"; {plan.threads} torch thread(s) in the worker and in the benchmark's process" if plan.threads else "")
+        + ". The limit is measured in "
+        f"the benchmark's own process on the same device (`bench.scheduler.measure_limit`): one load per model plus "
+        f"its jobs at its best batch size (best of two passes at each size 1..{max_batch}, then the median of three "
+        f"at that size); the stream's on its first {min(plan.stream_jobs, stream_sample)} jobs. The in-process CPU per job is "
+        f"the stream model's forward passes over those jobs at its best size, inputs prepared as a worker does.",
+        "",
+        *_throughput(results),
+        "",
+        "Loads and memory per model, in the benchmark's process: its load from its saved files (already in the page "
+        "cache: written by the build or read by an earlier repetition), one forward pass of 8 inputs, its unload; "
+        "`torch.cuda.memory_allocated()` before the load, after it and after the unload. `load s (worker)`: the "
+        "worker's own loads (warm start and burst), from its log.",
+        "",
+        *_per_model(results),
+        "",
+        *_memory(results),
+        "",
+        f"Best batch sizes in-process: {sizes}.",
+    ]
+    return "\n".join(lines) + "\n"
