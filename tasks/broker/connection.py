@@ -9,11 +9,12 @@ each naming the URL without its password and saying what to do.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -29,6 +30,7 @@ from tasks.errors import QueueFull, QueueUnavailable
 __all__ = [
     "WRITE_FIRST_NOTE",
     "RedisHealth",
+    "aping",
     "async_redis_client",
     "client_url",
     "is_refused_write",
@@ -116,6 +118,16 @@ def async_redis_client(url: str, connect_timeout_s: float = 3.0, socket_timeout_
     options = _options(connect_timeout_s, socket_timeout_s)
     options["retry"] = AsyncRetry(ExponentialBackoff(cap=0.5, base=0.05), retries=1)
     return aredis.Redis.from_url(client_url(url), max_connections=ASYNC_MAX_CONNECTIONS, **options)
+
+
+async def aping(client: aredis.Redis, timeout_s: float) -> None:
+    """PING through an asyncio client within ``timeout_s`` (redis-py types its commands as maybe-awaitable).
+
+    Raises:
+        TimeoutError, redis.RedisError: Redis did not answer.
+    """
+    reply: Awaitable[Any] = client.ping()  # type: ignore[assignment]
+    await asyncio.wait_for(reply, timeout=timeout_s)
 
 
 def refusal(err: BaseException) -> str | None:

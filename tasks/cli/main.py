@@ -338,7 +338,26 @@ def serve(
     if not gateway.state.api_keys_required and not _is_loopback(host) and not settings.gateway_insecure_no_auth:
         fail(f"no API key is configured, so the gateway listens on a loopback address only, not {host}: set "
              "SWAPLESS_API_KEYS (or SWAPLESS_API_KEYS_FILE), or pass --insecure-no-auth to serve it open")
+    _large_buffers_back_to_the_os()
     uvicorn.run(gateway, host=host, port=port, log_level=log_level.lower())
+
+
+def _large_buffers_back_to_the_os() -> None:
+    """Have glibc's malloc map every buffer of 1 MiB or more on its own, so that a freed request body goes back to
+    the system. By default the threshold grows to the largest buffer freed so far, and after a few 30 MiB bodies
+    each arena keeps that much for good (measured: 250 MiB resident after a dozen bodies refused at the gateway,
+    ~100 MiB with the fixed threshold). Nothing on other C libraries."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt(-3, 1024 * 1024)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
 
 
 @app.command()
@@ -356,15 +375,14 @@ def status(
     import time
 
     import redis
+    from rich.console import Group
 
+    from manager.store import ModelStore
     from tasks.broker.connection import redis_client, translated
     from tasks.observe.heartbeat import read_heartbeats
-    from manager.store import ModelStore
     from tasks.observe.memory import read_redis_memory
     from tasks.observe.placement import read_placement
     from tasks.observe.queue import read_queue_depth
-    from rich.console import Group
-
     from tasks.observe.view import render_status
 
     set_env(queue=queue)

@@ -103,7 +103,8 @@ class JobLedger:
         now_ms = int(time.time() * 1000)
         life_s = int(hold_s + self.results.expires_s) + 1
         keys = [self.inflight_key(owner), *(self.results.record_key(job_id) for job_id in job_ids)]
-        args = [now_ms, self.inflight_cap, life_s, now_ms + int(hold_s * 1000), owner, self._record_prefix, *job_ids]
+        args: list[str | int] = [now_ms, self.inflight_cap, life_s, now_ms + int(hold_s * 1000), owner,
+                                 self._record_prefix, *job_ids]
         admitted, count = await self._admit(keys=keys, args=args)
         return bool(admitted), int(count)
 

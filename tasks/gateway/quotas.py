@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import redis.asyncio as aredis
 from limits import RateLimitItemPerSecond
@@ -69,8 +70,9 @@ class RateLimit:
         self.burst = max(1, math.ceil(rate_per_s * WINDOW_S))
         self.rate_per_s = rate_per_s
         self.item = RateLimitItemPerSecond(self.burst, WINDOW_S)
-        storage = RedisStorage("async+redis://", implementation="redispy", connection_pool=redis.connection_pool,
-                               key_prefix=f"{key_prefix or ''}swapless-gw-rate")
+        options: dict[str, Any] = {"connection_pool": redis.connection_pool}  # the gateway's own connections
+        storage = RedisStorage("async+redis://", implementation="redispy", key_prefix=f"{key_prefix or ''}swapless-gw-rate",
+                               **options)
         self.limiter = SlidingWindowCounterRateLimiter(storage)
 
     async def take(self, owner: str, jobs: int) -> None:

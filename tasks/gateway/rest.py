@@ -21,6 +21,7 @@ from celery import states
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
+from tasks.broker.connection import aping
 from tasks.broker.results import CANCELLED, TOO_LATE, StoredResult
 from tasks.gateway.auth import Caller, Need, needs
 from tasks.gateway.errors import job_status, note_unavailable
@@ -199,7 +200,7 @@ def rest_router(plane: DataPlane) -> APIRouter:
     async def healthz() -> Any:
         """200 when Redis answers (with the number of live workers), else 503."""
         try:
-            await asyncio.wait_for(plane.redis.ping(), timeout=_PING_S)
+            await aping(plane.redis, _PING_S)
             workers = len(await aread_heartbeats(plane.redis, plane.settings.key_prefix))
         except Exception as err:  # noqa: BLE001 - any failure to reach Redis is "unavailable"
             note_unavailable(err, plane.settings.broker_url)

@@ -35,6 +35,7 @@ __all__ = [
     "RequestedOutput",
     "TooManyElements",
     "bytes_elements",
+    "check_declared",
     "declared_elements",
     "encode_response",
     "parse_request",
@@ -166,6 +167,35 @@ def declared_elements(raw: dict[str, Any], model_id: str) -> int:
     return total
 
 
+def _header(head: bytes, model_id: str, *, binary: bool) -> dict[str, Any]:
+    try:
+        raw = json.loads(head)
+    except RecursionError:
+        raise InputError(model_id, "the request's JSON is nested too deeply: send an inference request object") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        hint = f" (or set {HEADER_LENGTH} when binary data follows it)" if not binary else ""
+        raise InputError(model_id, f"the request is not valid JSON ({err}): send an inference request object{hint}")
+    if not isinstance(raw, dict):
+        raise InputError(model_id, f"the request is {kind(raw)}: send a JSON object with 'inputs'")
+    return raw
+
+
+def _bounded(raw: dict[str, Any], model_id: str, max_elements: int) -> None:
+    declared = declared_elements(raw, model_id)
+    if declared > max_elements:
+        raise TooManyElements(declared, max_elements)
+
+
+def check_declared(head: bytes, model_id: str, max_elements: int) -> None:
+    """Check the JSON part of a binary request alone: valid, and declaring at most ``max_elements`` elements.
+
+    Raises:
+        InputError: not a JSON object with well-formed shapes.
+        TooManyElements: the shapes declare more than ``max_elements``.
+    """
+    _bounded(_header(head, model_id, binary=True), model_id, max_elements)
+
+
 def parse_request(body: bytes, header_length: str | None, model_id: str, max_elements: int | None = None
                   ) -> InferRequest:
     """An inference request from its body and its ``Inference-Header-Content-Length`` header (None: all JSON).
@@ -185,19 +215,9 @@ def parse_request(body: bytes, header_length: str | None, model_id: str, max_ele
             raise InputError(model_id, f"{HEADER_LENGTH} is {shown!r} for a body of {len(body)} bytes: give the "
                              "length in bytes of the JSON part, in ASCII digits")
         head, rest = body[: int(length)], body[int(length) :]
-    try:
-        raw = json.loads(head)
-    except RecursionError:
-        raise InputError(model_id, "the request's JSON is nested too deeply: send an inference request object") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        hint = f" (or set {HEADER_LENGTH} when binary data follows it)" if header_length is None else ""
-        raise InputError(model_id, f"the request is not valid JSON ({err}): send an inference request object{hint}")
-    if not isinstance(raw, dict):
-        raise InputError(model_id, f"the request is {kind(raw)}: send a JSON object with 'inputs'")
+    raw = _header(head, model_id, binary=header_length is not None)
     if max_elements is not None:
-        declared = declared_elements(raw, model_id)
-        if declared > max_elements:
-            raise TooManyElements(declared, max_elements)
+        _bounded(raw, model_id, max_elements)
     try:
         request = _Request.model_validate(raw)
     except ValidationError as err:

@@ -38,6 +38,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from manager.errors import InputError
+from tasks.broker.connection import aping
 from tasks.gateway.auth import Need, needs
 from tasks.gateway.errors import BodyTooLarge, job_status
 from tasks.gateway.http import GuardedRoute, loads
@@ -52,7 +53,7 @@ from tasks.gateway.signature import (
     route_models,
     signature,
 )
-from tasks.gateway.tensors import HEADER_LENGTH, InferRequest, encode_response, parse_request
+from tasks.gateway.tensors import HEADER_LENGTH, InferRequest, check_declared, encode_response, parse_request
 from tasks.observe.heartbeat import aread_heartbeats
 
 __all__ = ["v2_router"]
@@ -65,7 +66,10 @@ def _failure(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": message, **extra})
 
 
-def _decompressed(body: bytes, encoding: str | None, max_bytes: int, model_id: str) -> bytes:
+def _decompressed(body: bytes, encoding: str | None, header_length: str | None, model_id: str, max_bytes: int,
+                  max_elements: int) -> bytes:
+    """The plain body of a gzip or deflate one, at most ``max_bytes``. With a binary header, its JSON is decompressed
+    and its declared elements checked first, so a bomb of a few KiB is refused before it is inflated."""
     name = (encoding or "identity").strip().lower()
     if name == "identity":
         return body
@@ -74,7 +78,13 @@ def _decompressed(body: bytes, encoding: str | None, max_bytes: int, model_id: s
         raise InputError(model_id, f"Content-Encoding {encoding!r} is not supported: send gzip, deflate or identity")
     decoder = zlib.decompressobj(wbits)
     try:
-        plain = decoder.decompress(body, max_bytes + 1)
+        head = b""
+        length = (header_length or "").strip()
+        if length.isascii() and length.isdigit() and len(length) <= 12 and int(length) <= max_bytes:
+            head = decoder.decompress(body, int(length))
+            check_declared(head, model_id, max_elements)
+            body = decoder.unconsumed_tail
+        plain = head + decoder.decompress(body, max_bytes + 1 - len(head))
     except zlib.error as err:
         raise InputError(model_id, f"the {name} body cannot be decompressed ({err}): send it uncompressed") from None
     if len(plain) > max_bytes:
@@ -85,7 +95,8 @@ def _decompressed(body: bytes, encoding: str | None, max_bytes: int, model_id: s
 def _decoded(body: bytes, encoding: str | None, header_length: str | None, model_id: str, max_bytes: int,
              max_elements: int) -> InferRequest:
     """The request of a raw body (decompressed, parsed, its elements bounded); run in a worker thread."""
-    return parse_request(_decompressed(body, encoding, max_bytes, model_id), header_length, model_id, max_elements)
+    plain = _decompressed(body, encoding, header_length, model_id, max_bytes, max_elements)
+    return parse_request(plain, header_length, model_id, max_elements)
 
 
 #: The infer body for the OpenAPI schema (the route reads it raw: it may be JSON followed by binary tensors).
@@ -111,7 +122,7 @@ def v2_router(plane: DataPlane) -> APIRouter:
     store, settings = plane.store, plane.settings
 
     async def ping() -> None:
-        await asyncio.wait_for(plane.redis.ping(), timeout=_PING_S)
+        await aping(plane.redis, _PING_S)
 
     def sig_for(request: Request, name: str, version: str | None = None) -> Signature:
         plane.allow(caller_of(request), name)
@@ -175,7 +186,8 @@ def v2_router(plane: DataPlane) -> APIRouter:
         body = await request.body()
         args = (body, request.headers.get("content-encoding"), request.headers.get(HEADER_LENGTH), sig.id,
                 settings.gateway_max_body_bytes, settings.gateway_max_elements)
-        parsed = await asyncio.to_thread(_decoded, *args) if len(body) > 64 * 1024 else _decoded(*args)
+        off_loop = len(body) > 64 * 1024 or request.headers.get("content-encoding", "identity") != "identity"
+        parsed = await asyncio.to_thread(_decoded, *args) if off_loop else _decoded(*args)
         target, values = job_inputs(store, sig, parsed)
         chosen = chosen_outputs(parsed, sig)
         timeout_us = parsed.parameters.get("timeout")

@@ -1,0 +1,165 @@
+"""Benchmark: does ``swapless serve`` stay responsive to a well-behaved key while hostile callers flood it?
+
+    python -m bench.gateway              # 3 repetitions, about 3 minutes; writes bench/GATEWAY.md
+
+Per repetition: a worker with one simulated model (``bench.simulated``: its passes sleep, so the gateway's own cost
+is what is measured), a real ``swapless serve`` with API keys and its default limits, on the local Redis under a
+fresh prefix. A well-behaved key sends ``/predict`` one at a time: first with the gateway idle (the baseline, in the
+same run), then while ``bench.attacks`` runs every attack at once from another process (a smuggled body, gzip
+bombs, a submit flood, deletes of random ids, slow bodies, unauthenticated bodies, nested JSON, oversized inputs).
+Afterwards every job the gateway accepted (the flood's and the good key's) must have its result: lost = accepted -
+answered. The gateway's memory is read before and after the flood.
+
+Target: the good key's ``/predict`` p50 under the flood within 2x of the idle p50; nothing accepted lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import redis
+
+from bench.common import OUT, REPO, Process, cleanup, collect, fresh_prefix, percentile, python, summary
+
+__all__ = ["main"]
+
+GOOD = "good-key-" + "g" * 24
+ATTACKER = "attacker-key-" + "a" * 20
+MODEL = "sim"
+#: The simulated model: a 2 ms pass plus 0.1 ms per input, a 50 ms load.
+MODEL_NAME = "load=0.05,batch=0.002,item=0.0001"
+
+
+@dataclass
+class Rep:
+    idle_s: list[float]
+    flood_s: list[float]
+    accepted: int
+    answered: int
+    rss_before: int
+    rss_after: int
+    seen: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def _predicts(http: httpx.Client, seconds: float, limit: int, accepted: list[str]) -> list[float]:
+    """The latencies of one-at-a-time ``/predict`` calls for ``seconds`` (at most ``limit`` calls)."""
+    latencies: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and len(latencies) < limit:
+        started = time.perf_counter()
+        answer = http.post("/predict", json={"model_id": MODEL, "input": f"good {len(latencies)}"})
+        latencies.append(time.perf_counter() - started)
+        if answer.status_code != 200:
+            raise RuntimeError(f"the good key's /predict answered {answer.status_code}: {answer.text[:300]}")
+        accepted.append(answer.json()["job_id"])
+    return latencies
+
+
+def run_once(redis_url: str, tag: str, duration_s: float) -> Rep:
+    from manager.tiny import write_models_file
+
+    prefix = fresh_prefix("gateway")
+    workdir = OUT / "gateway" / tag
+    workdir.mkdir(parents=True, exist_ok=True)
+    models = write_models_file(workdir, [{"id": MODEL, "name": MODEL_NAME, "type": "text", "framework": "simulated",
+                                          "max_batch_size": 64}])
+    port = 18000 + int(time.time() * 1000) % 1000
+    env = {"SWAPLESS_REDIS_URL": redis_url, "SWAPLESS_KEY_PREFIX": prefix, "SWAPLESS_QUEUE": prefix + "jobs",
+           "SWAPLESS_MODELS_FILE": str(models), "SWAPLESS_PLUGINS": "bench.simulated", "SWAPLESS_DEVICE": "cpu",
+           "SWAPLESS_API_KEYS": f"{GOOD}:{MODEL},{ATTACKER}:{MODEL}"}
+    worker = Process([python(), "-m", "tasks.cli", "worker", "--hostname", f"gw-bench-{tag}@%h"], env,
+                     workdir / "worker.log")
+    gateway = Process([python(), "-m", "tasks.cli", "serve", "--port", str(port), "--log-level", "warning"], env,
+                      workdir / "gateway.log")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        worker.wait_for("ready.")
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {GOOD}"}) as http:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if http.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the gateway did not start:\n{gateway.text()[-2000:]}")
+                time.sleep(0.1)
+            good_ids: list[str] = []
+            _predicts(http, 5, 30, good_ids)  # warm: the model loaded, connections open
+            idle = _predicts(http, 10, 300, good_ids)
+            rss_before = psutil.Process(gateway.proc.pid).memory_info().rss
+            out = workdir / "attacks.json"
+            attackers = subprocess.Popen(
+                [python(), "-m", "bench.attacks", "--port", str(port), "--key", ATTACKER, "--model", MODEL,
+                 "--duration", str(duration_s), "--out", str(out)], cwd=REPO)
+            time.sleep(2)  # the flood under way
+            flood = _predicts(http, duration_s - 4, 10_000, good_ids)
+            attackers.wait(duration_s + 120)
+            rss_after = psutil.Process(gateway.proc.pid).memory_info().rss
+        attacked = json.loads(out.read_text())
+        accepted = attacked["accepted"] + good_ids
+        done = collect(client, prefix, accepted, timeout_s=120)
+        return Rep(idle, flood, len(accepted), len(done.states), rss_before, rss_after, attacked["seen"])
+    finally:
+        gateway.stop()
+        worker.stop()
+        cleanup(client, prefix)
+        client.close()
+
+
+def table(reps: list[Rep]) -> str:
+    idle = [statistics.median(r.idle_s) * 1000 for r in reps]
+    flood = [statistics.median(r.flood_s) * 1000 for r in reps]
+    ratio = [f / i for f, i in zip(flood, idle, strict=True)]
+    rows = [
+        "| measurement (simulated model: its passes sleep) | value, median [min–max] of 3 |",
+        "|---|---|",
+        f"| good key /predict p50, gateway idle (baseline, ms) | {summary(idle)} |",
+        f"| good key /predict p50, under the flood (ms) | {summary(flood)} |",
+        f"| ratio flood / idle (target ≤ 2) | {summary(ratio)} |",
+        (f"| good key /predict p95, idle / flood (ms) | {summary([percentile(r.idle_s, 95) * 1000 for r in reps])} / "
+         f"{summary([percentile(r.flood_s, 95) * 1000 for r in reps])} |"),
+        f"| good key requests under the flood | {summary([len(r.flood_s) for r in reps])} |",
+        f"| jobs accepted (flood + good key) | {summary([r.accepted for r in reps])} |",
+        f"| of them lost (accepted − answered) | {summary([r.accepted - r.answered for r in reps])} |",
+        (f"| gateway memory growth during the flood (MiB) | "
+         f"{summary([(r.rss_after - r.rss_before) / 2**20 for r in reps])} |"),
+    ]
+    rows += ["", "Answers the attackers got (last repetition):", "", "| attack | answers |", "|---|---|"]
+    for name, counts in reps[-1].seen.items():
+        rows.append(f"| {name} | {', '.join(f'{status}: {n}' for status, n in sorted(counts.items()))} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="the gateway under hostile callers")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of flood per repetition")
+    parser.add_argument("--write", type=Path, default=REPO / "bench" / "GATEWAY.md")
+    args = parser.parse_args()
+    reps = []
+    for n in range(args.repeats):
+        rep = run_once(args.redis_url, f"rep{n}", args.duration)
+        print(f"rep {n}: idle p50 {statistics.median(rep.idle_s) * 1000:.1f} ms, flood p50 "
+              f"{statistics.median(rep.flood_s) * 1000:.1f} ms, lost {rep.accepted - rep.answered}", flush=True)
+        reps.append(rep)
+    text = (f"# The gateway under hostile callers\n\n`python -m bench.gateway` ({time.strftime('%Y-%m-%d')}, "
+            f"{args.repeats} repetitions, {args.duration:g} s of flood each, 2-core machine; the worker's model is "
+            f"simulated)\n\n{table(reps)}\n")
+    args.write.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
