@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from manager.errors import ConfigError
+from config.errors import ConfigError
 from manager.worker import ModelWorker
 
 __all__ = ["SimulatedWorker", "costs", "simulated_entry"]

@@ -1,4 +1,6 @@
-"""Configuration: ``models.json`` (the model registry, data) and process settings from the environment."""
+"""What every side shares and nothing else: ``models.json`` (the model registry, data), the process settings from
+the environment (``settings``), the error tree (``errors``) and how values are named in messages (``describe``).
+Nothing here imports the model side or the queue side."""
 
 from config.settings import DEFAULT_MODELS_FILE, Settings, get_settings, parse_bytes
 

@@ -71,12 +71,13 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from manager.errors import ConfigError
-from manager.worker import DEFAULT_MAX_BATCH_SIZE
+from config.errors import ConfigError
 
-__all__ = ["DEFAULT_MODELS_FILE", "DEFAULT_REDIS_URL", "Settings", "get_settings", "parse_bytes"]
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MODELS_FILE", "DEFAULT_REDIS_URL", "Settings", "get_settings", "parse_bytes"]
 
 DEFAULT_MODELS_FILE = Path(__file__).with_name("models.json")
+#: Largest forward pass, in inputs, unless a model entry or SWAPLESS_MAX_BATCH_SIZE says otherwise.
+DEFAULT_MAX_BATCH_SIZE = 32
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 _UNITS = {

@@ -1,21 +1,8 @@
 """The model side: which models exist (ModelStore), what is loaded (ModelManager), how workers are built
-(ModelEngine) and run (ModelWorker). Nothing here imports Celery."""
+(ModelEngine) and run (ModelWorker). Nothing here imports Celery. Its errors are in ``config.errors``."""
 
 from manager.cache import CacheStats, LoadedModel, ModelManager
 from manager.engine import ModelEngine, load_builtin_workers
-from manager.errors import (
-    BackendUnavailable,
-    ConfigError,
-    DuplicateFramework,
-    InputError,
-    ModelLoadError,
-    ModelTooLarge,
-    PoisonJob,
-    PredictionFailed,
-    SwaplessError,
-    UnknownFramework,
-    UnknownModel,
-)
 from manager.runner import Backlog, Job, Outcome, run_group
 from manager.specs import InputType, ModelSpec
 from manager.store import ModelStore
@@ -23,27 +10,16 @@ from manager.worker import ModelWorker, WorkerLimits, registry
 
 __all__ = [
     "Backlog",
-    "BackendUnavailable",
     "CacheStats",
-    "ConfigError",
-    "DuplicateFramework",
-    "InputError",
     "InputType",
     "Job",
     "LoadedModel",
     "ModelEngine",
-    "ModelLoadError",
     "ModelManager",
     "ModelSpec",
     "ModelStore",
-    "ModelTooLarge",
     "ModelWorker",
     "Outcome",
-    "PoisonJob",
-    "PredictionFailed",
-    "SwaplessError",
-    "UnknownFramework",
-    "UnknownModel",
     "WorkerLimits",
     "load_builtin_workers",
     "registry",

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
-from manager.errors import ModelLoadError, ModelTooLarge, SwaplessError
+from config.errors import ModelLoadError, ModelTooLarge, SwaplessError
 from manager.policy import Cached, choose_victims
 from manager.specs import ModelSpec
 from manager.store import ModelStore

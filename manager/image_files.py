@@ -12,7 +12,7 @@ import os
 import re
 import stat
 
-from manager.errors import InputError
+from config.errors import InputError
 
 __all__ = ["IMAGE_SIGNATURES", "looks_like_path", "read_image_file"]
 

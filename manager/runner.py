@@ -18,8 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from manager.cache import ModelManager
-from manager.errors import (
+from config.errors import (
     BackendUnavailable,
     InputError,
     ModelLoadError,
@@ -27,6 +26,7 @@ from manager.errors import (
     SwaplessError,
     UnknownModel,
 )
+from manager.cache import ModelManager
 from manager.policy import Waiting, choose_next
 from manager.worker import ModelWorker
 

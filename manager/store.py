@@ -8,10 +8,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from manager.describe import kind
-from manager.errors import ConfigError, InputError, UnknownModel
+from config.describe import kind
+from config.errors import ConfigError, InputError, UnknownModel
 from manager.routing import NoBranch, Resolved, resolve
-from manager.specs import InputType, ModelSpec, ModelsFile, RouteSpec
+from manager.specs import InputType, ModelsFile, ModelSpec, RouteSpec
 
 __all__ = ["ModelStore"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from manager.errors import ModelLoadError
+from config.errors import ModelLoadError
 from manager.torch_utils import free_memory, measure_load, module_bytes, resolve_device, to_dtype, top_k
 from manager.worker import ModelWorker
 

@@ -25,7 +25,7 @@ import tritonclient.http as httpclient
 from gevent import Timeout as GeventTimeout
 from tritonclient.utils import InferenceServerException
 
-from manager.errors import BackendUnavailable
+from config.errors import BackendUnavailable
 
 __all__ = ["TritonConnection", "TritonSettings"]
 

@@ -29,7 +29,7 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import triton_to_np_dtype
 
-from manager.errors import InputError, ModelLoadError, PredictionFailed
+from config.errors import InputError, ModelLoadError, PredictionFailed
 from manager.images import decode_image
 
 __all__ = [

@@ -43,7 +43,7 @@ import numpy as np
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from manager.errors import InputError, ModelLoadError, PredictionFailed
+from config.errors import InputError, ModelLoadError, PredictionFailed
 from manager.specs import InputType, ModelSpec
 from manager.triton_client import TritonConnection
 from manager.triton_io import ModelInfo, decode_outputs, image_input, parse_info, read_labels, tensor_inputs

@@ -22,9 +22,9 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from config.errors import SwaplessError
 from manager.cache import ModelManager
 from manager.engine import ModelEngine
-from manager.errors import SwaplessError
 from manager.specs import InputType, ModelSpec
 
 __all__ = ["warm_input", "warm_start"]

@@ -15,7 +15,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from manager.errors import DuplicateFramework, InputError, UnknownFramework
+from config.errors import DuplicateFramework, InputError, UnknownFramework
+from config.settings import DEFAULT_MAX_BATCH_SIZE
 from manager.image_files import looks_like_path, read_image_file
 from manager.inputs import base64_image, text_input
 from manager.specs import InputType, ModelSpec
@@ -23,10 +24,8 @@ from manager.tuning import BatchTuner
 
 T = TypeVar("T")
 
-__all__ = ["DEFAULT_MAX_BATCH_SIZE", "ModelWorker", "WorkerLimits", "WorkerRegistry", "registry"]
+__all__ = ["ModelWorker", "WorkerLimits", "WorkerRegistry", "registry"]
 
-#: Largest forward pass, in inputs, unless a model entry or SWAPLESS_MAX_BATCH_SIZE says otherwise.
-DEFAULT_MAX_BATCH_SIZE = 32
 
 
 class WorkerRegistry(dict[str, type["ModelWorker"]]):

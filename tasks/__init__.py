@@ -1,7 +1,6 @@
 """The queue side: nothing here knows a framework. By role, so that the path says where a file runs:
 
 - ``protocol``: what producers and workers share (task names, priorities, headers, queue keys, item ids, outcomes);
-- ``errors``: the queue side's errors (the whole tree is drawn in ``manager.errors``);
 - ``app``: the Celery app factory (settings -> Celery's configuration);
 - ``broker/``: the Redis and kombu internals (transport, acks, results, publish, connections);
 - ``worker/``: runs in ``swapless worker`` only (the batch task, the scheduler, chunk assembly, runtime, reporting);

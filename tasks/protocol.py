@@ -19,10 +19,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from manager import errors as _model_errors
-from manager.errors import InputError, SwaplessError
-from tasks import errors as _queue_errors
-from tasks.errors import JobFailed
+from config import errors as _errors
+from config.errors import InputError, JobFailed, SwaplessError
 
 __all__ = [
     "CHUNK_TASK",
@@ -257,11 +255,8 @@ def encode_outcome(result: Any, error: BaseException | None) -> dict[str, Any]:
 
 
 def _error_class(name: str) -> type[SwaplessError] | None:
-    for module in (_model_errors, _queue_errors):
-        cls = getattr(module, name, None)
-        if isinstance(cls, type) and issubclass(cls, SwaplessError):
-            return cls
-    return None
+    cls = getattr(_errors, name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, SwaplessError) else None
 
 
 def decode_outcome(item: Any, job_id: str = "?") -> tuple[bool, Any]:

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import redis
 
-from manager import InputError, InputType, UnknownModel
+from config.errors import BulkFileError, InputError, UnknownModel
+from manager import InputType
 from manager.image_files import looks_like_path, read_image_file
 from manager.specs import ModelSpec
 from manager.worker import ModelWorker, WorkerLimits
@@ -28,7 +29,6 @@ from tasks.client import Client
 from tasks.client.bulk import BulkJob, BulkRun, scan_output
 from tasks.client.records import Record, RecordReader
 from tasks.client.stream import ChunkEvent
-from tasks.errors import BulkFileError
 from tests.conftest import REPO, WorkerProcess
 from tests.tinymodels import encode_image
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from manager import ModelEngine, ModelLoadError, ModelManager, ModelStore, ModelTooLarge, UnknownModel
+from config.errors import ModelLoadError, ModelTooLarge, UnknownModel
+from manager import ModelEngine, ModelManager, ModelStore
 from tests.fakes import FakeWorker, write_fake_models
 
 

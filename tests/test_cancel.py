@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from config.errors import JobCancelled
 from tasks.broker.results import ALREADY_DONE, CANCELLED, TOO_LATE
 from tasks.client import Client
-from tasks.errors import JobCancelled
 from tasks.protocol import PREDICT_TASK
 from tests.faultkit import FaultEnv, hold, wait_for
 
@@ -215,7 +215,7 @@ def test_a_bulk_deadline_stops_the_run_resumably_and_nothing_late_is_computed(
 
 
 def test_on_celery_s_own_request_path_cancels_and_deadlines_hold_too(faults: FaultEnv) -> None:
-    from tasks.errors import JobExpired
+    from config.errors import JobExpired
 
     faults.worker("--task-events")  # with task events on, every message takes Celery's request machinery
     client = Client()
@@ -236,7 +236,7 @@ def test_on_celery_s_own_request_path_cancels_and_deadlines_hold_too(faults: Fau
 
 
 def test_submit_many_and_map_take_a_deadline(faults: FaultEnv) -> None:
-    from tasks.errors import JobExpired
+    from config.errors import JobExpired
 
     faults.worker()
     client = Client()

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from manager import InputError, InputType, Outcome, PredictionFailed, UnknownModel
+from config.errors import InputError, JobFailed, PredictionFailed, UnknownModel
+from manager import InputType, Outcome
 from manager.specs import ModelSpec
 from manager.store import ModelStore
-from tasks.errors import JobFailed
 from tasks.protocol import (
     CHUNK_TASK,
     decode_outcome,

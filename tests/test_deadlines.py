@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from config.errors import JobExpired
 from manager.runner import Backlog, Job
 from tasks.client import Client
-from tasks.errors import JobExpired
 from tasks.protocol import PREDICT_TASK, deadline_of, expires_header
 from tests.faultkit import FaultEnv, hold
 

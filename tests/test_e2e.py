@@ -19,7 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
-from manager import InputError, UnknownModel
+from config.errors import InputError, UnknownModel
 from manager.store import ModelStore
 from tasks.client import Client
 from tasks.protocol import PREDICT_TASK

@@ -26,7 +26,7 @@ import uuid
 import pytest
 from celery import states
 
-from manager import PoisonJob
+from config.errors import PoisonJob
 from tasks.client import Client, Job
 from tasks.protocol import PREDICT_TASK
 from tests.crashy import batches

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from celery import states
 
-from manager import InputError, ModelTooLarge, PredictionFailed, SwaplessError, UnknownModel
+from config.errors import InputError, ModelTooLarge, PredictionFailed, SwaplessError, UnknownModel
 from tasks.client import Client
 from tasks.protocol import PREDICT_TASK
 from tests import faultkit

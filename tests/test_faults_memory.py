@@ -22,8 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from config.errors import QueueFull
 from tasks.client import Client, Job
-from tasks.errors import QueueFull
 from tasks.protocol import PRIORITY_STEPS, model_queue_key
 from tests.conftest import REPO
 from tests.faultkit import FaultEnv, PressureRow, hold, settle, wait_for

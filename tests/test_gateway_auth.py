@@ -16,8 +16,8 @@ import redis
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from config.errors import ConfigError
 from config.settings import Settings
-from manager.errors import ConfigError
 from manager.store import ModelStore
 from tasks.gateway import create_app
 from tasks.gateway.auth import Callers, Need, RedactKeyFilter

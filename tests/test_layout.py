@@ -1,8 +1,9 @@
 """The house's boundaries: which part of the code may import which, read from every import in the tree (those
 inside functions too), and checked once more by importing the producer side in a fresh interpreter.
 
+    config/           settings, the error tree: nothing of the model side or the queue side
     manager/          the model side: never Celery, kombu, Redis or anything of tasks/
-    tasks/protocol    what producers and workers share: nothing of tasks/ but its errors, no Celery, no Redis
+    tasks/protocol    what producers and workers share: nothing else of tasks/, no Celery, no Redis
     tasks/broker/     Redis and kombu internals: nothing of the worker, the client, observe, gateway or CLI
     tasks/worker/     the worker: never the client, the gateway or the CLI
     tasks/client/     producers: never the worker, observe, the gateway or the CLI
@@ -27,7 +28,7 @@ NEVER: dict[str, tuple[str, ...]] = {
     "manager": ("tasks", "celery", "celery_batches", "kombu", "redis"),
     "tasks.protocol": ("tasks.app", "tasks.broker", "tasks.worker", "tasks.client", "tasks.observe",
                        "tasks.gateway", "tasks.cli", "celery", "kombu", "redis"),
-    "tasks.errors": ("tasks.", "celery", "kombu", "redis"),
+    "config": ("manager", "tasks", "celery", "celery_batches", "kombu", "redis"),
     "tasks.broker": ("tasks.worker", "tasks.client", "tasks.observe", "tasks.gateway", "tasks.cli"),
     "tasks.app": ("tasks.worker", "tasks.client", "tasks.observe", "tasks.gateway", "tasks.cli"),
     "tasks.worker": ("tasks.client", "tasks.gateway", "tasks.cli"),

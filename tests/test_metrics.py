@@ -14,8 +14,9 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from config.errors import InputError
 from config.settings import Settings
-from manager import InputError, ModelEngine, ModelManager, ModelStore
+from manager import ModelEngine, ModelManager, ModelStore
 from tasks.client import Client
 from tasks.observe.accounting import GroupReport
 from tasks.observe.heartbeat import read_heartbeats, worker_key

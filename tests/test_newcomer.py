@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from manager.errors import BackendUnavailable
+from config.errors import BackendUnavailable, QueueUnavailable
 from tasks.broker.connection import redact
 from tasks.cli.common import fail
 from tasks.client import Client
-from tasks.errors import QueueUnavailable
 from tests.conftest import REPO
 from tests.stack import free_port
 

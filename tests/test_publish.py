@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 
-from manager import InputError, UnknownModel
+from config.errors import InputError, UnknownModel
 from tasks.client import Client
 from tasks.protocol import PREDICT_TASK, PRIORITY_BULK, PRIORITY_INTERACTIVE, model_queue_key, queue_key
 from tests.conftest import WorkerProcess

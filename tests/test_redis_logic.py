@@ -20,11 +20,10 @@ import pytest
 from celery import states
 from redis.crc import key_slot
 
+from config.errors import InputError, JobCancelled, JobFailed
 from config.settings import Settings
-from manager import InputError
 from tasks.app import make_app
 from tasks.broker.results import ResultStore
-from tasks.errors import JobCancelled, JobFailed
 from tasks.observe.accounting import GroupReport
 from tasks.observe.heartbeat import (
     CacheInfo,

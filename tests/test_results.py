@@ -9,11 +9,11 @@ from typing import Any
 
 import redis
 
+from config.errors import JobFailed
 from tasks.app import make_app
 from tasks.broker.results import ResultStore
 from tasks.client import waiting
 from tasks.client.waiting import wait_result
-from tasks.errors import JobFailed
 
 
 def test_a_success_is_stored_as_celery_s_backend_would_store_it(swapless_env: dict[str, str], redis_url: str) -> None:

@@ -10,12 +10,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from manager.errors import InputError
+from config.errors import InputError
 from manager.store import ModelStore
 from tasks.broker.routes import read_shadow
 from tasks.client import Client

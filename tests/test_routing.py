@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from manager.errors import ConfigError, InputError, UnknownModel
+from config.errors import ConfigError, InputError, UnknownModel
 from manager.routing import input_type, pick, shadows_of
 from manager.specs import InputType
 from manager.store import ModelStore

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from manager import Backlog, InputError, Job, ModelEngine, ModelManager, ModelStore, PredictionFailed, run_group
+from config.errors import InputError, PredictionFailed
+from manager import Backlog, Job, ModelEngine, ModelManager, ModelStore, run_group
 from tests.fakes import FakeWorker, write_fake_models
 
 

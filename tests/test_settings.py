@@ -10,8 +10,8 @@ import sys
 import pytest
 
 import config.settings as settings_module
+from config.errors import ConfigError
 from config.settings import Settings, get_settings, parse_bytes
-from manager.errors import ConfigError
 from tests.conftest import REPO
 
 

@@ -15,16 +15,9 @@ from typing import Any
 import pytest
 import redis
 
+from config.errors import InputError
 from config.settings import Settings, get_settings
-from manager import (
-    InputError,
-    Job,
-    ModelEngine,
-    ModelManager,
-    ModelStore,
-    Outcome,
-    run_group,
-)
+from manager import Job, ModelEngine, ModelManager, ModelStore, Outcome, run_group
 from tasks.client import Client
 from tasks.observe.accounting import GroupAccounting, GroupReport, SentTimes
 from tasks.observe.events import TaskEvents

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
-from manager.errors import InputError
+from config.errors import InputError
 from tasks.client import Client
 from tests.stack import Stack as GatewayStack
 from tests.stack import run_cli, wait_for, worker_and_gateway

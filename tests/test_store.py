@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from config.errors import ConfigError, UnknownModel
 from config.settings import DEFAULT_MODELS_FILE
-from manager import ConfigError, ModelEngine, ModelStore, UnknownModel
+from manager import ModelEngine, ModelStore
 
 
 def write(tmp_path: Path, models: object) -> Path:

@@ -26,9 +26,9 @@ import pytest
 import tritonclient.http as httpclient
 from PIL import Image
 
+from config.errors import BackendUnavailable, InputError, ModelLoadError
 from manager.cache import ModelManager
 from manager.engine import ModelEngine
-from manager.errors import BackendUnavailable, InputError, ModelLoadError
 from manager.runner import Job, run_group
 from manager.specs import ModelSpec
 from manager.store import ModelStore

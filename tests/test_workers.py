@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
+from config.errors import InputError, ModelLoadError
 from manager.engine import ModelEngine
-from manager.errors import InputError, ModelLoadError
 from manager.store import ModelStore
 from manager.torchvision_worker import TorchVisionWorker
 from manager.transformers_worker import TransformerWorker

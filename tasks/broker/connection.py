@@ -24,8 +24,7 @@ from kombu.exceptions import OperationalError
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from manager.errors import SwaplessError
-from tasks.errors import QueueFull, QueueUnavailable
+from config.errors import QueueFull, QueueUnavailable, SwaplessError
 
 __all__ = [
     "WRITE_FIRST_NOTE",

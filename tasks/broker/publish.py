@@ -22,7 +22,7 @@ from celery import Celery
 from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 
-from manager.errors import InputError
+from config.errors import InputError
 from tasks.broker.affinity import ModelKeys
 from tasks.protocol import PREDICT_TASK, SENT_AT_HEADER
 

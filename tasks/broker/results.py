@@ -34,9 +34,8 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import ResponseError as RedisResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from manager.errors import SwaplessError
+from config.errors import JobCancelled, JobFailed, SwaplessError
 from tasks.broker.connection import RedisHealth, is_refused_write
-from tasks.errors import JobCancelled, JobFailed
 from tasks.protocol import storage_id
 
 __all__ = ["ALREADY_DONE", "CANCELLED", "TOO_LATE", "ResultStore", "StoredResult"]

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from manager.errors import ConfigError
+from config.errors import ConfigError
 from manager.store import ModelStore
 from tasks.protocol import routes_key, shadow_key
 

@@ -25,12 +25,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from config.errors import JobTimeout, SwaplessError
 from config.settings import get_settings
-from manager.errors import SwaplessError
 from tasks.broker.connection import translate
 from tasks.cli.common import ModelsOption, err_console, fail, print_error, set_env
 from tasks.client.stream import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_IN_FLIGHT
-from tasks.errors import JobTimeout
 
 if TYPE_CHECKING:
     from tasks.client.bulk import BulkJob, BulkSummary
@@ -85,12 +84,11 @@ def _local_env(input_path: Path | None) -> dict[str, str]:
 
 def _run_bulk(job: BulkJob, *, local: bool, progress: str | None, log_every_s: float, allow_failures: bool) -> None:
     """Run a BulkJob from the command line (in local mode or against the configured Redis) and exit with its status."""
-    from manager.errors import ConfigError, UnknownModel
+    from config.errors import BulkFileError, ConfigError, UnknownModel
     from tasks.cli.local import LocalSwapless
     from tasks.client import Client
     from tasks.client.bulk import BulkRun
     from tasks.client.progress import make_progress
-    from tasks.errors import BulkFileError
 
     try:
         job.reader()  # a bad file, format or column fails here, before anything starts

@@ -32,8 +32,8 @@ from typing import IO
 
 import redis
 
+from config.errors import LocalModeError
 from config.settings import Settings, get_settings
-from tasks.errors import LocalModeError
 
 __all__ = ["LocalSwapless"]
 

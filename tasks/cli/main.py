@@ -12,11 +12,10 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.table import Table
 
+from config.errors import JobTimeout, QueueFull, QueueUnavailable, SwaplessError
 from config.settings import get_settings, parse_bytes
-from manager.errors import SwaplessError
 from tasks.cli import bulk as _bulk
 from tasks.cli.common import ModelsOption, console, fail, print_error, set_env
-from tasks.errors import JobTimeout, QueueFull, QueueUnavailable
 
 __all__ = ["app", "main"]
 

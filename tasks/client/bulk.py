@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from config.errors import BulkFileError, DeadlinePassed, JobExpired
 from tasks.client.progress import BulkProgress, NullProgress
 from tasks.client.records import Record, RecordReader
 from tasks.client.stream import (
@@ -38,7 +39,6 @@ from tasks.client.stream import (
     ChunkEvent,
     ChunkStream,
 )
-from tasks.errors import BulkFileError, DeadlinePassed, JobExpired
 
 __all__ = ["DEFAULT_MAX_CHUNK_BYTES", "BulkJob", "BulkRun", "BulkSummary", "ChunkSource", "scan_output"]
 

@@ -33,8 +33,8 @@ from typing import Any, Self
 
 from celery import Celery, states
 
+from config.errors import DeadlinePassed, JobCancelled, JobTimeout, QueueFull, SwaplessError
 from config.settings import Settings, get_settings
-from manager.errors import SwaplessError
 from manager.specs import ModelSpec
 from manager.store import ModelStore
 from tasks.app import make_app
@@ -50,7 +50,6 @@ from tasks.client.stream import (
     ChunkStream,
 )
 from tasks.client.waiting import raise_for, read_results, wait_result
-from tasks.errors import DeadlinePassed, JobCancelled, JobTimeout, QueueFull
 from tasks.protocol import (
     CHUNK_TASK,
     KEYS_HEADER,

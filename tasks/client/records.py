@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from manager.describe import kind
-from manager.errors import InputError
-from tasks.errors import BulkFileError
+from config.describe import kind
+from config.errors import BulkFileError, InputError
 
 __all__ = ["FORMATS", "Record", "RecordReader"]
 

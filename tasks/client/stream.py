@@ -21,8 +21,8 @@ from typing import Any, Generic, TypeVar
 
 from celery import states
 
+from config.errors import JobCancelled, JobFailed, JobTimeout, QueueFull
 from tasks.broker.results import ALREADY_DONE, ResultStore
-from tasks.errors import JobCancelled, JobFailed, JobTimeout, QueueFull
 from tasks.protocol import decode_outcome, item_id
 
 __all__ = ["ChunkEvent", "ChunkStream", "DEFAULT_CHUNK_SIZE", "DEFAULT_MAX_IN_FLIGHT"]

@@ -20,9 +20,8 @@ import redis.asyncio as aredis
 from celery import states
 from redis.client import PubSub
 
-from manager.errors import SwaplessError
+from config.errors import JobFailed, SwaplessError
 from tasks.broker.results import ResultStore, StoredResult
-from tasks.errors import JobFailed
 from tasks.protocol import decode_outcome, split_item_id, storage_id
 
 __all__ = ["POLL_S", "aread_result", "await_result", "raise_for", "read_results", "wait_result"]

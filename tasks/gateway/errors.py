@@ -26,16 +26,19 @@ from fastapi.exceptions import RequestValidationError
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
-from manager.errors import (
+from config.errors import (
     BackendUnavailable,
     InputError,
+    JobCancelled,
+    JobExpired,
     ModelLoadError,
     ModelTooLarge,
+    QueueFull,
+    QueueUnavailable,
     SwaplessError,
     UnknownModel,
 )
 from tasks.broker.connection import translate
-from tasks.errors import JobCancelled, JobExpired, QueueFull, QueueUnavailable
 from tasks.gateway.quotas import GatewayBusy, OverLimit
 from tasks.gateway.signature import UnknownVersion
 from tasks.gateway.tensors import TooManyElements

@@ -20,8 +20,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from config.errors import ConfigError
 from config.settings import Settings
-from manager.errors import ConfigError
 from manager.store import ModelStore
 
 __all__ = ["MAX_KEY_CHARS", "MIN_KEY_CHARS", "KeyEntry", "KeyRing", "KeyRule", "load_keys", "parse_keys"]

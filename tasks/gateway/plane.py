@@ -25,8 +25,8 @@ from typing import Any
 
 import redis.asyncio as aredis
 
+from config.errors import InputError, JobCancelled
 from config.settings import Settings
-from manager.errors import InputError
 from manager.inputs import base64_image, image_header, text_input
 from manager.specs import InputType, ModelSpec
 from manager.store import ModelStore
@@ -35,7 +35,6 @@ from tasks.broker.results import StoredResult
 from tasks.client import Client
 from tasks.client.client import Routed
 from tasks.client.waiting import await_result
-from tasks.errors import JobCancelled
 from tasks.gateway.auth import Caller
 from tasks.gateway.errors import ModelForbidden, ResultExpired, UnknownJob
 from tasks.gateway.ledger import JobLedger

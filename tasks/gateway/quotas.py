@@ -24,7 +24,7 @@ from limits import RateLimitItemPerSecond
 from limits.aio.storage import RedisStorage
 from limits.aio.strategies import SlidingWindowCounterRateLimiter
 
-from manager.errors import SwaplessError
+from config.errors import SwaplessError
 
 __all__ = ["GatewayBusy", "OverLimit", "RateLimit", "WaitSlots"]
 

@@ -21,7 +21,7 @@ import binascii
 from dataclasses import dataclass
 from typing import Any
 
-from manager.errors import InputError, PredictionFailed, SwaplessError
+from config.errors import InputError, PredictionFailed, SwaplessError
 from manager.specs import InputType, ModelSpec
 from manager.store import ModelStore
 from tasks.gateway.tensors import InferRequest, OutputTensor, bytes_elements

@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from manager.describe import kind
-from manager.errors import InputError, SwaplessError
+from config.describe import kind
+from config.errors import InputError, SwaplessError
 
 __all__ = [
     "HEADER_LENGTH",

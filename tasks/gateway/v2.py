@@ -37,7 +37,7 @@ from celery import states
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from manager.errors import InputError
+from config.errors import InputError
 from tasks.broker.connection import aping
 from tasks.gateway.auth import Need, needs
 from tasks.gateway.errors import BodyTooLarge, job_status

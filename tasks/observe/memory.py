@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import redis
 
+from config.describe import format_bytes
 from config.settings import Settings
-from manager.describe import format_bytes
 from tasks.protocol import PRIORITY_STEPS, queue_key
 
 __all__ = ["DEFAULT_KEY_SAMPLE", "RedisMemory", "WriteRefusals", "read_redis_memory"]

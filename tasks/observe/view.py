@@ -8,7 +8,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from manager.describe import format_bytes
+from config.describe import format_bytes
 from tasks.observe.heartbeat import Heartbeat
 from tasks.observe.memory import RedisMemory
 from tasks.observe.placement import ModelPlacement

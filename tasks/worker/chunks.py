@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from manager.errors import InputError, SwaplessError
+from config.errors import InputError, SwaplessError
 from manager.runner import Job, Outcome
 from manager.store import ModelStore
 from tasks.protocol import KEYS_HEADER, encode_outcome, item_id, read_payload, split_item_id

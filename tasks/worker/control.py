@@ -19,8 +19,8 @@ from celery.utils.functional import maybe_list
 from celery.worker import state as worker_state
 from celery.worker.control import control_command, ok
 
+from config.errors import JobCancelled
 from tasks.broker.results import ResultStore
-from tasks.errors import JobCancelled
 
 __all__ = ["revoke"]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from kombu.exceptions import DecodeError
 
-from manager.describe import kind
+from config.describe import kind
 from tasks.protocol import CHUNK_TASK, PREDICT_TASK, SENT_AT_HEADER
 
 __all__ = ["Intake", "LeanRequest", "eligible"]

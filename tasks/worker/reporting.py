@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from celery import signals
 
+from config.errors import MetricsUnavailable
 from tasks.broker.connection import redis_client, worker_health
-from tasks.errors import MetricsUnavailable
 from tasks.observe.accounting import GroupAccounting, GroupReport, Observers, SentTimes
 from tasks.observe.events import TaskEvents
 from tasks.observe.heartbeat import HeartbeatPublisher, WorkerStats, build_heartbeat

@@ -10,8 +10,9 @@ import importlib
 import threading
 from dataclasses import dataclass
 
+from config.errors import ConfigError
 from config.settings import Settings, get_settings
-from manager import ConfigError, ModelEngine, ModelManager, ModelStore, WorkerLimits
+from manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
 
 __all__ = ["Runtime", "build_runtime", "get_runtime", "load_plugins", "reset_runtime"]
 

@@ -32,21 +32,12 @@ from celery.worker import state as worker_state
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from manager import (
-    Backlog,
-    Job,
-    ModelStore,
-    Outcome,
-    PoisonJob,
-    PredictionFailed,
-    SwaplessError,
-    run_group,
-)
+from config.errors import JobCancelled, JobExpired, PoisonJob, PredictionFailed, SwaplessError
+from manager import Backlog, Job, ModelStore, Outcome, run_group
 from tasks.broker.acks import AckQueue
 from tasks.broker.connection import redis_client
 from tasks.broker.results import ResultStore
 from tasks.broker.routes import RouteOverrides, count_shadow
-from tasks.errors import JobCancelled, JobExpired
 from tasks.observe.accounting import NULL_OBSERVER, SchedulerObserver
 from tasks.protocol import (
     CHUNK_TASK,

@@ -35,18 +35,19 @@ from celery.exceptions import InvalidTaskError
 from celery_batches import Batches
 from kombu.exceptions import ContentDisallowed, DecodeError
 
+from config.errors import InputError, SwaplessError
 from config.settings import get_settings
-from manager import InputError, ModelEngine, SwaplessError, run_group
+from manager import ModelEngine, run_group
 from manager.warmup import warm_start
 from tasks.app import make_app
 from tasks.broker.acks import AckQueue, refresh_visibility
 from tasks.broker.connection import redis_client, worker_health
-from tasks.broker.transport import use_affinity, use_intake
 from tasks.broker.results import ResultStore
+from tasks.broker.transport import use_affinity, use_intake
+from tasks.observe.placement import read_placement
 from tasks.protocol import CHUNK_TASK, PREDICT_TASK
 from tasks.worker import control as _control  # noqa: F401 - registers Swapless's revoke in place of Celery's
 from tasks.worker.chunks import ChunkAssembler
-from tasks.observe.placement import read_placement
 from tasks.worker.intake import Intake
 from tasks.worker.learned import LearnedStore, device_label
 from tasks.worker.placement import Placement
