@@ -1,6 +1,6 @@
 """Benchmark of bulk jobs: `python -m bench.bulk --records 100000`.
 
-On one tiny text model (random-weight BERT, ``manager.tiny``), in one run:
+On one tiny text model (random-weight BERT, ``manager.demo.tiny``), in one run:
 
 1. in-process batched throughput: ``run_group`` over groups of 256 in this process (the worker's own compute path,
    no queue), measured just before and just after the full bulk run (the machine may be shared: both are shown);
@@ -40,7 +40,7 @@ MODEL = "sentiment"
 
 
 def build_model() -> Path:
-    from manager.demo import build_demo_models
+    from manager.demo.models import build_demo_models
 
     directory = OUT / "bulk-models"
     models_file = directory / "models.json"
@@ -49,7 +49,7 @@ def build_model() -> Path:
 
 def write_input(path: Path, records: int, seed: int = 0) -> list[str]:
     """``records`` short reviews (5 to 30 words of the tiny vocabulary), one JSON object per line."""
-    from manager.tiny import vocabulary
+    from manager.demo.tiny import vocabulary
 
     rng = random.Random(seed)
     words = [w for w in vocabulary(3000) if w.isalpha()]
@@ -270,7 +270,7 @@ def main() -> None:
 
 _INTRO = """# Bulk jobs benchmark
 
-`python -m bench.bulk` runs one tiny random-weight BERT (`sentiment` of `manager.tiny`: 2 layers, hidden 128) on
+`python -m bench.bulk` runs one tiny random-weight BERT (`sentiment` of `manager.demo.tiny`: 2 layers, hidden 128) on
 short reviews (5-30 words) through `swapless bulk` (one worker process, the real Redis, default chunk size 256 and
 8 chunks in flight) and through the worker's own compute path in one process (`run_group`, groups of 256: no
 queue), in the same run. Each command below replaces its own section.

@@ -64,7 +64,7 @@ def _predicts(http: httpx.Client, seconds: float, limit: int, accepted: list[str
 
 
 def run_once(redis_url: str, tag: str, duration_s: float) -> Rep:
-    from manager.tiny import write_models_file
+    from manager.demo.tiny import write_models_file
 
     prefix = fresh_prefix("gateway")
     workdir = OUT / "gateway" / tag

@@ -19,7 +19,7 @@ from bench.common import inputs_for
 from bench.profile import cpu_s
 
 if TYPE_CHECKING:
-    from manager.specs import ModelSpec
+    from manager.registry.specs import ModelSpec
 
 __all__ = [
     "UNLOAD_TOLERANCE_BYTES",
@@ -122,7 +122,7 @@ def probe_loads(models_file: Path, info: DeviceInfo, seed: int = 0) -> list[Load
         One probe per model, in the file's order.
     """
     from manager import ModelEngine, ModelStore, WorkerLimits
-    from manager.specs import InputType
+    from manager.registry.specs import InputType
 
     engine = ModelEngine(WorkerLimits(device=info.device))
     store = ModelStore.from_file(models_file, engine.frameworks)

@@ -76,7 +76,7 @@ def main() -> None:
     if args.model == "real":
         models_file, model_id = build_models(), "tiny-a"
     else:
-        from manager.tiny import write_models_file
+        from manager.demo.tiny import write_models_file
 
         directory = OUT / "profile-models"
         directory.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ SPLIT = {"v1": 90, "v2": 10}
 
 
 def _models_file(directory: Path) -> Path:
-    from manager.tiny import write_models_file
+    from manager.demo.tiny import write_models_file
 
     directory.mkdir(parents=True, exist_ok=True)
     entries = [

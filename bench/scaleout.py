@@ -65,7 +65,7 @@ class Result:
 
 
 def _sim_models_file(directory: Path, hot_item_s: float) -> Path:
-    from manager.tiny import write_models_file
+    from manager.demo.tiny import write_models_file
 
     directory.mkdir(parents=True, exist_ok=True)
     entries = []

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from config.errors import ConfigError
-from manager.worker import ModelWorker
+from manager.frameworks.worker import ModelWorker
 
 __all__ = ["SimulatedWorker", "costs", "simulated_entry"]
 

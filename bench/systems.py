@@ -188,7 +188,7 @@ def simulated_models(directory: Path) -> dict[str, Path]:
     """Models files of simulated models: ``stream`` (one model that costs nothing: every CPU cycle is the queue's)
     and ``overlap`` (``OVERLAP``'s models)."""
     from bench.simulated import simulated_entry
-    from manager.tiny import write_models_file
+    from manager.demo.tiny import write_models_file
 
     files = {}
     for kind, entries in {

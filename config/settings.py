@@ -138,7 +138,7 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1)
     #: Per-job Celery task events for Flower (off, as in Celery: they cost 10-25 % of single-model throughput here).
     task_events: bool = False
-    #: Load each local model once at start-up, warm it and seed its batch-size tuner (manager.warmup).
+    #: Load each local model once at start-up, warm it and seed its batch-size tuner (manager.batching.warmup).
     warm_start: bool = True
     warm_start_budget_s: float = Field(30.0, gt=0)
     #: While a group computes, load the model the next group needs (ModelManager.load_ahead).

@@ -1,12 +1,12 @@
 """The model side: which models exist (ModelStore), what is loaded (ModelManager), how workers are built
 (ModelEngine) and run (ModelWorker). Nothing here imports Celery. Its errors are in ``config.errors``."""
 
-from manager.cache import CacheStats, LoadedModel, ModelManager
-from manager.engine import ModelEngine, load_builtin_workers
-from manager.runner import Backlog, Job, Outcome, run_group
-from manager.specs import InputType, ModelSpec
-from manager.store import ModelStore
-from manager.worker import ModelWorker, WorkerLimits, registry
+from manager.batching.runner import Backlog, Job, Outcome, run_group
+from manager.cache.lru import CacheStats, LoadedModel, ModelManager
+from manager.frameworks.engine import ModelEngine, load_builtin_workers
+from manager.frameworks.worker import ModelWorker, WorkerLimits, registry
+from manager.registry.specs import InputType, ModelSpec
+from manager.registry.store import ModelStore
 
 __all__ = [
     "Backlog",

@@ -69,7 +69,7 @@ PRIORITY_STEPS = (PRIORITY_INTERACTIVE, 3, PRIORITY_BULK, 9)
 SENT_AT_HEADER = "swapless_sent_at"
 #: Header of a chunk sent to a route with sticky keys: one key (or null) per input, in order.
 KEYS_HEADER = "swapless_keys"
-#: Header of a shadow copy of a routed job: ``[served job id, route id]`` (``manager.routing``).
+#: Header of a shadow copy of a routed job: ``[served job id, route id]`` (``manager.registry.routing``).
 SHADOW_HEADER = "swapless_shadow_of"
 #: Header of a routed job that has shadow copies: its worker keeps its top label for them (``shadow_ref_key``).
 SHADOWED_HEADER = "swapless_shadowed"

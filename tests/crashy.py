@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from manager.worker import ModelWorker
+from manager.frameworks.worker import ModelWorker
 
 __all__ = ["LOG_ENV", "CrashWorker", "OutOfMemoryError", "batches", "crashy_entry", "executions"]
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from manager.worker import ModelWorker
+from manager.frameworks.worker import ModelWorker
 
 
 class OutOfMemoryError(RuntimeError):

@@ -22,9 +22,9 @@ import redis
 
 from config.errors import BulkFileError, InputError, UnknownModel
 from manager import InputType
-from manager.image_files import looks_like_path, read_image_file
-from manager.specs import ModelSpec
-from manager.worker import ModelWorker, WorkerLimits
+from manager.frameworks.image_files import looks_like_path, read_image_file
+from manager.frameworks.worker import ModelWorker, WorkerLimits
+from manager.registry.specs import ModelSpec
 from tasks.client import Client
 from tasks.client.bulk import BulkJob, BulkRun, scan_output
 from tasks.client.records import Record, RecordReader

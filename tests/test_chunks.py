@@ -9,8 +9,8 @@ import pytest
 
 from config.errors import InputError, JobFailed, PredictionFailed, UnknownModel
 from manager import InputType, Outcome
-from manager.specs import ModelSpec
-from manager.store import ModelStore
+from manager.registry.specs import ModelSpec
+from manager.registry.store import ModelStore
 from tasks.protocol import (
     CHUNK_TASK,
     decode_outcome,

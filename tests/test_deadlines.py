@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from config.errors import JobExpired
-from manager.runner import Backlog, Job
+from manager.batching.runner import Backlog, Job
 from tasks.client import Client
 from tasks.protocol import PREDICT_TASK, deadline_of, expires_header
 from tests.faultkit import FaultEnv, hold

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from config.errors import InputError, UnknownModel
-from manager.store import ModelStore
+from manager.registry.store import ModelStore
 from tasks.client import Client
 from tasks.protocol import PREDICT_TASK
 from tests.conftest import REPO, WorkerProcess

@@ -18,7 +18,7 @@ from pydantic import SecretStr
 
 from config.errors import ConfigError
 from config.settings import Settings
-from manager.store import ModelStore
+from manager.registry.store import ModelStore
 from tasks.gateway import create_app
 from tasks.gateway.auth import Callers, Need, RedactKeyFilter
 from tasks.gateway.keys import KeyRule, load_keys, parse_keys

@@ -145,14 +145,14 @@ def test_demo_is_one_command_from_an_installed_package(local_env: dict[str, str]
     elsewhere.mkdir()
     env = {**local_env, "PYTHONPATH": str(site)}
     env.pop("SWAPLESS_MODELS_FILE")
-    probe = "import tasks, manager.demo_sample as s; print(tasks.__file__); print(s.SAMPLE_PATH)"
+    probe = "import tasks, manager.demo.sample as s; print(tasks.__file__); print(s.SAMPLE_PATH)"
     where = subprocess.run([sys.executable, "-c", probe], cwd=elsewhere, env=env, capture_output=True, text=True,
                            check=True).stdout.split()
     assert all(path.startswith(str(site)) for path in where), where  # the installed copy, not the checkout
     cli = Cli(["demo", "-o", "demo.jsonl"], env, tmp_path / "log", cwd=elsewhere)
     status, _, log = cli.finish(timeout_s=300)
     assert status == 0, log
-    from manager.demo_sample import read_sample
+    from manager.demo.sample import read_sample
 
     sample = read_sample(site / "manager" / "data" / "reviews.jsonl")
     lines = [json.loads(line) for line in (elsewhere / "demo.jsonl").read_text().splitlines()]

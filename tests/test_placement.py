@@ -1,8 +1,8 @@
-"""The placement policy (manager.placement): pure code over plain data, no Redis, no workers."""
+"""The placement policy (tasks.cluster.plan): pure code over plain data, no Redis, no workers."""
 
 from __future__ import annotations
 
-from manager.placement import Demand, Moves, WorkerView, plan
+from tasks.cluster.plan import Demand, Moves, WorkerView, plan
 
 
 def _workers(*ids: str, slots: int = 2, **loaded: set[str]) -> list[WorkerView]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from manager.policy import Cached, Waiting, choose_next, choose_victims
+from manager.batching.order import Waiting, choose_next
+from manager.cache.eviction import Cached, choose_victims
 
 
 def test_nothing_waiting() -> None:

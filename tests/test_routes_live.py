@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from config.errors import InputError
-from manager.store import ModelStore
+from manager.registry.store import ModelStore
 from tasks.broker.routes import read_shadow
 from tasks.client import Client
 from tasks.protocol import PREDICT_TASK

@@ -1,4 +1,4 @@
-"""Routes over model versions and input types: the pure policy (``manager.routing``) and the store's checks of
+"""Routes over model versions and input types: the pure policy (``manager.registry.routing``) and the store's checks of
 route entries. No Redis, no workers."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from config.errors import ConfigError, InputError, UnknownModel
-from manager.routing import input_type, pick, shadows_of
-from manager.specs import InputType
-from manager.store import ModelStore
+from manager.registry.routing import input_type, pick, shadows_of
+from manager.registry.specs import InputType
+from manager.registry.store import ModelStore
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 64).decode()
 

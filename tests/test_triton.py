@@ -27,13 +27,13 @@ import tritonclient.http as httpclient
 from PIL import Image
 
 from config.errors import BackendUnavailable, InputError, ModelLoadError
-from manager.cache import ModelManager
-from manager.engine import ModelEngine
-from manager.runner import Job, run_group
-from manager.specs import ModelSpec
-from manager.store import ModelStore
-from manager.triton_worker import TritonWorker
-from manager.worker import ModelWorker, WorkerLimits
+from manager.batching.runner import Job, run_group
+from manager.cache.lru import ModelManager
+from manager.frameworks.engine import ModelEngine
+from manager.frameworks.triton.worker import TritonWorker
+from manager.frameworks.worker import ModelWorker, WorkerLimits
+from manager.registry.specs import ModelSpec
+from manager.registry.store import ModelStore
 
 try:
     from tests.triton_server import REPOSITORY, TritonServer, fresh_triton, triton_server  # noqa: F401
@@ -419,7 +419,7 @@ def test_cache_keeps_remote_max_models_on_the_server(fresh_triton: TritonServer,
 
 
 def test_module_imports_without_torch() -> None:
-    code = "import sys, manager.triton_worker; print('torch' in sys.modules)"
+    code = "import sys, manager.frameworks.triton.worker; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert result.stdout.strip() == "False"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
-from manager.cache import DEFAULT_LOAD_COST_S
-from manager.specs import InputType
-from manager.warmup import WARM_TEXT, warm_input, warm_start
+from manager.batching.warmup import WARM_TEXT, warm_input, warm_start
+from manager.cache.lru import DEFAULT_LOAD_COST_S
+from manager.registry.specs import InputType
 from tasks.client import Client
 from tests.conftest import WorkerProcess
 

@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from config.errors import InputError, ModelLoadError
-from manager.engine import ModelEngine
-from manager.store import ModelStore
-from manager.torchvision_worker import TorchVisionWorker
-from manager.transformers_worker import TransformerWorker
-from manager.worker import ModelWorker, WorkerLimits
+from manager.frameworks.engine import ModelEngine
+from manager.frameworks.torchvision_worker import TorchVisionWorker
+from manager.frameworks.transformers_worker import TransformerWorker
+from manager.frameworks.worker import ModelWorker, WorkerLimits
+from manager.registry.store import ModelStore
 from tests.tinymodels import TEXT_MODELS, encode_image
 
 # The session fixtures ``tiny_models_dir`` and ``models_file`` come from tests.tinymodels (see conftest.py).

@@ -1,6 +1,6 @@
 """Small real models for the tests (and the benchmark), built on the spot with random weights.
 
-The builders live in ``manager.tiny`` and ``manager.demo`` (``swapless demo`` uses them too); they are re-exported here so tests keep
+The builders live in ``manager.demo.tiny`` and ``manager.demo.models`` (``swapless demo`` uses them too); they are re-exported here so tests keep
 importing them from this module. Nothing downloads anything.
 
 Fixtures (import them into a test module, or list this module in ``pytest_plugins``):
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from manager.demo import IMAGE_MODEL_ID, TEXT_MODELS, build_demo_models
-from manager.tiny import (
+from manager.demo.models import IMAGE_MODEL_ID, TEXT_MODELS, build_demo_models
+from manager.demo.tiny import (
     TEXT_PRESETS,
     build_image_classifier,
     build_text_classifier,

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from config.errors import ConfigError
-from manager.store import ModelStore
+from manager.registry.store import ModelStore
 from tasks.protocol import routes_key, shadow_key
 
 __all__ = ["RouteOverrides", "count_shadow", "read_shadow"]

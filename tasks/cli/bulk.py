@@ -202,7 +202,7 @@ def _ensure_demo_models(directory: Path) -> Path:
     sentiment model was trained: their sentiment labels meant nothing)."""
     models_file = directory / "models.json"
     if not models_file.exists() or "trained" not in _description(models_file, "sentiment"):
-        from manager.demo import build_demo_models
+        from manager.demo.models import build_demo_models
 
         err_console.print(f"building the demo models (tiny, offline; sentiment trained on the sample) in {directory} ...")
         build_demo_models(directory, trained=True)
@@ -223,7 +223,7 @@ def demo_models(
     train: Annotated[bool, typer.Option(help="train the sentiment model on the demo sample (a few seconds)")] = True,
 ) -> None:
     """Build small models offline and a models.json listing them (random weights; sentiment trained on the sample)."""
-    from manager.demo import build_demo_models
+    from manager.demo.models import build_demo_models
 
     models_file = build_demo_models(directory, image=image, trained=train)
     err_console.print(f"built; use them with:  export SWAPLESS_MODELS_FILE={models_file.resolve()}")
@@ -243,7 +243,7 @@ def demo(
 
     Builds tiny demo models (once, into a cache dir; the sentiment model learns the sample's labels in a few
     seconds), starts an embedded Redis and a worker, classifies the shipped sample of 300 reviews and stops both."""
-    from manager.demo_sample import SAMPLE_PATH
+    from manager.demo.sample import SAMPLE_PATH
     from tasks.client.bulk import BulkJob
 
     source = input or SAMPLE_PATH

@@ -177,8 +177,8 @@ def cancel(
 @app.command()
 def models(models: ModelsOption = None) -> None:
     """List the models in the registry."""
-    from manager.engine import ModelEngine
-    from manager.store import ModelStore
+    from manager.frameworks.engine import ModelEngine
+    from manager.registry.store import ModelStore
     from tasks.worker.runtime import load_plugins
 
     try:
@@ -238,7 +238,7 @@ def reload(models: ModelsOption = None) -> None:
 
     The file is checked first: if it has an error, nothing changes and the error is printed. Weights set with
     `swapless route` are replaced by the file's."""
-    from manager.store import ModelStore
+    from manager.registry.store import ModelStore
     from tasks.broker.connection import redis_client
     from tasks.broker.routes import RouteOverrides
 
@@ -264,7 +264,7 @@ def route(
     """Set a route's split at run time (kept in Redis): producers and workers follow within a second, no restart.
 
     `swapless route sentiment sentiment-v1=50 sentiment-v2=50`; `swapless route sentiment --clear`."""
-    from manager.store import ModelStore
+    from manager.registry.store import ModelStore
     from tasks.broker.connection import redis_client
     from tasks.broker.routes import RouteOverrides
 
@@ -376,7 +376,7 @@ def status(
     import redis
     from rich.console import Group
 
-    from manager.store import ModelStore
+    from manager.registry.store import ModelStore
     from tasks.broker.connection import redis_client, translated
     from tasks.observe.heartbeat import read_heartbeats
     from tasks.observe.memory import read_redis_memory

@@ -35,8 +35,8 @@ from celery import Celery, states
 
 from config.errors import DeadlinePassed, JobCancelled, JobTimeout, QueueFull, SwaplessError
 from config.settings import Settings, get_settings
-from manager.specs import ModelSpec
-from manager.store import ModelStore
+from manager.registry.specs import ModelSpec
+from manager.registry.store import ModelStore
 from tasks.app import make_app
 from tasks.broker.affinity import ModelKeys
 from tasks.broker.connection import redact, redis_client, translated
@@ -225,7 +225,7 @@ class Client:
     def route_jobs(
         self, jobs: Sequence[tuple[str, Any]], keys: Sequence[str | None] | None = None, *, paths: bool = True
     ) -> list[Routed]:
-        """Each job with a fresh id, addressed to the model that serves it: a route resolved (``manager.routing``: by
+        """Each job with a fresh id, addressed to the model that serves it: a route resolved (``manager.registry.routing``: by
         its sticky key, else by its id, so a worker resolving a plain Celery job by its id picks the same) with the
         shadows it sends copies to. A job whose route cannot place its input goes as addressed: the worker answers
         it alone (``InputError``). ``paths``: whether an input may be an image file's path (False for inputs from

@@ -22,7 +22,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from config.settings import Settings, get_settings
-from manager.store import ModelStore
+from manager.registry.store import ModelStore
 from tasks.client import Client
 from tasks.gateway.auth import install_api_keys
 from tasks.gateway.framing import LOOPBACK_HOSTS, RequestGuard, host_name

@@ -31,7 +31,7 @@ from fastapi.security import HTTPBearer
 from starlette.routing import BaseRoute, Match, Route
 
 from config.settings import Settings
-from manager.store import ModelStore
+from manager.registry.store import ModelStore
 from tasks.gateway.framing import ASGIApp, Receive, Scope, Send, reply
 from tasks.gateway.keys import KeyRing, KeyRule, load_keys
 

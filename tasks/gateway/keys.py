@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from config.errors import ConfigError
 from config.settings import Settings
-from manager.store import ModelStore
+from manager.registry.store import ModelStore
 
 __all__ = ["MAX_KEY_CHARS", "MIN_KEY_CHARS", "KeyEntry", "KeyRing", "KeyRule", "load_keys", "parse_keys"]
 

@@ -27,9 +27,9 @@ import redis.asyncio as aredis
 
 from config.errors import InputError, JobCancelled
 from config.settings import Settings
-from manager.inputs import base64_image, image_header, text_input
-from manager.specs import InputType, ModelSpec
-from manager.store import ModelStore
+from manager.frameworks.inputs import base64_image, image_header, text_input
+from manager.registry.specs import InputType, ModelSpec
+from manager.registry.store import ModelStore
 from tasks.broker.connection import async_redis_client
 from tasks.broker.results import StoredResult
 from tasks.client import Client

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.errors import InputError, PredictionFailed, SwaplessError
-from manager.specs import InputType, ModelSpec
-from manager.store import ModelStore
+from manager.registry.specs import InputType, ModelSpec
+from manager.registry.store import ModelStore
 from tasks.gateway.tensors import InferRequest, OutputTensor, bytes_elements
 
 __all__ = [

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from config.settings import Settings
-from manager.store import ModelStore
+from manager.registry.store import ModelStore
 from tasks.broker.connection import redis_client
 from tasks.gateway.auth import Need, needs
 from tasks.gateway.http import GuardedRoute

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config.errors import InputError, SwaplessError
-from manager.runner import Job, Outcome
-from manager.store import ModelStore
+from manager.batching.runner import Job, Outcome
+from manager.registry.store import ModelStore
 from tasks.protocol import KEYS_HEADER, encode_outcome, item_id, read_payload, split_item_id
 
 __all__ = ["ChunkAssembler", "jobs_from_chunk"]

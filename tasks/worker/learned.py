@@ -28,7 +28,7 @@ LEARNED_TTL_S = 30 * 24 * 3600
 
 def device_label(device: str) -> str:
     """The kind of device a worker computes on: what it learned applies to workers on the same kind."""
-    from manager.torch_utils import resolve_device
+    from manager.frameworks.torch_utils import resolve_device
 
     resolved = resolve_device(device)
     if resolved.type == "cuda":

@@ -4,7 +4,7 @@ jobs back, so that several workers on one Redis act as one model cache.
 A daemon thread, ``swapless-placement``, every ``SWAPLESS_PLACEMENT_INTERVAL_S``:
 
 - reads where every model stands (``tasks.observe.placement``: its lists, its held jobs, its holders) and the
-  live workers (their heartbeats), and runs the pure policy (``manager.placement.plan``) for this worker;
+  live workers (their heartbeats), and runs the pure policy (``tasks.cluster.plan.plan``) for this worker;
 - claims what the plan gives it (``CLAIM``: atomic, so a cold model is claimed by one worker however many see its
   jobs) and releases what it takes away;
 - sets how many jobs of each model it may hold (``hold_limit``): with other workers live, about
@@ -34,10 +34,10 @@ from typing import Any
 
 import redis
 
-from manager.cache import DEFAULT_LOAD_COST_S
-from manager.placement import Demand, WorkerView, plan
+from manager.cache.lru import DEFAULT_LOAD_COST_S
 from tasks.broker.affinity import CLAIM, RECOVER, RELEASE, RENEW, ModelKeys
 from tasks.broker.connection import redis_client, worker_health
+from tasks.cluster.plan import Demand, WorkerView, plan
 from tasks.observe.heartbeat import TTL_INTERVALS, Heartbeat, ModelActivity, read_heartbeats
 from tasks.observe.placement import ModelPlacement, read_placement
 from tasks.protocol import message_args

@@ -9,7 +9,7 @@ seconds, hands the batch to the pool, and acks late messages when the batch retu
 - one scheduler thread takes the next group from the backlog the moment it is idle, so a lone job never waits
   for a timer and, while a group computes, the consumer keeps fetching (the backlog grows in the meantime);
 - the scheduler sees the whole backlog (up to ``SWAPLESS_PREFETCH`` unacked jobs), serves loaded models first,
-  then the cold model with the most waiting work per second of load (``manager.policy``);
+  then the cold model with the most waiting work per second of load (``manager.batching.order``);
 - each job's own result or error is stored (pipelined, first result wins), and only then is its message acked.
   A job that never got a result is never acked: a dead worker's jobs are redelivered.
 
@@ -38,7 +38,7 @@ from kombu.exceptions import ContentDisallowed, DecodeError
 from config.errors import InputError, SwaplessError
 from config.settings import get_settings
 from manager import ModelEngine, run_group
-from manager.warmup import warm_start
+from manager.batching.warmup import warm_start
 from tasks.app import make_app
 from tasks.broker.acks import AckQueue, refresh_visibility
 from tasks.broker.connection import redis_client, worker_health

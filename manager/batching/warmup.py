@@ -23,9 +23,9 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from config.errors import SwaplessError
-from manager.cache import ModelManager
-from manager.engine import ModelEngine
-from manager.specs import InputType, ModelSpec
+from manager.cache.lru import ModelManager
+from manager.frameworks.engine import ModelEngine
+from manager.registry.specs import InputType, ModelSpec
 
 __all__ = ["warm_input", "warm_start"]
 

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from config.errors import ModelLoadError
-from manager.torch_utils import free_memory, measure_load, module_bytes, resolve_device, to_dtype, top_k
-from manager.worker import ModelWorker
+from manager.frameworks.torch_utils import free_memory, measure_load, module_bytes, resolve_device, to_dtype, top_k
+from manager.frameworks.worker import ModelWorker
 
 __all__ = ["TransformerWorker"]
 

@@ -30,7 +30,7 @@ from PIL import Image
 from tritonclient.utils import triton_to_np_dtype
 
 from config.errors import InputError, ModelLoadError, PredictionFailed
-from manager.images import decode_image
+from manager.frameworks.images import decode_image
 
 __all__ = [
     "ModelInfo",

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from config.describe import kind
 from config.errors import ConfigError, InputError, UnknownModel
-from manager.routing import NoBranch, Resolved, resolve
-from manager.specs import InputType, ModelsFile, ModelSpec, RouteSpec
+from manager.registry.routing import NoBranch, Resolved, resolve
+from manager.registry.specs import InputType, ModelsFile, ModelSpec, RouteSpec
 
 __all__ = ["ModelStore"]
 
@@ -188,7 +188,7 @@ class ModelStore:
         paths: bool = True,
     ) -> Resolved:
         """The model that serves a job addressed to ``target`` (a model id or alias: itself, canonical; a route: the
-        version its weights and ``key`` pick, and its shadows). See ``manager.routing``; ``paths``: whether an input
+        version its weights and ``key`` pick, and its shadows). See ``manager.registry.routing``; ``paths``: whether an input
         may be an image file's path (False for network callers).
 
         Raises:

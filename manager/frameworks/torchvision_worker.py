@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from config.errors import ModelLoadError
-from manager.images import decode_image
-from manager.torch_utils import free_memory, measure_load, module_bytes, resolve_device, to_dtype, top_k
-from manager.worker import ModelWorker
+from manager.frameworks.images import decode_image
+from manager.frameworks.torch_utils import free_memory, measure_load, module_bytes, resolve_device, to_dtype, top_k
+from manager.frameworks.worker import ModelWorker
 
 __all__ = ["TorchVisionWorker"]
 

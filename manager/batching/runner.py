@@ -26,9 +26,9 @@ from config.errors import (
     SwaplessError,
     UnknownModel,
 )
-from manager.cache import ModelManager
-from manager.policy import Waiting, choose_next
-from manager.worker import ModelWorker
+from manager.batching.order import Waiting, choose_next
+from manager.cache.lru import ModelManager
+from manager.frameworks.worker import ModelWorker
 
 __all__ = ["Backlog", "Job", "Outcome", "run_group"]
 

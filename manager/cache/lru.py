@@ -26,10 +26,10 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from config.errors import ModelLoadError, ModelTooLarge, SwaplessError
-from manager.policy import Cached, choose_victims
-from manager.specs import ModelSpec
-from manager.store import ModelStore
-from manager.worker import ModelWorker
+from manager.cache.eviction import Cached, choose_victims
+from manager.frameworks.worker import ModelWorker
+from manager.registry.specs import ModelSpec
+from manager.registry.store import ModelStore
 
 __all__ = ["CacheStats", "LoadedModel", "ModelManager"]
 

@@ -30,7 +30,7 @@ from config.errors import BackendUnavailable
 __all__ = ["TritonConnection", "TritonSettings"]
 
 # The worker's logger, so that what is logged about a Triton model all comes from one place, as it always has.
-logger = logging.getLogger("manager.triton_worker")
+logger = logging.getLogger("manager.frameworks.triton.worker")
 
 T = TypeVar("T")
 

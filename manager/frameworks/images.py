@@ -5,7 +5,7 @@ from __future__ import annotations
 from PIL import Image
 
 from config.errors import InputError
-from manager.inputs import ALLOWED_FORMATS, image_header
+from manager.frameworks.inputs import ALLOWED_FORMATS, image_header
 
 __all__ = ["ALLOWED_FORMATS", "decode_image"]
 

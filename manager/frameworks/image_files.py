@@ -16,7 +16,7 @@ from config.errors import InputError
 
 __all__ = ["IMAGE_SIGNATURES", "looks_like_path", "read_image_file"]
 
-#: Leading bytes of the image formats the workers decode (manager.images.ALLOWED_FORMATS).
+#: Leading bytes of the image formats the workers decode (manager.frameworks.inputs.ALLOWED_FORMATS).
 IMAGE_SIGNATURES: tuple[bytes, ...] = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM", b"RIFF")
 #: Longest value taken for a path (Linux PATH_MAX); base64 images are longer.
 _MAX_PATH_CHARS = 4096

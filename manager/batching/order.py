@@ -1,0 +1,54 @@
+"""Which model's jobs run next: a pure decision over plain data (no Redis, no torch, no clock of its own)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["Waiting", "choose_next"]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What waits for one model.
+
+    Attributes:
+        model_id: the model.
+        jobs: how many jobs wait for it.
+        oldest_wait_s: how long its oldest job has waited.
+        urgent: how many of them are interactive (priority) jobs.
+        load_cost_s: expected seconds to load it (0 when loaded; an estimate from past loads otherwise).
+    """
+
+    model_id: str
+    jobs: int
+    oldest_wait_s: float = 0.0
+    urgent: int = 0
+    load_cost_s: float = 1.0
+
+
+def choose_next(waiting: Sequence[Waiting], loaded: Sequence[str], max_wait_s: float) -> str | None:
+    """The model whose jobs should run next.
+
+    Order of precedence:
+      1. a model whose oldest job has waited longer than ``max_wait_s`` (no starvation), oldest first;
+      2. models with interactive jobs, loaded ones first;
+      3. loaded models (no load needed), the one with most waiting jobs first;
+      4. cold models, by most waiting jobs per second of load cost.
+
+    Returns:
+        the model id, or None when nothing waits.
+    """
+    candidates = [w for w in waiting if w.jobs > 0]
+    if not candidates:
+        return None
+    starved = [w for w in candidates if w.oldest_wait_s > max_wait_s]
+    if starved:
+        return max(starved, key=lambda w: w.oldest_wait_s).model_id
+    loaded_set = set(loaded)
+    urgent = [w for w in candidates if w.urgent > 0]
+    pool = urgent or candidates
+    warm = [w for w in pool if w.model_id in loaded_set]
+    if warm:
+        return max(warm, key=lambda w: (w.jobs, w.oldest_wait_s)).model_id
+    return max(pool, key=lambda w: (w.jobs / max(w.load_cost_s, 1e-3), w.oldest_wait_s)).model_id

@@ -1,0 +1,57 @@
+"""Which loaded models to evict to make room for another: a pure decision over plain data."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Cached", "choose_victims"]
+
+
+@dataclass(frozen=True)
+class Cached:
+    """One loaded model as the eviction policy sees it, in least-recently-used-first order."""
+
+    model_id: str
+    size_bytes: int
+    pinned: bool = False
+    remote: bool = False
+
+
+def choose_victims(
+    cached: Sequence[Cached],
+    *,
+    incoming_bytes: int,
+    max_models: int,
+    memory_budget_bytes: int | None,
+    keep: Mapping[str, int] | None = None,
+) -> list[str] | None:
+    """Least-recently-used models to evict so that one more model of ``incoming_bytes`` fits.
+
+    Pinned models (a batch in flight) are never chosen. Among the others, models with no waiting jobs
+    (``keep`` maps model id to waiting jobs) go before models that still have work, each in LRU order.
+
+    Returns:
+        the ids to evict (possibly empty), or None when even evicting every unpinned model is not enough.
+    """
+    waiting = keep or {}
+    count = len(cached)
+    used = sum(c.size_bytes for c in cached)
+
+    def fits(count: int, used: int) -> bool:
+        if count + 1 > max_models:
+            return False
+        return memory_budget_bytes is None or used + incoming_bytes <= memory_budget_bytes
+
+    if fits(count, used):
+        return []
+    evictable = [c for c in cached if not c.pinned]
+    evictable.sort(key=lambda c: 1 if waiting.get(c.model_id, 0) > 0 else 0)  # stable: LRU order kept
+    victims = []
+    for entry in evictable:
+        victims.append(entry.model_id)
+        count -= 1
+        used -= entry.size_bytes
+        if fits(count, used):
+            return victims
+    return None
