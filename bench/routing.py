@@ -56,6 +56,7 @@ def split(cluster: Cluster, jobs: int) -> dict[str, float]:
 
 def shadow(cluster: Cluster, jobs: int = 200) -> tuple[dict[str, list[float]], tuple[int, int]]:
     from tasks.broker.routes import read_shadow
+    from tasks.keyspace import Keyspace
 
     client = cluster.client()
     for route in ("plain", "shadowed"):  # both models loaded, the first passes done
@@ -79,7 +80,7 @@ def shadow(cluster: Cluster, jobs: int = 200) -> tuple[dict[str, list[float]], t
     deadline = time.monotonic() + 60
     agreed = total = 0
     while time.monotonic() < deadline:
-        counts = read_shadow(cluster.redis, cluster.env["SWAPLESS_QUEUE"], cluster.prefix)
+        counts = read_shadow(cluster.redis, Keyspace(cluster.env["SWAPLESS_QUEUE"], cluster.prefix))
         agreed = sum(a for (route, _, _), (a, _) in counts.items() if route == "shadowed")
         total = sum(n for (route, _, _), (_, n) in counts.items() if route == "shadowed")
         if total >= jobs // 2:

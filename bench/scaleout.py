@@ -127,13 +127,16 @@ class Cluster:
 
     @property
     def learned_key(self) -> str:
-        return f"{self.prefix}swapless:learned:cpu"
+        from tasks.keyspace import Keyspace
+
+        return Keyspace(self.prefix + "jobs", self.prefix).learned("cpu")
 
     def _wait_heartbeats(self, n: int, timeout_s: float = 30) -> None:
-        from tasks.observe.heartbeat import read_heartbeats
+        from tasks.cluster.members import read_heartbeats
+        from tasks.keyspace import Keyspace
 
         deadline = time.monotonic() + timeout_s
-        while len(read_heartbeats(self.redis, self.prefix)) < n:
+        while len(read_heartbeats(self.redis, Keyspace(self.prefix + "jobs", self.prefix))) < n:
             if time.monotonic() > deadline:
                 raise RuntimeError("the workers' heartbeats did not all appear")
             time.sleep(0.1)
@@ -224,7 +227,7 @@ def run_config(workload: str, n: int, routing: str, seed: int, real_models: Path
 
 
 def _failover(cluster: Cluster, jobs: list[tuple[str, str]]) -> Result:
-    from tasks.broker.affinity import ModelKeys
+    from tasks.keyspace import Keyspace
 
     victim = cluster.workers[0]
     killed: dict[str, float] = {}
@@ -239,10 +242,10 @@ def _failover(cluster: Cluster, jobs: list[tuple[str, str]]) -> Result:
     def free_again() -> bool:
         # the dead worker (w0) holds no claim and no job any more
         for model_id in SIM_MODELS:
-            keys = ModelKeys(cluster.prefix + "jobs", model_id, cluster.prefix)
+            keys = Keyspace(cluster.prefix + "jobs", cluster.prefix).model(model_id)
             now_ms = int(time.time() * 1000)  # leases still running: a lapsed one waits in the set for a script
             holders = [h.decode() for h in cluster.redis.zrangebyscore(keys.holders, now_ms, "+inf")]
-            owners = [o.decode() for o in cluster.redis.hvals(keys.part("owner"))]
+            owners = [o.decode() for o in cluster.redis.hvals(keys.owner)]
             if any(x.startswith("w0@bench:") for x in holders + owners):
                 return False
         return True
@@ -250,8 +253,7 @@ def _failover(cluster: Cluster, jobs: list[tuple[str, str]]) -> Result:
     def progress(done: int) -> None:
         kill_at_40_percent(done)
         if "at" in killed and "at" not in recovered:
-            shared = cluster.env["SWAPLESS_ROUTING"] == "shared"
-            if shared and cluster.redis.hlen(cluster.prefix + "unacked") == 0 or not shared and free_again():
+            if free_again():
                 recovered["at"] = time.perf_counter()
 
     started = time.perf_counter()

@@ -73,7 +73,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from config.errors import ConfigError
 
-__all__ = ["DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MODELS_FILE", "DEFAULT_REDIS_URL", "Settings", "get_settings", "parse_bytes"]
+__all__ = [
+    "DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MODELS_FILE", "DEFAULT_REDIS_URL", "Settings", "get_settings", "load_settings",
+    "parse_bytes",
+]
 
 DEFAULT_MODELS_FILE = Path(__file__).with_name("models.json")
 #: Largest forward pass, in inputs, unless a model entry or SWAPLESS_MAX_BATCH_SIZE says otherwise.
@@ -224,21 +227,31 @@ def _misspelt_variable() -> ConfigError | None:
     return None
 
 
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    """The process-wide settings, read from the environment once.
+def load_settings(**overrides: object) -> Settings:
+    """The environment's settings with ``overrides`` on top (a command's flags, by field name; None: not given).
 
     Raises:
-        ConfigError: a variable is invalid, or looks like a setting's name misspelt; the message names it and what
-            is wrong.
+        ConfigError: a variable or an override is invalid, or a variable looks like a setting's name misspelt; the
+            message names it and what is wrong.
     """
     misspelt = _misspelt_variable()
     if misspelt is not None:
         raise misspelt
+    given = {name: value for name, value in overrides.items() if value is not None}
     try:
-        return Settings()
+        return Settings(**given)  # type: ignore[arg-type]  # pydantic validates each value
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
         where = f"SWAPLESS_{field.upper()}" if field else "settings"
         raise ConfigError(where, first["msg"].removeprefix("Value error, ")) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The environment's settings, read once per process (``load_settings`` with no overrides).
+
+    Raises:
+        ConfigError: as ``load_settings``.
+    """
+    return load_settings()

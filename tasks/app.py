@@ -83,5 +83,7 @@ def configure(app: Celery, s: Settings) -> None:
         # 10-25 % of single-model throughput here.
         worker_send_task_events=s.task_events,
         worker_hijack_root_logger=False,
+        # the Swapless settings themselves, for the worker's composition root (tasks.worker.context)
+        swapless_settings=s,
     )
 

@@ -1,5 +1,6 @@
-"""What producers and workers share, and nothing else: task names, priorities, headers, queue keys, chunk item
-ids, the payload of a job message, and how one item's outcome is encoded in a chunk's result.
+"""What producers and workers share, and nothing else: task names, priorities, headers, chunk item ids, the
+payload of a job message, and how one item's outcome is encoded in a chunk's result (the Redis keys are
+``tasks.keyspace``'s).
 
 Plain data and pure functions: importing this module builds no Celery app and connects to nothing.
 
@@ -36,19 +37,10 @@ __all__ = [
     "decode_outcome",
     "encode_outcome",
     "is_urgent",
-    "MODEL_PARTS",
-    "ROUTINGS",
     "item_id",
     "message_args",
-    "model_key",
-    "model_queue_key",
-    "placement_bell_key",
     "priority_level",
-    "queue_key",
     "read_payload",
-    "routes_key",
-    "shadow_key",
-    "shadow_ref_key",
     "split_item_id",
     "storage_id",
 ]
@@ -74,8 +66,6 @@ SHADOW_HEADER = "swapless_shadow_of"
 #: Header of a routed job that has shadow copies: its worker keeps its top label for them (``shadow_ref_key``).
 SHADOWED_HEADER = "swapless_shadowed"
 
-_PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: "<queue>\x06\x16<priority>" above priority 0
-
 
 def priority_level(priority: str) -> int:
     """The Redis priority of ``interactive`` or ``bulk``.
@@ -91,56 +81,6 @@ def priority_level(priority: str) -> int:
 def is_urgent(level: int | None) -> bool:
     """Whether a message of Redis priority ``level`` is interactive work (no priority: interactive)."""
     return level is None or level < PRIORITY_BULK
-
-
-def queue_key(queue: str, priority: int, key_prefix: str | None = None) -> str:
-    """The Redis list kombu's Redis transport keeps ``queue``'s messages of ``priority`` in."""
-    base = f"{key_prefix or ''}{queue}"
-    return base if priority == 0 else f"{base}{_PRIORITY_SEP}{priority}"
-
-
-#: How jobs reach workers: ``placement`` (each model's jobs wait in the model's own lists, fetched only by the
-#: workers that claimed the model) or ``shared`` (one list per priority, every worker takes any job).
-ROUTINGS = ("placement", "shared")
-
-#: One model's keys under a queue (``model_key``): its job lists per priority, the jobs workers hold (payload,
-#: owner, when last seen), the workers that claimed it (with their leases), and its doorbell.
-MODEL_PARTS = ("p0", "p3", "p6", "p9", "held", "owner", "seen", "holders", "bell")
-
-
-def model_key(queue: str, model_id: str, part: str, key_prefix: str | None = None) -> str:
-    """A key of model ``model_id``'s part of ``queue`` (``part`` one of ``MODEL_PARTS``).
-
-    Every key of one model shares the hash tag ``{queue/model}``: one Redis Cluster slot, so each script over one
-    model's keys could run on a cluster unchanged.
-    """
-    return f"{key_prefix or ''}swapless:{{{queue}/{model_id}}}:{part}"
-
-
-def model_queue_key(queue: str, model_id: str, priority: int, key_prefix: str | None = None) -> str:
-    """The list model ``model_id``'s jobs of ``priority`` wait in (priorities as ``PRIORITY_STEPS``)."""
-    return model_key(queue, model_id, f"p{priority}", key_prefix)
-
-
-def routes_key(queue: str, key_prefix: str | None = None) -> str:
-    """The hash of route weights set with ``swapless route`` (route id -> JSON weights), overriding the file's."""
-    return f"{key_prefix or ''}swapless:{queue}:routes"
-
-
-def shadow_ref_key(job_id: str, key_prefix: str | None = None) -> str:
-    """What a shadowed job's copies compare with: ``[served model, top label]`` as JSON, kept for an hour (the job's
-    own result may be read and forgotten long before its bulk-priority shadow runs)."""
-    return f"{key_prefix or ''}swapless-shadowref-{job_id}"
-
-
-def shadow_key(queue: str, key_prefix: str | None = None) -> str:
-    """The hash of shadow agreement counts (``<route>|<served>|<shadow>|agree`` and ``...|total`` -> count)."""
-    return f"{key_prefix or ''}swapless:{queue}:shadow"
-
-
-def placement_bell_key(queue: str, key_prefix: str | None = None) -> str:
-    """Rung by a producer whose job's model no worker holds: wakes an idle worker to place it."""
-    return f"{key_prefix or ''}swapless:{queue}:placement-bell"
 
 
 def message_args(message: dict[str, Any]) -> list[Any] | None:

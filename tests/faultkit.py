@@ -25,10 +25,10 @@ import redis
 from celery import states
 
 from config.settings import get_settings
-from tasks.broker.affinity import ModelKeys
 from tasks.broker.results import StoredResult
 from tasks.client import Client, Job
-from tasks.protocol import PREDICT_TASK, PRIORITY_STEPS
+from tasks.keyspace import JobLists, Keyspace
+from tasks.protocol import PREDICT_TASK
 from tests.conftest import WorkerProcess
 from tests.crashy import LOG_ENV, crashy_entry, executions
 
@@ -331,42 +331,31 @@ class FaultEnv:
         url = os.environ.get("SWAPLESS_REDIS_URL") or self.base_env["SWAPLESS_REDIS_URL"]
         return redis.Redis.from_url(url)
 
-    def _shared_lists(self) -> list[str]:
-        return [self.key_prefix + self.queue] + [
-            f"{self.key_prefix}{self.queue}\x06\x16{step}" for step in PRIORITY_STEPS if step
-        ]
-
-    def _model_keys(self) -> list[ModelKeys]:
-        """The keys of every model of the models file (placement: each model's own lists and held records)."""
+    def _job_lists(self) -> list[JobLists]:
+        """The queue's one layout: every model's lists and records (of the models file), then the ingress's."""
+        keyspace = Keyspace(self.queue, self.key_prefix)
         ids = [entry["id"] for entry in json.loads(self.models_file.read_text())["models"]]
-        return [ModelKeys(self.queue, model_id, self.key_prefix) for model_id in ids]
+        return [*(keyspace.model(model_id) for model_id in ids), keyspace.ingress_lists]
 
     def queued(self) -> int:
-        """Messages waiting in the queue: its shared lists and every model's lists, every priority level."""
-        lists = self._shared_lists() + [key for keys in self._model_keys() for key in keys.lists]
+        """Messages waiting in the queue: every model's lists and the ingress, every priority level."""
         with self.broker() as client:
-            return sum(int(client.llen(name)) for name in lists)
+            return sum(int(client.llen(name)) for lists in self._job_lists() for name in lists.lists)
 
     def unacked(self) -> int:
-        """Messages delivered to some worker and not yet acked (kombu's unacked hash, every model's held jobs)."""
+        """Messages delivered to some worker and not yet acked (the held records of every set of lists)."""
         with self.broker() as client:
-            held = sum(int(client.hlen(keys.part("held"))) for keys in self._model_keys())
-            return int(client.hlen(self.key_prefix + "unacked")) + held
+            return sum(int(client.hlen(lists.held)) for lists in self._job_lists())
 
     def _raw(self) -> list[tuple[str, dict[str, Any], float | None]]:
         """``(where, message, seconds since stamped)`` of every message the broker holds now."""
         found: list[tuple[str, dict[str, Any], float | None]] = []
         with self.broker() as client:
-            for name in self._shared_lists():
-                found += [(f"queued {name[-3:]!r}", json.loads(raw), None) for raw in client.lrange(name, 0, -1)]
-            stamps = dict(client.zrange(self.key_prefix + "unacked_index", 0, -1, withscores=True))
-            for tag, raw in client.hgetall(self.key_prefix + "unacked").items():
-                found.append(("unacked", json.loads(raw)[0], time.time() - stamps[tag] if tag in stamps else None))
-            for keys in self._model_keys():
-                for name in keys.lists:
+            for lists in self._job_lists():
+                for name in lists.lists:
                     found += [(f"queued {name[-14:]!r}", json.loads(raw), None) for raw in client.lrange(name, 0, -1)]
-                seen = dict(client.zrange(keys.part("seen"), 0, -1, withscores=True))
-                for tag, raw in client.hgetall(keys.part("held")).items():
+                seen = dict(client.zrange(lists.seen, 0, -1, withscores=True))
+                for tag, raw in client.hgetall(lists.held).items():
                     found.append(("unacked", json.loads(raw), time.time() - seen[tag] if tag in seen else None))
         return found
 

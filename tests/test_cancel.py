@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 from config.errors import JobCancelled
 from tasks.broker.results import ALREADY_DONE, CANCELLED, TOO_LATE
 from tasks.client import Client
+from tasks.keyspace import Keyspace
 from tasks.protocol import PREDICT_TASK
 from tests.faultkit import FaultEnv, hold, wait_for
 
@@ -126,7 +127,7 @@ def test_swapless_cancel_and_delete_on_the_gateway(faults: FaultEnv) -> None:
 
 
 def test_cancelled_and_expired_jobs_are_counted_per_model_in_the_status(faults: FaultEnv) -> None:
-    from tasks.observe.heartbeat import read_heartbeats
+    from tasks.cluster.members import read_heartbeats
 
     faults.worker()
     client = Client()
@@ -140,7 +141,7 @@ def test_cancelled_and_expired_jobs_are_counted_per_model_in_the_status(faults: 
             job.get(timeout=30)
 
     def counted() -> bool:
-        beats = read_heartbeats(client.redis, faults.key_prefix)
+        beats = read_heartbeats(client.redis, Keyspace(faults.queue, faults.key_prefix))
         echo = beats[0].models.get("echo") if beats else None
         return echo is not None and echo.jobs_cancelled == 3 and echo.jobs_expired == 2
 

@@ -1,4 +1,5 @@
-"""Chunk expansion and assembly (tasks.protocol, tasks.worker.chunks): plain data, no Redis, no torch."""
+"""Chunk expansion and assembly (tasks.protocol, tasks.worker.delivery, tasks.worker.chunks): plain data, no Redis,
+no torch."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from typing import Any
 import pytest
 
 from config.errors import InputError, JobFailed, PredictionFailed, UnknownModel
+from config.settings import Settings
 from manager import InputType, Outcome
 from manager.registry.specs import ModelSpec
 from manager.registry.store import ModelStore
+from tasks.broker.routes import Router
 from tasks.protocol import (
     CHUNK_TASK,
     decode_outcome,
@@ -18,7 +21,17 @@ from tasks.protocol import (
     item_id,
     split_item_id,
 )
-from tasks.worker.chunks import ChunkAssembler, jobs_from_chunk
+from tasks.worker.chunks import ChunkAssembler
+from tasks.worker.delivery import decode
+
+
+def jobs_from_chunk(request: Any, store: ModelStore, received_s: float) -> list[Any]:
+    """The item jobs of one chunk request, as the worker decodes it."""
+    return list(decode(request, Router(store), Settings(), received_s).jobs)
+
+
+def expand(chunks: ChunkAssembler, request: Any, store: ModelStore, received_s: float) -> list[Any]:
+    return chunks.expand(decode(request, Router(store), Settings(), received_s))
 
 
 @dataclass
@@ -79,14 +92,14 @@ def test_malformed_chunks_fail_whole(store: ModelStore, args: Any, kwargs: dict[
 def test_unknown_model_fails_the_whole_chunk_and_registers_nothing(store: ModelStore) -> None:
     chunks = ChunkAssembler()
     with pytest.raises(UnknownModel, match="unknown model 'sentimnt' \\(known: sentiment, spam\\)"):
-        chunks.expand(Request("c", ["sentimnt", ["a"]]), store, 0.0)
+        expand(chunks, Request("c", ["sentimnt", ["a"]]), store, 0.0)
     assert len(chunks) == 0
 
 
 def test_outcomes_are_assembled_in_item_order_across_groups(store: ModelStore) -> None:
     chunks = ChunkAssembler()
     request = Request("c1", ["sentiment", ["a", "b", "c"]])
-    jobs = chunks.expand(request, store, 0.0)
+    jobs = expand(chunks, request, store, 0.0)
     assert len(chunks) == 1 and chunks.owns("c1:2") and not chunks.owns("plain-job")
     plain = Outcome(jobs[0].__class__(id="plain-job", model_id="sentiment", input="x"), result="p")
     # The scheduler may run a chunk's items in several groups, in any order, mixed with plain jobs.
@@ -117,8 +130,8 @@ def test_outcomes_are_assembled_in_item_order_across_groups(store: ModelStore) -
 def test_a_second_delivery_of_a_chunk_in_progress_is_acked_with_the_first(store: ModelStore) -> None:
     chunks = ChunkAssembler()
     first, again = Request("c1", ["spam", ["a", "b"]]), Request("c1", ["spam", ["a", "b"]])
-    jobs = chunks.expand(first, store, 0.0)
-    assert chunks.expand(again, store, 0.0) == []  # no second copy of the work
+    jobs = expand(chunks, first, store, 0.0)
+    assert expand(chunks, again, store, 0.0) == []  # no second copy of the work
     _, done = chunks.collect([Outcome(job, result=i) for i, job in enumerate(jobs)])
     assert [request for request, _, _ in done] == [first, again]
     assert done[0][1] == done[1][1] == [{"ok": 0}, {"ok": 1}]

@@ -24,7 +24,7 @@ import pytest
 
 from config.errors import QueueFull
 from tasks.client import Client, Job
-from tasks.protocol import PRIORITY_STEPS, model_queue_key
+from tasks.keyspace import Keyspace
 from tests.conftest import REPO
 from tests.faultkit import FaultEnv, PressureRow, hold, settle, wait_for
 from tests.redis_server import RedisServer
@@ -157,7 +157,7 @@ def test_a_queue_bound_refuses_before_the_wall(faults: FaultEnv, private_redis: 
     with server.client() as admin:
         memory = admin.info("memory")
         assert memory["used_memory"] < memory["maxmemory"] / 2  # refused long before the wall
-        keys = [model_queue_key(faults.queue, "echo", p, faults.key_prefix) for p in PRIORITY_STEPS]
+        keys = list(Keyspace(faults.queue, faults.key_prefix).model("echo").lists)
         assert sum(admin.llen(key) for key in keys) == 200
     started = time.monotonic()
     faults.worker()

@@ -25,7 +25,7 @@ import httpx
 import pytest
 import redis
 
-from tasks.broker.affinity import ModelKeys
+from tasks.keyspace import Keyspace
 from tests.stack import GatewayProcess, Stack, private_env, wait_for, worker_and_gateway
 from tests.tinymodels import encode_image, write_models_file
 
@@ -140,7 +140,7 @@ def request_head(method: str, path: str, headers: dict[str, str]) -> bytes:
 
 def sent_to(stack: Stack, model_id: str) -> int:
     """Messages ever pushed to the model's lists that the worker has not taken: they hold none in between."""
-    keys = ModelKeys(stack.env["SWAPLESS_QUEUE"], model_id, stack.env["SWAPLESS_KEY_PREFIX"])
+    keys = Keyspace(stack.env["SWAPLESS_QUEUE"], stack.env["SWAPLESS_KEY_PREFIX"]).model(model_id)
     client = redis.Redis.from_url(stack.env["SWAPLESS_REDIS_URL"])
     return sum(client.llen(key) for key in keys.lists)
 

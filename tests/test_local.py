@@ -154,7 +154,7 @@ def test_demo_is_one_command_from_an_installed_package(local_env: dict[str, str]
     assert status == 0, log
     from manager.demo.sample import read_sample
 
-    sample = read_sample(site / "manager" / "data" / "reviews.jsonl")
+    sample = read_sample(site / "manager" / "demo" / "data" / "reviews.jsonl")
     lines = [json.loads(line) for line in (elsewhere / "demo.jsonl").read_text().splitlines()]
     assert [line["key"] for line in lines] == [row["id"] for row in sample] and len(lines) == 300
     top = [line["result"][0]["label"] for line in lines]

@@ -18,8 +18,9 @@ from config.errors import InputError
 from config.settings import Settings
 from manager import ModelEngine, ModelManager, ModelStore
 from tasks.client import Client
+from tasks.cluster.members import read_heartbeats
+from tasks.keyspace import Keyspace
 from tasks.observe.accounting import GroupReport
-from tasks.observe.heartbeat import read_heartbeats, worker_key
 from tasks.observe.metrics import WorkerMetrics
 from tests.conftest import WorkerProcess
 from tests.fakes import FakeWorker, write_fake_models
@@ -139,12 +140,12 @@ def test_metrics_endpoint_of_a_real_worker_after_known_jobs(
 
     # a clean stop takes the heartbeat away at once (not after its TTL) and closes the port
     r = redis.Redis.from_url(settings.broker_url)
-    beats = read_heartbeats(r, settings.key_prefix)
+    beats = read_heartbeats(r, Keyspace.of(settings))
     assert [b.hostname for b in beats] == [f"m@{os.uname().nodename}"]
-    left_ms = r.pttl(worker_key(settings.key_prefix, beats[0].worker_id))
+    left_ms = r.pttl(Keyspace.of(settings).heartbeat(beats[0].worker_id))
     stopped_at = time.monotonic()
     assert worker.stop() == 0
-    assert read_heartbeats(r, settings.key_prefix) == []
+    assert read_heartbeats(r, Keyspace.of(settings)) == []
     assert (time.monotonic() - stopped_at) * 1000 < left_ms, "it went before it could have expired"
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)

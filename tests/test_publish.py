@@ -11,7 +11,8 @@ import redis
 
 from config.errors import InputError, UnknownModel
 from tasks.client import Client
-from tasks.protocol import PREDICT_TASK, PRIORITY_BULK, PRIORITY_INTERACTIVE, model_queue_key, queue_key
+from tasks.keyspace import Keyspace
+from tasks.protocol import PREDICT_TASK, PRIORITY_BULK, PRIORITY_INTERACTIVE
 from tests.conftest import WorkerProcess
 from tests.tinymodels import encode_image
 
@@ -36,8 +37,9 @@ def test_messages_are_those_send_task_makes(swapless_env: dict[str, str], redis_
     by_send_task = client.app.send_task(PREDICT_TASK, args=["sentiment", "same input"], queue=s.queue, priority=level)
     [ours] = client.submit_jobs([("sentiment", "same input")], priority=priority)
     alone = client.submit("sentiment", "same input", priority=priority)
-    shared = r.lrange(queue_key(s.queue, level, s.key_prefix), 0, -1)  # send_task's: the queue's shared list
-    placed = r.lrange(model_queue_key(s.queue, "sentiment", level, s.key_prefix), 0, -1)  # ours: the model's list
+    keyspace = Keyspace.of(s)
+    shared = r.lrange(keyspace.ingress(level), 0, -1)  # send_task's: the queue's ingress
+    placed = r.lrange(keyspace.model("sentiment").list_for(level), 0, -1)  # ours: the model's list
     raw = [json.loads(m) for m in [*shared, *reversed(placed)]]
     assert [m["headers"]["id"] for m in raw] == [by_send_task.id, ours.id, alone.id]
     celery_msg, our_msg, alone_msg = raw
@@ -58,8 +60,9 @@ def test_nothing_is_sent_when_one_job_is_invalid(swapless_env: dict[str, str], r
     with pytest.raises(ValueError, match="priority must be one of interactive, bulk"):
         client.submit_jobs([("sentiment", "ok")], priority="urgent")
     s = client.settings
-    keys = [queue_key(s.queue, level, s.key_prefix) for level in (0, PRIORITY_BULK)]
-    keys += [model_queue_key(s.queue, m, level, s.key_prefix) for m in ("sentiment", "spam") for level in (0, 6)]
+    keyspace = Keyspace.of(s)
+    keys = [keyspace.ingress(level) for level in (0, PRIORITY_BULK)]
+    keys += [keyspace.model(m).list_for(level) for m in ("sentiment", "spam") for level in (0, 6)]
     assert all(r.llen(key) == 0 for key in keys)
     r.close()
 
@@ -80,7 +83,7 @@ def test_a_message_over_the_byte_bound_is_refused_and_nothing_of_its_call_is_sen
     with pytest.raises(InputError, match=r"send a smaller chunk of inputs \(fewer inputs per chunk: --chunk-size\)"):
         client.submit_many("sentiment", ["y" * 500] * 10, chunk_size=10)
     s = client.settings
-    keys = [model_queue_key(s.queue, m, level, s.key_prefix) for m in ("sentiment", "spam") for level in (0, 6)]
+    keys = [Keyspace.of(s).model(m).list_for(level) for m in ("sentiment", "spam") for level in (0, 6)]
     assert all(r.llen(key) == 0 for key in keys)
     assert client.submit("sentiment", "small").id  # under the bound, as ever
     r.close()

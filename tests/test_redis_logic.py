@@ -1,9 +1,9 @@
 """Redis-side bookkeeping that needs neither Lua nor a worker, over ``fakeredis`` (no real Redis, no process).
 
-The key layout of ``tasks.protocol``; results as ``ResultStore`` encodes, reads and deletes them (its Lua scripts,
+The key layout of ``tasks.keyspace``; results as ``ResultStore`` encodes, reads and deletes them (its Lua scripts,
 ``store``/``start``/``prior``/``cancel``, are left to tests/test_results.py on the real Redis); the worker
-heartbeats and their index (``tasks.observe.heartbeat``); and the reads behind ``swapless status``: each model's
-placement (``tasks.observe.placement``) and the depth of the shared queue (``tasks.observe.queue``).
+heartbeats and their index (``tasks.cluster.members``); and the reads behind ``swapless status``: each model's
+placement (``tasks.cluster.view``) and the depth of the queue (``tasks.observe.queue``).
 """
 
 from __future__ import annotations
@@ -24,32 +24,17 @@ from config.errors import InputError, JobCancelled, JobFailed
 from config.settings import Settings
 from tasks.app import make_app
 from tasks.broker.results import ResultStore
+from tasks.cluster.members import CacheInfo, Heartbeat, WaitSummary, read_heartbeats
+from tasks.cluster.view import read_placement
+from tasks.keyspace import Keyspace
 from tasks.observe.accounting import GroupReport
-from tasks.observe.heartbeat import (
-    CacheInfo,
-    Heartbeat,
-    HeartbeatPublisher,
-    WaitSummary,
-    WorkerStats,
-    read_heartbeats,
-    worker_key,
-    workers_index_key,
-)
-from tasks.observe.placement import read_placement
+from tasks.observe.beats import HeartbeatPublisher
 from tasks.observe.queue import read_queue_depth
-from tasks.protocol import (
-    MODEL_PARTS,
-    PRIORITY_STEPS,
-    item_id,
-    model_key,
-    model_queue_key,
-    placement_bell_key,
-    queue_key,
-    split_item_id,
-    storage_id,
-)
+from tasks.observe.stats import WorkerStats
+from tasks.protocol import PRIORITY_STEPS, item_id, split_item_id, storage_id
 
 PREFIX = "t:"
+KEYS = Keyspace("jobs", PREFIX)
 #: Nothing listens there: a command that reached past fakeredis would fail, not touch a real Redis.
 NOWHERE = "redis://127.0.0.1:9/0"
 
@@ -71,25 +56,31 @@ def store(settings: Settings, r: fakeredis.FakeRedis) -> ResultStore:
     return ResultStore(make_app(settings), retry_s=0, client=r)
 
 
-# -- key layout (tasks.protocol) --------------------------------------------------------------------------------
+# -- key layout (tasks.keyspace) --------------------------------------------------------------------------------
 
 
-def test_queue_keys_are_kombu_s_priority_lists_under_the_prefix() -> None:
-    assert queue_key("jobs", 0, PREFIX) == "t:jobs"  # priority 0 is the queue's own list
-    assert [queue_key("jobs", p, PREFIX) for p in PRIORITY_STEPS[1:]] == ["t:jobs\x06\x163", "t:jobs\x06\x166",
-                                                                          "t:jobs\x06\x169"]
-    assert queue_key("jobs", 6) == queue_key("jobs", 6, "") == "jobs\x06\x166"  # no prefix
+def test_the_ingress_is_kombu_s_priority_lists_under_the_prefix_with_records_of_its_own() -> None:
+    assert KEYS.ingress(0) == "t:jobs"  # priority 0 is the queue's own list
+    assert [KEYS.ingress(p) for p in PRIORITY_STEPS[1:]] == ["t:jobs\x06\x163", "t:jobs\x06\x166", "t:jobs\x06\x169"]
+    assert Keyspace("jobs").ingress(6) == "jobs\x06\x166"  # no prefix
+    ingress = KEYS.ingress_lists
+    assert ingress.lists == tuple(KEYS.ingress(p) for p in PRIORITY_STEPS)
+    assert ingress.records == ["t:swapless:{jobs/*ingress}:held", "t:swapless:{jobs/*ingress}:owner",
+                               "t:swapless:{jobs/*ingress}:seen"]
 
 
 def test_every_key_of_one_model_shares_one_cluster_slot_and_the_bell_is_per_queue() -> None:
-    keys = [model_key("jobs", "sentiment", part, PREFIX) for part in MODEL_PARTS]
+    model = KEYS.model("sentiment")
+    keys = [*model.lists, *model.records, model.holders, model.bell]
     assert keys[0] == "t:swapless:{jobs/sentiment}:p0" and keys[-1] == "t:swapless:{jobs/sentiment}:bell"
-    assert [model_queue_key("jobs", "sentiment", p, PREFIX) for p in PRIORITY_STEPS] == keys[:4]
-    assert len(set(keys)) == len(MODEL_PARTS)
+    assert [model.list_for(p) for p in PRIORITY_STEPS] == keys[:4]
+    assert len(set(keys)) == 9
     assert {key_slot(k.encode()) for k in keys} == {key_slot(b"{jobs/sentiment}")}  # one slot: scripts fit a cluster
-    assert key_slot(model_key("jobs", "spam", "p0", PREFIX).encode()) != key_slot(keys[0].encode())
-    assert placement_bell_key("jobs", PREFIX) == "t:swapless:jobs:placement-bell"
-    assert placement_bell_key("jobs") == "swapless:jobs:placement-bell"
+    assert key_slot(KEYS.model("spam").lists[0].encode()) != key_slot(keys[0].encode())
+    assert KEYS.placement_bell == "t:swapless:jobs:placement-bell"
+    assert Keyspace("jobs").placement_bell == "swapless:jobs:placement-bell"
+    assert (KEYS.routes, KEYS.shadow_counts) == ("t:swapless:jobs:routes", "t:swapless:jobs:shadow")
+    assert (KEYS.heartbeat("w@h:1"), KEYS.heartbeats) == ("t:swapless:worker:w@h:1", "t:swapless:workers")
 
 
 def test_an_item_of_a_chunk_is_stored_under_its_chunk_and_a_job_under_itself() -> None:
@@ -167,7 +158,7 @@ def test_forget_and_clear_attempts_delete_only_the_keys_they_name(store: ResultS
     assert sorted(r.keys()) == sorted([store.key(b).encode(), store.attempts_key(a).encode()])
 
 
-# -- heartbeats (tasks.observe.heartbeat) ------------------------------------------------------------------------
+# -- heartbeats (tasks.cluster.members) ------------------------------------------------------------------------
 
 
 def _beat(hostname: str, pid: int, **fields: Any) -> Heartbeat:
@@ -182,22 +173,22 @@ def _beat(hostname: str, pid: int, **fields: Any) -> Heartbeat:
 
 
 def test_read_heartbeats_lists_the_live_workers_of_the_index_by_hostname(r: fakeredis.FakeRedis) -> None:
-    assert read_heartbeats(r, PREFIX) == []  # no index yet
+    assert read_heartbeats(r, KEYS) == []  # no index yet
     beats = {"zeta@h:2": _beat("zeta@h", 2, jobs_done=7), "alpha@h:1": _beat("alpha@h", 1, redis_problem="OOM")}
     for worker_id, beat in beats.items():
-        r.set(worker_key(PREFIX, worker_id), beat.model_dump_json(), px=6000)
-    r.set(worker_key(PREFIX, "broken@h:3"), b'{"hostname": "broken@h"}')  # unreadable: skipped, not fatal
+        r.set(KEYS.heartbeat(worker_id), beat.model_dump_json(), px=6000)
+    r.set(KEYS.heartbeat("broken@h:3"), b'{"hostname": "broken@h"}')  # unreadable: skipped, not fatal
     now = time.time()
-    r.zadd(workers_index_key(PREFIX), {"zeta@h:2": now, "alpha@h:1": now, "broken@h:3": now, "gone@h:4": now - 9})
-    found = read_heartbeats(r, PREFIX)  # gone@h:4's key expired: only its index entry is left
+    r.zadd(KEYS.heartbeats, {"zeta@h:2": now, "alpha@h:1": now, "broken@h:3": now, "gone@h:4": now - 9})
+    found = read_heartbeats(r, KEYS)  # gone@h:4's key expired: only its index entry is left
     assert [(b.hostname, b.worker_id, b.jobs_done, b.redis_problem) for b in found] == [
         ("alpha@h", "alpha@h:1", 0, "OOM"), ("zeta@h", "zeta@h:2", 7, None)
     ]
-    assert read_heartbeats(r, "other:") == []  # another deployment's prefix sees none of them
+    assert read_heartbeats(r, Keyspace("jobs", "other:")) == []  # another deployment's prefix sees none of them
 
 
 def test_a_publisher_that_stops_deletes_its_heartbeat_and_its_index_entry(r: fakeredis.FakeRedis) -> None:
-    publisher = HeartbeatPublisher(r, PREFIX, "w@h:9", build=lambda: _beat("w@h", 9), interval_s=0.5)
+    publisher = HeartbeatPublisher(r, KEYS, "w@h:9", build=lambda: _beat("w@h", 9), interval_s=0.5)
     assert (publisher.key, publisher.index, publisher.ttl_ms) == ("t:swapless:worker:w@h:9", "t:swapless:workers", 1500)
     r.set(publisher.key, publisher.build().model_dump_json())  # as beat() leaves it (beat itself is a script)
     r.zadd(publisher.index, {"w@h:9": time.time(), "other@h:1": time.time()})
@@ -226,23 +217,23 @@ def test_worker_stats_add_up_group_reports_and_summarise_recent_queue_waits() ->
     assert WorkerStats().queue_wait() == WaitSummary()
 
 
-# -- what status reads (tasks.observe.placement, tasks.observe.queue) ----------------------------------------------
+# -- what status reads (tasks.cluster.view, tasks.observe.queue) ----------------------------------------------
 
 
 def test_read_placement_counts_each_model_s_lists_held_jobs_and_live_claims(r: fakeredis.FakeRedis) -> None:
     now_ms = int(time.time() * 1000)
-    r.rpush(model_queue_key("jobs", "sentiment", 0, PREFIX), "m1", "m2")
-    r.rpush(model_queue_key("jobs", "sentiment", 6, PREFIX), "m3")
-    r.hset(model_key("jobs", "sentiment", "held", PREFIX), mapping={"tag1": "m0"})
-    r.zadd(model_key("jobs", "sentiment", "holders", PREFIX),
-           {"w2@h:2": now_ms + 30_000, "w1@h:1": now_ms + 60_000, "dead@h:3": now_ms - 1})  # a lease that ended
-    sentiment, spam = read_placement(r, "jobs", PREFIX, ["sentiment", "spam"])
+    model = KEYS.model("sentiment")
+    r.rpush(model.list_for(0), "m1", "m2")
+    r.rpush(model.list_for(6), "m3")
+    r.hset(model.held, mapping={"tag1": "m0"})
+    r.zadd(model.holders, {"w2@h:2": now_ms + 30_000, "w1@h:1": now_ms + 60_000, "dead@h:3": now_ms - 1})  # one ended
+    sentiment, spam = read_placement(r, KEYS, ["sentiment", "spam"])
     assert (sentiment.model_id, sentiment.queued, sentiment.waiting, sentiment.held) == (
         "sentiment", {0: 2, 3: 0, 6: 1, 9: 0}, 3, 1)
     assert sentiment.holder_ids == ("w1@h:1", "w2@h:2")  # live claims only, by name
     assert dict(sentiment.holders)["w1@h:1"] == pytest.approx((now_ms + 60_000) / 1000)  # lease end, in seconds
     assert (spam.waiting, spam.held, spam.holders) == (0, 0, ())
-    assert read_placement(r, "other", PREFIX, ["sentiment"])[0].waiting == 0  # another queue's lists are apart
+    assert read_placement(r, Keyspace("other", PREFIX), ["sentiment"])[0].waiting == 0  # another queue's are apart
 
 
 def _message(args: list[Any]) -> bytes:
@@ -251,15 +242,17 @@ def _message(args: list[Any]) -> bytes:
     return json.dumps({"body": body, "properties": {"body_encoding": "base64"}, "headers": {}}).encode()
 
 
-def test_queue_depth_counts_jobs_per_model_and_priority_and_scales_up_a_sample(r: fakeredis.FakeRedis,
-                                                                               settings: Settings) -> None:
-    r.lpush(queue_key("jobs", 0, PREFIX), _message(["spam", "win"]), _message(["sentiment", "nice"]), b"not json")
-    r.lpush(queue_key("jobs", 6, PREFIX), _message(["sentiment", ["a", "b", "c"]]))  # a chunk of three
-    exact = read_queue_depth(r, settings)
-    assert exact.by_priority == {0: 3, 3: 0, 6: 1, 9: 0} and exact.total == 4
-    assert exact.by_model == {"sentiment": 4, "spam": 1} and exact.unreadable == 1 and not exact.sampled
-    r.delete(queue_key("jobs", 0, PREFIX), queue_key("jobs", 6, PREFIX))
-    r.lpush(queue_key("jobs", 6, PREFIX), *[_message(["spam", f"x{i}"]) for i in range(6)])
-    r.lpush(queue_key("jobs", 6, PREFIX), *[_message(["topic", f"y{i}"]) for i in range(4)])  # newest
-    sampled = read_queue_depth(r, settings, sample=5)  # the next five to be served: all spam
+def test_queue_depth_counts_messages_per_model_and_priority_and_scales_up_an_ingress_sample(
+    r: fakeredis.FakeRedis,
+) -> None:
+    r.lpush(KEYS.ingress(0), _message(["spam", "win"]), _message(["sentiment", "nice"]), b"not json")
+    r.lpush(KEYS.ingress(6), _message(["sentiment", ["a", "b", "c"]]))  # a chunk: one message
+    r.lpush(KEYS.model("spam").list_for(3), "m1", "m2")  # a model's own lists: exact, not decoded
+    exact = read_queue_depth(r, KEYS, ["sentiment", "spam"])
+    assert exact.by_priority == {0: 3, 3: 2, 6: 1, 9: 0} and exact.total == 6 and exact.ingress == 4
+    assert exact.by_model == {"sentiment": 2, "spam": 3} and exact.unreadable == 1 and not exact.sampled
+    r.delete(KEYS.ingress(0), KEYS.ingress(6), KEYS.model("spam").list_for(3))
+    r.lpush(KEYS.ingress(6), *[_message(["spam", f"x{i}"]) for i in range(6)])
+    r.lpush(KEYS.ingress(6), *[_message(["topic", f"y{i}"]) for i in range(4)])  # newest
+    sampled = read_queue_depth(r, KEYS, ["sentiment", "spam"], sample=5)  # the next five to be moved: all spam
     assert sampled.sampled and sampled.total == 10 and sampled.by_model == {"spam": 10}  # an estimate

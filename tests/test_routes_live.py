@@ -19,6 +19,7 @@ from config.errors import InputError
 from manager.registry.store import ModelStore
 from tasks.broker.routes import read_shadow
 from tasks.client import Client
+from tasks.keyspace import Keyspace
 from tasks.protocol import PREDICT_TASK
 from tests.crashy import crashy_entry
 from tests.faultkit import FaultEnv, wait_for
@@ -64,6 +65,39 @@ def test_a_route_splits_by_weight_sticks_by_key_and_says_which_model_served(faul
     assert result.status().model == store.route("sentiment", "plain-celery", sent.id).model_id
 
 
+def test_a_plain_celery_job_for_a_route_follows_placement_and_a_chunk_for_it_runs_each_item_on_its_version(
+    faults: FaultEnv,
+) -> None:
+    """Two workers, one model slot each, one copy per model: each version of the split is held by one worker. A
+    plain Celery producer's job to the route lands in the ingress; the worker that takes it moves it to the list of
+    the version the route picks (by the job's id), so that version's holder runs it. A chunk for the route is run by
+    the worker that takes it, each item on the version its id picks."""
+    faults.write_models(real=False, extra=[*ROUTES[:2], {"id": "sentiment", "route": {"sent-v1": 50, "sent-v2": 50}}])
+    faults.set(SWAPLESS_MAX_MODELS="1", SWAPLESS_MAX_COPIES="1")
+    faults.worker("--hostname", "one@%h")
+    faults.worker("--hostname", "two@%h")
+    client = Client()
+    for version in ("sent-v1", "sent-v2"):  # each version claimed, by one worker each
+        client.submit(version, f"warm-{version}").get(timeout=60)
+    holder = {version: faults.pids_of(f"warm-{version}")[0] for version in ("sent-v1", "sent-v2")}
+    assert holder["sent-v1"] != holder["sent-v2"], "one slot each: the versions are on two workers"
+    store = ModelStore.from_file(faults.models_file)
+    sent = [client.app.send_task(PREDICT_TASK, args=["sentiment", f"plain-{i}"], queue=faults.queue) for i in range(12)]
+    for i, job in enumerate(sent):
+        result = client.job(job.id)
+        assert result.get(timeout=60)["echo"] == f"plain-{i}"
+        picked = store.route("sentiment", f"plain-{i}", job.id).model_id
+        assert result.status().model == picked
+        assert faults.pids_of(f"plain-{i}") == [holder[picked]], f"plain-{i} ran off its version's holder"
+    assert {store.route("sentiment", f"plain-{i}", job.id).model_id for i, job in enumerate(sent)} == {
+        "sent-v1", "sent-v2"}, "both versions were picked"
+    items = client.submit_many("sentiment", [f"item-{i}" for i in range(8)], chunk_size=8)
+    stored = client.gather(items, timeout=60)
+    assert [s.value["echo"] for s in stored] == [f"item-{i}" for i in range(8)]
+    assert {s.value["model"] for s in stored} == {"sent-v1", "sent-v2"}  # each item on the version its id picks
+    assert len({pid for i in range(8) for pid in faults.pids_of(f"item-{i}")}) == 1, "one worker ran the chunk"
+
+
 def test_shadow_copies_run_apart_and_their_agreement_is_counted(faults: FaultEnv) -> None:
     faults.write_models(real=False, extra=ROUTES)
     faults.worker()
@@ -73,13 +107,13 @@ def test_shadow_copies_run_apart_and_their_agreement_is_counted(faults: FaultEnv
     assert {s.model for s in stored} <= {"sent-v1", "sent-v2"}  # the caller never gets the shadow's result
 
     def compared() -> int:
-        return sum(total for (route, _, shadow), (_, total) in read_shadow(client.redis, faults.queue, faults.key_prefix).items()
+        return sum(total for (route, _, shadow), (_, total) in read_shadow(client.redis, Keyspace(faults.queue, faults.key_prefix)).items()
                    if route == "sentiment" and shadow == "sent-v3")
 
     wait_for(lambda: compared() >= 60, 30, "shadow copies to be compared")
     ran_on_v3 = [line for line in faults.exec_log.read_text().splitlines() if "\tsent-v3\t" in line]
     assert 60 <= len(ran_on_v3) <= 140, len(ran_on_v3)  # 50 % of 200 ± 6 sd
-    agreement = read_shadow(client.redis, faults.queue, faults.key_prefix)
+    agreement = read_shadow(client.redis, Keyspace(faults.queue, faults.key_prefix))
     for (route, _, _), (agreed, total) in agreement.items():
         assert route == "sentiment" and agreed == 0 < total  # echoes name their own model: top outputs differ
     status = cli("status", "--json")

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from tasks.broker.affinity import ModelKeys
 from tasks.client import Client, Job
-from tasks.observe.heartbeat import Heartbeat, read_heartbeats
-from tasks.observe.placement import read_placement
+from tasks.cluster.members import Heartbeat, read_heartbeats
+from tasks.cluster.view import read_placement
+from tasks.keyspace import Keyspace
 from tasks.protocol import CHUNK_TASK, PREDICT_TASK
 from tests.conftest import WorkerProcess
 from tests.crashy import LOG_ENV, crashy_entry, executions
@@ -74,10 +74,10 @@ class Cluster:
         return Counter(text for _, _, text in executions(self.log))
 
     def beats(self) -> list[Heartbeat]:
-        return read_heartbeats(self.redis, self.env["SWAPLESS_KEY_PREFIX"])
+        return read_heartbeats(self.redis, Keyspace(self.env["SWAPLESS_QUEUE"], self.env["SWAPLESS_KEY_PREFIX"]))
 
     def holders(self) -> dict[str, tuple[str, ...]]:
-        places = read_placement(self.redis, self.env["SWAPLESS_QUEUE"], self.env["SWAPLESS_KEY_PREFIX"],
+        places = read_placement(self.redis, Keyspace(self.env["SWAPLESS_QUEUE"], self.env["SWAPLESS_KEY_PREFIX"]),
                                 [*MODELS, "aliased"])
         return {p.model_id: p.holder_ids for p in places if p.holders}
 
@@ -235,7 +235,7 @@ def test_a_hot_model_gets_a_copy_and_no_worker_hoards_its_backlog(cluster: Clust
     client = Client()
     # 19 batches of 32 holding their worker 0.3 s each: about 6 s of work for one copy, over SWAPLESS_COPY_BACKLOG_S
     jobs = client.submit_jobs([("m0", f"sleep:0.3:hot-{i}") for i in range(600)])
-    owners = ModelKeys(cluster.env["SWAPLESS_QUEUE"], "m0", cluster.env["SWAPLESS_KEY_PREFIX"]).part("owner")
+    owners = Keyspace(cluster.env["SWAPLESS_QUEUE"], cluster.env["SWAPLESS_KEY_PREFIX"]).model("m0").owner
     most_held = 0
     deadline = time.monotonic() + 60
     while len(executions(cluster.log)) < len(jobs) and time.monotonic() < deadline:

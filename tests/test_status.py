@@ -16,19 +16,17 @@ import pytest
 import redis
 
 from config.errors import InputError
-from config.settings import Settings, get_settings
+from config.settings import Settings
 from manager import Job, ModelEngine, ModelManager, ModelStore, Outcome, run_group
 from tasks.client import Client
+from tasks.cluster.members import read_heartbeats
+from tasks.cluster.view import read_placement
+from tasks.keyspace import Keyspace
 from tasks.observe.accounting import GroupAccounting, GroupReport, SentTimes
+from tasks.observe.beats import HeartbeatPublisher
 from tasks.observe.events import TaskEvents
-from tasks.observe.heartbeat import (
-    HeartbeatPublisher,
-    WorkerStats,
-    read_heartbeats,
-    worker_key,
-)
-from tasks.observe.placement import read_placement
-from tasks.observe.queue import message_jobs, read_queue_depth
+from tasks.observe.queue import message_model, read_queue_depth
+from tasks.observe.stats import WorkerStats
 from tests.conftest import WorkerProcess
 from tests.fakes import FakeWorker, write_fake_models
 from tests.stack import listening_ports, run_cli, wait_for
@@ -132,52 +130,58 @@ def test_worker_stats_sum_reports_per_model() -> None:
     assert (wait.count, wait.window, wait.max_s) == (4, 3, 0.4) and wait.mean_s == pytest.approx(0.3)
 
 
-def test_message_jobs_reads_kombu_envelopes_and_survives_garbage() -> None:
+def test_message_model_reads_kombu_envelopes_and_survives_garbage() -> None:
     def envelope(args: list[object]) -> str:
         body = base64.b64encode(json.dumps([args, {}, {}]).encode()).decode()
         return json.dumps({"body": body, "properties": {"body_encoding": "base64"}})
 
-    assert message_jobs(envelope(["spam", "hi"])) == ("spam", 1)
-    assert message_jobs(envelope(["spam", ["a", "b", "c"]])) == ("spam", 3), "a chunk counts its items"
+    assert message_model(envelope(["spam", "hi"])) == "spam"
+    assert message_model(envelope(["spam", ["a", "b", "c"]])) == "spam", "a chunk is one message"
     junk: list[bytes | str] = [b"not json", b"{}", json.dumps({"body": "!!", "properties": {"body_encoding": "base64"}}), b"[]"]
     for raw in junk:
-        assert message_jobs(raw) is None
+        assert message_model(raw) is None
 
 
 # -- Redis, no worker ---------------------------------------------------------------------------------------
 
 
-def test_queue_depth_per_priority_and_model_exact_then_sampled(
-    swapless_env: dict[str, str], settings: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The shared lists (where plain Celery producers' jobs wait, and every job with SWAPLESS_ROUTING=shared)."""
-    monkeypatch.setenv("SWAPLESS_ROUTING", "shared")
-    get_settings.cache_clear()
-    client = Client()
+def test_queue_depth_per_priority_and_model_exact_then_sampled(swapless_env: dict[str, str], settings: Settings) -> None:
+    """The ingress, where plain Celery producers' jobs wait until a worker moves them to their model's lists: read
+    from a sample; and the models' own lists, exact."""
+    from tasks.app import make_app
+    from tasks.protocol import PREDICT_TASK
+
+    celery = make_app(settings)
     for i in range(30):
-        client.submit("sentiment", f"text {i}")
+        celery.send_task(PREDICT_TASK, args=["sentiment", f"text {i}"], queue=settings.queue, priority=0)
     for i in range(10):
-        client.submit("spam", "hi", priority="bulk")
-        client.submit("spam", "hi", priority="bulk")
-        client.submit("vision", encode_image(i), priority="bulk")
+        celery.send_task(PREDICT_TASK, args=["spam", "hi"], queue=settings.queue, priority=6)
+        celery.send_task(PREDICT_TASK, args=["spam", "hi"], queue=settings.queue, priority=6)
+        celery.send_task(PREDICT_TASK, args=["vision", encode_image(i)], queue=settings.queue, priority=6)
+    celery.close()
+    Client().submit_jobs([("topic", f"own list {i}") for i in range(5)])  # ours: the model's own list
     r = redis.Redis.from_url(settings.broker_url)
-    depth = read_queue_depth(r, settings)
-    assert depth.by_priority == {0: 30, 3: 0, 6: 30, 9: 0} and depth.total == 60
-    assert depth.by_model == {"sentiment": 30, "spam": 20, "vision": 10} and not depth.sampled
-    sampled = read_queue_depth(r, settings, sample=9)
-    assert sampled.sampled and sampled.total == 60
+    keyspace, models = Keyspace.of(settings), ["sentiment", "spam", "topic", "vision"]
+    depth = read_queue_depth(r, keyspace, models)
+    assert depth.by_priority == {0: 35, 3: 0, 6: 30, 9: 0} and depth.total == 65 and depth.ingress == 60
+    assert depth.by_model == {"sentiment": 30, "spam": 20, "vision": 10, "topic": 5} and not depth.sampled
+    sampled = read_queue_depth(r, keyspace, models, sample=9)
+    assert sampled.sampled and sampled.total == 65
     assert sampled.by_model["sentiment"] == 30, "one model per level: the estimate is exact"
     assert sampled.by_model["spam"] == 20 and sampled.by_model["vision"] == 10, "9 oldest: 6 spam, 3 vision, x 30/9"
+    assert sampled.by_model["topic"] == 5, "a model's own list is counted, not sampled"
 
     shown = run_cli("status", "--sample", "9")
     assert shown.returncode == 0, shown.stderr
     out = shown.stdout
-    assert f"queue {settings.queue}, shared lists: 60 messages waiting in Redis (priority 0: 30, priority 6: 30)" in out
-    assert "sentiment" in out and "~30" in out and "~20" in out and "~10" in out
-    assert "per-model counts are estimates: read from a sample of the 9 next messages" in out
+    assert (f"queue {settings.queue}: 65 messages waiting in Redis (priority 0: 35, priority 6: 30); 60 of them in "
+            "the ingress, not yet moved to their model's lists") in out
+    assert "sentiment" in out and "~30" in out and "~20" in out and "~10" in out and "~5" in out
+    assert "per-model counts are estimates: the ingress is read from a sample of the 9 next messages" in out
     assert "no live workers" in out
     as_json = json.loads(run_cli("status", "--json").stdout)
-    assert as_json["queue"]["by_model"] == {"sentiment": 30, "spam": 20, "vision": 10} and as_json["workers"] == []
+    assert as_json["queue"]["by_model"] == {"sentiment": 30, "spam": 20, "vision": 10, "topic": 5}
+    assert as_json["workers"] == []
 
 
 def test_each_model_s_own_lists_are_counted_exactly(swapless_env: dict[str, str], settings: Settings) -> None:
@@ -186,8 +190,7 @@ def test_each_model_s_own_lists_are_counted_exactly(swapless_env: dict[str, str]
     client.submit_jobs([("sentiment", f"text {i}") for i in range(30)])
     client.submit_jobs([("spam", "hi")] * 20 + [("vision", encode_image(1))] * 10, priority="bulk")
     r = redis.Redis.from_url(settings.broker_url)
-    places = {p.model_id: p for p in read_placement(r, settings.queue, settings.key_prefix, ["sentiment", "spam",
-                                                                                              "vision", "topic"])}
+    places = {p.model_id: p for p in read_placement(r, Keyspace.of(settings), ["sentiment", "spam", "vision", "topic"])}
     assert {m: p.queued for m, p in places.items() if p.waiting} == {
         "sentiment": {0: 30, 3: 0, 6: 0, 9: 0}, "spam": {0: 0, 3: 0, 6: 20, 9: 0}, "vision": {0: 0, 3: 0, 6: 10, 9: 0}
     }
@@ -201,7 +204,7 @@ def test_each_model_s_own_lists_are_counted_exactly(swapless_env: dict[str, str]
 
 
 def test_heartbeat_publisher_expires_and_cleans_up(settings: Settings) -> None:
-    from tasks.observe.heartbeat import CacheInfo, Heartbeat, WaitSummary
+    from tasks.cluster.members import CacheInfo, Heartbeat, WaitSummary
 
     r = redis.Redis.from_url(settings.broker_url)
     cache = CacheInfo(max_models=2, memory_budget_bytes=None, used_bytes=0, hits=0, misses=0, loads=0, evictions=0, load_failures=0)
@@ -209,15 +212,15 @@ def test_heartbeat_publisher_expires_and_cleans_up(settings: Settings) -> None:
         hostname="unit@host", pid=1, queue=settings.queue, started_at=time.time(), sent_at=time.time(), interval_s=0.4,
         cache=cache, loaded=[], models={}, jobs_done=0, jobs_failed=0, backlog=0, queue_wait=WaitSummary(),
     )
-    publisher = HeartbeatPublisher(r, settings.key_prefix, "unit@host", lambda: beat, interval_s=0.4)
+    publisher = HeartbeatPublisher(r, Keyspace.of(settings), "unit@host", lambda: beat, interval_s=0.4)
     publisher.beat()
-    assert [b.hostname for b in read_heartbeats(r, settings.key_prefix)] == ["unit@host"]
-    assert 0 < r.pttl(worker_key(settings.key_prefix, "unit@host")) <= 1200
-    wait_for(lambda: not read_heartbeats(r, settings.key_prefix), 3, what="the heartbeat to expire")
+    assert [b.hostname for b in read_heartbeats(r, Keyspace.of(settings))] == ["unit@host"]
+    assert 0 < r.pttl(Keyspace.of(settings).heartbeat("unit@host")) <= 1200
+    wait_for(lambda: not read_heartbeats(r, Keyspace.of(settings)), 3, what="the heartbeat to expire")
     publisher.start()
-    wait_for(lambda: read_heartbeats(r, settings.key_prefix), 3, what="the thread's first beat")
+    wait_for(lambda: read_heartbeats(r, Keyspace.of(settings)), 3, what="the thread's first beat")
     publisher.stop()
-    assert read_heartbeats(r, settings.key_prefix) == [] and r.zcard(f"{settings.key_prefix}swapless:workers") == 0
+    assert read_heartbeats(r, Keyspace.of(settings)) == [] and r.zcard(f"{settings.key_prefix}swapless:workers") == 0
 
 
 # -- a real worker ------------------------------------------------------------------------------------------
@@ -271,12 +274,12 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     r = redis.Redis.from_url(settings.broker_url)
 
     def beat_after_all_jobs():  # type: ignore[no-untyped-def]
-        beats = read_heartbeats(r, settings.key_prefix)
+        beats = read_heartbeats(r, Keyspace.of(settings))
         return beats[0] if beats and beats[0].jobs_done + beats[0].jobs_failed == 6 else None
 
     beat = wait_for(beat_after_all_jobs, 10, what="a heartbeat counting all jobs")
     # topic was evicted for a slot: the worker gives up its claim at its next placement round
-    claimed = lambda: {p.model_id for p in read_placement(r, settings.queue, settings.key_prefix, ["topic"]) if p.holders}
+    claimed = lambda: {p.model_id for p in read_placement(r, Keyspace.of(settings), ["topic"]) if p.holders}
     try:
         wait_for(lambda: not claimed(), 30, what="the claim on the evicted topic to be given up")
     except AssertionError as err:
@@ -319,8 +322,8 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     assert watched.returncode == 0 and f"worker {beat.hostname}" in watched.stdout
 
     worker.stop(signal.SIGKILL)
-    assert read_heartbeats(r, settings.key_prefix), "a killed worker deletes nothing: its heartbeat lingers"
-    left_ms = r.pttl(worker_key(settings.key_prefix, beat.worker_id))
+    assert read_heartbeats(r, Keyspace.of(settings)), "a killed worker deletes nothing: its heartbeat lingers"
+    left_ms = r.pttl(Keyspace.of(settings).heartbeat(beat.worker_id))
     assert 0 < left_ms <= 1500, left_ms  # Redis drops it within its TTL (3 intervals of 0.5 s): no clock needed
-    wait_for(lambda: not read_heartbeats(r, settings.key_prefix), 10, what="the heartbeat to expire")
+    wait_for(lambda: not read_heartbeats(r, Keyspace.of(settings)), 10, what="the heartbeat to expire")
     assert "no live workers" in run_cli("status").stdout

@@ -1,26 +1,73 @@
-"""tasks.broker.transport against the real Redis: the atomic bulk fetch and everything kombu does on top of it."""
+"""tasks.broker.transport against the real Redis: the atomic bulk fetch over the queue's one layout (the models'
+lists and the ingress), and everything kombu does on top of it.
+
+A kombu ``Connection`` with a worker's hooks (``ChannelHooks``: the queue, a placement that claims what the test
+says, Redis's health), as a worker's consumer has them; the messages are published the way a plain Celery producer
+does, to the ingress, or pushed to a model's own lists the way Swapless's producers do.
+"""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import redis
 from kombu import Connection, Exchange, Queue
 
-from tasks.broker.transport import FETCH, Channel, Transport, broker_connection
+from tasks.broker.connection import RedisHealth
+from tasks.broker.publish import ModelPush, push_to_models
+from tasks.broker.queues import FETCH, RECOVER, ChannelHooks
+from tasks.broker.transport import Channel, Transport, broker_connection
+from tasks.keyspace import Keyspace
 
 QUEUE = "jobs"
+WORKER = "w@test:1"
+
+
+@dataclass
+class Claims:
+    """A placement as the transport sees it: the models claimed, and where an ingress message goes."""
+
+    models: list[str] = field(default_factory=list)
+    limit: int = 512
+    routes: dict[str, str] = field(default_factory=dict)  # payload's "model" field -> model id
+    worker_id: str = WORKER
+
+    def hold_limit(self, model_id: str) -> int:
+        return self.limit
+
+    def claimed(self) -> Sequence[str]:
+        return list(self.models)
+
+    def route(self, payload: dict[str, Any]) -> str | None:
+        raw = payload["body"]
+        if payload["properties"].get("body_encoding") == "base64":
+            raw = base64.b64decode(raw)
+        body = json.loads(raw)
+        return self.routes.get(body.get("model")) if isinstance(body, dict) else None
 
 
 @pytest.fixture
-def conn(redis_url: str, key_prefix: str) -> Iterator[Connection]:
+def claims() -> Claims:
+    return Claims()
+
+
+@pytest.fixture
+def keyspace(key_prefix: str) -> Keyspace:
+    return Keyspace(QUEUE, key_prefix)
+
+
+@pytest.fixture
+def conn(redis_url: str, key_prefix: str, claims: Claims) -> Iterator[Connection]:
+    hooks = ChannelHooks(QUEUE, claims, None, RedisHealth())
     options = {"global_keyprefix": key_prefix, "priority_steps": [0, 3, 6, 9], "queue_order_strategy": "priority",
-               "visibility_timeout": 1, "swapless_idle_poll_s": 0.05}
+               "visibility_timeout": 1, "swapless_idle_poll_s": 0.05, "swapless_hooks": hooks}
     with Connection(redis_url, transport=Transport, transport_options=options) as c:
         yield c
 
@@ -32,21 +79,23 @@ def r(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
-def publish(conn: Connection, bodies: list[Any], priority: int = 0) -> None:
-    queue = Queue(QUEUE, Exchange(QUEUE), QUEUE)
+def publish(conn: Connection, bodies: list[Any], priority: int = 0, queue: str = QUEUE) -> None:
+    """As a plain Celery producer: to the queue's ingress."""
+    target = Queue(queue, Exchange(queue), queue)
     with conn.Producer() as producer:
         for body in bodies:
-            producer.publish(body, exchange=queue.exchange, routing_key=QUEUE, declare=[queue],
+            producer.publish(body, exchange=target.exchange, routing_key=queue, declare=[target],
                              serializer="json", priority=priority)
 
 
-def consume(conn: Connection, want: int, prefetch: int | None = None, timeout: float = 5.0) -> list[Any]:
+def consume(conn: Connection, want: int, prefetch: int | None = None, timeout: float = 5.0,
+            queue: str = QUEUE) -> list[Any]:
     """Messages received (not acked) until ``want`` arrived or nothing more comes."""
     got: list[Any] = []
     channel = conn.channel()
     if prefetch:
         channel.basic_qos(0, prefetch, False)
-    consumer = conn.Consumer(Queue(QUEUE, Exchange(QUEUE), QUEUE), channel=channel, callbacks=[lambda b, m: got.append(m)])
+    consumer = conn.Consumer(Queue(queue, Exchange(queue), queue), channel=channel, callbacks=[lambda b, m: got.append(m)])
     consumer.consume()
     drain(conn, lambda: len(got) >= want, timeout)
     return got
@@ -62,40 +111,41 @@ def drain(conn: Connection, done: Callable[[], bool], timeout: float) -> None:
             pass
 
 
-def unacked(r: redis.Redis, prefix: str) -> dict[str, list[Any]]:
-    return {k.decode(): json.loads(v) for k, v in r.hgetall(f"{prefix}unacked").items()}
+def held(r: redis.Redis, hashed: str) -> dict[str, Any]:
+    return {k.decode(): json.loads(v) for k, v in r.hgetall(hashed).items()}
 
 
-def test_a_fetched_message_is_in_the_unacked_records_the_moment_it_leaves_the_queue(
-    conn: Connection, r: redis.Redis, key_prefix: str
+def test_a_fetched_message_is_in_its_records_the_moment_it_leaves_its_list(
+    conn: Connection, r: redis.Redis, keyspace: Keyspace
 ) -> None:
     publish(conn, [{"n": i} for i in range(5)])
-    queued = [json.loads(m) for m in r.lrange(f"{key_prefix}{QUEUE}", 0, -1)]
+    ingress = keyspace.ingress_lists
+    queued = [json.loads(m) for m in r.lrange(ingress.lists[0], 0, -1)]
     got = consume(conn, 5)
     assert [m.payload for m in got] == [{"n": i} for i in range(5)]  # FIFO
-    assert r.llen(f"{key_prefix}{QUEUE}") == 0
-    records = unacked(r, key_prefix)
-    index = {t.decode() for t in r.zrange(f"{key_prefix}unacked_index", 0, -1)}
-    assert set(records) == index == {m.delivery_tag for m in got}
-    # kombu's own record format, with the payload exactly as it was queued
+    assert r.llen(ingress.lists[0]) == 0
+    records = held(r, ingress.held)
+    seen = {t.decode() for t in r.zrange(ingress.seen, 0, -1)}
+    owners = {k.decode(): v.decode() for k, v in r.hgetall(ingress.owner).items()}
+    assert set(records) == seen == set(owners) == {m.delivery_tag for m in got}
+    assert set(owners.values()) == {f"{WORKER}|1"}  # who holds it, and the list it goes back to
     by_tag = {m["properties"]["delivery_tag"]: m for m in queued}
-    for tag, (payload, exchange, routing_key) in records.items():
-        assert payload == by_tag[tag]
-        assert (exchange, routing_key) == (QUEUE, QUEUE)
+    assert records == by_tag  # the payload exactly as it was queued
+    assert r.hlen(f"{keyspace.prefix}unacked") == 0, "kombu's own records are not used"
     for m in got:
         m.ack()
-    assert r.hlen(f"{key_prefix}unacked") == 0 and r.zcard(f"{key_prefix}unacked_index") == 0
+    assert r.hlen(ingress.held) == 0 and r.zcard(ingress.seen) == 0 and r.hlen(ingress.owner) == 0
 
 
 def count_fetches(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[int]]:
     """From now on, record the name of every command this process sends to Redis (commands written together
-    joined by ``+``), and the number of messages each ``FETCH`` reply carried to the channel (a fetch is one command
-    sent and its one reply read: a round trip)."""
+    joined by ``+``), and how many messages each round delivered here (a round is one write and its replies read:
+    one round trip)."""
     sent: list[str] = []
     taken: list[int] = []
     send_command = redis.connection.AbstractConnection.send_command
     pack_commands = redis.connection.AbstractConnection.pack_commands
-    deliver = Channel._deliver_fetched
+    deliver = Channel._deliver_round
 
     def name(args: tuple[Any, ...]) -> str:
         return "FETCH" if tuple(args[:2]) == ("EVAL", FETCH) else str(args[0]).upper()
@@ -109,28 +159,76 @@ def count_fetches(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[int]
         sent.append("+".join(name(args) for args in commands))
         return pack_commands(self, commands)
 
-    def counting_deliver(self: Channel, reply: list[Any]) -> None:
-        taken.append(len(reply) // 2)  # [key index, message, key index, message, ...]
-        deliver(self, reply)
+    def counting_deliver(self: Channel, hooks: Any, replies: Sequence[Any]) -> int:
+        delivered = deliver(self, hooks, replies)
+        taken.append(delivered)
+        return delivered
 
     monkeypatch.setattr(redis.connection.AbstractConnection, "send_command", counting_send)
     monkeypatch.setattr(redis.connection.AbstractConnection, "pack_commands", counting_pack)
-    monkeypatch.setattr(Channel, "_deliver_fetched", counting_deliver)
+    monkeypatch.setattr(Channel, "_deliver_round", counting_deliver)
     return sent, taken
 
 
 def test_one_round_trip_takes_many_messages_within_the_prefetch_credit(
-    conn: Connection, r: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+    conn: Connection, r: redis.Redis, keyspace: Keyspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     publish(conn, [{"n": i} for i in range(30)])
     sent, taken = count_fetches(monkeypatch)
     got = consume(conn, 10, prefetch=10, timeout=1.0)
     assert [m.payload for m in got] == [{"n": i} for i in range(10)]
-    # one FETCH script call (one command out, one reply back) brought all ten; no other command took a message
-    assert sent.count("FETCH") == 1 and taken == [10], (sent, taken)
+    # one round (one write of FETCH commands, their replies read) brought all ten; no other command took a message
+    rounds = [write for write in sent if "FETCH" in write.split("+")]
+    assert taken[0] == 10 and rounds[0].split("+").count("FETCH") == 1, (sent, taken)
     assert not {"BRPOP", "RPOP", "LPOP", "BLMOVE", "LMOVE"} & {n for write in sent for n in write.split("+")}, sent
-    assert r.llen(f"{key_prefix}{QUEUE}") == 20  # the credit bounds the fetch: nothing taken beyond it
-    assert r.hlen(f"{key_prefix}unacked") == 10
+    assert r.llen(keyspace.ingress(0)) == 20  # the credit bounds the fetch: nothing taken beyond it
+    assert r.hlen(keyspace.ingress_lists.held) == 10
+
+
+def test_a_round_fetches_every_claimed_model_and_the_ingress_each_within_its_hold_limit(
+    conn: Connection, r: redis.Redis, keyspace: Keyspace, claims: Claims, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for model_id in ("a", "b"):
+        push_to_models(r, [ModelPush(keyspace.model(model_id), 0, [_message(conn, {"m": model_id, "n": i})
+                                                                   for i in range(6)])],
+                       bound=None, placement_bell=keyspace.placement_bell)
+    publish(conn, [{"n": "ingress"}])
+    claims.models, claims.limit = ["a", "b"], 4
+    sent, _ = count_fetches(monkeypatch)
+    got = consume(conn, 9, timeout=2.0)
+    rounds = [write for write in sent if "FETCH" in write.split("+")]
+    assert rounds[0].split("+").count("FETCH") == 3, sent  # a, b and the ingress, in one write
+    assert sorted(str(m.payload.get("m")) for m in got) == ["None", *["a"] * 4, *["b"] * 4]
+    assert [r.llen(keyspace.model(m).list_for(0)) for m in ("a", "b")] == [2, 2]  # the rest waits for a copy
+    for m in got:
+        m.ack()
+    assert all(r.hlen(keyspace.model(m).held) == 0 for m in ("a", "b"))
+
+
+def _message(conn: Connection, body: Any, priority: int = 0) -> str:
+    """A kombu envelope of ``body`` as Swapless's producers push it to a model's list."""
+    channel = conn.channel()
+    message = channel.prepare_message(json.dumps(body), priority, "application/json", "utf-8", {}, {})
+    message["properties"].update({"delivery_tag": f"tag-{time.monotonic_ns()}", "delivery_info":
+                                  {"exchange": QUEUE, "routing_key": QUEUE}, "body_encoding": "utf-8"})
+    channel.close()
+    return json.dumps(message)
+
+
+def test_an_ingress_message_for_a_known_model_is_moved_to_its_lists_and_one_for_none_is_kept(
+    conn: Connection, r: redis.Redis, keyspace: Keyspace, claims: Claims
+) -> None:
+    claims.routes = {"spam": "spam"}
+    publish(conn, [{"model": "spam", "n": 1}, {"model": "nobody", "n": 2}], priority=6)
+    got = consume(conn, 1, timeout=2.0)
+    assert [m.payload for m in got] == [{"model": "nobody", "n": 2}]  # kept here: its worker answers it
+    moved = [json.loads(raw) for raw in r.lrange(keyspace.model("spam").list_for(6), 0, -1)]
+    assert [json.loads(base64.b64decode(m["body"])) for m in moved] == [{"model": "spam", "n": 1}]  # for its holder
+    assert r.llen(keyspace.ingress(6)) == 0 and r.hlen(keyspace.ingress_lists.held) == 1  # only the kept one
+    assert r.llen(keyspace.model("spam").bell) == 1  # its holder's bell rang
+    claims.models = ["spam"]
+    [then] = consume(conn, 1, timeout=2.0)
+    assert then.payload == {"model": "spam", "n": 1}
 
 
 def test_lower_priority_numbers_are_served_first(conn: Connection) -> None:
@@ -146,7 +244,7 @@ def test_an_idle_consumer_wakes_for_new_messages_on_any_priority(conn: Connectio
     got: list[Any] = []
     consumer = conn.Consumer(Queue(QUEUE, Exchange(QUEUE), QUEUE), channel=channel, callbacks=[lambda b, m: got.append(m)])
     consumer.consume()
-    drain(conn, lambda: False, 0.3)  # several empty polls: the channel is now waiting (BLMOVE), not fetching
+    drain(conn, lambda: False, 0.3)  # several empty polls: the channel is now waiting, not fetching
     with Connection(redis_url, transport=Transport, transport_options={"global_keyprefix": key_prefix}) as producer:
         publish(producer, [{"late": 0}], priority=0)
         publish(producer, [{"late": 1}], priority=6)
@@ -155,66 +253,70 @@ def test_an_idle_consumer_wakes_for_new_messages_on_any_priority(conn: Connectio
 
 
 def test_a_waiting_consumer_gets_the_message_that_wakes_it_in_the_same_round_trip(
-    conn: Connection, redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+    conn: Connection, r: redis.Redis, keyspace: Keyspace, claims: Claims, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    claims.models = ["spam"]
     channel = conn.channel()
     got: list[Any] = []
     consumer = conn.Consumer(Queue(QUEUE, Exchange(QUEUE), QUEUE), channel=channel, callbacks=[lambda b, m: got.append(m)])
     consumer.consume()
     drain(conn, lambda: False, 0.3)  # several empty polls: the channel waits now, its fetch sent behind the wait
-    with Connection(redis_url, transport=Transport, transport_options={"global_keyprefix": key_prefix}) as producer:
-        publish(producer, [{"wake": 1}], priority=0)
-    sent, _ = count_fetches(monkeypatch)
-    counted = Channel._deliver_fetched
-
-    def marking(self: Channel, reply: list[Any]) -> None:
-        sent.append(f"deliver {len(reply) // 2}")
-        counted(self, reply)
-
-    monkeypatch.setattr(Channel, "_deliver_fetched", marking)
+    sent, taken = count_fetches(monkeypatch)
+    push_to_models(r, [ModelPush(keyspace.model("spam"), 0, [_message(conn, {"wake": 1})])], bound=None,
+                   placement_bell=keyspace.placement_bell)  # rings the model's bell
     drain(conn, lambda: len(got) >= 1, 5)
     assert [m.payload for m in got] == [{"wake": 1}]
     # in the reply of a wait's own fetch (written with it): no fetch of its own went out after the wake
-    at = sent.index("deliver 1")
-    assert at == 0 or sent[at - 1] == "BLMOVE+FETCH", sent
+    first = next(i for i, n in enumerate(taken) if n)
+    waits = [write for write in sent if write.startswith("BLPOP")]
+    assert waits and waits[-1] == "BLPOP+FETCH+FETCH" and first == len(waits) - 1, (sent, taken)
 
 
-def test_unacked_messages_come_back_after_the_visibility_timeout_exactly_as_sent(
-    conn: Connection, r: redis.Redis, key_prefix: str
-) -> None:
+def test_a_dead_worker_s_messages_come_back_exactly_as_sent(conn: Connection, r: redis.Redis,
+                                                            keyspace: Keyspace) -> None:
     publish(conn, [{"n": 1}])
-    original = json.loads(r.lindex(f"{key_prefix}{QUEUE}", 0))
+    ingress = keyspace.ingress_lists
+    original = r.lindex(ingress.lists[0], 0)
     got = consume(conn, 1)
-    assert len(got) == 1
-    time.sleep(1.2)  # visibility_timeout is 1 s in this test
-    got[0].channel.qos.restore_visible(num=10, interval=1)
-    [back] = [json.loads(m) for m in r.lrange(f"{key_prefix}{QUEUE}", 0, -1)]
-    assert back["headers"].pop("redelivered") is True  # kombu marks a restored message
-    assert back["properties"]["delivery_info"].pop("redelivered") is True
-    assert back == original
-    assert r.hlen(f"{key_prefix}unacked") == 0
+    assert len(got) == 1 and r.llen(ingress.lists[0]) == 0
+    # what the cluster's recovery runs: WORKER is not among the live workers
+    assert r.eval(RECOVER, 7, *ingress.queue_and_records, repr(time.time() - 60), "someone-else") == 1
+    assert r.lrange(ingress.lists[0], 0, -1) == [original]
+    assert r.hlen(ingress.held) == 0
+    # and a live worker's silent records (not refreshed for the visibility timeout) come back too
+    got = consume(conn, 1)
+    assert r.eval(RECOVER, 7, *ingress.queue_and_records, repr(time.time() + 1), WORKER) == 1
 
 
-def test_closing_a_channel_puts_back_what_it_held(conn: Connection, r: redis.Redis, key_prefix: str) -> None:
+def test_closing_a_channel_puts_back_what_it_held(conn: Connection, r: redis.Redis, keyspace: Keyspace) -> None:
     publish(conn, [{"n": i} for i in range(4)])
     got = consume(conn, 4)
     got[0].ack()
     got[0].channel.close()
-    assert r.llen(f"{key_prefix}{QUEUE}") == 3
-    assert r.hlen(f"{key_prefix}unacked") == 0
+    assert r.llen(keyspace.ingress(0)) == 3
+    assert r.hlen(keyspace.ingress_lists.held) == 0
 
 
 def test_a_queued_item_that_is_not_a_kombu_message_is_dropped_with_an_error_and_the_rest_delivered(
-    conn: Connection, r: redis.Redis, key_prefix: str, caplog: pytest.LogCaptureFixture
+    conn: Connection, r: redis.Redis, keyspace: Keyspace, caplog: pytest.LogCaptureFixture
 ) -> None:
     publish(conn, [{"n": 0}])
-    r.lpush(f"{key_prefix}{QUEUE}", b"\x80not json")
+    r.lpush(keyspace.ingress(0), b"\x80not json")
     publish(conn, [{"n": 1}])
     with caplog.at_level(logging.ERROR, logger="tasks.broker.transport"):
         got = consume(conn, 2)
     assert [m.payload for m in got] == [{"n": 0}, {"n": 1}]
     assert "is not a kombu message" in caplog.text
-    assert r.hlen(f"{key_prefix}unacked") == 2
+    assert r.hlen(keyspace.ingress_lists.held) == 2
+
+
+def test_a_channel_that_consumes_another_queue_is_kombu_s_own(conn: Connection, r: redis.Redis, key_prefix: str) -> None:
+    """Celery's own reply queues, another app's queue: the worker's hooks are for its queue alone."""
+    publish(conn, [{"other": 1}], queue="replies")
+    [got] = consume(conn, 1, queue="replies")
+    assert got.payload == {"other": 1}
+    assert r.hlen(f"{key_prefix}unacked") == 1  # kombu's own record
+    got.ack()
 
 
 def test_broker_urls_pick_this_transport_for_redis_and_leave_others_to_kombu() -> None:

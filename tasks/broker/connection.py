@@ -38,7 +38,6 @@ __all__ = [
     "refusal",
     "translate",
     "translated",
-    "worker_health",
 ]
 
 logger = logging.getLogger(__name__)
@@ -150,8 +149,8 @@ def is_refused_write(err: BaseException) -> bool:
 
 class RedisHealth:
     """What one process has lately seen of Redis: whether it refuses writes (``OOM``, ``READONLY``, ``MISCONF``)
-    or cannot be reached, since when. Thread-safe; every part of the worker reports to the process's one instance
-    (``worker_health``), and the heartbeat shows it.
+    or cannot be reached, since when. Thread-safe; every part of a worker reports to the one instance its context
+    holds (``tasks.worker.context``), and the heartbeat shows it.
 
     A refusal is considered over once a write succeeds again (``ok``), or ``stale_s`` after it was last seen.
     """
@@ -200,10 +199,6 @@ class RedisHealth:
             return None
         problem = found[0]
         return f"Redis refusing writes: {problem}" if problem in ("OOM", "READONLY", "MISCONF") else f"Redis {problem}"
-
-
-#: This worker process's view of Redis (results, fetches, acks, refreshes and heartbeats report to it).
-worker_health = RedisHealth()
 
 
 _ADVICE = {

@@ -23,7 +23,7 @@ from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 
 from config.errors import InputError
-from tasks.broker.affinity import ModelKeys
+from tasks.keyspace import ModelKeys
 from tasks.protocol import PREDICT_TASK, SENT_AT_HEADER
 
 __all__ = ["ModelPush", "build_messages", "push", "push_to_models"]
@@ -199,7 +199,7 @@ def push_to_models(
     with client.pipeline(transaction=False) as pipe:
         for push in pushes:
             keys = push.keys
-            target = keys.part(f"p{push.priority}")
+            target = keys.list_for(push.priority)
             pipe.eval(_PUSH_MODEL, 7, target, *keys.lists, keys.bell, keys.holders, -1 if bound is None else bound,
                       now_ms, *push.messages)
         replies = pipe.execute()

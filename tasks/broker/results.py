@@ -197,6 +197,10 @@ class ResultStore:
         the job's result."""
         return self._record_key(self.key(job_id))
 
+    def shadow_ref_key(self, job_id: str) -> str:
+        """Where a shadowed job's ``[served model, top label]`` is kept for its shadows (``tasks.worker.shadows``)."""
+        return self.key(job_id).replace("celery-task-meta-", "swapless-shadowref-", 1)
+
     @property
     def record_key_prefix(self) -> str:
         """What every record key starts with (the job id follows)."""

@@ -1,9 +1,11 @@
-"""Route weights set at run time (``swapless route``), kept in Redis over the models file's, read by every producer
-and worker within ``ttl_s`` of a change: no restart, no reload. And the shadow agreement counts.
+"""Where a job goes: the one ``Router`` every producer, the gateway and the worker resolve routes with (the
+models file's routes, ``manager.registry.routing``, with the weights set at run time); the run-time weights
+themselves (``swapless route``), kept in Redis over the models file's and read by every process within ``ttl_s`` of
+a change (no restart, no reload); and the shadow agreement counts.
 
-The hash ``routes_key`` maps a route id to its weights as JSON; a route with no entry keeps the file's weights.
-Readers cache the whole hash for ``ttl_s`` (1 s): a producer that submits thousands of jobs a second reads it once
-a second, not once a job.
+The hash ``Keyspace.routes`` maps a route id to its weights as JSON; a route with no entry keeps the file's
+weights. Readers cache the whole hash for ``ttl_s`` (1 s): a producer that submits thousands of jobs a second reads
+it once a second, not once a job.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from config.errors import ConfigError
+from manager.registry.routing import Resolved
 from manager.registry.store import ModelStore
-from tasks.protocol import routes_key, shadow_key
+from tasks.keyspace import Keyspace
+from tasks.protocol import CHUNK_TASK, message_args
 
-__all__ = ["RouteOverrides", "count_shadow", "read_shadow"]
+__all__ = ["RouteOverrides", "Router", "count_shadow", "read_shadow"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,14 +33,13 @@ class RouteOverrides:
 
     Args:
         client: a redis-py client.
-        queue: the queue's name.
-        key_prefix: the deployment's key prefix.
+        keyspace: the queue's keys.
         ttl_s: how long a read is reused.
     """
 
-    def __init__(self, client: Any, queue: str, key_prefix: str | None = None, ttl_s: float = 1.0) -> None:
+    def __init__(self, client: Any, keyspace: Keyspace, ttl_s: float = 1.0) -> None:
         self.client = client
-        self.key = routes_key(queue, key_prefix)
+        self.key = keyspace.routes
         self.ttl_s = ttl_s
         self._cached: dict[str, dict[str, float]] = {}
         self._read_at = float("-inf")
@@ -97,10 +100,55 @@ class RouteOverrides:
         self._read_at = float("-inf")
 
 
-def count_shadow(client: Any, queue: str, key_prefix: str | None, counts: Mapping[tuple[str, str, str, bool], int]) -> None:
+class Router:
+    """The one place a job addressed to a route is resolved to the model that serves it.
+
+    Args:
+        store: the models file (its models, aliases and routes).
+        overrides: the run-time weights (None: the file's alone).
+    """
+
+    def __init__(self, store: ModelStore, overrides: RouteOverrides | None = None) -> None:
+        self.store = store
+        self.overrides = overrides
+
+    def resolve(self, model_id: str, value: object, key: str, *, paths: bool = True) -> Resolved:
+        """Where a job for ``model_id`` (a model id, alias or route) with input ``value`` goes: the canonical id of
+        the model that serves it, the shadows that get a copy, the routes it went through. ``key``: its sticky key,
+        else its id (a worker resolving a plain Celery job by its id picks what a producer would have).
+        ``paths``: whether an input may be an image file's path (False for network callers).
+
+        Raises:
+            UnknownModel: no model, alias or route of that id.
+            InputError: a ``by_type`` route has no branch for this input.
+        """
+        if not self.store.routes or not self.store.is_route(model_id):
+            return Resolved(self.store.resolve(model_id))
+        weights = self.overrides.get() if self.overrides is not None else None
+        return self.store.route(model_id, value, key, weights, paths=paths)
+
+    def model_of(self, payload: dict[str, Any]) -> str | None:
+        """The model whose lists an ingress message (a plain Celery producer's) belongs in: a job's, its route
+        resolved by its id; a chunk's, unless it is for a route (its items may go to several versions, so the
+        worker that took it splits it). None: keep the message where it was taken (a chunk for a route, an unknown
+        model, a malformed message: that worker runs it or answers it)."""
+        args = message_args(payload)
+        headers = payload.get("headers") or {}
+        if args is None or not isinstance(args[0], str):
+            return None
+        try:
+            if headers.get("task") == CHUNK_TASK:
+                return None if self.store.is_route(args[0]) else self.store.resolve(args[0])
+            job_id = headers.get("id")
+            return self.resolve(args[0], args[1], job_id if isinstance(job_id, str) else "").model_id
+        except (KeyError, ValueError):  # UnknownModel, InputError: its worker answers it
+            return None
+
+
+def count_shadow(client: Any, keyspace: Keyspace, counts: Mapping[tuple[str, str, str, bool], int]) -> None:
     """Add shadow comparisons: ``(route, served model, shadow model, agreed) -> n``, in one round trip."""
     pipe = client.pipeline(transaction=False)
-    key = shadow_key(queue, key_prefix)
+    key = keyspace.shadow_counts
     for (route, served, shadow, agreed), n in counts.items():
         pipe.hincrby(key, f"{route}|{served}|{shadow}|total", n)
         if agreed:
@@ -108,10 +156,10 @@ def count_shadow(client: Any, queue: str, key_prefix: str | None, counts: Mappin
     pipe.execute()
 
 
-def read_shadow(client: Any, queue: str, key_prefix: str | None) -> dict[tuple[str, str, str], tuple[int, int]]:
+def read_shadow(client: Any, keyspace: Keyspace) -> dict[tuple[str, str, str], tuple[int, int]]:
     """``(route, served, shadow) -> (agreed, compared)``."""
     found: dict[tuple[str, str, str], list[int]] = {}
-    for field, value in client.hgetall(shadow_key(queue, key_prefix)).items():
+    for field, value in client.hgetall(keyspace.shadow_counts).items():
         route, served, shadow, what = _text(field).split("|")
         pair = found.setdefault((route, served, shadow), [0, 0])
         pair[0 if what == "agree" else 1] = int(value)

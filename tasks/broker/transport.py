@@ -1,34 +1,35 @@
-"""kombu's Redis transport, with a fetch that cannot lose a message, and fetches many messages per round trip.
+"""kombu's Redis transport over the queue's one layout (``tasks.broker.queues``): a fetch that cannot lose a
+message, many messages per round trip, and every message's record kept beside its list.
 
 kombu takes a message off the queue with ``BRPOP`` and only then, in a second round trip, records it as unacked
-(``ZADD`` + ``HSET``; celery/kombu#305). A worker killed, or cut off from Redis, between the two holds the only
-copy of that job: it is lost. Here one Lua script (``FETCH``) pops up to ``n`` messages from the queue's priority
-lists **and** records each in kombu's unacked hash and index, atomically: a message is on the queue or in the
-unacked records at every instant, and kombu's ``restore_visible`` sweep brings back those of a dead worker after
-the visibility timeout, like any other unacked message.
+(celery/kombu#305): a worker killed between the two holds the only copy of that job. Here one script (``FETCH``)
+pops up to ``n`` messages **and** records each, atomically: a message is in a list or in its records at every
+instant. A worker's channel, given its hooks (``ChannelHooks``, the transport option ``swapless_hooks``), fetches
+in one round trip from the lists of every model its placement has claimed (each bounded by the room that model has
+left under its ``hold_limit`` and by the prefetch credit) and from the ingress, kombu's own lists of the queue
+where a plain Celery producer pushes. An ingress message is moved to its model's lists (pushed there, then acked,
+in a second round trip: a crash in between leaves two copies, and the second finds its result stored and is acked
+without running); one that names no model, or a chunk for a route, is delivered here.
 
-Fetching many messages per round trip also takes most of the consumer thread's per-message Redis work away
-(``BRPOP`` and the ``MULTI/EXEC`` of its unacked record, for every job): one script call now serves up to
-``fetch_limit`` jobs, bounded by the prefetch credit.
+An idle worker waits on the bells of its models and on the queue's placement bell (``BLPOP``, sent together with
+the fetch: Redis runs the fetch the moment the wait returns, so the job that wakes a worker comes back in the same
+round trip); the ingress and new claims are looked at every ``swapless_idle_poll_s`` (0.1 s by default). A worker
+with work in hand never waits.
 
-Lua cannot block, so an idle worker waits with ``BLMOVE key key RIGHT RIGHT timeout`` on the queue's first
-(priority 0) list, sent together with the script: Redis returns from the wait as soon as a message is there (it
-moves nothing: the message stays where it was) and runs the script at once, in the same round trip. Other lists
-(the bulk priorities, other queues) are checked at least every ``idle_poll_s`` (0.1 s by default, transport option
-``swapless_idle_poll_s``: the script runs when the wait runs out, too); a worker with work in hand never waits.
-
-With placement (the worker calls ``use_affinity``), the channel fetches from the lists of the models this worker
-claimed too, routes the shared lists' messages to their models' lists, and acks, refreshes and restores those
-messages' records in their model's keys (``tasks.broker.placed``).
-
-Everything else (key prefixes, TLS, reconnects, the shared lists' acks and restores) is kombu's.
+Acks, rejects, restores and visibility refreshes go through the records' scripts (``tasks.broker.acks`` acks in
+bulk); a dead worker's records are put back by the cluster's recovery (``tasks.cluster.placer``), never by kombu's
+unacked sweep. A channel without hooks (a producer's, a tool's) is kombu's own. Key prefixes, TLS and reconnects
+are kombu's.
 """
 
 from __future__ import annotations
 
+import bisect
+import json
 import logging
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from queue import Empty
 from typing import Any
 
@@ -37,63 +38,69 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from redis.exceptions import ResponseError
 
-from tasks.broker.acks import ACK_UNACKED
-from tasks.broker.connection import is_refused_write, worker_health
-from tasks.broker.placed import PlacedChannel, PlacedQoS, current_affinity, use_affinity, use_intake
+from tasks.broker.connection import is_refused_write
+from tasks.broker.publish import ModelPush, push_to_models
+from tasks.broker.queues import ACK, FETCH, REFRESH, RESTORE, ChannelHooks
+from tasks.keyspace import JobLists, Keyspace
 
-__all__ = ["FETCH", "Channel", "QoS", "Transport", "broker_connection", "use_affinity", "use_intake"]
-
-#: KEYS: unacked hash, unacked index, then the queue lists in the order they are served.
-#: ARGV: most messages to take, the time to stamp (kombu's client clock, as its own ``QoS.append`` uses).
-#: Returns ``[key index, message, key index, message, ...]``. The unacked entry is kombu's
-#: ``[payload, exchange, routing_key]``, built around the raw payload text so the payload is stored byte for byte.
-FETCH = """
-local limit = tonumber(ARGV[1])
-local out = {}
-local taken = 0
-for i = 3, #KEYS do
-  if taken >= limit then break end
-  local items = redis.call('RPOP', KEYS[i], limit - taken)
-  if items then
-    for _, raw in ipairs(items) do
-      local ok, msg = pcall(cjson.decode, raw)
-      local props = ok and type(msg) == 'table' and msg['properties']
-      local tag = type(props) == 'table' and props['delivery_tag']
-      if type(tag) == 'string' then
-        local info = props['delivery_info']
-        local exchange, rkey = '', ''
-        if type(info) == 'table' then
-          if type(info['exchange']) == 'string' then exchange = info['exchange'] end
-          if type(info['routing_key']) == 'string' then rkey = info['routing_key'] end
-        end
-        redis.call('HSET', KEYS[1], tag, '[' .. raw .. ',' .. cjson.encode(exchange) .. ',' .. cjson.encode(rkey) .. ']')
-        redis.call('ZADD', KEYS[2], ARGV[2], tag)
-      end
-      -- a message without a delivery tag cannot be acked; kombu's own path would fail on it too: hand it over
-      -- and let the worker reject it (it is logged there, not silently dropped here)
-      out[#out + 1] = i - 2
-      out[#out + 1] = raw
-      taken = taken + 1
-    end
-  end
-end
-return out
-"""
-
-_FETCH, _WAIT = "fetch", "wait"
+__all__ = ["Channel", "QoS", "Transport", "broker_connection"]
 
 logger = logging.getLogger(__name__)
 
+_FETCH, _WAIT = "fetch", "wait"
 
-class QoS(PlacedQoS, kombu_redis.QoS):
-    """kombu's Redis QoS, minus the unacked record for messages ``FETCH`` has already recorded, with a restore
-    sweep that waits quietly while Redis refuses writes (its lock and its pushes are writes), and with the records
-    of messages from a model's lists kept in the model's keys (``PlacedQoS``)."""
+
+def _by_lists(tags: Iterable[str], held: dict[str, JobLists]) -> dict[JobLists, list[str]]:
+    grouped: dict[JobLists, list[str]] = {}
+    for tag in tags:
+        lists = held.get(tag)
+        if lists is not None:
+            grouped.setdefault(lists, []).append(tag)
+    return grouped
+
+
+def _others(tags: Sequence[str], grouped: dict[JobLists, list[str]]) -> list[str]:
+    placed = {tag for group in grouped.values() for tag in group}
+    return [tag for tag in tags if tag not in placed]
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's QoS with every delivered message's record kept beside its list (``Channel._held``): acks, rejects
+    and restores run the records' scripts. Tags the channel does not hold (a channel without hooks) are kombu's."""
+
+    channel: Channel
+
+    def _forget(self, tags: Iterable[str]) -> dict[JobLists, list[str]]:
+        grouped = _by_lists(tags, self.channel._held)
+        for lists, group in grouped.items():
+            self.channel._release(lists, group)
+        return grouped
+
+    def held_ack(self, tags: Sequence[str], client: Any) -> list[str]:
+        """Delete the records of those of ``tags`` this channel holds; returns the others."""
+        grouped = self._forget(tags)
+        for lists, group in grouped.items():
+            client.execute_command("EVAL", ACK, 3, *lists.records, *group)
+        return _others(tags, grouped)
+
+    def held_restore(self, tags: Sequence[str], client: Any) -> list[str]:
+        """Put those of ``tags`` this channel holds back at the head of their lists; returns the others."""
+        grouped = self._forget(tags)
+        for lists, group in grouped.items():
+            client.execute_command("EVAL", RESTORE, 7, *lists.queue_and_records, *group)
+        return _others(tags, grouped)
+
+    def held_refresh(self, tags: Sequence[str], client: Any, now: float) -> list[str]:
+        """Re-stamp the records of those of ``tags`` this channel holds; returns the others."""
+        grouped = _by_lists(tags, self.channel._held)
+        for lists, group in grouped.items():
+            client.execute_command("EVAL", REFRESH, 1, lists.seen, repr(now), *group)
+        return _others(tags, grouped)
 
     def ack(self, delivery_tag: str) -> None:
         if delivery_tag in self.channel._held:
             with self.channel.conn_or_acquire() as client:
-                self.placed_ack([delivery_tag], client)
+                self.held_ack([delivery_tag], client)
             virtual.QoS.ack(self, delivery_tag)
             return
         super().ack(delivery_tag)
@@ -101,7 +108,7 @@ class QoS(PlacedQoS, kombu_redis.QoS):
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if delivery_tag in self.channel._held:
             with self.channel.conn_or_acquire() as client:
-                (self.placed_restore if requeue else self.placed_ack)([delivery_tag], client)
+                (self.held_restore if requeue else self.held_ack)([delivery_tag], client)
             virtual.QoS.ack(self, delivery_tag)
             return
         super().reject(delivery_tag, requeue=requeue)
@@ -110,61 +117,66 @@ class QoS(PlacedQoS, kombu_redis.QoS):
         tag = bytes_to_str(tag)
         if tag in self.channel._held:
             with self.channel.conn_or_acquire(client) as conn:
-                self.placed_restore([tag], conn)
+                self.held_restore([tag], conn)
             return
         super().restore_by_tag(tag, client=client, leftmost=leftmost)
 
     def restore_unacked(self, client: Any = None) -> None:
         with self.channel.conn_or_acquire(client) as conn:
-            rest = self.placed_restore(list(self._delivered), conn)
-            for tag in rest:
+            for tag in self.held_restore(list(self._delivered), conn):
                 super().restore_by_tag(tag, client=conn)
         self._delivered.clear()
 
     def restore_visible(self, *args: Any, **kwargs: Any) -> None:
-        try:
-            super().restore_visible(*args, **kwargs)
-        except ResponseError as err:
-            if not is_refused_write(err):
-                raise
-            worker_health.failed(err, "restoring a dead worker's jobs")  # the next sweep tries again
+        if self.channel.swapless_hooks is not None:
+            return  # a worker's records are recovered by the cluster (RECOVER), not by kombu's unacked sweep
+        super().restore_visible(*args, **kwargs)
 
     def append(self, message: Any, delivery_tag: str) -> None:
-        recorded = self.channel._recorded
-        if delivery_tag in recorded:
-            recorded.discard(delivery_tag)
-            virtual.QoS.append(self, message, delivery_tag)
+        if delivery_tag in self.channel._held:
+            virtual.QoS.append(self, message, delivery_tag)  # recorded by FETCH already
         else:
             super().append(message, delivery_tag)
 
 
-class Channel(PlacedChannel, kombu_redis.Channel):
-    """kombu's Redis channel with the atomic bulk fetch (see the module docstring)."""
+class Channel(kombu_redis.Channel):
+    """kombu's Redis channel with the atomic bulk fetch over models' lists and the ingress (module docstring)."""
 
     QoS = QoS
+    qos: QoS
     from_transport_options = kombu_redis.Channel.from_transport_options + (  # type: ignore[assignment]
         "swapless_idle_poll_s",
         "swapless_fetch_limit",
+        "swapless_hooks",
     )
 
-    #: Longest an idle worker takes to see a message on any list but the queue's priority-0 one.
+    #: Longest an idle worker takes to see a message on the ingress, or a new claim.
     swapless_idle_poll_s = 0.1
-    #: Most messages one script call takes (also bounded by the prefetch credit).
+    #: Most messages one round takes from one set of lists (also bounded by the prefetch credit).
     swapless_fetch_limit = 256
     #: Seconds the consumer waits before fetching again when Redis refuses the fetch (a read-only replica).
     swapless_refused_pause_s = 0.5
+    #: The worker's hooks (a transport option); None: kombu's own channel.
+    swapless_hooks: ChannelHooks | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._recorded: set[str] = set()
         self._mode = _FETCH
-        self._fetch_queues: list[str] = []
-        self._fetch_keys: list[str] = []
+        #: delivery tag -> the lists it came from, while held
+        self._held: dict[str, JobLists] = {}
+        self._held_per_model: Counter[str] = Counter()
+        self._plan: list[JobLists] = []
         self._sent: list[str] = []
-        self._placed_init()
+        self._rotation = 0
+        self._queue = ""
 
-    def _prefixed(self, key: str) -> str:
-        return f"{self.global_keyprefix or ''}{key}"
+    def _release(self, lists: JobLists, tags: Sequence[str]) -> None:
+        for tag in tags:
+            if self._held.pop(tag, None) is not None:
+                self._held_per_model[lists.name] -= 1
+
+    def _keyspace(self, queue: str) -> Keyspace:
+        return Keyspace(queue, self.global_keyprefix or "")
 
     # A worker must start, and reconnect, while Redis is over maxmemory too (it is how a full Redis gets drained):
     # kombu counts a queue in a MULTI, which Redis then refuses whole, and re-adds a binding that is already there
@@ -177,50 +189,81 @@ class Channel(PlacedChannel, kombu_redis.Channel):
                     pipe.llen(self._q_for_pri(queue, pri))
                 return sum(size for size in pipe.execute() if isinstance(size, int))
 
+    def _refused(self, err: ResponseError, what: str) -> None:
+        if not is_refused_write(err):
+            raise err
+        if self.swapless_hooks is not None:
+            self.swapless_hooks.health.failed(err, what)
+
     def maybe_refresh_binding_expiry(self) -> None:
         try:
             super().maybe_refresh_binding_expiry()
         except ResponseError as err:
-            if not is_refused_write(err):
-                raise
-            worker_health.failed(err, "refreshing the queue's binding")  # the next cycle tries again
+            self._refused(err, "refreshing the queue's binding")  # the next cycle tries again
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
         try:
             super()._queue_bind(exchange, routing_key, pattern, queue)
         except ResponseError as err:
-            if not is_refused_write(err):
-                raise
-            worker_health.failed(err, f"binding queue {queue!r}")  # bound at an earlier start: it still is
+            self._refused(err, f"binding queue {queue!r}")  # bound at an earlier start: it still is
+
+    # -- one fetch round ---------------------------------------------------------------------------------------
+
+    def _hooks(self) -> ChannelHooks | None:
+        """The worker's hooks when this channel consumes the worker's queue; None: kombu's own channel."""
+        hooks = self.swapless_hooks
+        return hooks if hooks is not None and hooks.queue in self.active_queues else None
 
     def _brpop_start(self, timeout: float | None = None) -> None:
-        queues = self._queue_cycle.consume(len(self.active_queues))
-        if not queues:
+        hooks = self._hooks()
+        if hooks is None:
+            super()._brpop_start(timeout)
             return
-        conn = self.client.connection
-        affinity = current_affinity()
-        wait = timeout if timeout is not None else self.brpop_timeout
-        wait = min(wait or self.swapless_idle_poll_s, self.swapless_idle_poll_s)
-        if affinity is not None:
-            commands = self._placed_fetch_commands(affinity, queues[0], self._shared_fetch(queues))
-            if self._mode == _WAIT:
-                commands.insert(0, self._placed_wait_command(affinity, queues[0], wait))
-        else:
-            commands = [tuple(self._shared_fetch(queues))]
-            if self._mode == _WAIT:
-                key = self._prefixed(self._q_for_pri(queues[0], 0))
-                commands.insert(0, ("BLMOVE", key, key, "RIGHT", "RIGHT", wait))
+        self._queue = hooks.queue
+        keyspace = self._keyspace(self._queue)
+        commands = self._fetch_commands(hooks, keyspace)
+        if self._mode == _WAIT:
+            wait = min(timeout or self.swapless_idle_poll_s, self.swapless_idle_poll_s)
+            bells = [keyspace.model(m).bell for m in hooks.affinity.claimed()]
+            commands.insert(0, ("BLPOP", *bells, keyspace.placement_bell, wait))
         # An idle worker sends the wait and the fetch together: Redis runs the fetch the moment the wait returns (a
         # message came, or the idle poll ran out), so a job that wakes the worker is fetched in the same round trip.
+        conn = self.client.connection
         conn.send_packed_command(conn.pack_commands(commands))
         self._sent = [str(command[0]) for command in commands]  # what the replies of this round answer
         self._in_poll = conn
         self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]  # kombu declares it None
 
+    def _fetch_commands(self, hooks: ChannelHooks, keyspace: Keyspace) -> list[tuple[Any, ...]]:
+        """A ``FETCH`` per claimed model with room left, then one of the ingress."""
+        affinity = hooks.affinity
+        credit = self.qos.can_consume_max_estimate()
+        credit = self.swapless_fetch_limit if credit is None else max(1, credit)
+        claimed = list(affinity.claimed())
+        if claimed:  # start with another model each round, so that no model always gets the credit first
+            self._rotation = (self._rotation + 1) % len(claimed)
+            claimed = claimed[self._rotation :] + claimed[: self._rotation]
+        now = repr(time.time())
+        commands: list[tuple[Any, ...]] = []
+        self._plan = []
+        for model_id in claimed:
+            room = min(affinity.hold_limit(model_id) - self._held_per_model[model_id], credit, self.swapless_fetch_limit)
+            if room <= 0:
+                continue
+            keys = keyspace.model(model_id)
+            commands.append(("EVAL", FETCH, 7, *keys.queue_and_records, room, now, affinity.worker_id))
+            self._plan.append(keys)
+            credit = max(1, credit - room)
+        ingress = keyspace.ingress_lists
+        commands.append(("EVAL", FETCH, 7, *ingress.queue_and_records, min(credit, self.swapless_fetch_limit), now,
+                         affinity.worker_id))
+        self._plan.append(ingress)
+        return commands
+
     def _read_round(self) -> tuple[list[Any], ResponseError | None]:
-        """Read every reply of the round ``_brpop_start`` sent (one per command); a refused write (a read-only replica) reads as
-        None and is returned, so the connection stays in step. Any other failure drops the connection (the next
-        poll reconnects) and is raised."""
+        """Read every reply of the round ``_brpop_start`` sent (one per command); a refused write (a read-only
+        replica) reads as None and is returned, so the connection stays in step. Any other failure drops the
+        connection (the next poll reconnects) and is raised."""
         conn = self.client.connection
         replies: list[Any] = []
         refused: ResponseError | None = None
@@ -239,86 +282,109 @@ class Channel(PlacedChannel, kombu_redis.Channel):
                 replies.append(None)
         return replies, refused
 
-    def _shared_fetch(self, queues: list[str]) -> list[Any]:
-        """The ``FETCH`` command over the shared lists of ``queues``."""
-        keys = [(q, self._q_for_pri(q, pri)) for pri in self.priority_steps for q in queues]
-        # priority_steps may map several steps to one list; serve each list once
-        keys = list(dict.fromkeys(keys))
-        self._fetch_queues = [q for q, _ in keys]
-        limit = self.qos.can_consume_max_estimate()
-        limit = self.swapless_fetch_limit if limit is None else min(limit, self.swapless_fetch_limit)
-        return [
-            "EVAL",
-            FETCH,
-            2 + len(keys),
-            self._prefixed(self.unacked_key),
-            self._prefixed(self.unacked_index_key),
-            *(self._prefixed(k) for _, k in keys),
-            max(limit, 1),
-            repr(time.time()),
-        ]
-
     def _brpop_read(self, **options: Any) -> bool:
-        affinity = current_affinity()
-        if affinity is not None:
-            return self._placed_read(affinity)
-        try:
-            replies, refused = self._read_round()
-            if refused is not None:
-                # a read-only replica (a failover), a failed save: nothing can be fetched now; try again shortly
-                worker_health.failed(refused, "fetching jobs")
-                self._mode = _FETCH
-                time.sleep(self.swapless_refused_pause_s)
-                raise Empty() from None
-            if not replies[-1]:
-                self._mode = _WAIT  # nothing anywhere: wait for the next message
-                raise Empty()
-            self._mode = _FETCH  # work is flowing: fetch again at once
-            self._deliver_fetched(replies[-1])
-            return True
-        finally:
-            self._in_poll = None  # type: ignore[assignment]  # as kombu does
-            self._flush_brpop_reauth()
-
-    def _placed_read(self, affinity: Any) -> bool:
-        queue = self._fetch_queues[0] if self._fetch_queues else next(iter(self.active_queues))
+        hooks = self._hooks()
+        if hooks is None:
+            return bool(super()._brpop_read(**options))
         try:
             replies, refused = self._read_round()
             if self._sent[0] == "BLPOP":
                 replies = replies[1:]  # the bell's
             if refused is not None:
-                worker_health.failed(refused, "fetching jobs")
+                hooks.health.failed(refused, "fetching jobs")
                 time.sleep(self.swapless_refused_pause_s)
-            if not self._placed_deliver(affinity, replies, queue):
-                self._mode = _WAIT
+            if not self._deliver_round(hooks, replies):
+                self._mode = _WAIT  # nothing anywhere: wait for the next message
                 raise Empty()
-            self._mode = _FETCH
+            self._mode = _FETCH  # work is flowing: fetch again at once
             return True
         finally:
             self._in_poll = None  # type: ignore[assignment]  # as kombu does
             self._flush_brpop_reauth()
 
-    def _deliver_one(self, payload: dict[str, Any], queue: str) -> None:
-        self._queue_cycle.rotate(queue)
-        self.connection._deliver(payload, queue)
+    # -- what a round fetched ----------------------------------------------------------------------------------
 
-    def _ack_shared(self, client: Any, tags: Sequence[str]) -> None:
-        if tags:
-            client.execute_command(
-                "EVAL", ACK_UNACKED, 2, self._prefixed(self.unacked_key), self._prefixed(self.unacked_index_key), *tags
-            )
+    def _deliver_round(self, hooks: ChannelHooks, replies: Sequence[Any]) -> int:
+        """Deliver what one round fetched, moving ingress messages to their models' lists; returns how many were
+        delivered here."""
+        fetched: list[dict[str, Any]] = []
+        ingress: list[tuple[dict[str, Any], str]] = []
+        for lists, reply in zip(self._plan, replies, strict=True):
+            for raw in reply or []:
+                payload = self._payload(raw)
+                if payload is None:
+                    continue
+                tag = payload["properties"]["delivery_tag"]
+                self._held[tag] = lists
+                self._held_per_model[lists.name] += 1
+                if lists.name == self._keyspace(self._queue).ingress_lists.name:
+                    ingress.append((payload, bytes_to_str(raw)))
+                else:
+                    fetched.append(payload)
+        if ingress:
+            fetched += self._move_ingress(hooks, ingress)
+        self._deliver_all(hooks, fetched)
+        return len(fetched)
 
-    def _deliver_fetched(self, reply: list[Any]) -> None:
-        payloads = []
-        for index, raw in zip(reply[::2], reply[1::2]):
-            queue = self._fetch_queues[int(index) - 1]
-            payload = self._payload(raw, queue)
-            if payload is None:
+    def _payload(self, raw: Any) -> dict[str, Any] | None:
+        try:
+            payload = json.loads(raw)  # a kombu envelope is plain JSON
+            if isinstance(payload["properties"]["delivery_tag"], str):
+                return payload  # type: ignore[no-any-return]
+        except Exception:  # noqa: BLE001 - not a kombu message at all: nothing to run, ack or answer
+            pass
+        logger.error("Dropped a message on queue %r that is not a kombu message: %.200r", self._queue, raw)
+        return None
+
+    def _move_ingress(self, hooks: ChannelHooks, messages: Sequence[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
+        """Push the ingress's messages to their models' lists and ack them there; returns those kept here."""
+        keyspace = self._keyspace(self._queue)
+        pushes: dict[tuple[str, int], list[str]] = {}
+        moved: list[str] = []
+        kept: list[dict[str, Any]] = []
+        for payload, raw in messages:
+            model_id = hooks.affinity.route(payload)
+            if model_id is None:
+                kept.append(payload)
                 continue
-            self._recorded.add(payload["properties"]["delivery_tag"])
-            self._queue_cycle.rotate(queue)
-            payloads.append((payload, queue))
-        self._deliver_all(payloads)
+            level = self._level(payload["properties"].get("priority"))
+            pushes.setdefault((model_id, level), []).append(raw)
+            moved.append(payload["properties"]["delivery_tag"])
+        if pushes:
+            with self.conn_or_acquire() as client:
+                push_to_models(client, [ModelPush(keyspace.model(m), level, raws) for (m, level), raws in pushes.items()],
+                               bound=None, placement_bell=keyspace.placement_bell)
+                self.qos.held_ack(moved, client)
+        return kept
+
+    def _level(self, priority: Any) -> int:
+        steps = list(self.priority_steps)
+        if not isinstance(priority, int):
+            return steps[0]
+        return steps[max(0, bisect.bisect_right(steps, priority) - 1)]
+
+    def _deliver_all(self, hooks: ChannelHooks, payloads: Sequence[dict[str, Any]]) -> None:
+        """Deliver one round's messages: those the worker's intake takes, in one hand-over; the rest to Celery's
+        consumer. If delivery fails midway, the undelivered rest go back at once."""
+        intake = hooks.intake
+        lean = []
+        delivered = 0
+        try:
+            for payload in payloads:
+                if intake is not None and intake.eligible(payload):
+                    message = self.Message(payload, channel=self)
+                    self.qos.append(message, message.delivery_tag)  # as kombu's consumer callback does
+                    lean.append(message)
+                else:
+                    self._queue_cycle.rotate(self._queue)
+                    self.connection._deliver(payload, self._queue)
+                delivered += 1
+            if lean and intake is not None:
+                intake(lean)
+        except BaseException:
+            for payload in payloads[delivered:]:
+                self.qos.restore_by_tag(payload["properties"]["delivery_tag"], leftmost=True)
+            raise
 
 
 class Transport(kombu_redis.Transport):

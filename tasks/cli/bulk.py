@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from config.errors import JobTimeout, SwaplessError
-from config.settings import get_settings
+from config.settings import Settings
 from tasks.broker.connection import translate
-from tasks.cli.common import ModelsOption, err_console, fail, print_error, set_env
+from tasks.cli.common import ModelsOption, err_console, fail, print_error, settings_with
 from tasks.client.stream import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_IN_FLIGHT
 
 if TYPE_CHECKING:
@@ -82,7 +82,9 @@ def _local_env(input_path: Path | None) -> dict[str, str]:
     return {"SWAPLESS_INPUT_ROOT": str(input_path.resolve().parent)}
 
 
-def _run_bulk(job: BulkJob, *, local: bool, progress: str | None, log_every_s: float, allow_failures: bool) -> None:
+def _run_bulk(
+    job: BulkJob, settings: Settings, *, local: bool, progress: str | None, log_every_s: float, allow_failures: bool
+) -> None:
     """Run a BulkJob from the command line (in local mode or against the configured Redis) and exit with its status."""
     from config.errors import BulkFileError, ConfigError, UnknownModel
     from tasks.cli.local import LocalSwapless
@@ -97,18 +99,18 @@ def _run_bulk(job: BulkJob, *, local: bool, progress: str | None, log_every_s: f
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     summary: BulkSummary | None = None
     stopped_by: BaseException | None = None
-    redis_url = get_settings().broker_url
+    redis_url = settings.broker_url
     try:
         with ExitStack() as stack:
             watchdog = None
             if local:
-                why = "SWAPLESS_REDIS_URL is unset" if get_settings().redis_url is None else "--local"
+                why = "SWAPLESS_REDIS_URL is unset" if settings.redis_url is None else "--local"
                 err_console.print(f"local mode: starting an embedded Redis and a worker ({why})")
-                embedded = stack.enter_context(LocalSwapless(env=_local_env(job.input_path)))
+                embedded = stack.enter_context(LocalSwapless(settings, env=_local_env(job.input_path)))
                 client = Client(settings=embedded.settings)
                 watchdog = embedded.check
             else:
-                client = Client()
+                client = Client(settings=settings)
             redis_url = client.settings.broker_url
             stack.callback(client.close)
             reporter = make_progress(sys.stderr, interval_s=log_every_s, force=progress)
@@ -181,7 +183,7 @@ def bulk(
     """Classify every record of a JSONL/CSV file into a JSONL file, in input order; rerun to resume."""
     from tasks.client.bulk import BulkJob
 
-    set_env(models_file=models)
+    settings = settings_with(models_file=models)
     if progress not in ("auto", "bar", "log", "none"):
         fail(ValueError(f"--progress must be auto, bar, log or none, not {progress!r}"))
     try:
@@ -192,9 +194,9 @@ def bulk(
         model, input, output, field=field, id_field=id_field, fmt=fmt, chunk_size=chunk_size,
         max_in_flight=max_in_flight, restart=restart, timeout_s=timeout, expires=deadline, key_field=key_field,
     )
-    use_local = local if local is not None else get_settings().redis_url is None
-    _run_bulk(job, local=use_local, progress=None if progress == "auto" else progress, log_every_s=log_every,
-              allow_failures=allow_failures)  # fmt: skip
+    use_local = local if local is not None else settings.redis_url is None
+    _run_bulk(job, settings, local=use_local, progress=None if progress == "auto" else progress,
+              log_every_s=log_every, allow_failures=allow_failures)
 
 
 def _ensure_demo_models(directory: Path) -> Path:
@@ -248,12 +250,12 @@ def demo(
 
     source = input or SAMPLE_PATH
     models_file = _ensure_demo_models(models_dir or _default_demo_dir())
-    set_env(models_file=models_file)
+    settings = settings_with(models_file=models_file)
     err_console.print(f"model {model}: {_description(models_file, model)}", highlight=False)
     job = BulkJob(model, source, output, id_field="id", restart=True)
     started = time.monotonic()
     try:
-        _run_bulk(job, local=True, progress=None, log_every_s=10.0, allow_failures=False)
+        _run_bulk(job, settings, local=True, progress=None, log_every_s=10.0, allow_failures=False)
     finally:
         if output.exists() and output.stat().st_size:
             with output.open(encoding="utf-8") as lines:
@@ -266,7 +268,7 @@ def demo(
             )
 
 
-def submit_local(model: str, value: str, timeout_s: float) -> None:
+def submit_local(model: str, value: str, timeout_s: float, settings: Settings) -> None:
     """``swapless submit`` without SWAPLESS_REDIS_URL: start an embedded Redis and a worker, run the job, print
     ``{"job_id", "result"}`` and stop both (there is no queue to leave a job in, so this always waits)."""
     from tasks.cli.local import LocalSwapless
@@ -274,7 +276,7 @@ def submit_local(model: str, value: str, timeout_s: float) -> None:
 
     err_console.print("local mode: starting an embedded Redis and a worker (SWAPLESS_REDIS_URL is unset)")
     try:
-        with LocalSwapless() as embedded:
+        with LocalSwapless(settings) as embedded:
             client = Client(settings=embedded.settings)
             try:
                 job = client.submit(model, value)

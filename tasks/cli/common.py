@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -10,9 +9,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from config.settings import get_settings
+from config.settings import Settings, load_settings
 
-__all__ = ["ModelsOption", "console", "err_console", "fail", "print_error", "set_env"]
+__all__ = ["ModelsOption", "console", "err_console", "fail", "print_error", "settings_with"]
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -33,9 +32,11 @@ def fail(err: BaseException | str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def set_env(**values: Any) -> None:
-    """Turn flags into SWAPLESS_ variables so every part of the process (and Celery) reads the same settings."""
-    for name, value in values.items():
-        if value is not None:
-            os.environ[f"SWAPLESS_{name.upper()}"] = str(value)
-    get_settings.cache_clear()
+def settings_with(**flags: Any) -> Settings:
+    """The environment's settings with a command's flags on top (by setting name; None: not given); the command
+    hands them to everything it runs.
+
+    Raises:
+        ConfigError: a variable or a flag is invalid (``main`` prints it as one line).
+    """
+    return load_settings(**flags)

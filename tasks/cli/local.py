@@ -176,7 +176,7 @@ class LocalSwapless:
         # no warm start: the worker lives for one command, which uses one model or two, not the whole registry
         env = {"SWAPLESS_WARM_START": "false", **os.environ, **self.env, "SWAPLESS_REDIS_URL": self.redis_url,
                "PYTHONUNBUFFERED": "1"}
-        env.setdefault("SWAPLESS_MODELS_FILE", str(self.base_settings.models_file))
+        env["SWAPLESS_MODELS_FILE"] = str(self.base_settings.models_file)  # the command's --models, else the env's
         self._worker_log = self.worker_log.open("wb")
         self.worker_proc = subprocess.Popen(  # noqa: S603 - our own worker command
             [sys.executable, "-m", "tasks.cli", "worker", "--loglevel", "INFO", *self.worker_args],

@@ -13,9 +13,9 @@ import typer
 from rich.table import Table
 
 from config.errors import JobTimeout, QueueFull, QueueUnavailable, SwaplessError
-from config.settings import get_settings, parse_bytes
+from config.settings import Settings, parse_bytes
 from tasks.cli import bulk as _bulk
-from tasks.cli.common import ModelsOption, console, fail, print_error, set_env
+from tasks.cli.common import ModelsOption, console, fail, print_error, settings_with
 
 __all__ = ["app", "main"]
 
@@ -56,18 +56,16 @@ def worker(
             parse_bytes(memory_budget)
         except ValueError as err:
             fail(err)
-    set_env(
-        models_file=models, max_models=max_models, memory_budget_bytes=memory_budget, device=device, queue=queue,
-        prefetch=prefetch, metrics_port=metrics_port, metrics_host=metrics_host,
-        task_events=None if task_events is None else str(task_events).lower(),
-        warm_start=None if warm_start is None else str(warm_start).lower(),
-    )
     from tasks.app import configure
-    from tasks.worker.runtime import get_runtime
+    from tasks.worker.runtime import build_runtime
 
-    settings = get_settings()
     try:
-        get_runtime()  # fail here, with a clear message, on a bad models file or setting; the worker reuses it
+        settings = settings_with(
+            models_file=models, max_models=max_models, memory_budget_bytes=memory_budget, device=device,
+            queue=queue, prefetch=prefetch, metrics_port=metrics_port, metrics_host=metrics_host,
+            task_events=task_events, warm_start=warm_start,
+        )
+        build_runtime(settings)  # fail here, with a clear message, on a bad models file or setting
     except SwaplessError as err:
         fail(err)
     from tasks.worker.task import app as celery_app
@@ -106,14 +104,14 @@ def submit(
 
     Without SWAPLESS_REDIS_URL it runs in local mode: an embedded Redis and a worker, started and stopped for this
     one job (so it always waits)."""
-    set_env(models_file=models)
-    if get_settings().redis_url is None:  # local mode
-        _bulk.submit_local(model, _read_input(input, file), timeout)
+    settings = settings_with(models_file=models)
+    if settings.redis_url is None:  # local mode
+        _bulk.submit_local(model, _read_input(input, file), timeout, settings)
         return
     from tasks.client import Client
 
     try:
-        client = Client()
+        client = Client(settings=settings)
         job = client.submit(model, _read_input(input, file))
         if not wait:
             console.print(job.id, highlight=False)
@@ -182,8 +180,9 @@ def models(models: ModelsOption = None) -> None:
     from tasks.worker.runtime import load_plugins
 
     try:
-        load_plugins(get_settings())  # their frameworks are known frameworks
-        store = ModelStore.from_file(models or get_settings().models_file, ModelEngine().frameworks)
+        settings = settings_with(models_file=models)
+        load_plugins(settings)  # their frameworks are known frameworks
+        store = ModelStore.from_file(settings.models_file, ModelEngine().frameworks)
     except SwaplessError as err:
         fail(err)
     table = Table(title=f"{len(store)} models")
@@ -193,23 +192,23 @@ def models(models: ModelsOption = None) -> None:
         table.add_row(spec.id, ", ".join(spec.aliases), spec.type.value, spec.framework, spec.name, spec.version, spec.description)
     console.print(table)
     if store.routes:
-        console.print(_routes_table(store))
+        console.print(_routes_table(store, settings))
 
 
-def _routes_table(store: Any) -> Table:
+def _routes_table(store: Any, settings: Settings) -> Table:
     """Each route with its split now (the file's weights, or those set with ``swapless route``) and its shadows'
     agreement so far; without Redis, the file's weights."""
     overrides: dict[str, dict[str, float]] = {}
     agreement: dict[tuple[str, str, str], tuple[int, int]] = {}
-    settings = get_settings()
     if settings.redis_url is not None:
         from tasks.broker.connection import redis_client
         from tasks.broker.routes import RouteOverrides, read_shadow
+        from tasks.keyspace import Keyspace
 
         try:
             client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s)
-            overrides = RouteOverrides(client, settings.queue, settings.key_prefix).get()
-            agreement = read_shadow(client, settings.queue, settings.key_prefix)
+            overrides = RouteOverrides(client, Keyspace.of(settings)).get()
+            agreement = read_shadow(client, Keyspace.of(settings))
         except Exception as err:  # noqa: BLE001 - the file's routes are still worth showing
             print_error(f"cannot read the run-time route weights ({err}); showing the models file's")
     table = Table(title=f"{len(store.routes)} routes")
@@ -241,17 +240,17 @@ def reload(models: ModelsOption = None) -> None:
     from manager.registry.store import ModelStore
     from tasks.broker.connection import redis_client
     from tasks.broker.routes import RouteOverrides
+    from tasks.keyspace import Keyspace
 
-    set_env(models_file=models)
-    settings = get_settings()
+    settings = settings_with(models_file=models)
     try:
         store = ModelStore.from_file(settings.models_file)
     except SwaplessError as err:
         fail(f"{err}; nothing was reloaded: the running routes stay as they were")
     overrides = RouteOverrides(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s),
-                               settings.queue, settings.key_prefix)
+                               Keyspace.of(settings))
     overrides.reload(store)
-    console.print(_routes_table(store))
+    console.print(_routes_table(store, settings))
 
 
 @app.command()
@@ -267,9 +266,9 @@ def route(
     from manager.registry.store import ModelStore
     from tasks.broker.connection import redis_client
     from tasks.broker.routes import RouteOverrides
+    from tasks.keyspace import Keyspace
 
-    set_env(models_file=models)
-    settings = get_settings()
+    settings = settings_with(models_file=models)
     store = ModelStore.from_file(settings.models_file)
     parsed: dict[str, float] = {}
     for item in weights or []:
@@ -283,12 +282,12 @@ def route(
     if clear == bool(parsed):
         fail(ValueError("give VERSION=WEIGHT pairs, or --clear (not both)"))
     overrides = RouteOverrides(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s),
-                               settings.queue, settings.key_prefix)
+                               Keyspace.of(settings))
     if clear:
         overrides.clear(route_id)
     else:
         overrides.set(store, route_id, parsed)
-    console.print(_routes_table(store))
+    console.print(_routes_table(store, settings))
 
 
 def _is_loopback(host: str) -> bool:
@@ -322,7 +321,6 @@ def serve(
 
     With API keys (SWAPLESS_API_KEYS, SWAPLESS_API_KEYS_FILE) every request but the health checks and the docs needs
     one; with none, the gateway listens on a loopback address only, unless --insecure-no-auth."""
-    set_env(models_file=models, gateway_insecure_no_auth=None if insecure_no_auth is None else str(insecure_no_auth).lower())
     try:
         import uvicorn
 
@@ -330,7 +328,7 @@ def serve(
     except ImportError as err:
         fail(f"the gateway needs {err.name}, which is not installed: pip install 'swapless' installs it")
     try:
-        settings = get_settings()
+        settings = settings_with(models_file=models, gateway_insecure_no_auth=insecure_no_auth)
         gateway = create_app(settings)
     except SwaplessError as err:
         fail(err)
@@ -378,33 +376,32 @@ def status(
 
     from manager.registry.store import ModelStore
     from tasks.broker.connection import redis_client, translated
-    from tasks.observe.heartbeat import read_heartbeats
+    from tasks.cluster.members import read_heartbeats
+    from tasks.cluster.view import read_placement
+    from tasks.keyspace import Keyspace
     from tasks.observe.memory import read_redis_memory
-    from tasks.observe.placement import read_placement
     from tasks.observe.queue import read_queue_depth
     from tasks.observe.view import render_status
 
-    set_env(queue=queue)
-    settings = get_settings()
+    settings = settings_with(queue=queue)
+    keyspace = Keyspace.of(settings)
     client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s)
     store = ModelStore.from_file(settings.models_file)
     model_ids = store.ids()
 
-    def placement() -> Any:
-        return read_placement(client, settings.queue, settings.key_prefix, model_ids)
-
     def render() -> Any:
         with translated(settings.broker_url):
-            depth = read_queue_depth(client, settings, sample)
-            workers = read_heartbeats(client, settings.key_prefix)
-            view = render_status(depth, workers, memory=read_redis_memory(client, settings), places=placement())
-            return Group(view, _routes_table(store)) if store.routes else view
+            depth = read_queue_depth(client, keyspace, model_ids, sample)
+            workers = read_heartbeats(client, keyspace)
+            view = render_status(depth, workers, memory=read_redis_memory(client, keyspace, model_ids),
+                                 places=read_placement(client, keyspace, model_ids))
+            return Group(view, _routes_table(store, settings)) if store.routes else view
 
     if as_json:
         from tasks.observe.status import read_status
 
         with translated(settings.broker_url):
-            payload = read_status(client, settings, model_ids, sample)
+            payload = read_status(client, keyspace, model_ids, sample)
         sys.stdout.write(json.dumps(payload) + "\n")
         return
     view = render()  # Redis down: one error line (main)

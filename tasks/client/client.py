@@ -38,7 +38,6 @@ from config.settings import Settings, get_settings
 from manager.registry.specs import ModelSpec
 from manager.registry.store import ModelStore
 from tasks.app import make_app
-from tasks.broker.affinity import ModelKeys
 from tasks.broker.connection import redact, redis_client, translated
 from tasks.broker.publish import ModelPush, build_messages, push, push_to_models
 from tasks.broker.results import ResultStore, StoredResult
@@ -50,6 +49,7 @@ from tasks.client.stream import (
     ChunkStream,
 )
 from tasks.client.waiting import raise_for, read_results, wait_result
+from tasks.keyspace import Keyspace
 from tasks.protocol import (
     CHUNK_TASK,
     KEYS_HEADER,
@@ -59,9 +59,7 @@ from tasks.protocol import (
     SHADOWED_HEADER,
     expires_header,
     item_id,
-    placement_bell_key,
     priority_level,
-    queue_key,
     split_item_id,
     storage_id,
 )
@@ -219,7 +217,7 @@ class Client:
     def route_weights(self) -> RouteOverrides:
         """The run-time route weights (``swapless route``) this client reads, cached for a second."""
         if self._overrides is None:
-            self._overrides = RouteOverrides(self.redis, self.settings.queue, self.settings.key_prefix)
+            self._overrides = RouteOverrides(self.redis, Keyspace.of(self.settings))
         return self._overrides
 
     def route_jobs(
@@ -320,26 +318,26 @@ class Client:
         shared: list[int] = []
         by_model: dict[str, list[int]] = {}
         for index, (model_id, _) in enumerate(jobs):
-            canonical = self._canonical(model_id) if s.routing == "placement" else None
+            canonical = self._canonical(model_id)  # one layout: a model's own lists, whatever the routing
             if canonical is None:
                 shared.append(index)
             else:
                 by_model.setdefault(canonical, []).append(index)
         refused: list[tuple[list[int], str]] = []
+        keyspace = Keyspace.of(s)
         with translated(s.broker_url):
             if by_model:
                 pushes = [
-                    ModelPush(ModelKeys(s.queue, m, s.key_prefix), level, [built[i][1] for i in indices])
+                    ModelPush(keyspace.model(m), level, [built[i][1] for i in indices])
                     for m, indices in by_model.items()
                 ]
-                bell = placement_bell_key(s.queue, s.key_prefix)
-                outcomes = push_to_models(self.redis, pushes, bound=s.max_queued, placement_bell=bell)
+                outcomes = push_to_models(self.redis, pushes, bound=s.max_queued, placement_bell=keyspace.placement_bell)
                 for (m, indices), (pushed, held) in zip(by_model.items(), outcomes, strict=True):
                     if not pushed:
                         refused.append((indices, f"model {m!r} has {held} messages queued"))
-            if shared:
-                key = queue_key(s.queue, level, s.key_prefix)
-                counted = [queue_key(s.queue, p, s.key_prefix) for p in PRIORITY_STEPS]
+            if shared:  # a model this client cannot name: the ingress, where a worker routes it or answers it
+                key = keyspace.ingress(level)
+                counted = list(keyspace.ingress_lists.lists)
                 done = push(self.redis, key, [built[i][1] for i in shared], bound=s.max_queued, counted=counted)
                 if done is not None and not done[0]:
                     refused.append((shared, f"queue {s.queue!r} holds {done[1]} messages"))

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import redis.asyncio as aredis
 
 from tasks.broker.results import ResultStore, StoredResult
+from tasks.keyspace import Keyspace
 
 __all__ = ["JobLedger", "Record"]
 
@@ -77,21 +78,21 @@ class JobLedger:
     Args:
         redis: the gateway's asyncio Redis client.
         results: where results are kept (their key names and expiry).
-        key_prefix: the deployment's ``SWAPLESS_KEY_PREFIX``.
+        keyspace: the deployment's keys.
         inflight_cap: ``SWAPLESS_GATEWAY_INFLIGHT_PER_KEY``.
     """
 
-    def __init__(self, redis: aredis.Redis, results: ResultStore, key_prefix: str | None, inflight_cap: int) -> None:
+    def __init__(self, redis: aredis.Redis, results: ResultStore, keyspace: Keyspace, inflight_cap: int) -> None:
         self.redis = redis
         self.results = results
-        self.key_prefix = key_prefix or ""
+        self.keyspace = keyspace
         self.inflight_cap = inflight_cap
         self._admit = redis.register_script(_ADMIT)
         self._record_prefix = results.record_key_prefix
 
     def inflight_key(self, owner: str) -> str:
         """The sorted set of ``owner``'s jobs in flight."""
-        return f"{self.key_prefix}swapless-gw-inflight-{owner}"
+        return self.keyspace.gateway_inflight(owner)
 
     async def admit(self, owner: str, job_ids: Sequence[str], hold_s: float) -> tuple[bool, int]:
         """Record ``job_ids`` as ``owner``'s, in flight for at most ``hold_s`` seconds, unless that would take its

@@ -39,6 +39,7 @@ from tasks.gateway.auth import Caller
 from tasks.gateway.errors import ModelForbidden, ResultExpired, UnknownJob
 from tasks.gateway.ledger import JobLedger
 from tasks.gateway.quotas import OverLimit, RateLimit, WaitSlots
+from tasks.keyspace import Keyspace
 
 __all__ = ["Ask", "DataPlane", "check_input"]
 
@@ -85,6 +86,7 @@ class DataPlane:
 
     def __init__(self, settings: Settings, store: ModelStore, client: Client) -> None:
         self.settings = settings
+        self.keyspace = Keyspace.of(settings)
         self.store = store
         self.client = client
         self.waits = WaitSlots(settings.gateway_max_waits)
@@ -95,8 +97,8 @@ class DataPlane:
     async def start(self) -> None:
         s = self.settings
         self._redis = async_redis_client(s.broker_url, connect_timeout_s=s.connect_timeout_s)
-        self._ledger = JobLedger(self._redis, self.client.results, s.key_prefix, s.gateway_inflight_per_key)
-        self._rate = RateLimit(self._redis, s.gateway_rate_per_key, s.key_prefix)
+        self._ledger = JobLedger(self._redis, self.client.results, self.keyspace, s.gateway_inflight_per_key)
+        self._rate = RateLimit(self._redis, s.gateway_rate_per_key, self.keyspace)
 
     async def stop(self) -> None:
         if self._redis is not None:

@@ -25,6 +25,7 @@ from limits.aio.storage import RedisStorage
 from limits.aio.strategies import SlidingWindowCounterRateLimiter
 
 from config.errors import SwaplessError
+from tasks.keyspace import Keyspace
 
 __all__ = ["GatewayBusy", "OverLimit", "RateLimit", "WaitSlots"]
 
@@ -63,16 +64,15 @@ class RateLimit:
     Args:
         redis: the gateway's asyncio Redis client (its connection pool is shared).
         rate_per_s: ``SWAPLESS_GATEWAY_RATE_PER_KEY``.
-        key_prefix: the deployment's ``SWAPLESS_KEY_PREFIX``.
+        keyspace: the deployment's keys.
     """
 
-    def __init__(self, redis: aredis.Redis, rate_per_s: float, key_prefix: str | None) -> None:
+    def __init__(self, redis: aredis.Redis, rate_per_s: float, keyspace: Keyspace) -> None:
         self.burst = max(1, math.ceil(rate_per_s * WINDOW_S))
         self.rate_per_s = rate_per_s
         self.item = RateLimitItemPerSecond(self.burst, WINDOW_S)
         options: dict[str, Any] = {"connection_pool": redis.connection_pool}  # the gateway's own connections
-        storage = RedisStorage("async+redis://", implementation="redispy", key_prefix=f"{key_prefix or ''}swapless-gw-rate",
-                               **options)
+        storage = RedisStorage("async+redis://", implementation="redispy", key_prefix=keyspace.gateway_rate, **options)
         self.limiter = SlidingWindowCounterRateLimiter(storage)
 
     async def take(self, owner: str, jobs: int) -> None:

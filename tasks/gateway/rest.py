@@ -23,6 +23,8 @@ from fastapi.responses import JSONResponse
 
 from tasks.broker.connection import aping
 from tasks.broker.results import CANCELLED, TOO_LATE, StoredResult
+from tasks.cluster.members import aread_heartbeats
+from tasks.cluster.view import aread_placement
 from tasks.gateway.auth import Caller, Need, needs
 from tasks.gateway.errors import job_status, note_unavailable
 from tasks.gateway.http import GuardedRoute
@@ -42,8 +44,6 @@ from tasks.gateway.schema import (
     PredictTimeout,
     WorkerView,
 )
-from tasks.observe.heartbeat import aread_heartbeats
-from tasks.observe.placement import aread_placement
 from tasks.observe.queue import aread_queue_depth
 
 __all__ = ["rest_router"]
@@ -161,10 +161,10 @@ def rest_router(plane: DataPlane) -> APIRouter:
     @router.get("/models", response_model=ModelsView, **needs(Need.KEY))
     async def models() -> ModelsView:
         """What exists (the models file) beside what is loaded on which live worker right now (their heartbeats)."""
-        s, store = plane.settings, plane.store
+        store = plane.store
         beats, depth, places = await asyncio.gather(
-            aread_heartbeats(plane.redis, s.key_prefix), aread_queue_depth(plane.redis, s),
-            aread_placement(plane.redis, s.queue, s.key_prefix, store.ids()),
+            aread_heartbeats(plane.redis, plane.keyspace), aread_queue_depth(plane.redis, plane.keyspace, store.ids()),
+            aread_placement(plane.redis, plane.keyspace, store.ids()),
         )
         placed = {p.model_id: p for p in places}
         now = time.time()
@@ -181,7 +181,7 @@ def rest_router(plane: DataPlane) -> APIRouter:
                 ModelView(
                     id=spec.id, aliases=list(spec.aliases), type=spec.type.value, framework=spec.framework,
                     name=spec.name, version=spec.version, description=spec.description,
-                    waiting=depth.by_model.get(spec.id, 0) + place.waiting, held=place.held,
+                    waiting=depth.by_model.get(spec.id, 0), held=place.held,
                     claimed_by=list(place.holder_ids), loaded_on=loaded_on,
                 )
             )
@@ -201,7 +201,7 @@ def rest_router(plane: DataPlane) -> APIRouter:
         """200 when Redis answers (with the number of live workers), else 503."""
         try:
             await aping(plane.redis, _PING_S)
-            workers = len(await aread_heartbeats(plane.redis, plane.settings.key_prefix))
+            workers = len(await aread_heartbeats(plane.redis, plane.keyspace))
         except Exception as err:  # noqa: BLE001 - any failure to reach Redis is "unavailable"
             note_unavailable(err, plane.settings.broker_url)
             health = Health(status="unavailable", redis="unavailable")

@@ -104,7 +104,7 @@ class ModelView(_Body):
     name: str
     version: str
     description: str
-    waiting: int = Field(description="jobs waiting in Redis: in the model's own lists (exact) and the shared lists")
+    waiting: int = Field(description="messages waiting in Redis: in the model's own lists (exact) and the ingress")
     held: int = Field(0, description="jobs fetched by workers, not yet finished")
     claimed_by: list[str] = Field(default_factory=list, description="workers holding a claim: they fetch its jobs")
     loaded_on: list[LoadedOn]

@@ -25,6 +25,7 @@ from manager.registry.store import ModelStore
 from tasks.broker.connection import redis_client
 from tasks.gateway.auth import Need, needs
 from tasks.gateway.http import GuardedRoute
+from tasks.keyspace import Keyspace
 from tasks.observe.queue import DEFAULT_SAMPLE
 from tasks.observe.status import aread_status
 from tasks.protocol import PRIORITY_BULK
@@ -83,7 +84,7 @@ def status_router(settings: Settings, store: ModelStore, redis: Callable[[], are
     ) -> Any:
         """What ``swapless status --json`` prints: the queue per model and priority, each live worker's heartbeat
         (loaded models, cache counters, jobs, queue wait), which worker holds which model, Redis's memory."""
-        payload = await aread_status(redis(), sync, settings, model_ids, sample)
+        payload = await aread_status(redis(), sync, Keyspace.of(settings), model_ids, sample)
         return JSONResponse(payload, headers=_NO_STORE)
 
     return router

@@ -39,6 +39,7 @@ from fastapi.responses import JSONResponse
 
 from config.errors import InputError
 from tasks.broker.connection import aping
+from tasks.cluster.members import aread_heartbeats
 from tasks.gateway.auth import Need, needs
 from tasks.gateway.errors import BodyTooLarge, job_status
 from tasks.gateway.http import GuardedRoute, loads
@@ -54,7 +55,6 @@ from tasks.gateway.signature import (
     signature,
 )
 from tasks.gateway.tensors import HEADER_LENGTH, InferRequest, check_declared, encode_response, parse_request
-from tasks.observe.heartbeat import aread_heartbeats
 
 __all__ = ["v2_router"]
 
@@ -232,7 +232,7 @@ def v2_router(plane: DataPlane) -> APIRouter:
         if not isinstance(options, dict) or not isinstance(options.get("ready", False), bool):
             return _failure(400, 'the body is not a repository index request: send {} or {"ready": true}')
         where: dict[str, list[str]] = {}
-        for beat in await aread_heartbeats(plane.redis, settings.key_prefix):
+        for beat in await aread_heartbeats(plane.redis, plane.keyspace):
             for loaded in beat.loaded:
                 where.setdefault(loaded.model_id, []).append(beat.hostname)
         later = "not loaded on any live worker: its first request loads it"

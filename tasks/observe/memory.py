@@ -1,9 +1,9 @@
 """Where Redis's memory goes: used and limit, the queue's share, and the stored results (``swapless status``).
 
 Read in one round trip without scanning the keyspace (which holds every result): ``INFO memory``, ``DBSIZE``,
-``MEMORY USAGE`` of the queue's lists and of kombu's unacked records (sampled by Redis: an estimate for long
-lists), and ``RANDOMKEY`` drawn ``sample`` times: the share of result keys among the draws, times ``DBSIZE``, is the
-estimated number of stored results, and their mean ``MEMORY USAGE`` their size.
+``MEMORY USAGE`` of the queue's lists and records in its one layout, every model's and the ingress's (sampled by
+Redis: an estimate for long lists), and ``RANDOMKEY`` drawn ``sample`` times: the share of result keys among the
+draws, times ``DBSIZE``, is the estimated number of stored results, and their mean ``MEMORY USAGE`` their size.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import redis
 
 from config.describe import format_bytes
-from config.settings import Settings
-from tasks.protocol import PRIORITY_STEPS, queue_key
+from tasks.keyspace import Keyspace
 
 __all__ = ["DEFAULT_KEY_SAMPLE", "RedisMemory", "WriteRefusals", "read_redis_memory"]
 
@@ -33,7 +32,8 @@ class RedisMemory:
         max_bytes: its limit (``maxmemory``); 0: none.
         policy: what Redis does at the limit (``maxmemory-policy``; ``noeviction`` refuses writes).
         keys: keys in this database.
-        queue_bytes: the queue's lists and the unacked records (jobs fetched, not yet acked), estimated.
+        queue_bytes: the queue's lists and records (jobs fetched, not yet acked), every model's and the ingress's,
+            estimated.
         results: stored results, estimated from a sample of keys.
         result_bytes: the memory of those results, estimated.
     """
@@ -52,10 +52,9 @@ class RedisMemory:
         return self.used_bytes / self.max_bytes if self.max_bytes else None
 
 
-def _queue_keys(settings: Settings) -> list[str]:
-    prefix = settings.key_prefix or ""
-    lists = [queue_key(settings.queue, p, settings.key_prefix) for p in PRIORITY_STEPS]
-    return lists + [f"{prefix}unacked", f"{prefix}unacked_index"]
+def _queue_keys(keyspace: Keyspace, model_ids: Sequence[str]) -> list[str]:
+    every = [*(keyspace.model(m) for m in model_ids), keyspace.ingress_lists]
+    return [key for lists in every for key in lists.queue_and_records]
 
 
 def _estimate(keys: int, draws: Sequence[bytes | str | None], result_prefix: str) -> tuple[list[str], float]:
@@ -64,9 +63,11 @@ def _estimate(keys: int, draws: Sequence[bytes | str | None], result_prefix: str
     return results, (keys * len(results) / len(names) if names else 0.0)
 
 
-def read_redis_memory(client: redis.Redis, settings: Settings, sample: int = DEFAULT_KEY_SAMPLE) -> RedisMemory:
-    """One reading of Redis's memory (two round trips)."""
-    queue_keys = _queue_keys(settings)
+def read_redis_memory(
+    client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int = DEFAULT_KEY_SAMPLE
+) -> RedisMemory:
+    """One reading of Redis's memory (two round trips); ``model_ids``: the models of the models file."""
+    queue_keys = _queue_keys(keyspace, model_ids)
     pipe = client.pipeline(transaction=False)
     pipe.info("memory")
     pipe.dbsize()
@@ -77,7 +78,7 @@ def read_redis_memory(client: redis.Redis, settings: Settings, sample: int = DEF
     replies = pipe.execute()
     info, keys = replies[0], int(replies[1])
     queue_bytes = sum(int(n or 0) for n in replies[2 : 2 + len(queue_keys)])
-    results, estimated = _estimate(keys, replies[2 + len(queue_keys) :], f"{settings.key_prefix or ''}{_RESULT_MARK}")
+    results, estimated = _estimate(keys, replies[2 + len(queue_keys) :], f"{keyspace.prefix}{_RESULT_MARK}")
     mean_bytes = 0.0
     if results:
         pipe = client.pipeline(transaction=False)

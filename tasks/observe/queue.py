@@ -1,7 +1,9 @@
-"""The depth of the queue, read from the Redis transport's lists: the queue and its priority sub-queues.
+"""The depth of the queue, in its one layout: every model's own lists (exact counts per model and priority) and
+the ingress, where plain Celery producers' messages wait until a worker moves them to their model's lists.
 
-Per-model counts need each message's body, so at most ``sample`` messages per priority level are decoded (the
-next ones to be served); beyond that the counts are scaled up from the sample and marked as estimates.
+Counts are of messages (a chunk of a bulk job counts once, as it is one message to fetch). Per-model counts of the
+ingress need each message's body, so at most ``sample`` messages per priority level are decoded there (the next
+ones to be moved); beyond that those counts are scaled up from the sample and marked as estimates.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from config.settings import Settings
-from tasks.protocol import PRIORITY_STEPS, message_args, queue_key
+from tasks.keyspace import Keyspace
+from tasks.protocol import PRIORITY_STEPS, message_args
 
-__all__ = ["DEFAULT_SAMPLE", "QueueDepth", "aread_queue_depth", "message_jobs", "queue_keys", "read_queue_depth"]
+__all__ = ["DEFAULT_SAMPLE", "QueueDepth", "aread_queue_depth", "message_model", "read_queue_depth"]
 
 #: Messages decoded per priority level to split the queue by model, by default.
 DEFAULT_SAMPLE = 200
@@ -30,11 +32,12 @@ class QueueDepth:
 
     Attributes:
         queue: the queue name.
-        by_priority: messages per priority level (0 is served first): exact list lengths.
-        by_model: jobs per model (a chunk message counts its items); estimates when ``sampled``.
-        sampled: some level held more than ``sample`` messages, so ``by_model`` is scaled up from a sample.
-        sample: messages decoded per priority level at most.
-        unreadable: sampled messages whose model could not be read.
+        by_priority: messages per priority level (0 is served first), the models' lists and the ingress: exact.
+        by_model: messages per model: its own lists', exact, and the ingress's, estimates when ``sampled``.
+        sampled: an ingress level held more than ``sample`` messages, so ``by_model`` is partly scaled up.
+        sample: ingress messages decoded per priority level at most.
+        unreadable: sampled ingress messages whose model could not be read.
+        ingress: messages waiting in the ingress (not yet moved to a model's lists).
     """
 
     queue: str
@@ -43,78 +46,81 @@ class QueueDepth:
     sampled: bool
     sample: int
     unreadable: int = 0
+    ingress: int = 0
 
     @property
     def total(self) -> int:
         return sum(self.by_priority.values())
 
 
-def queue_keys(settings: Settings) -> list[tuple[int, str]]:
-    """``(priority, Redis key)`` of the queue's lists; kombu's key prefix is applied here."""
-    return [(p, queue_key(settings.queue, p, settings.key_prefix)) for p in PRIORITY_STEPS]
-
-
-def message_jobs(raw: bytes | str) -> tuple[str, int] | None:
-    """``(model id, jobs)`` of one queued kombu message: one job for ``[model_id, input]``, one per input for a
-    chunk ``[model_id, [input, ...]]``. None when the message cannot be read."""
+def message_model(raw: bytes | str) -> str | None:
+    """The model id a queued kombu message (a job or a chunk) is for; None when it cannot be read."""
     try:
         args = message_args(json.loads(raw))
     except ValueError:
         return None
-    if args is None or not isinstance(args[0], str):
-        return None
-    return args[0], len(args[1]) if isinstance(args[1], list) else 1
+    return args[0] if args is not None and isinstance(args[0], str) else None
 
 
 def _depth(
-    queue: str, priorities: Sequence[int], lengths: Sequence[int], samples: Sequence[Sequence[Any]], sample: int
+    keyspace: Keyspace, model_ids: Sequence[str], replies: Sequence[Any], sample: int
 ) -> QueueDepth:
+    """The depth from the replies of ``_commands``: per model its four list lengths, then per ingress level its
+    length and its sample."""
+    width = len(PRIORITY_STEPS)
+    by_priority = dict.fromkeys(PRIORITY_STEPS, 0)
     estimated: dict[str, float] = {}
+    for index, model_id in enumerate(model_ids):
+        lengths = [int(n) for n in replies[index * width : (index + 1) * width]]
+        for priority, n in zip(PRIORITY_STEPS, lengths, strict=True):
+            by_priority[priority] += n
+        if sum(lengths):
+            estimated[model_id] = float(sum(lengths))
+    rest = replies[len(model_ids) * width :]
     sampled = False
     unreadable = 0
-    for length, messages in zip(lengths, samples, strict=True):
+    ingress = 0
+    for priority, length, messages in zip(PRIORITY_STEPS, rest[0::2], rest[1::2], strict=True):
+        by_priority[priority] += int(length)
+        ingress += int(length)
         if not length or not messages:
             continue
         scale = length / len(messages)
         sampled = sampled or length > len(messages)
         counts: Counter[str] = Counter()
         for message in messages:
-            found = message_jobs(message)
-            if found is None:
-                counts[""] += 1
-            else:
-                counts[found[0]] += found[1]
+            counts[message_model(message) or ""] += 1
         unreadable += round(counts.pop("", 0) * scale)
         for model_id, n in counts.items():
             estimated[model_id] = estimated.get(model_id, 0.0) + n * scale
     by_model = {model_id: round(n) for model_id, n in sorted(estimated.items(), key=lambda item: -item[1])}
-    return QueueDepth(
-        queue=queue,
-        by_priority=dict(zip(priorities, (int(n) for n in lengths), strict=True)),
-        by_model=by_model,
-        sampled=sampled,
-        sample=sample,
-        unreadable=unreadable,
-    )
+    return QueueDepth(queue=keyspace.queue, by_priority=by_priority, by_model=by_model, sampled=sampled,
+                      sample=sample, unreadable=unreadable, ingress=ingress)
 
 
-def read_queue_depth(client: redis.Redis, settings: Settings, sample: int = DEFAULT_SAMPLE) -> QueueDepth:
-    """The queue's depth in one round trip (``LLEN`` and a bounded ``LRANGE`` per priority level)."""
-    keys = queue_keys(settings)
-    pipe = client.pipeline(transaction=False)
-    for _, key in keys:
+def _commands(pipe: Any, keyspace: Keyspace, model_ids: Sequence[str], sample: int) -> None:
+    for model_id in model_ids:
+        for key in keyspace.model(model_id).lists:
+            pipe.llen(key)
+    for key in keyspace.ingress_lists.lists:
         pipe.llen(key)
         pipe.lrange(key, -sample, -1)  # the oldest: kombu pushes left and pops right
-    replies = pipe.execute()
-    return _depth(settings.queue, [p for p, _ in keys], replies[0::2], replies[1::2], sample)
 
 
-async def aread_queue_depth(client: aredis.Redis, settings: Settings, sample: int = DEFAULT_SAMPLE) -> QueueDepth:
-    """``read_queue_depth`` for asyncio code."""
-    keys = queue_keys(settings)
+def read_queue_depth(
+    client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int = DEFAULT_SAMPLE
+) -> QueueDepth:
+    """The queue's depth in one round trip (``LLEN`` of every model's lists, ``LLEN`` and a bounded ``LRANGE`` of
+    each ingress level)."""
     pipe = client.pipeline(transaction=False)
-    for _, key in keys:
-        pipe.llen(key)
-        pipe.lrange(key, -sample, -1)
-    replies = await pipe.execute()
-    return _depth(settings.queue, [p for p, _ in keys], replies[0::2], replies[1::2], sample)
+    _commands(pipe, keyspace, model_ids, sample)
+    return _depth(keyspace, model_ids, pipe.execute(), sample)
+
+
+async def aread_queue_depth(
+    client: aredis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int = DEFAULT_SAMPLE
+) -> QueueDepth:
+    """``read_queue_depth`` for asyncio code."""
+    pipe = client.pipeline(transaction=False)
+    _commands(pipe, keyspace, model_ids, sample)
+    return _depth(keyspace, model_ids, await pipe.execute(), sample)

@@ -26,11 +26,11 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from config.settings import Settings
 from tasks.broker.routes import read_shadow
-from tasks.observe.heartbeat import Heartbeat, aread_heartbeats, read_heartbeats
+from tasks.cluster.members import Heartbeat, aread_heartbeats, read_heartbeats
+from tasks.cluster.view import ModelPlacement, aread_placement, read_placement
+from tasks.keyspace import Keyspace
 from tasks.observe.memory import RedisMemory, read_redis_memory
-from tasks.observe.placement import ModelPlacement, aread_placement, read_placement
 from tasks.observe.queue import DEFAULT_SAMPLE, QueueDepth, aread_queue_depth, read_queue_depth
 
 __all__ = ["aread_status", "read_status", "status_payload"]
@@ -62,22 +62,22 @@ def status_payload(
 
 
 def read_status(
-    client: redis.Redis, settings: Settings, model_ids: Sequence[str], sample: int = DEFAULT_SAMPLE
+    client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int = DEFAULT_SAMPLE
 ) -> dict[str, Any]:
     """The status now, read with ``client``.
 
     Args:
         client: the deployment's Redis.
-        settings: its queue and key prefix.
-        model_ids: the models of the models file (placement is read per model).
-        sample: queued messages read per priority level to count jobs per model.
+        keyspace: its queue's keys.
+        model_ids: the models of the models file (the layout is read per model).
+        sample: ingress messages read per priority level to count messages per model.
     """
     return status_payload(
-        depth=read_queue_depth(client, settings, sample),
-        workers=read_heartbeats(client, settings.key_prefix),
-        places=read_placement(client, settings.queue, settings.key_prefix, model_ids),
-        memory=read_redis_memory(client, settings),
-        shadow=read_shadow(client, settings.queue, settings.key_prefix),
+        depth=read_queue_depth(client, keyspace, model_ids, sample),
+        workers=read_heartbeats(client, keyspace),
+        places=read_placement(client, keyspace, model_ids),
+        memory=read_redis_memory(client, keyspace, model_ids),
+        shadow=read_shadow(client, keyspace),
         now=time.time(),
     )
 
@@ -85,17 +85,17 @@ def read_status(
 async def aread_status(
     client: aredis.Redis,
     sync_client: redis.Redis,
-    settings: Settings,
+    keyspace: Keyspace,
     model_ids: Sequence[str],
     sample: int = DEFAULT_SAMPLE,
 ) -> dict[str, Any]:
     """``read_status`` for asyncio code: ``client`` for the readers that have an asyncio twin, ``sync_client`` (in a
     worker thread, so the event loop never waits on Redis) for the others."""
     depth, workers, places, memory, shadow = await asyncio.gather(
-        aread_queue_depth(client, settings, sample),
-        aread_heartbeats(client, settings.key_prefix),
-        aread_placement(client, settings.queue, settings.key_prefix, model_ids),
-        asyncio.to_thread(read_redis_memory, sync_client, settings),
-        asyncio.to_thread(read_shadow, sync_client, settings.queue, settings.key_prefix),
+        aread_queue_depth(client, keyspace, model_ids, sample),
+        aread_heartbeats(client, keyspace),
+        aread_placement(client, keyspace, model_ids),
+        asyncio.to_thread(read_redis_memory, sync_client, keyspace, model_ids),
+        asyncio.to_thread(read_shadow, sync_client, keyspace),
     )
     return status_payload(depth=depth, workers=workers, places=places, memory=memory, shadow=shadow, now=time.time())

@@ -9,9 +9,9 @@ from rich.table import Table
 from rich.text import Text
 
 from config.describe import format_bytes
-from tasks.observe.heartbeat import Heartbeat
+from tasks.cluster.members import Heartbeat
+from tasks.cluster.view import ModelPlacement
 from tasks.observe.memory import RedisMemory
-from tasks.observe.placement import ModelPlacement
 from tasks.observe.queue import QueueDepth
 from tasks.protocol import is_urgent
 
@@ -54,7 +54,8 @@ def render_placement(places: list[ModelPlacement], workers: list[Heartbeat], now
 
 
 def render_queue(depth: QueueDepth, workers: list[Heartbeat]) -> RenderableType:
-    """The queue's shared lists: jobs waiting in Redis and jobs already held by workers, per model."""
+    """The queue: messages waiting in Redis (every model's lists and the ingress) and jobs already held by workers,
+    per model."""
     levels = ", ".join(f"priority {p}: {n}" for p, n in depth.by_priority.items() if n) or "empty"
     held: dict[str, int] = {}
     for beat in workers:
@@ -63,12 +64,13 @@ def render_queue(depth: QueueDepth, workers: list[Heartbeat]) -> RenderableType:
         for model_id, activity in beat.models.items():
             if activity.backlog:
                 held[model_id] = held.get(model_id, 0) + activity.backlog
-    header = Text(f"queue {depth.queue}, shared lists: {depth.total} messages waiting in Redis ({levels})", style="bold")
+    ingress = f"; {depth.ingress} of them in the ingress, not yet moved to their model's lists" if depth.ingress else ""
+    header = Text(f"queue {depth.queue}: {depth.total} messages waiting in Redis ({levels}){ingress}", style="bold")
     if not depth.total and not held:
         return header
     table = Table()
     table.add_column("model")
-    table.add_column("jobs waiting in Redis", justify="right")
+    table.add_column("messages waiting in Redis", justify="right")
     table.add_column("held by workers", justify="right")
     mark = "~" if depth.sampled else ""
     for model_id in sorted(set(depth.by_model) | set(held)):
@@ -80,8 +82,8 @@ def render_queue(depth: QueueDepth, workers: list[Heartbeat]) -> RenderableType:
     if depth.sampled:
         parts.append(
             Text(
-                f"~ per-model counts are estimates: read from a sample of the {depth.sample} next messages "
-                "of each priority level (the totals are exact)",
+                f"~ per-model counts are estimates: the ingress is read from a sample of the {depth.sample} next "
+                "messages of each priority level (the totals, and each model's own lists, are exact)",
                 style="dim",
             )
         )

@@ -1,12 +1,12 @@
-"""Chunk messages in the worker: each chunk expanded into one ``Job`` per input, and its outcomes assembled back.
+"""Chunk messages in the worker: each chunk's items collected back into its one result.
 
-A bulk producer sends ``swapless.predict_chunk`` messages whose args are ``[model_id, [input, ...]]``. The worker
-expands each chunk into one ``Job`` per input (ids ``"<chunk id>:<index>"``, ``tasks.protocol.item_id``) in the
-same backlog as single jobs, so grouping, caching and failure isolation are exactly those of single jobs; one bad
-input fails alone. When every item of a chunk has an outcome, the chunk's result is stored once, as a list of
-``tasks.protocol.encode_outcome`` dicts in input order, and only then is the chunk's message acked. A chunk whose
-payload is malformed, or that names an unknown model, fails as a whole (its stored result is that error, like a
-single job's).
+A bulk producer sends ``swapless.predict_chunk`` messages whose args are ``[model_id, [input, ...]]``. Decoding
+(``tasks.worker.delivery``) expands each chunk into one ``Job`` per input (ids ``"<chunk id>:<index>"``,
+``tasks.protocol.item_id``) in the same backlog as single jobs, so grouping, caching and failure isolation are
+exactly those of single jobs; one bad input fails alone. When every item of a chunk has an outcome, the chunk's
+result is stored once, as a list of ``tasks.protocol.encode_outcome`` dicts in input order, and only then is the
+chunk's message acked. A chunk whose payload is malformed, or that names an unknown model, fails as a whole (its
+stored result is that error, like a single job's).
 
 Plain data: no Redis, no Celery, no torch. ``ChunkAssembler`` is what the batch scheduler holds.
 """
@@ -14,51 +14,16 @@ Plain data: no Redis, no Celery, no torch. ``ChunkAssembler`` is what the batch 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.errors import InputError, SwaplessError
-from manager.batching.runner import Job, Outcome
-from manager.registry.store import ModelStore
-from tasks.protocol import KEYS_HEADER, encode_outcome, item_id, read_payload, split_item_id
+from config.errors import SwaplessError
+from manager import Job, Outcome
+from tasks.protocol import encode_outcome, split_item_id
+from tasks.worker.delivery import Delivery
 
-__all__ = ["ChunkAssembler", "jobs_from_chunk"]
-
-
-def jobs_from_chunk(
-    request: Any, store: ModelStore, received_s: float, overrides: Mapping[str, Mapping[str, float]] | None = None
-) -> list[Job]:
-    """The item Jobs of one chunk request (a Celery request or anything with ``id``, ``args``, ``kwargs``). A chunk
-    addressed to a route has each item routed by its sticky key (the message's ``KEYS_HEADER``), else by its own
-    id (a split's items go to their versions).
-
-    Raises:
-        InputError: the payload is not ``[model_id, [input, ...]]`` with at least one input; a route has no
-            branch for one of its inputs.
-        UnknownModel: the model id is not in the registry.
-    """
-    model_id, values, urgent = read_payload(request, "chunk", "[model_id, [input, ...]]")
-    if not isinstance(values, (list, tuple)) or not values:
-        raise InputError(model_id, "malformed chunk payload: inputs must be a non-empty list")
-    if store.is_route(model_id):
-        ids = [item_id(request.id, index) for index in range(len(values))]
-        keys = (getattr(request, "request_dict", None) or {}).get(KEYS_HEADER)
-        if not isinstance(keys, list) or len(keys) != len(values):
-            keys = [None] * len(values)
-        targets = [
-            store.route(model_id, value, key if isinstance(key, str) else i, overrides).model_id
-            for i, value, key in zip(ids, values, keys, strict=True)
-        ]
-        return [
-            Job(id=i, model_id=target, input=value, received_s=received_s, urgent=urgent)
-            for i, target, value in zip(ids, targets, values, strict=True)
-        ]
-    spec = store.get(model_id)
-    return [
-        Job(id=item_id(request.id, index), model_id=spec.id, input=value, received_s=received_s, urgent=urgent)
-        for index, value in enumerate(values)
-    ]
+__all__ = ["ChunkAssembler"]
 
 
 @dataclass
@@ -72,7 +37,7 @@ class _Pending:
 
 
 class ChunkAssembler:
-    """Chunks in progress in one worker: expands chunk requests into Jobs, collects their Outcomes back.
+    """Chunks in progress in one worker: registers chunk deliveries, collects their items' Outcomes back.
 
     Thread-safe: ``expand`` runs in the consumer thread, ``collect`` in the scheduler thread.
 
@@ -89,26 +54,15 @@ class ChunkAssembler:
         with self._lock:
             return len(self._pending)
 
-    def expand(
-        self,
-        request: Any,
-        store: ModelStore,
-        received_s: float,
-        overrides: Mapping[str, Mapping[str, float]] | None = None,
-    ) -> list[Job]:
-        """Register a chunk request and return its item Jobs for the backlog.
-
-        Raises:
-            InputError, UnknownModel: the whole chunk fails (see ``jobs_from_chunk``); nothing is registered.
-        """
-        jobs = jobs_from_chunk(request, store, received_s, overrides)
+    def expand(self, delivery: Delivery) -> list[Job]:
+        """Register a chunk delivery and return its item Jobs for the backlog (none for a second copy)."""
         with self._lock:
-            pending = self._pending.get(request.id)
+            pending = self._pending.get(delivery.id)
             if pending is not None:
-                pending.requests.append(request)
+                pending.requests.append(delivery.request)
                 return []
-            self._pending[request.id] = _Pending([request], [None] * len(jobs))
-        return jobs
+            self._pending[delivery.id] = _Pending([delivery.request], [None] * len(delivery.jobs))
+        return list(delivery.jobs)
 
     def waiting_for(self, job_id: str) -> bool:
         """Whether ``job_id`` is an item of a chunk in progress here that has no outcome yet."""

@@ -37,8 +37,10 @@ def revoke(state: Any, task_id: Any, terminate: bool = False, signal: str | None
     worker_state.revoked.update(task_ids)  # the scheduler cancels them again before a group if Redis failed here
     if terminate:
         logger.warning("revoke with terminate=True: a running job is never terminated here; it runs to its end")
+    context = getattr(getattr(state.consumer, "controller", None), "swapless", None)
+    hold_s = context.settings.cancel_hold_s if context is not None else None
     try:
-        answers = ResultStore(state.app, retry_s=_RETRY_S).cancel(task_ids, JobCancelled)
+        answers = ResultStore(state.app, retry_s=_RETRY_S).cancel(task_ids, JobCancelled, hold_s)
     except Exception as err:  # noqa: BLE001 - the consumer thread must outlive a Redis failure
         logger.warning("could not store the cancel of %d revoked job(s) (%s); this worker skips them", len(task_ids), err)
         return ok(f"tasks {task_ids} flagged as revoked on this worker")

@@ -17,12 +17,14 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kombu.exceptions import DecodeError
+from kombu.exceptions import ContentDisallowed, DecodeError
 
 from config.describe import kind
+from config.errors import InputError
+from tasks.broker.results import ResultStore
 from tasks.protocol import CHUNK_TASK, PREDICT_TASK, SENT_AT_HEADER
 
-__all__ = ["Intake", "LeanRequest", "eligible"]
+__all__ = ["Intake", "LeanRequest", "answer_malformed", "eligible"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,23 @@ def eligible(payload: dict[str, Any]) -> bool:
         and payload.get("content-type") == "application/json"
         and payload.get("content-encoding") in (None, "utf-8")
     )
+
+
+def answer_malformed(results: ResultStore, message: Any, err: Exception) -> None:
+    """Store an ``InputError`` under a message's id when the message is not a job (it is dropped)."""
+    job_id = (getattr(message, "headers", None) or {}).get("id")
+    if not isinstance(job_id, str):
+        return
+    if isinstance(err, ContentDisallowed):
+        problem = f"message refused, nothing in it was decoded: {err}; send JSON"
+    elif isinstance(err, DecodeError):
+        problem = f"message body is not valid JSON ({err})"
+    else:
+        problem = f"malformed job message: expected args [model_id, input] ({type(err).__name__}: {err})"
+    try:
+        results.store([(job_id, None, InputError("?", problem))])
+    except Exception:  # noqa: BLE001 - best effort: the message is dropped either way
+        logger.warning("could not store the error of malformed message %s", job_id, exc_info=True)
 
 
 class LeanRequest:

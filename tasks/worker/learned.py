@@ -1,6 +1,6 @@
 """What workers learn about each model, kept in Redis so that a restarted (or a new) worker starts tuned.
 
-Per device kind (``cpu``, ``cuda:NVIDIA H200``, ...), one hash ``{key_prefix}swapless:learned:<device>``: per
+Per device kind (``cpu``, ``cuda:NVIDIA H200``, ...), one hash ``Keyspace.learned(device)``: per
 model, JSON of its measured seconds per input at each batch size (the ``BatchTuner``'s), its last load time and
 its size in bytes. A worker reads it at start-up (``seed``: tuners, load costs for the scheduler and placement,
 sizes for loading ahead under a byte budget, and the order of the warm start) and writes what changed once per
@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from manager import ModelEngine, ModelManager
+from tasks.keyspace import Keyspace
 
 __all__ = ["LEARNED_TTL_S", "LearnedStore", "device_label"]
 
@@ -43,13 +44,13 @@ class LearnedStore:
 
     Args:
         client: the Redis to read and write.
-        key_prefix: the deployment's key prefix.
+        keyspace: the deployment's keys.
         device: the device kind (``device_label``).
     """
 
-    def __init__(self, client: redis.Redis, key_prefix: str | None, device: str) -> None:
+    def __init__(self, client: redis.Redis, keyspace: Keyspace, device: str) -> None:
         self.client = client
-        self.key = f"{key_prefix or ''}swapless:learned:{device}"
+        self.key = keyspace.learned(device)
         self._saved: dict[str, str] = {}
 
     def read(self) -> dict[str, dict[str, Any]]:

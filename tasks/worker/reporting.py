@@ -1,9 +1,9 @@
 """What a worker tells the world: its heartbeat, its Prometheus metrics and Celery's task events.
 
-``WorkerReporting`` is built at ``worker_init`` before the scheduler, whose ``observer`` it provides (every group
-feeds the heartbeat's per-model activity, the metrics and the task events); ``start(scheduler)`` then starts the
-heartbeat thread and, when ``metrics_port`` is set, the metrics endpoint; ``stop`` (``worker_shutdown``) stops
-both and deletes the heartbeat. The parts themselves live in ``tasks.observe``.
+``WorkerReporting`` is built by the worker's context (``tasks.worker.context``) before the scheduler, whose
+``observer`` it provides (every group feeds the heartbeat's per-model activity, the metrics and the task events),
+and opens the metrics endpoint when ``metrics_port`` is set; ``start(...)`` then starts the heartbeat thread, and
+``stop`` stops both and deletes the heartbeat. The parts themselves live in ``tasks.observe``.
 """
 
 from __future__ import annotations
@@ -12,17 +12,20 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import redis
 from celery import signals
 
 from config.errors import MetricsUnavailable
-from tasks.broker.connection import redis_client, worker_health
+from tasks.broker.connection import RedisHealth
+from tasks.keyspace import Keyspace
 from tasks.observe.accounting import GroupAccounting, GroupReport, Observers, SentTimes
+from tasks.observe.beats import HeartbeatPublisher, build_heartbeat
 from tasks.observe.events import TaskEvents
-from tasks.observe.heartbeat import HeartbeatPublisher, WorkerStats, build_heartbeat
 from tasks.observe.memory import WriteRefusals
+from tasks.observe.stats import WorkerStats
 from tasks.protocol import SENT_AT_HEADER
 from tasks.worker.runtime import Runtime
 from tasks.worker.scheduler import BatchScheduler
@@ -40,6 +43,8 @@ class WorkerReporting:
 
     Args:
         runtime: the worker's runtime (settings and cache).
+        keyspace: the deployment's keys (the heartbeat's).
+        health: what the worker has seen of Redis (the heartbeat shows it).
         hostname: the worker's node name (default ``celery@<host>``).
 
     ``worker_id`` (``hostname:pid``) names it in Redis: its heartbeat, its claims, the jobs it holds.
@@ -49,14 +54,13 @@ class WorkerReporting:
             (``MetricsUnavailable``): the worker stops, as on a bad models file.
     """
 
-    def __init__(self, runtime: Runtime, hostname: str | None = None) -> None:
+    def __init__(self, runtime: Runtime, keyspace: Keyspace, health: RedisHealth, hostname: str | None = None) -> None:
         self.runtime = runtime
+        self.keyspace = keyspace
+        self.health = health
         self.hostname = hostname or f"celery@{socket.gethostname()}"
         self.worker_id = f"{self.hostname}:{os.getpid()}"
-        #: the models this worker claimed (placement; set by the worker's start-up)
-        self.claimed: Callable[[], list[str]] = list
-        #: run on the heartbeat thread after each beat (saving what the worker learned); each may raise
-        self.on_beat: list[Callable[[], Any]] = []
+        self._claimed: Callable[[], Sequence[str]] = list
         self.stats = WorkerStats()
         self._scheduler: BatchScheduler | None = None
         self._stop_metrics: Callable[[], None] | None = None
@@ -87,7 +91,7 @@ class WorkerReporting:
             )
         except ImportError as err:
             raise MetricsUnavailable(host, port, f"{err.name} is not installed: pip install prometheus-client") from None
-        metrics = WorkerMetrics(self.runtime.manager, self._backlog, claimed=lambda: self.claimed())
+        metrics = WorkerMetrics(self.runtime.manager, self._backlog, claimed=lambda: list(self._claimed()))
         self._stop_metrics = metrics.serve(host, port)
         logger.info("metrics on http://%s:%d/metrics", host, port)
         return metrics
@@ -98,21 +102,36 @@ class WorkerReporting:
             self.sent_times.record(request.id, float(sent_at))
         self.events.on_received(request)
 
-    def start(self, scheduler: BatchScheduler) -> None:
-        """Start beating for ``scheduler``'s worker and listen to Celery's ``task_received``."""
+    def start(
+        self,
+        scheduler: BatchScheduler,
+        client: redis.Redis,
+        claimed: Callable[[], Sequence[str]],
+        after_beat: Sequence[Callable[[], Any]] = (),
+    ) -> None:
+        """Start beating for ``scheduler``'s worker and listen to Celery's ``task_received``.
+
+        Args:
+            scheduler: the worker's scheduler (its backlog and counts).
+            client: the Redis the heartbeat goes to.
+            claimed: the models this worker holds a claim on (placement).
+            after_beat: run on the heartbeat thread after each beat (saving what the worker learned); each may
+                raise.
+        """
         self._scheduler = scheduler
+        self._claimed = claimed
         settings = self.runtime.settings
         signals.task_received.connect(self._on_received, weak=False, dispatch_uid="swapless-status-received")
         started_at = time.time()
         refusals = WriteRefusals()
 
         def build() -> Any:
-            for hook in self.on_beat:
+            for hook in after_beat:
                 try:
                     hook()
                 except Exception as err:  # noqa: BLE001 - a hook never stops the heartbeat
                     logger.warning("after-beat work failed: %s", err)
-            problem = worker_health.describe()
+            problem = self.health.describe()
             if problem is None and self._publisher is not None:
                 problem = refusals.check(self._publisher.client)
             return build_heartbeat(
@@ -128,17 +147,11 @@ class WorkerReporting:
                 jobs_failed=scheduler.jobs_failed,
                 redis_problem=problem,
                 routing=settings.routing,
-                claimed=self.claimed(),
+                claimed=claimed(),
             )
 
-        self._publisher = HeartbeatPublisher(
-            redis_client(settings.broker_url, connect_timeout_s=5, socket_timeout_s=5),
-            settings.key_prefix,
-            self.worker_id,
-            build,
-            settings.heartbeat_interval_s,
-            worker_health,
-        )
+        self._publisher = HeartbeatPublisher(client, self.keyspace, self.worker_id, build,
+                                             settings.heartbeat_interval_s, self.health)
         self._publisher.start()
         logger.info("heartbeat: %s every %.1f s", self._publisher.key, settings.heartbeat_interval_s)
 

@@ -1,20 +1,18 @@
-"""What one worker process holds, built once per process: the settings, the registry and the model cache.
-
-``get_runtime`` builds it on first use (the worker's start-up, ``swapless worker``'s settings check, or an eager
-``predict.apply``) and hands the same one to every later caller, so a process never holds two caches.
+"""What one worker holds of the model side: the settings, the registry and the model cache, built by
+``build_runtime`` (the worker's start-up builds one, ``tasks.worker.context``; ``swapless worker`` builds one
+first to check the models file and the settings).
 """
 
 from __future__ import annotations
 
 import importlib
-import threading
 from dataclasses import dataclass
 
 from config.errors import ConfigError
-from config.settings import Settings, get_settings
+from config.settings import Settings
 from manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
 
-__all__ = ["Runtime", "build_runtime", "get_runtime", "load_plugins", "reset_runtime"]
+__all__ = ["Runtime", "build_runtime", "load_plugins"]
 
 
 @dataclass
@@ -39,17 +37,17 @@ def load_plugins(settings: Settings) -> None:
             raise ConfigError("SWAPLESS_PLUGINS", f"cannot import {module!r}: {err}") from None
 
 
-def build_runtime(settings: Settings | None = None, *, warm_up: bool = False) -> Runtime:
+def build_runtime(settings: Settings, *, warm_up: bool = False) -> Runtime:
     """Import the plugins, read the models file (failing at start-up on a bad entry) and build an empty cache.
 
     Args:
-        settings: the process settings (the environment's by default).
+        settings: the process settings.
         warm_up: import the frameworks' libraries now, so that the first job does not wait for them.
 
     Raises:
         ConfigError: a plugin cannot be imported, or the models file is missing or invalid.
     """
-    s = settings or get_settings()
+    s = settings
     load_plugins(s)
     limits = WorkerLimits(
         device=s.device,
@@ -72,29 +70,3 @@ def build_runtime(settings: Settings | None = None, *, warm_up: bool = False) ->
         remote_max_models=s.triton_max_models,
     )
     return Runtime(s, store, manager)
-
-
-_runtime: Runtime | None = None
-_lock = threading.Lock()
-
-
-def get_runtime(*, warm_up: bool = False) -> Runtime:
-    """This process's runtime, built from the environment's settings on first use.
-
-    Raises:
-        ConfigError: as ``build_runtime``.
-    """
-    global _runtime
-    with _lock:
-        if _runtime is None:
-            _runtime = build_runtime(warm_up=warm_up)
-        return _runtime
-
-
-def reset_runtime() -> None:
-    """Unload every model and forget the runtime (worker shutdown); the next ``get_runtime`` builds a new one."""
-    global _runtime
-    with _lock:
-        runtime, _runtime = _runtime, None
-    if runtime is not None:
-        runtime.manager.close()

@@ -1,14 +1,15 @@
-"""Each model's own lists in Redis, and the scripts over them: fetch with a record of the holder, ack, restore,
-recover a dead worker's jobs, refresh, and the claims (with leases) that say which workers fetch which model.
+"""The queue's one layout in Redis, the scripts over it, and what the transport asks of the worker that consumes.
 
-Keys (``tasks.protocol.model_key``, hash tag ``{queue/model}``): ``p0 p3 p6 p9`` the jobs waiting, by priority;
-``held`` (delivery tag -> the message), ``owner`` (tag -> ``worker|list``) and ``seen`` (tag -> time last
-refreshed) the jobs workers have fetched and not yet acked; ``holders`` (worker -> lease expiry, ms) the claims;
-``bell`` a one-token list producers ring. Every script here touches one model's keys only.
+Jobs wait in lists, one per priority, and a job a worker fetched is recorded until it is acked
+(``tasks.keyspace.JobLists``): each model's own lists (``ModelKeys``; Swapless's producers push there) and the
+ingress (kombu's lists of the queue, where a plain Celery producer pushes; the worker moves each message from there
+into its model's lists). One set of scripts serves both: ``held`` (delivery tag -> the message), ``owner`` (tag ->
+``worker|list``) and ``seen`` (tag -> time last refreshed) are the records. Every script touches one set of lists
+only. The claims that say which workers fetch which model are the cluster's (``tasks.cluster.claims``).
 
-A job is at every instant in one of the model's lists or in its ``held`` record (or acked with its result
-stored): ``FETCH`` pops and records in one step, ``RESTORE`` and ``RECOVER`` put records back at the head of their
-list (served next), ``ACK`` deletes them. A worker that dies leaves its records; any live worker's ``RECOVER`` puts
+A job is at every instant in one of the lists or in its ``held`` record (or acked with its result stored):
+``FETCH`` pops and records in one step, ``RESTORE`` and ``RECOVER`` put records back at the head of their list
+(served next), ``ACK`` deletes them. A worker that dies leaves its records; any live worker's ``RECOVER`` puts
 them back as soon as the dead worker's heartbeat has expired (its id is missing from ``live``), or, the last
 resort, once a record has not been refreshed for the visibility timeout (a worker cut off from Redis but alive).
 
@@ -22,20 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tasks.protocol import PRIORITY_STEPS, model_key
+from tasks.broker.connection import RedisHealth
 
-__all__ = [
-    "ACK",
-    "CLAIM",
-    "FETCH",
-    "RECOVER",
-    "REFRESH",
-    "RELEASE",
-    "RENEW",
-    "RESTORE",
-    "Affinity",
-    "ModelKeys",
-]
+__all__ = ["ACK", "FETCH", "RECOVER", "REFRESH", "RESTORE", "Affinity", "ChannelHooks", "Intake"]
 
 #: KEYS: p0 p3 p6 p9 held owner seen. ARGV: most messages, the time, the worker's id.
 #: Returns the messages, highest priority first.
@@ -130,79 +120,12 @@ end
 return #ARGV - 1
 """
 
-#: KEYS: holders. ARGV: worker, now (ms), lease (ms), most holders, then workers known dead (their claims go first).
-#: 1: the worker holds a claim now, 0: refused.
-CLAIM = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
-for i = 5, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
-local expiry = tonumber(ARGV[2]) + tonumber(ARGV[3])
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  redis.call('ZADD', KEYS[1], expiry, ARGV[1])
-  return 1
-end
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return 0 end
-redis.call('ZADD', KEYS[1], expiry, ARGV[1])
-return 1
-"""
-
-#: KEYS: holders. ARGV: worker, now (ms), lease (ms). 1: renewed, 0: the claim had lapsed (someone may hold it now).
-RENEW = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  redis.call('ZADD', KEYS[1], tonumber(ARGV[2]) + tonumber(ARGV[3]), ARGV[1])
-  return 1
-end
-return 0
-"""
-
-#: KEYS: holders. ARGV: worker, now (ms), 1 to keep the last holder's claim. 1: released.
-RELEASE = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
-if ARGV[3] == '1' and redis.call('ZCARD', KEYS[1]) <= 1 then return 0 end
-return redis.call('ZREM', KEYS[1], ARGV[1])
-"""
-
-
-@dataclass(frozen=True)
-class ModelKeys:
-    """The keys of one model under one queue (with the deployment's key prefix)."""
-
-    queue: str
-    model_id: str
-    key_prefix: str | None = None
-
-    def part(self, name: str) -> str:
-        return model_key(self.queue, self.model_id, name, self.key_prefix)
-
-    @property
-    def lists(self) -> list[str]:
-        """The job lists, in the order they are served (``PRIORITY_STEPS``)."""
-        return [self.part(f"p{priority}") for priority in PRIORITY_STEPS]
-
-    @property
-    def records(self) -> list[str]:
-        """``held``, ``owner``, ``seen``."""
-        return [self.part("held"), self.part("owner"), self.part("seen")]
-
-    @property
-    def queue_and_records(self) -> list[str]:
-        """The keys of ``FETCH``, ``RESTORE`` and ``RECOVER``."""
-        return self.lists + self.records
-
-    @property
-    def holders(self) -> str:
-        return self.part("holders")
-
-    @property
-    def bell(self) -> str:
-        return self.part("bell")
-
-
 class Affinity(Protocol):
-    """What the transport asks of the worker that consumes with placement (``tasks.worker.placement``)."""
+    """What the transport asks of the worker about placement (``tasks.cluster.placer.Placer``)."""
 
     #: This worker's id (``hostname:pid``), recorded as the owner of what it fetches.
     worker_id: str
+
     def hold_limit(self, model_id: str) -> int:
         """Most jobs of ``model_id`` this worker holds (fetched, unfinished) at once."""
 
@@ -210,5 +133,27 @@ class Affinity(Protocol):
         """The models whose lists this worker fetches from now."""
 
     def route(self, payload: dict[str, Any]) -> str | None:
-        """The model a message from the shared queue (a plain Celery producer's) belongs to, as its lists are
-        named; None: keep it here (unknown model, malformed: this worker answers it with the error)."""
+        """The model an ingress message (a plain Celery producer's) goes to, as its lists are named; None: keep it
+        here (a chunk for a route, an unknown model, a malformed message: this worker runs or answers it)."""
+
+
+class Intake(Protocol):
+    """Takes the messages of one fetch round that need no Celery request (``tasks.worker.intake``)."""
+
+    def eligible(self, payload: dict[str, Any]) -> bool:
+        """Whether this message may skip Celery's request machinery."""
+
+    def __call__(self, messages: Sequence[Any]) -> None:
+        """The round's eligible messages, as kombu messages already recorded as delivered."""
+
+
+@dataclass(frozen=True)
+class ChannelHooks:
+    """What a worker hands the transport's channels (as the transport option ``swapless_hooks``): the queue it
+    consumes, its placement, its intake (None: every message goes through Celery's consumer) and its view of
+    Redis's health. A channel that consumes other queues (Celery's own reply queues) is kombu's own."""
+
+    queue: str
+    affinity: Affinity
+    intake: Intake | None
+    health: RedisHealth

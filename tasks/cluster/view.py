@@ -1,8 +1,8 @@
 """Where each model stands across the workers: its jobs waiting in its own lists (exact), the jobs workers hold,
-and the workers holding a claim on it, read in one round trip (``tasks.broker.affinity`` has the layout).
+and the workers holding a claim on it, read in one round trip (``tasks.keyspace`` names the keys).
 
-Read by the worker's planner (``tasks.worker.placement``) several times a second, and by ``swapless status`` and
-the gateway's ``GET /models``.
+Read by the worker's placer (``tasks.cluster.placer``) several times a second, and by ``swapless status`` and the
+gateway's ``GET /models``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio as aredis
 
-from tasks.broker.affinity import ModelKeys
+from tasks.keyspace import Keyspace, ModelKeys
 from tasks.protocol import PRIORITY_STEPS
 
 __all__ = ["ModelPlacement", "aread_placement", "read_placement"]
@@ -50,7 +50,7 @@ def _commands(pipe: object, keys: Sequence[ModelKeys], now_ms: int) -> None:
     for k in keys:
         for key in k.lists:
             pipe.llen(key)  # type: ignore[attr-defined]
-        pipe.hlen(k.part("held"))  # type: ignore[attr-defined]
+        pipe.hlen(k.held)  # type: ignore[attr-defined]
         pipe.zrangebyscore(k.holders, now_ms, "+inf", withscores=True)  # type: ignore[attr-defined]
 
 
@@ -71,21 +71,17 @@ def _parse(keys: Sequence[ModelKeys], replies: Sequence[object]) -> list[ModelPl
     return found
 
 
-def read_placement(
-    client: redis.Redis, queue: str, key_prefix: str | None, model_ids: Sequence[str]
-) -> list[ModelPlacement]:
+def read_placement(client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str]) -> list[ModelPlacement]:
     """Every model's place now (one round trip: six commands per model)."""
-    keys = [ModelKeys(queue, m, key_prefix) for m in model_ids]
+    keys = [keyspace.model(m) for m in model_ids]
     pipe = client.pipeline(transaction=False)
     _commands(pipe, keys, int(time.time() * 1000))
     return _parse(keys, pipe.execute())
 
 
-async def aread_placement(
-    client: aredis.Redis, queue: str, key_prefix: str | None, model_ids: Sequence[str]
-) -> list[ModelPlacement]:
+async def aread_placement(client: aredis.Redis, keyspace: Keyspace, model_ids: Sequence[str]) -> list[ModelPlacement]:
     """``read_placement`` for asyncio code."""
-    keys = [ModelKeys(queue, m, key_prefix) for m in model_ids]
+    keys = [keyspace.model(m) for m in model_ids]
     pipe = client.pipeline(transaction=False)
     _commands(pipe, keys, int(time.time() * 1000))
     return _parse(keys, await pipe.execute())

@@ -1,9 +1,9 @@
 """This worker's part in placement: it claims models, renews and releases its claims, and puts a dead worker's
-jobs back, so that several workers on one Redis act as one model cache.
+jobs back, so that several workers on one Redis act as one model cache. It is the transport's ``Affinity``.
 
 A daemon thread, ``swapless-placement``, every ``SWAPLESS_PLACEMENT_INTERVAL_S``:
 
-- reads where every model stands (``tasks.observe.placement``: its lists, its held jobs, its holders) and the
+- reads where every model stands (``tasks.cluster.view``: its lists, its held jobs, its holders) and the
   live workers (their heartbeats), and runs the pure policy (``tasks.cluster.plan.plan``) for this worker;
 - claims what the plan gives it (``CLAIM``: atomic, so a cold model is claimed by one worker however many see its
   jobs) and releases what it takes away;
@@ -14,11 +14,14 @@ A daemon thread, ``swapless-placement``, every ``SWAPLESS_PLACEMENT_INTERVAL_S``
 - renews its claims' leases (``RENEW``; a lease lasts ``TTL_INTERVALS`` heartbeats, so a worker that dies loses
   its claims as its heartbeat expires); a claim found lapsed is dropped;
 - once a second, puts back the held jobs of workers whose heartbeat has expired, and any not refreshed for the
-  visibility timeout (``RECOVER``), for every model.
+  visibility timeout (``RECOVER``), for every model and the ingress.
 
-The transport fetches from the models ``claimed()`` returns (``tasks.broker.placed``). On a warm shutdown the
-claims are released first, so that other workers take the models over at once; the jobs still held come back when
-the channel closes (``restore_unacked``).
+With ``SWAPLESS_ROUTING=shared`` it claims nothing: every worker fetches every model's lists (one worker, or the
+baseline placement is measured against), and the thread only recovers.
+
+The transport fetches from the models ``claimed()`` returns (``tasks.broker.transport``), and moves each ingress
+message to the model ``route`` names. On a warm shutdown the claims are released first, so that other workers take
+the models over at once; the jobs still held come back when the channel closes (``restore_unacked``).
 """
 
 from __future__ import annotations
@@ -34,16 +37,19 @@ from typing import Any
 
 import redis
 
+from config.settings import Settings
+from manager import ModelManager, ModelStore
 from manager.cache.lru import DEFAULT_LOAD_COST_S
-from tasks.broker.affinity import CLAIM, RECOVER, RELEASE, RENEW, ModelKeys
-from tasks.broker.connection import redis_client, worker_health
+from tasks.broker.connection import RedisHealth
+from tasks.broker.queues import RECOVER
+from tasks.broker.routes import Router
+from tasks.cluster.claims import CLAIM, RELEASE, RENEW
+from tasks.cluster.members import TTL_INTERVALS, Heartbeat, ModelActivity, read_heartbeats
 from tasks.cluster.plan import Demand, WorkerView, plan
-from tasks.observe.heartbeat import TTL_INTERVALS, Heartbeat, ModelActivity, read_heartbeats
-from tasks.observe.placement import ModelPlacement, read_placement
-from tasks.protocol import message_args
-from tasks.worker.runtime import Runtime
+from tasks.cluster.view import ModelPlacement, read_placement
+from tasks.keyspace import Keyspace, ModelKeys
 
-__all__ = ["Placement"]
+__all__ = ["Placer"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,34 +73,49 @@ def _gone_from_this_machine(beat: Heartbeat) -> bool:
     return False
 
 
-class Placement:
+class Placer:
     """This worker's claims and the thread that keeps them (see the module docstring); the transport's ``Affinity``.
 
     Args:
-        runtime: the worker's runtime (settings, registry, cache).
+        settings: the worker's settings (routing mode, intervals, hold limits, visibility timeout).
+        keyspace: the queue's keys.
+        store: the models that exist.
+        manager: this worker's cache (what it has loaded, what it learned).
+        router: resolves the model of an ingress message.
+        client: the Redis to read and claim in.
+        health: told of every Redis failure.
         worker_id: this worker's id (``hostname:pid``), as its heartbeat names it.
         activity: what this worker did per model so far (its heartbeat's; idle times, costs per job).
         on_release: told of each model whose claim this worker gave up (it hands the model's waiting jobs over).
-        client: the Redis to read and claim in (default: one from the settings).
     """
 
     def __init__(
         self,
-        runtime: Runtime,
+        settings: Settings,
+        keyspace: Keyspace,
+        store: ModelStore,
+        manager: ModelManager,
+        router: Router,
+        client: redis.Redis,
+        health: RedisHealth,
         worker_id: str,
         activity: Callable[[], Mapping[str, ModelActivity]] = dict,
         on_release: Callable[[str], Any] = lambda model_id: None,
-        client: redis.Redis | None = None,
     ) -> None:
-        s = runtime.settings
-        self.runtime = runtime
+        self.settings = settings
+        self.keyspace = keyspace
+        self.store = store
+        self.manager = manager
+        self.router = router
+        self.client = client
+        self.health = health
         self.worker_id = worker_id
-        self.per_model_limit = s.prefetch_per_model
+        self.claims = settings.routing == "placement"
+        self.per_model_limit = settings.prefetch_per_model
         self.activity = activity
         self.on_release = on_release
-        self.client = client or redis_client(s.broker_url, connect_timeout_s=5, socket_timeout_s=10)
-        self.lease_ms = int(s.heartbeat_interval_s * TTL_INTERVALS * 1000)
-        self._claimed: list[str] = []
+        self.lease_ms = int(settings.heartbeat_interval_s * TTL_INTERVALS * 1000)
+        self._claimed: list[str] = [] if self.claims else store.ids()
         self._limits: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -114,14 +135,8 @@ class Placement:
         return self._limits.get(model_id, self.per_model_limit)
 
     def route(self, payload: dict[str, Any]) -> str | None:
-        """The model of a shared-queue message, as its lists are named (an alias resolved); None: not a model here."""
-        args = message_args(payload)
-        if args is None or not isinstance(args[0], str):
-            return None
-        try:
-            return self.runtime.store.get(args[0]).id
-        except KeyError:
-            return None
+        """The model an ingress message goes to (``Router.model_of``); None: this worker keeps it."""
+        return self.router.model_of(payload)
 
     # -- the thread ----------------------------------------------------------------------------------------
 
@@ -135,6 +150,8 @@ class Placement:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if not self.claims:
+            return
         with self._lock:
             claimed, self._claimed = self._claimed, []
         now_ms = int(time.time() * 1000)
@@ -149,7 +166,7 @@ class Placement:
             logger.info("released the claims on %s", ", ".join(claimed))
 
     def _run(self) -> None:
-        interval = self.runtime.settings.placement_interval_s
+        interval = self.settings.placement_interval_s
         while not self._stop.is_set():
             try:
                 self.tick()
@@ -157,7 +174,7 @@ class Placement:
                     logger.info("placement works again")
                 self._failing = False
             except Exception as err:  # noqa: BLE001 - keep placing through a Redis outage
-                worker_health.failed(err, "placing models")
+                self.health.failed(err, "placing models")
                 if not self._failing:
                     logger.warning("placement failed (%s); retrying every %.1f s", err, interval, exc_info=True)
                 self._failing = True
@@ -166,18 +183,27 @@ class Placement:
     # -- one round -----------------------------------------------------------------------------------------
 
     def _keys(self, model_id: str) -> ModelKeys:
-        s = self.runtime.settings
-        return ModelKeys(s.queue, model_id, s.key_prefix)
+        return self.keyspace.model(model_id)
+
+    def _live(self) -> tuple[list[Heartbeat], set[str]]:
+        """The live workers of this queue (their heartbeats, and their ids with this worker's)."""
+        s = self.settings
+        beats = [beat for beat in read_heartbeats(self.client, self.keyspace) if beat.queue == s.queue]
+        gone = {beat.worker_id for beat in beats if _gone_from_this_machine(beat)}
+        beats = [beat for beat in beats if beat.worker_id not in gone]
+        return beats, {beat.worker_id for beat in beats} | {self.worker_id}
 
     def tick(self) -> None:
         """One round: read, plan, claim and release, renew; recover now and then."""
-        s = self.runtime.settings
-        models = self.runtime.store.ids()
-        places = read_placement(self.client, s.queue, s.key_prefix, models)
-        beats = [beat for beat in read_heartbeats(self.client, s.key_prefix) if beat.queue == s.queue]
-        gone = {beat.worker_id for beat in beats if _gone_from_this_machine(beat)}
-        beats = [beat for beat in beats if beat.worker_id not in gone]
-        live = {beat.worker_id for beat in beats} | {self.worker_id}
+        s = self.settings
+        models = self.store.ids()
+        if not self.claims:
+            if time.monotonic() - self._last_recover >= RECOVER_EVERY_S:
+                self._last_recover = time.monotonic()
+                self.recover(models, self._live()[1])
+            return
+        places = read_placement(self.client, self.keyspace, models)
+        beats, live = self._live()
         dead = sorted({h for p in places for h in p.holder_ids if h not in live})
         workers = self._workers(beats)
         demand = self._demand(places, beats, live)
@@ -226,21 +252,21 @@ class Placement:
     def _hold_for(self, d: Demand) -> int:
         """About ``copy_backlog_s`` seconds of ``d``'s work, within [two forward passes, ``prefetch_per_model``]:
         a worker that holds more of a hot model's jobs than that keeps them from the copies placement adds."""
-        s = self.runtime.settings
+        s = self.settings
         try:
-            batch = self.runtime.store.get(d.model_id).max_batch_size or s.max_batch_size
+            batch = self.store.get(d.model_id).max_batch_size or s.max_batch_size
         except KeyError:
             batch = s.max_batch_size
         seconds_worth = math.ceil(s.copy_backlog_s / max(d.job_s, 1e-6))
         return min(self.per_model_limit, max(2 * batch, seconds_worth))
 
     def recover(self, models: list[str], live: set[str]) -> int:
-        """Put back every held job of a worker not in ``live``, and every one not refreshed for the visibility
-        timeout; returns how many came back."""
-        stale_before = time.time() - self.runtime.settings.visibility_timeout_s
+        """Put back every held job (of ``models`` and of the ingress) of a worker not in ``live``, and every one not
+        refreshed for the visibility timeout; returns how many came back."""
+        stale_before = time.time() - self.settings.visibility_timeout_s
         pipe = self.client.pipeline(transaction=False)
-        for model_id in models:
-            pipe.eval(RECOVER, 7, *self._keys(model_id).queue_and_records, repr(stale_before), *sorted(live))
+        for lists in [*(self._keys(model_id) for model_id in models), self.keyspace.ingress_lists]:
+            pipe.eval(RECOVER, 7, *lists.queue_and_records, repr(stale_before), *sorted(live))
         restored = sum(int(n) for n in pipe.execute())
         if restored:
             logger.warning("put %d job(s) of dead or silent workers back on their models' lists", restored)
@@ -255,7 +281,7 @@ class Placement:
             idle = {m: now - a.last_run_at for m, a in beat.models.items() if a.last_run_at is not None}
             views[beat.worker_id] = WorkerView(beat.worker_id, beat.cache.max_models,
                                                frozenset(e.model_id for e in beat.loaded), idle)
-        manager = self.runtime.manager  # this worker's own view, fresher than its last heartbeat
+        manager = self.manager  # this worker's own view, fresher than its last heartbeat
         idle = {m: now - a.last_run_at for m, a in self.activity().items() if a.last_run_at is not None}
         views[self.worker_id] = WorkerView(self.worker_id, manager.max_models, frozenset(manager.loaded_ids()), idle)
         return list(views.values())
@@ -263,7 +289,7 @@ class Placement:
     def _known_load_s(self, model_id: str) -> float:
         """A load no live worker has measured yet: what this worker's cache learned (its own loads, or earlier
         workers' through the learned store), else the default."""
-        learned = self.runtime.manager.learned(model_id).get("load_s")
+        learned = self.manager.learned(model_id).get("load_s")
         return float(learned) if learned is not None else DEFAULT_LOAD_COST_S
 
     def _demand(self, places: list[ModelPlacement], beats: list[Heartbeat], live: set[str]) -> list[Demand]:

@@ -1,0 +1,152 @@
+"""Every Redis key of one queue of one deployment, in one place and one naming scheme.
+
+``Keyspace(queue, prefix)`` (``Keyspace.of(settings)``: ``SWAPLESS_QUEUE`` under ``SWAPLESS_KEY_PREFIX``) names:
+
+- per **model** (``ModelKeys``), under the hash tag ``{queue/model}`` (one Redis Cluster slot per model, so each
+  script over one model's keys could run on a cluster unchanged): ``p0 p3 p6 p9`` the jobs waiting by priority,
+  ``held`` / ``owner`` / ``seen`` the jobs workers fetched and have not acked, ``holders`` the workers' claims,
+  ``bell`` a one-token list producers ring. Swapless's producers push here;
+- the **ingress** (``ingress_lists``): the lists a plain Celery producer (``send_task``) pushes to, named as kombu
+  names them (``<queue>``, ``<queue>\\x06\\x163``, ... per priority), with records of their own like a model's
+  (``swapless:{queue/*ingress}:held`` ...): a worker moves what arrives there into its model's lists;
+- per **queue**: ``swapless:<queue>:placement-bell`` (rung when a model has no holder), ``:routes`` (run-time
+  route weights), ``:shadow`` (shadow agreement counts);
+- per **deployment**: ``swapless:worker:<id>`` (a worker's heartbeat) and ``swapless:workers`` (their index),
+  ``swapless:learned:<device>`` (what workers learned of each model), ``swapless:gateway:...`` (the gateway's
+  per-caller limits and in-flight sets).
+
+Results and what lives beside them per job (attempts, the gateway's record, a shadowed job's reference) are the
+result backend's keys (``tasks.broker.results.ResultStore``).
+
+Plain data: building a ``Keyspace`` connects to nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from config.settings import Settings
+from tasks.protocol import PRIORITY_STEPS
+
+__all__ = ["INGRESS", "JobLists", "Keyspace", "ModelKeys"]
+
+_PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: "<queue>\x06\x16<priority>" above priority 0
+#: The name the ingress's records go by in place of a model id (no model id can start with ``*``).
+INGRESS = "*ingress"
+
+
+@dataclass(frozen=True)
+class JobLists:
+    """Lists of jobs, one per priority in the order they are served, and the records of the jobs workers fetched
+    from them and have not acked: a model's (``ModelKeys``), or the ingress's."""
+
+    name: str
+    lists: tuple[str, ...]
+    held: str
+    owner: str
+    seen: str
+
+    @property
+    def records(self) -> list[str]:
+        """``held``, ``owner``, ``seen``."""
+        return [self.held, self.owner, self.seen]
+
+    @property
+    def queue_and_records(self) -> list[str]:
+        """The keys of ``FETCH``, ``RESTORE`` and ``RECOVER`` (``tasks.broker.queues``)."""
+        return [*self.lists, *self.records]
+
+
+@dataclass(frozen=True)
+class ModelKeys(JobLists):
+    """The keys of one model under one queue (see the module docstring)."""
+
+    holders: str = ""
+    bell: str = ""
+
+    @property
+    def model_id(self) -> str:
+        return self.name
+
+    def list_for(self, priority: int) -> str:
+        """The list the model's jobs of ``priority`` (one of ``PRIORITY_STEPS``) wait in."""
+        return self.lists[PRIORITY_STEPS.index(priority)]
+
+
+@dataclass(frozen=True)
+class Keyspace:
+    """The keys of one queue (``queue``) of one deployment (``prefix``, Redis keys' common prefix)."""
+
+    queue: str
+    prefix: str = ""
+
+    @classmethod
+    def of(cls, settings: Settings) -> Keyspace:
+        """The keyspace of ``SWAPLESS_QUEUE`` under ``SWAPLESS_KEY_PREFIX``."""
+        return cls(settings.queue, settings.key_prefix or "")
+
+    def _tagged(self, name: str, part: str) -> str:
+        return f"{self.prefix}swapless:{{{self.queue}/{name}}}:{part}"
+
+    # -- per model and the ingress -----------------------------------------------------------------------------
+
+    def model(self, model_id: str) -> ModelKeys:
+        """The keys of ``model_id`` (its canonical id)."""
+        part = lambda name: self._tagged(model_id, name)  # noqa: E731 - four lines shorter than a def
+        return ModelKeys(model_id, tuple(part(f"p{p}") for p in PRIORITY_STEPS), part("held"), part("owner"),
+                         part("seen"), part("holders"), part("bell"))
+
+    def ingress(self, priority: int) -> str:
+        """The ingress list of ``priority``, as kombu's Redis transport names it (``PRIORITY_STEPS``)."""
+        base = f"{self.prefix}{self.queue}"
+        return base if priority == 0 else f"{base}{_PRIORITY_SEP}{priority}"
+
+    @property
+    def ingress_lists(self) -> JobLists:
+        """The ingress: kombu's lists of the queue, with records of their own."""
+        return JobLists(INGRESS, tuple(self.ingress(p) for p in PRIORITY_STEPS), self._tagged(INGRESS, "held"),
+                        self._tagged(INGRESS, "owner"), self._tagged(INGRESS, "seen"))
+
+    # -- per queue ---------------------------------------------------------------------------------------------
+
+    def _queue_key(self, name: str) -> str:
+        return f"{self.prefix}swapless:{self.queue}:{name}"
+
+    @property
+    def placement_bell(self) -> str:
+        """Rung by a producer whose job's model no worker holds: wakes an idle worker to place it."""
+        return self._queue_key("placement-bell")
+
+    @property
+    def routes(self) -> str:
+        """The hash of route weights set with ``swapless route`` (route id -> JSON weights)."""
+        return self._queue_key("routes")
+
+    @property
+    def shadow_counts(self) -> str:
+        """The hash of shadow agreement counts (``<route>|<served>|<shadow>|agree`` and ``...|total`` -> count)."""
+        return self._queue_key("shadow")
+
+    # -- per deployment ----------------------------------------------------------------------------------------
+
+    def heartbeat(self, worker_id: str) -> str:
+        """One worker's heartbeat."""
+        return f"{self.prefix}swapless:worker:{worker_id}"
+
+    @property
+    def heartbeats(self) -> str:
+        """The sorted set of worker ids (score: the time of the last heartbeat)."""
+        return f"{self.prefix}swapless:workers"
+
+    def learned(self, device: str) -> str:
+        """What workers on ``device`` learned of each model."""
+        return f"{self.prefix}swapless:learned:{device}"
+
+    def gateway_inflight(self, owner: str) -> str:
+        """The sorted set of one gateway caller's jobs in flight."""
+        return f"{self.prefix}swapless:gateway:inflight:{owner}"
+
+    @property
+    def gateway_rate(self) -> str:
+        """What the gateway's rate limits' keys start with (the ``limits`` library adds the rest)."""
+        return f"{self.prefix}swapless:gateway:rate"

@@ -1,0 +1,212 @@
+"""The worker's composition root: every collaborator of one worker process, built once where it starts and handed
+to each part, as Celery's own bootsteps do (``celery/worker/components.py``).
+
+``SwaplessWorker``, a bootstep of the worker's blueprint, builds the ``WorkerContext`` when Celery creates the
+worker (after its logging is set up, before the consumer connects) and attaches it as ``worker.swapless``:
+
+    settings ─► Keyspace, RedisHealth, the Redis clients
+             ─► Runtime (registry, engine, cache) ─► Router (routes with their run-time weights)
+             ─► WorkerReporting (heartbeat, metrics, events: the observer of every group)
+             ─► BatchScheduler (decode once, backlog, groups, results, acks) and its Shadows
+             ─► Placer (claims, recovery: the transport's Affinity) and the Intake (the lean path)
+             ─► ChannelHooks: what the transport's channels take, as the transport option ``swapless_hooks``
+
+Its ``start`` (before the consumer starts, which Celery starts last) seeds what earlier workers learned, runs the
+warm start on the scheduler's thread, starts the heartbeat and then placement (a model is not claimed by a worker
+still warming up). The consumer's ``FinishInHand`` step finishes the group in hand on a warm shutdown while the
+broker connection is still open; the worker step's ``stop`` stops the rest and unloads every model. The batch task
+binds to the context of the consumer that serves it (``tasks.worker.task``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from celery import Celery, bootsteps
+
+from config.errors import SwaplessError
+from config.settings import Settings, get_settings
+from manager import ModelEngine
+from manager.batching.warmup import warm_start
+from tasks.broker.acks import AckQueue
+from tasks.broker.connection import RedisHealth, redis_client
+from tasks.broker.queues import ChannelHooks
+from tasks.broker.results import ResultStore
+from tasks.broker.routes import RouteOverrides, Router
+from tasks.cluster.placer import Placer
+from tasks.cluster.view import read_placement
+from tasks.keyspace import Keyspace
+from tasks.worker.intake import Intake, answer_malformed
+from tasks.worker.learned import LearnedStore, device_label
+from tasks.worker.reporting import WorkerReporting
+from tasks.worker.runtime import Runtime, build_runtime
+from tasks.worker.scheduler import BatchScheduler
+from tasks.worker.shadows import Shadows
+
+__all__ = ["FinishInHand", "SwaplessWorker", "WorkerContext", "build_context", "settings_of"]
+
+logger = logging.getLogger(__name__)
+
+#: The app configuration key under which ``swapless worker`` hands its settings to the worker (flags included).
+SETTINGS_KEY = "swapless_settings"
+
+
+def settings_of(app: Celery) -> Settings:
+    """The settings the worker runs with: those ``swapless worker`` put in the app's configuration, else the
+    environment's (``celery -A tasks worker``)."""
+    given = app.conf.get(SETTINGS_KEY)
+    return given if isinstance(given, Settings) else get_settings()
+
+
+@dataclass
+class WorkerContext:
+    """One worker process's collaborators (see the module docstring)."""
+
+    app: Celery
+    settings: Settings
+    keyspace: Keyspace
+    health: RedisHealth
+    control: redis.Redis
+    runtime: Runtime
+    router: Router
+    reporting: WorkerReporting
+    scheduler: BatchScheduler
+    placer: Placer
+    intake: Intake | None
+    hooks: ChannelHooks
+    #: answers a message that is not a job with its error (``tasks.worker.intake.answer_malformed``)
+    answer_malformed: Callable[[Any, Exception], None]
+
+    def start(self) -> None:
+        """Seed what earlier workers learned, warm up on the scheduler's thread, start the heartbeat, then place."""
+        runtime, s = self.runtime, self.settings
+        engine = runtime.manager.factory
+        after_beat = []
+        records: dict[str, Any] = {}
+        if isinstance(engine, ModelEngine):
+            learned = LearnedStore(self.control, self.keyspace, device_label(s.device))
+            try:
+                records = learned.seed(runtime.manager, engine)
+            except Exception as err:  # noqa: BLE001 - what was learned only saves time
+                logger.warning("could not read what earlier workers learned (%s); learning afresh", err)
+            after_beat.append(functools.partial(learned.save, runtime.manager, engine))
+        if s.warm_start and isinstance(engine, ModelEngine):
+            order = [*self._models_with_jobs_waiting(), *records]
+
+            def warm() -> None:
+                started = time.perf_counter()
+                took = warm_start(runtime.manager, engine, total_budget_s=s.warm_start_budget_s, order=order,
+                                  tuned=set(records))
+                logger.info("warm start on %s: %d model(s) in %.1f s", threading.current_thread().name, len(took),
+                            time.perf_counter() - started)
+
+            self.scheduler.start(first=warm)  # on the thread that will run the jobs
+            self.scheduler.ready.wait()
+        beats = redis_client(s.broker_url, connect_timeout_s=5, socket_timeout_s=5)
+        self.reporting.start(self.scheduler, beats, self.placer.claimed, after_beat)
+        self.placer.start()  # claims once warm: a model is not held by a worker still warming up
+        if s.routing == "placement":
+            logger.info("placement: %s claims models of queue %s with the other workers", self.reporting.worker_id,
+                        s.queue)
+        logger.info("swapless worker ready: models %s", ", ".join(runtime.store.ids()))
+
+    def _models_with_jobs_waiting(self) -> list[str]:
+        """Models with jobs in their lists now, most first (what the warm start does first)."""
+        try:
+            places = read_placement(self.control, self.keyspace, self.runtime.store.ids())
+        except Exception:  # noqa: BLE001 - only an order
+            return []
+        return [p.model_id for p in sorted(places, key=lambda p: -p.waiting) if p.waiting]
+
+    def finish_in_hand(self) -> None:
+        """Warm shutdown, while the broker connection is open: give up claims (other workers take the models over
+        at once), finish the group in hand and ack it."""
+        self.placer.stop()
+        self.scheduler.stop(timeout_s=self.settings.visibility_timeout_s)
+        self.scheduler.acks.drain()
+
+    def stop(self) -> None:
+        """Stop everything still running and unload every model. Safe after ``finish_in_hand``."""
+        self.scheduler.stop()
+        self.placer.stop()
+        self.reporting.stop()
+        self.runtime.manager.close()
+
+
+def build_context(app: Celery, settings: Settings, hostname: str | None = None) -> WorkerContext:
+    """Build one worker's collaborators (see the module docstring); nothing starts.
+
+    Raises:
+        SwaplessError: a bad models file, plugin or setting (``ConfigError``), or a metrics port that cannot be
+            opened (``MetricsUnavailable``).
+    """
+    keyspace = Keyspace.of(settings)
+    health = RedisHealth()
+    control = redis_client(settings.broker_url, connect_timeout_s=5, socket_timeout_s=10)
+    runtime = build_runtime(settings, warm_up=True)
+    router = Router(runtime.store, RouteOverrides(control, keyspace) if runtime.store.routes else None)
+    reporting = WorkerReporting(runtime, keyspace, health, hostname)
+    scheduler = BatchScheduler(
+        runtime,
+        router,
+        lambda: ResultStore(app, retry_s=None, health=health),  # keeps trying while Redis refuses
+        Shadows(keyspace, reporting.observer),
+        acks=AckQueue(),
+        observer=reporting.observer,
+    )
+    placer = Placer(settings, keyspace, runtime.store, runtime.manager, router, control, health,
+                    reporting.worker_id, activity=reporting.stats.models, on_release=scheduler.hand_over)
+
+    def malformed(message: Any, err: Exception) -> None:
+        answer_malformed(ResultStore(app, retry_s=5, health=health), message, err)
+
+    # with task events on, every message goes through Celery's requests
+    intake = None if settings.task_events else Intake(scheduler.submit, reporting.sent_times.record, malformed)
+    return WorkerContext(app, settings, keyspace, health, control, runtime, router, reporting, scheduler, placer,
+                         intake, ChannelHooks(settings.queue, placer, intake, health), malformed)
+
+
+class SwaplessWorker(bootsteps.StartStopStep):
+    """The worker step that builds, starts and stops the ``WorkerContext`` (see the module docstring)."""
+
+    label = "Swapless"
+    requires = ("celery.worker.components:Timer",)
+
+    def create(self, w: Any) -> None:
+        try:
+            context = build_context(w.app, settings_of(w.app), getattr(w, "hostname", None))
+        except SwaplessError as err:
+            logger.critical("cannot start: %s", err)
+            raise SystemExit(2) from None
+        w.swapless = context  # as Celery's own steps attach theirs (w.timer, w.pool, w.hub)
+        options = dict(w.app.conf.broker_transport_options or {})
+        options["swapless_hooks"] = context.hooks  # kombu hands transport options to each channel it opens
+        w.app.conf.broker_transport_options = options
+
+    def start(self, w: Any) -> None:
+        w.swapless.start()
+
+    def stop(self, w: Any) -> None:
+        w.swapless.stop()
+
+
+class FinishInHand(bootsteps.StartStopStep):
+    """Warm shutdown (SIGTERM): finish the group in hand and ack it while the broker connection is still open.
+
+    A consumer step that needs the task consumer, so it shuts down before the connection does. Jobs still
+    waiting in the backlog stay unacked; they go back to their lists when the channel closes.
+    """
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def shutdown(self, parent: Any) -> None:
+        context = getattr(parent.controller, "swapless", None)
+        if context is not None:
+            context.finish_in_hand()

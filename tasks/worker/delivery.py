@@ -1,0 +1,126 @@
+"""A message as the worker decoded it, once, at intake: ``decode(request, ...)`` reads the payload, routes each
+input to the model that serves it, and fixes the deadline, into a ``Delivery`` every later stage reads (the
+scheduler, the chunk assembler, the shadows) instead of asking the request or the registry again.
+
+- A job (``swapless.predict``, args ``[model_id, input]``) is one ``Job``; addressed to a route (a plain Celery
+  producer's: ``Client`` resolves its own), it goes to the model the route picks by the job's id, as
+  ``Client.submit`` would pick it.
+- A chunk (``swapless.predict_chunk``, args ``[model_id, [input, ...]]``) is one ``Job`` per input, ids
+  ``"<chunk id>:<index>"``; addressed to a route, each item is routed by its sticky key (the message's
+  ``KEYS_HEADER``), else by its own id.
+- Its deadline: the message's ``expires`` (Celery's header), else ``SWAPLESS_INTERACTIVE_EXPIRES_S`` or
+  ``SWAPLESS_BULK_EXPIRES_S`` from its send time, when set.
+- A shadow copy (``SHADOW_HEADER``) names the job it shadows and the route; a job with shadows (``SHADOWED_HEADER``)
+  leaves its top label for them.
+
+Plain data and pure functions over the request, the router and the settings: no Redis of its own, no Celery.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from config.errors import InputError
+from config.settings import Settings
+from manager import Job
+from tasks.broker.routes import Router
+from tasks.protocol import (
+    CHUNK_TASK,
+    KEYS_HEADER,
+    SENT_AT_HEADER,
+    SHADOW_HEADER,
+    SHADOWED_HEADER,
+    deadline_of,
+    item_id,
+    read_payload,
+)
+
+__all__ = ["Delivery", "decode"]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message, decoded and routed (see the module docstring).
+
+    Attributes:
+        request: what acks and rejects go through (Celery's request, or the intake's ``LeanRequest``).
+        jobs: its jobs, each addressed to the model that serves it (a chunk: one per input).
+        chunk: whether it is a chunk (its one result is stored once every item has an outcome).
+        shadow_of: ``(served job id, route id)`` when it is a shadow copy.
+        shadowed: whether it is a routed job with shadow copies (its top label is kept for them).
+    """
+
+    request: Any
+    jobs: tuple[Job, ...]
+    chunk: bool = False
+    shadow_of: tuple[str, str] | None = None
+    shadowed: bool = False
+
+    @property
+    def id(self) -> str:
+        return str(self.request.id)
+
+
+def _headers(request: Any) -> dict[str, Any]:
+    return getattr(request, "request_dict", None) or {}
+
+
+def _deadline(request: Any, urgent: bool, settings: Settings) -> float | None:
+    deadline = deadline_of(request)
+    if deadline is not None:
+        return deadline
+    default_s = settings.interactive_expires_s if urgent else settings.bulk_expires_s
+    if default_s is None:
+        return None
+    sent_at = _headers(request).get(SENT_AT_HEADER)
+    return (sent_at if isinstance(sent_at, (int, float)) else time.time()) + default_s
+
+
+def _chunk_jobs(request: Any, router: Router, received_s: float) -> list[Job]:
+    model_id, values, urgent = read_payload(request, "chunk", "[model_id, [input, ...]]")
+    if not isinstance(values, (list, tuple)) or not values:
+        raise InputError(model_id, "malformed chunk payload: inputs must be a non-empty list")
+    ids = [item_id(request.id, index) for index in range(len(values))]
+    if router.store.is_route(model_id):
+        keys = _headers(request).get(KEYS_HEADER)
+        if not isinstance(keys, list) or len(keys) != len(values):
+            keys = [None] * len(values)
+        targets = [router.resolve(model_id, value, key if isinstance(key, str) else i).model_id
+                   for i, value, key in zip(ids, values, keys, strict=True)]
+    else:
+        targets = [router.store.resolve(model_id)] * len(values)
+    return [Job(id=i, model_id=target, input=value, received_s=received_s, urgent=urgent)
+            for i, target, value in zip(ids, targets, values, strict=True)]
+
+
+def decode(request: Any, router: Router, settings: Settings, received_s: float) -> Delivery:
+    """The delivery of one request (see the module docstring).
+
+    Args:
+        request: a Celery request (or the intake's ``LeanRequest``): ``id``, ``name``, ``args``, ``kwargs``,
+            ``delivery_info``, ``request_dict``.
+        router: resolves routes (with the run-time weights).
+        settings: the default deadlines.
+        received_s: when the worker took it (``time.monotonic()``).
+
+    Raises:
+        InputError: the payload is malformed; a route has no branch for an input.
+        UnknownModel: the model id is not in the registry.
+    """
+    chunk = request.name == CHUNK_TASK
+    if chunk:
+        jobs = _chunk_jobs(request, router, received_s)
+    else:
+        model_id, value, urgent = read_payload(request, "job", "[model_id, input]")
+        target = router.resolve(model_id, value, request.id).model_id
+        jobs = [Job(id=request.id, model_id=target, input=value, received_s=received_s, urgent=urgent)]
+    deadline = _deadline(request, jobs[0].urgent, settings)
+    if deadline is not None:
+        jobs = [dataclasses.replace(job, expires_at=deadline) for job in jobs]
+    headers = _headers(request)
+    of = headers.get(SHADOW_HEADER)
+    shadow_of = (str(of[0]), str(of[1])) if isinstance(of, list) and len(of) >= 2 else None
+    return Delivery(request, tuple(jobs), chunk, shadow_of, bool(headers.get(SHADOWED_HEADER)))
