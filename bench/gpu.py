@@ -28,28 +28,25 @@ every row names the device it ran on.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import random
 import re
 import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from bench.common import OUT, REPO, build_models, fresh_prefix, inputs_for, mixed_jobs
+from bench.common import OUT, REPO, fresh_prefix, inputs_for, mixed_jobs
 from bench.gpu_probe import (
     DeviceInfo,
     DeviceUse,
-    LoadProbe,
     budget_in_effect,
     compute_cpu_ms_per_job,
     device_info,
     probe_loads,
 )
-from bench.gpu_table import render
+from bench.gpu_table import Plan, Results, render
 from bench.systems import Run, Swapless, burst
 
 __all__ = ["FULL", "QUICK", "Plan", "Results", "main"]
@@ -58,39 +55,6 @@ __all__ = ["FULL", "QUICK", "Plan", "Results", "main"]
 MAX_BATCH = 64
 #: Jobs of the stream the stream's limit is measured on (eight passes of ``MAX_BATCH``).
 STREAM_SAMPLE = 8 * MAX_BATCH
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one mode runs: its models, its jobs and its repetitions."""
-
-    name: str
-    text_models: tuple[tuple[str, str, str], ...]
-    image_models: tuple[tuple[str, str], ...]
-    mixed_jobs: int
-    stream_model: str
-    stream_jobs: int
-    repeats: int
-    #: torch threads of the benchmark's process and of the worker (None: torch's default, one per core)
-    threads: int | None = None
-
-    @property
-    def model_ids(self) -> list[str]:
-        return [m[0] for m in self.text_models] + [m[0] for m in self.image_models]
-
-    @property
-    def image_ids(self) -> set[str]:
-        return {m[0] for m in self.image_models}
-
-    def architecture(self, model_id: str) -> str:
-        found = {m[0]: f"{m[1]} ({m[2]})" for m in self.text_models} | {m[0]: m[1] for m in self.image_models}
-        return found[model_id]
-
-    def build(self) -> Path:
-        """Build this plan's models once and return their models.json; the directory,
-        ``bench/out/gpu-models-<name>-<hash of the model list>``, changes when the list does."""
-        digest = hashlib.sha256(repr((self.text_models, self.image_models)).encode()).hexdigest()[:8]
-        return build_models(OUT / f"gpu-models-{self.name}-{digest}", self.text_models, self.image_models)
 
 
 FULL = Plan(
@@ -119,32 +83,6 @@ QUICK = Plan(
     # One thread each side: on a shared CI machine two OpenMP threads per process stall on each other's cores.
     threads=1,
 )
-
-
-@dataclass
-class Results:
-    """Every measurement of a run, per repetition."""
-
-    plan: Plan
-    info: DeviceInfo
-    #: (workload, system) -> runs; systems ``swapless`` and ``limit``
-    runs: dict[tuple[str, str], list[Run]] = field(default_factory=dict)
-    probes: list[LoadProbe] = field(default_factory=list)
-    #: model -> the worker's load times (its log), warm start included
-    worker_loads: dict[str, list[float]] = field(default_factory=dict)
-    compute_cpu_ms: list[float] = field(default_factory=list)
-    worker_peak_bytes: list[int] = field(default_factory=list)
-    limit_peak_bytes: list[int] = field(default_factory=list)
-    worker_start_s: list[float] = field(default_factory=list)
-    best_sizes: dict[str, list[int]] = field(default_factory=dict)
-    budget_bytes: int | None = None
-    wall_s: float = 0.0
-
-    def add(self, workload: str, system: str, run: Run) -> None:
-        self.runs.setdefault((workload, system), []).append(run)
-        cpu = run.extra.get("cpu_ms_per_job")
-        print(f"  {workload:>7} {system:>9} on {self.info.label}: {run.jobs_per_s:9.1f} jobs/s, {run.loads:3d} loads"
-              + (f", worker CPU {cpu:.3f} ms/job" if cpu is not None else ""), flush=True)
 
 
 def swapless_on(info: DeviceInfo, threads: int | None) -> type[Swapless]:

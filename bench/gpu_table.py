@@ -1,25 +1,85 @@
-"""The tables of ``bench/gpu.py``: throughput against the limit, per-model loads and memory, the memory budget.
+"""What ``bench/gpu.py`` runs (``Plan``), what it measured (``Results``), and its tables: throughput against the
+limit, per-model loads and memory, the memory budget.
 
 Every row names the device it was measured on; a figure a CPU run cannot give reads "n/a (no CUDA)".
 """
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from bench.common import summary
-from bench.gpu_probe import UNLOAD_TOLERANCE_BYTES, LoadProbe
+from bench.common import OUT, build_models, summary
+from bench.gpu_probe import UNLOAD_TOLERANCE_BYTES, DeviceInfo, LoadProbe
+from bench.systems import Run
 
-if TYPE_CHECKING:
-    from bench.gpu import Results
-
-__all__ = ["render"]
+__all__ = ["Plan", "Results", "render"]
 
 NO_CUDA = "n/a (no CUDA)"
 MB = 1024 * 1024
 GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one mode runs: its models, its jobs and its repetitions."""
+
+    name: str
+    text_models: tuple[tuple[str, str, str], ...]
+    image_models: tuple[tuple[str, str], ...]
+    mixed_jobs: int
+    stream_model: str
+    stream_jobs: int
+    repeats: int
+    #: torch threads of the benchmark's process and of the worker (None: torch's default, one per core)
+    threads: int | None = None
+
+    @property
+    def model_ids(self) -> list[str]:
+        return [m[0] for m in self.text_models] + [m[0] for m in self.image_models]
+
+    @property
+    def image_ids(self) -> set[str]:
+        return {m[0] for m in self.image_models}
+
+    def architecture(self, model_id: str) -> str:
+        found = {m[0]: f"{m[1]} ({m[2]})" for m in self.text_models} | {m[0]: m[1] for m in self.image_models}
+        return found[model_id]
+
+    def build(self) -> Path:
+        """Build this plan's models once and return their models.json; the directory,
+        ``bench/out/gpu-models-<name>-<hash of the model list>``, changes when the list does."""
+        digest = hashlib.sha256(repr((self.text_models, self.image_models)).encode()).hexdigest()[:8]
+        return build_models(OUT / f"gpu-models-{self.name}-{digest}", self.text_models, self.image_models)
+
+
+@dataclass
+class Results:
+    """Every measurement of a run, per repetition."""
+
+    plan: Plan
+    info: DeviceInfo
+    #: (workload, system) -> runs; systems ``swapless`` and ``limit``
+    runs: dict[tuple[str, str], list[Run]] = field(default_factory=dict)
+    probes: list[LoadProbe] = field(default_factory=list)
+    #: model -> the worker's load times (its log), warm start included
+    worker_loads: dict[str, list[float]] = field(default_factory=dict)
+    compute_cpu_ms: list[float] = field(default_factory=list)
+    worker_peak_bytes: list[int] = field(default_factory=list)
+    limit_peak_bytes: list[int] = field(default_factory=list)
+    worker_start_s: list[float] = field(default_factory=list)
+    best_sizes: dict[str, list[int]] = field(default_factory=dict)
+    budget_bytes: int | None = None
+    wall_s: float = 0.0
+
+    def add(self, workload: str, system: str, run: Run) -> None:
+        self.runs.setdefault((workload, system), []).append(run)
+        cpu = run.extra.get("cpu_ms_per_job")
+        print(f"  {workload:>7} {system:>9} on {self.info.label}: {run.jobs_per_s:9.1f} jobs/s, {run.loads:3d} loads"
+              + (f", worker CPU {cpu:.3f} ms/job" if cpu is not None else ""), flush=True)
 
 
 def _gib(value: int | None) -> str:

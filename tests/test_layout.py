@@ -4,10 +4,12 @@ inside functions too), and checked once more by importing the producer side in a
     config/           settings, the error tree: nothing of the model side or the queue side
     manager/          the model side: never Celery, kombu, Redis or anything of tasks/
     tasks/protocol    what producers and workers share: nothing else of tasks/, no Celery, no Redis
-    tasks/broker/     Redis and kombu internals: nothing of the worker, the client, observe, gateway or CLI
-    tasks/worker/     the worker: never the client, the gateway or the CLI
-    tasks/client/     producers: never the worker, observe, the gateway or the CLI
+    tasks/keyspace    every Redis key's name: nothing of tasks/ but the protocol, no Celery, no Redis
+    tasks/broker/     Redis and kombu internals: nothing of the cluster, the worker, the client, observe, gateway or CLI
+    tasks/cluster/    several workers as one cache: never observe, the worker, the client, the gateway or the CLI
     tasks/observe/    accounting, heartbeats, status: never the worker, the client, the gateway or the CLI
+    tasks/worker/     the worker: never the client, the gateway or the CLI
+    tasks/client/     producers: never the worker, the cluster, observe, the gateway or the CLI
     tasks/gateway/    a producer: never the worker or the CLI
 """
 
@@ -26,13 +28,16 @@ REPO = Path(__file__).resolve().parent.parent
 #: part -> module prefixes it must never import
 NEVER: dict[str, tuple[str, ...]] = {
     "manager": ("tasks", "celery", "celery_batches", "kombu", "redis"),
-    "tasks.protocol": ("tasks.app", "tasks.broker", "tasks.worker", "tasks.client", "tasks.observe",
+    "tasks.protocol": ("tasks.app", "tasks.keyspace", "tasks.broker", "tasks.cluster", "tasks.worker",
+                       "tasks.client", "tasks.observe", "tasks.gateway", "tasks.cli", "celery", "kombu", "redis"),
+    "tasks.keyspace": ("tasks.app", "tasks.broker", "tasks.cluster", "tasks.worker", "tasks.client", "tasks.observe",
                        "tasks.gateway", "tasks.cli", "celery", "kombu", "redis"),
     "config": ("manager", "tasks", "celery", "celery_batches", "kombu", "redis"),
-    "tasks.broker": ("tasks.worker", "tasks.client", "tasks.observe", "tasks.gateway", "tasks.cli"),
+    "tasks.broker": ("tasks.cluster", "tasks.worker", "tasks.client", "tasks.observe", "tasks.gateway", "tasks.cli"),
+    "tasks.cluster": ("tasks.observe", "tasks.worker", "tasks.client", "tasks.gateway", "tasks.cli"),
     "tasks.app": ("tasks.worker", "tasks.client", "tasks.observe", "tasks.gateway", "tasks.cli"),
     "tasks.worker": ("tasks.client", "tasks.gateway", "tasks.cli"),
-    "tasks.client": ("tasks.worker", "tasks.observe", "tasks.gateway", "tasks.cli"),
+    "tasks.client": ("tasks.worker", "tasks.cluster", "tasks.observe", "tasks.gateway", "tasks.cli"),
     "tasks.observe": ("tasks.worker", "tasks.client", "tasks.gateway", "tasks.cli"),
     "tasks.gateway": ("tasks.worker", "tasks.cli"),
 }

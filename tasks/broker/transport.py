@@ -43,7 +43,7 @@ from tasks.broker.publish import ModelPush, push_to_models
 from tasks.broker.queues import ACK, FETCH, REFRESH, RESTORE, ChannelHooks
 from tasks.keyspace import JobLists, Keyspace
 
-__all__ = ["Channel", "QoS", "Transport", "broker_connection"]
+__all__ = ["Channel", "HeldQoS", "Transport", "broker_connection"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def _others(tags: Sequence[str], grouped: dict[JobLists, list[str]]) -> list[str
     return [tag for tag in tags if tag not in placed]
 
 
-class QoS(kombu_redis.QoS):
+class HeldQoS(kombu_redis.QoS):
     """kombu's QoS with every delivered message's record kept beside its list (``Channel._held``): acks, rejects
     and restores run the records' scripts. Tags the channel does not hold (a channel without hooks) are kombu's."""
 
@@ -142,8 +142,8 @@ class QoS(kombu_redis.QoS):
 class Channel(kombu_redis.Channel):
     """kombu's Redis channel with the atomic bulk fetch over models' lists and the ingress (module docstring)."""
 
-    QoS = QoS
-    qos: QoS
+    QoS = HeldQoS
+    qos: HeldQoS
     from_transport_options = kombu_redis.Channel.from_transport_options + (  # type: ignore[assignment]
         "swapless_idle_poll_s",
         "swapless_fetch_limit",

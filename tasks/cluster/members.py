@@ -162,7 +162,8 @@ def read_heartbeats(client: redis.Redis, keyspace: Keyspace) -> list[Heartbeat]:
     hostnames = _names(client.zrange(keyspace.heartbeats, 0, -1))
     if not hostnames:
         return []
-    return parse_heartbeats(client.mget([keyspace.heartbeat(h) for h in hostnames]))
+    values: list[bytes | None] = client.mget([keyspace.heartbeat(h) for h in hostnames])  # type: ignore[assignment]
+    return parse_heartbeats(values)
 
 
 async def aread_heartbeats(client: aredis.Redis, keyspace: Keyspace) -> list[Heartbeat]:

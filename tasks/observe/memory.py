@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -111,7 +112,9 @@ class WriteRefusals:
 
     def check(self, client: redis.Redis) -> str | None:
         """``"Redis refusing writes: OOM (...)"`` while it does, else None. Two ``INFO`` calls."""
-        info = {**client.info("memory"), **client.info("errorstats")}
+        memory: dict[str, Any] = client.info("memory")  # type: ignore[assignment]  # a sync client's reply
+        errors: dict[str, Any] = client.info("errorstats")  # type: ignore[assignment]
+        info = {**memory, **errors}
         used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
         refused = int((info.get("errorstat_OOM") or {}).get("count", 0))
         new, self._refused = (0 if self._refused is None else refused - self._refused), refused

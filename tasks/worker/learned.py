@@ -56,7 +56,8 @@ class LearnedStore:
     def read(self) -> dict[str, dict[str, Any]]:
         """Every model's record (unreadable ones are skipped)."""
         found = {}
-        for field, raw in self.client.hgetall(self.key).items():
+        stored: dict[bytes, bytes] = self.client.hgetall(self.key)  # type: ignore[assignment]  # a sync client's reply
+        for field, raw in stored.items():
             try:
                 found[field.decode() if isinstance(field, bytes) else str(field)] = json.loads(raw)
             except (ValueError, UnicodeDecodeError):
