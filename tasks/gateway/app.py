@@ -25,6 +25,7 @@ from config.settings import Settings, get_settings
 from manager.registry.store import ModelStore
 from tasks.client import Client
 from tasks.gateway.auth import install_api_keys
+from tasks.gateway.errors import LogThrottle
 from tasks.gateway.framing import LOOPBACK_HOSTS, RequestGuard, host_name
 from tasks.gateway.keys import KeyRing
 from tasks.gateway.plane import DataPlane
@@ -71,6 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.redis_url = settings.broker_url
+    app.state.log = LogThrottle()
     routers = [rest_router(plane), v2_router(plane), status_router(settings, store, lambda: plane.redis)]
     for router in routers:
         app.include_router(router)

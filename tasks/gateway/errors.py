@@ -12,7 +12,7 @@
 ``problem(err, protocol)`` gives every error its status, one-line message and headers for both protocols (the REST
 routes' ``{"detail"}`` and the Open Inference Protocol's ``{"error"}``): the model side's and the queue's errors
 too, with Redis's host, port and user left out of what the caller sees (they go to the gateway's log, once a
-minute at most). An error that is none of these is a bug: 500, logged with its traceback, never shown.
+minute at most, ``LogThrottle``). An error that is none of these is a bug: 500, logged with its traceback, never shown.
 """
 
 from __future__ import annotations
@@ -45,13 +45,13 @@ from tasks.gateway.tensors import TooManyElements
 
 __all__ = [
     "BodyTooLarge",
+    "LogThrottle",
     "ModelForbidden",
     "Problem",
     "ResultExpired",
     "TooManyElements",
     "UnknownJob",
     "job_status",
-    "note_unavailable",
     "problem",
 ]
 
@@ -59,8 +59,6 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a caller is told to wait before sending again when the queue refuses jobs (``Retry-After``).
 QUEUE_RETRY_AFTER_S = 5
-_LOG_EVERY_S = 60.0
-_last_logged: dict[str, float] = {}
 
 
 class UnknownJob(SwaplessError):
@@ -127,29 +125,37 @@ class Problem:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-def _log_once(kind: str, text: str) -> None:
-    now = time.monotonic()
-    if now - _last_logged.get(kind, -_LOG_EVERY_S) >= _LOG_EVERY_S:
-        _last_logged[kind] = now
-        logger.warning("%s", text)
+class LogThrottle:
+    """Logs a warning of each kind at most once every ``every_s`` seconds (one gateway's; a flood of refusals must
+    not flood its log)."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+
+    def warn(self, kind: str, text: str) -> None:
+        now = time.monotonic()
+        if now - self._last.get(kind, -self.every_s) >= self.every_s:
+            self._last[kind] = now
+            logger.warning("%s", text)
+
+    def unavailable(self, err: BaseException, redis_url: str) -> None:
+        """Log why Redis could not be reached (what callers are told leaves it out)."""
+        better = translate(err, redis_url) if isinstance(err, (RedisError, OSError)) else err
+        self.warn("unavailable", f"Redis unavailable: {better or type(err).__name__}")
 
 
-def note_unavailable(err: BaseException, redis_url: str) -> None:
-    """Log, at most once a minute, why Redis could not be reached (what callers are told leaves it out)."""
-    better = translate(err, redis_url) if isinstance(err, (RedisError, OSError)) else err
-    _log_once("unavailable", f"Redis unavailable: {better or type(err).__name__}")
-
-
-def _queue_problem(err: QueueFull | QueueUnavailable) -> Problem:
+def _queue_problem(err: QueueFull | QueueUnavailable, log: LogThrottle) -> Problem:
     retry = {"Retry-After": str(QUEUE_RETRY_AFTER_S)}
-    _log_once(type(err).__name__, f"answering 503: {err}")
+    log.warn(type(err).__name__, f"answering 503: {err}")
     if isinstance(err, QueueFull):
         return Problem(503, f"the queue refused the job: {err.reason}", retry)
     return Problem(503, f"the queue (Redis) is unavailable: try again in {QUEUE_RETRY_AFTER_S} s", retry)
 
 
-def problem(err: BaseException, protocol: Literal["rest", "v2"], redis_url: str) -> Problem:
-    """The response for ``err`` (see the module docstring); ``redis_url``: what Redis errors are translated for."""
+def problem(err: BaseException, protocol: Literal["rest", "v2"], redis_url: str, log: LogThrottle) -> Problem:
+    """The response for ``err`` (see the module docstring); ``redis_url``: what Redis errors are translated for;
+    ``log``: where what the caller is not told goes."""
     if isinstance(err, (RedisError, OSError)):
         err = translate(err, redis_url)
     if isinstance(err, RequestValidationError):
@@ -162,7 +168,7 @@ def problem(err: BaseException, protocol: Literal["rest", "v2"], redis_url: str)
     if isinstance(err, HTTPException):
         return Problem(err.status_code, str(err.detail), dict(err.headers or {}))
     if isinstance(err, (QueueFull, QueueUnavailable)):
-        return _queue_problem(err)
+        return _queue_problem(err, log)
     if isinstance(err, OverLimit):
         return Problem(429, str(err), {"Retry-After": str(err.retry_after_s)})
     if isinstance(err, GatewayBusy):

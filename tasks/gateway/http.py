@@ -52,7 +52,8 @@ class _OffLoopJson(Request):
 def error_response(request: Request, err: BaseException) -> JSONResponse:
     """The response for ``err`` raised while answering ``request`` (its protocol by its path)."""
     v2 = request.url.path.startswith("/v2")
-    found = problem(err, "v2" if v2 else "rest", request.app.state.redis_url)
+    state = request.app.state
+    found = problem(err, "v2" if v2 else "rest", state.redis_url, state.log)
     if v2:
         content: dict[str, Any] = {"error": found.message}
     elif found.errors is not None:

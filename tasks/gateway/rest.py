@@ -26,7 +26,7 @@ from tasks.broker.results import CANCELLED, TOO_LATE, StoredResult
 from tasks.cluster.members import aread_heartbeats
 from tasks.cluster.view import aread_placement
 from tasks.gateway.auth import Caller, Need, needs
-from tasks.gateway.errors import job_status, note_unavailable
+from tasks.gateway.errors import job_status
 from tasks.gateway.http import GuardedRoute
 from tasks.gateway.plane import Ask, DataPlane
 from tasks.gateway.schema import (
@@ -197,13 +197,13 @@ def rest_router(plane: DataPlane) -> APIRouter:
         return ModelsView(models=views, workers=workers, waiting_estimated=depth.sampled)
 
     @router.get("/healthz", response_model=Health, responses={503: {"model": Health}}, **needs(Need.NOTHING))
-    async def healthz() -> Any:
+    async def healthz(request: Request) -> Any:
         """200 when Redis answers (with the number of live workers), else 503."""
         try:
             await aping(plane.redis, _PING_S)
             workers = len(await aread_heartbeats(plane.redis, plane.keyspace))
         except Exception as err:  # noqa: BLE001 - any failure to reach Redis is "unavailable"
-            note_unavailable(err, plane.settings.broker_url)
+            request.app.state.log.unavailable(err, plane.settings.broker_url)
             health = Health(status="unavailable", redis="unavailable")
             return JSONResponse(status_code=503, content=health.model_dump(exclude_none=True))
         return Health(status="ok", redis="ok", workers=workers)
