@@ -120,11 +120,15 @@ def _bomb() -> tuple[bytes, str]:
     return gzip.compress(header + struct.pack("<I", 0) * 2_000_000), str(len(header))
 
 
-async def attack(port: int, key: str, model: str, duration_s: float) -> dict[str, Any]:
-    """Run every attack for ``duration_s``; returns the statuses seen per attack and the flood's accepted ids."""
+ATTACKS = ("smuggle", "bomb", "flood", "deletes", "slow", "unauthenticated", "nested", "oversized")
+
+
+async def attack(port: int, key: str, model: str, duration_s: float,
+                 only: tuple[str, ...] = ATTACKS) -> dict[str, Any]:
+    """Run the attacks ``only`` names (all by default) for ``duration_s``; returns the statuses seen per attack and
+    the flood's accepted ids."""
     deadline = time.monotonic() + duration_s
-    seen: dict[str, Counter[str]] = {name: Counter() for name in (
-        "smuggle", "bomb", "flood", "deletes", "slow", "unauthenticated", "nested", "oversized")}
+    seen: dict[str, Counter[str]] = {name: Counter() for name in ATTACKS}
     accepted: list[str] = []
     auth = {"Authorization": f"Bearer {key}"}
     bomb, header_length = _bomb()
@@ -132,22 +136,26 @@ async def attack(port: int, key: str, model: str, duration_s: float) -> dict[str
     oversized = json.dumps({"model_id": model, "input": "x" * (30 * 1024 * 1024)}).encode()
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=auth, timeout=60, limits=limits) as client:
-        tasks = [
-            *(smuggle(port, key, deadline, seen["smuggle"]) for _ in range(2)),
-            *(_loop(client, deadline, seen["bomb"], "POST", f"/v2/models/{model}/infer", content=bomb,
-                    headers={"Content-Encoding": "gzip", "Inference-Header-Content-Length": header_length})
-              for _ in range(2)),
-            *(_loop(client, deadline, seen["flood"], "POST", "/jobs", accepted, json={"model_id": model, "input": "flood"})
-              for _ in range(4)),
-            *(_loop(client, deadline, seen["deletes"], "DELETE", "/jobs/{id}") for _ in range(2)),
-            *(slow(port, key, deadline, seen["slow"]) for _ in range(100)),
-            *(unauthenticated(port, deadline, seen["unauthenticated"]) for _ in range(2)),
-            _loop(client, deadline, seen["nested"], "POST", f"/v2/models/{model}/infer", content=nested),
-            _loop(client, deadline, seen["oversized"], "POST", "/jobs", content=oversized,
-                  headers={"Content-Type": "application/json"}),
-        ]
-        await asyncio.gather(*tasks)
-    return {"seen": {name: dict(counts) for name, counts in seen.items()}, "accepted": accepted}
+        loops = {
+            "smuggle": [smuggle(port, key, deadline, seen["smuggle"]) for _ in range(2)],
+            "bomb": [_loop(client, deadline, seen["bomb"], "POST", f"/v2/models/{model}/infer", content=bomb,
+                           headers={"Content-Encoding": "gzip", "Inference-Header-Content-Length": header_length})
+                     for _ in range(2)],
+            "flood": [_loop(client, deadline, seen["flood"], "POST", "/jobs", accepted,
+                            json={"model_id": model, "input": "flood"}) for _ in range(4)],
+            "deletes": [_loop(client, deadline, seen["deletes"], "DELETE", "/jobs/{id}") for _ in range(2)],
+            "slow": [slow(port, key, deadline, seen["slow"]) for _ in range(100)],
+            "unauthenticated": [unauthenticated(port, deadline, seen["unauthenticated"]) for _ in range(2)],
+            "nested": [_loop(client, deadline, seen["nested"], "POST", f"/v2/models/{model}/infer", content=nested)],
+            "oversized": [_loop(client, deadline, seen["oversized"], "POST", "/jobs", content=oversized,
+                                headers={"Content-Type": "application/json"})],
+        }
+        for name, coroutines in loops.items():
+            if name not in only:
+                for coroutine in coroutines:
+                    coroutine.close()
+        await asyncio.gather(*(c for name in only for c in loops[name]))
+    return {"seen": {name: dict(seen[name]) for name in only}, "accepted": accepted}
 
 
 def main() -> None:
@@ -157,8 +165,12 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--only", default=",".join(ATTACKS), help=f"comma-separated, of: {', '.join(ATTACKS)}")
     args = parser.parse_args()
-    result = asyncio.run(attack(args.port, args.key, args.model, args.duration))
+    only = tuple(name.strip() for name in args.only.split(",") if name.strip())
+    if unknown := set(only) - set(ATTACKS):
+        parser.error(f"unknown attacks {sorted(unknown)}: choose from {', '.join(ATTACKS)}")
+    result = asyncio.run(attack(args.port, args.key, args.model, args.duration, only))
     args.out.write_text(json.dumps(result))
 
 

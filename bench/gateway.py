@@ -27,6 +27,7 @@ import httpx
 import psutil
 import redis
 
+from bench.attacks import ATTACKS
 from bench.common import OUT, REPO, Process, cleanup, collect, fresh_prefix, percentile, python, summary
 
 __all__ = ["main"]
@@ -47,6 +48,7 @@ class Rep:
     rss_before: int
     rss_after: int
     seen: dict[str, dict[str, int]] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
 
 
 def _predicts(http: httpx.Client, seconds: float, limit: int, accepted: list[str]) -> list[float]:
@@ -63,58 +65,106 @@ def _predicts(http: httpx.Client, seconds: float, limit: int, accepted: list[str
     return latencies
 
 
-def run_once(redis_url: str, tag: str, duration_s: float) -> Rep:
-    from manager.demo.tiny import write_models_file
+@dataclass
+class Stack:
+    """A worker and a ``swapless serve`` with API keys on a fresh prefix, and the good key's HTTP client."""
 
-    prefix = fresh_prefix("gateway")
-    workdir = OUT / "gateway" / tag
-    workdir.mkdir(parents=True, exist_ok=True)
-    models = write_models_file(workdir, [{"id": MODEL, "name": MODEL_NAME, "type": "text", "framework": "simulated",
-                                          "max_batch_size": 64}])
-    port = 18000 + int(time.time() * 1000) % 1000
-    env = {"SWAPLESS_REDIS_URL": redis_url, "SWAPLESS_KEY_PREFIX": prefix, "SWAPLESS_QUEUE": prefix + "jobs",
-           "SWAPLESS_MODELS_FILE": str(models), "SWAPLESS_PLUGINS": "bench.simulated", "SWAPLESS_DEVICE": "cpu",
-           "SWAPLESS_API_KEYS": f"{GOOD}:{MODEL},{ATTACKER}:{MODEL}"}
-    worker = Process([python(), "-m", "tasks.cli", "worker", "--hostname", f"gw-bench-{tag}@%h"], env,
-                     workdir / "worker.log")
-    gateway = Process([python(), "-m", "tasks.cli", "serve", "--port", str(port), "--log-level", "warning"], env,
-                      workdir / "gateway.log")
-    client = redis.Redis.from_url(redis_url)
-    try:
-        worker.wait_for("ready.")
-        url = f"http://127.0.0.1:{port}"
-        with httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {GOOD}"}) as http:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if http.get("/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the gateway did not start:\n{gateway.text()[-2000:]}")
-                time.sleep(0.1)
-            good_ids: list[str] = []
-            _predicts(http, 5, 30, good_ids)  # warm: the model loaded, connections open
-            idle = _predicts(http, 10, 300, good_ids)
-            rss_before = psutil.Process(gateway.proc.pid).memory_info().rss
-            out = workdir / "attacks.json"
-            attackers = subprocess.Popen(
-                [python(), "-m", "bench.attacks", "--port", str(port), "--key", ATTACKER, "--model", MODEL,
-                 "--duration", str(duration_s), "--out", str(out)], cwd=REPO)
-            time.sleep(2)  # the flood under way
-            flood = _predicts(http, duration_s - 4, 10_000, good_ids)
-            attackers.wait(duration_s + 120)
-            rss_after = psutil.Process(gateway.proc.pid).memory_info().rss
-        attacked = json.loads(out.read_text())
-        accepted = attacked["accepted"] + good_ids
-        done = collect(client, prefix, accepted, timeout_s=120)
-        return Rep(idle, flood, len(accepted), len(done.states), rss_before, rss_after, attacked["seen"])
-    finally:
-        gateway.stop()
-        worker.stop()
-        cleanup(client, prefix)
-        client.close()
+    redis_url: str
+    workdir: Path
+    prefix: str = field(default_factory=lambda: fresh_prefix("gateway"))
+    port: int = field(default_factory=lambda: 18000 + int(time.time() * 1000) % 1000)
+
+    def __enter__(self) -> Stack:
+        from manager.demo.tiny import write_models_file
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        models = write_models_file(self.workdir, [{"id": MODEL, "name": MODEL_NAME, "type": "text",
+                                                   "framework": "simulated", "max_batch_size": 64}])
+        env = {"SWAPLESS_REDIS_URL": self.redis_url, "SWAPLESS_KEY_PREFIX": self.prefix,
+               "SWAPLESS_QUEUE": self.prefix + "jobs", "SWAPLESS_MODELS_FILE": str(models),
+               "SWAPLESS_PLUGINS": "bench.simulated", "SWAPLESS_DEVICE": "cpu",
+               "SWAPLESS_API_KEYS": f"{GOOD}:{MODEL},{ATTACKER}:{MODEL}"}
+        self.client = redis.Redis.from_url(self.redis_url)
+        self.worker = Process([python(), "-m", "tasks.cli", "worker", "--hostname", f"gw-bench-{self.prefix}@%h"],
+                              env, self.workdir / "worker.log")
+        self.gateway = Process([python(), "-m", "tasks.cli", "serve", "--port", str(self.port), "--log-level",
+                                "warning"], env, self.workdir / "gateway.log")
+        self.worker.wait_for("ready.")
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60,
+                                 headers={"Authorization": f"Bearer {GOOD}"})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if self.http.get("/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway did not start:\n{self.gateway.text()[-2000:]}")
+            time.sleep(0.1)
+        self.good_ids: list[str] = []
+        _predicts(self.http, 5, 30, self.good_ids)  # warm: the model loaded, connections open
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
+        self.gateway.stop()
+        self.worker.stop()
+        cleanup(self.client, self.prefix)
+        self.client.close()
+
+    def gateway_process(self) -> psutil.Process:
+        return psutil.Process(self.gateway.proc.pid)
+
+    def attack(self, duration_s: float, only: str | None = None) -> tuple[list[float], dict]:
+        """The good key's latencies while ``bench.attacks`` runs (``only`` those attacks), and what it wrote."""
+        out = self.workdir / f"attacks-{only or 'all'}.json"
+        argv = [python(), "-m", "bench.attacks", "--port", str(self.port), "--key", ATTACKER, "--model", MODEL,
+                "--duration", str(duration_s), "--out", str(out)]
+        attackers = subprocess.Popen(argv + (["--only", only] if only else []), cwd=REPO)
+        processes = {"gateway": self.gateway_process(), "worker": psutil.Process(self.worker.proc.pid),
+                     "attackers": psutil.Process(attackers.pid)}
+        time.sleep(2)  # the flood under way
+        before = {name: process.cpu_times() for name, process in processes.items()}
+        started = time.monotonic()
+        flood = _predicts(self.http, duration_s - 4, 10_000, self.good_ids)
+        elapsed = time.monotonic() - started
+        after = {name: process.cpu_times() for name, process in processes.items()}
+        self.cpu = {name: (after[name].user + after[name].system - before[name].user - before[name].system) / elapsed
+                    for name in processes}
+        attackers.wait(duration_s + 120)
+        return flood, json.loads(out.read_text())
+
+
+def run_once(redis_url: str, tag: str, duration_s: float) -> Rep:
+    with Stack(redis_url, OUT / "gateway" / tag) as stack:
+        idle = _predicts(stack.http, 10, 300, stack.good_ids)
+        rss_before = stack.gateway_process().memory_info().rss
+        flood, attacked = stack.attack(duration_s)
+        rss_after = stack.gateway_process().memory_info().rss
+        accepted = attacked["accepted"] + stack.good_ids
+        done = collect(stack.client, stack.prefix, accepted, timeout_s=120)
+        return Rep(idle, flood, len(accepted), len(done.states), rss_before, rss_after, attacked["seen"], stack.cpu)
+
+
+def per_attack(redis_url: str, duration_s: float) -> str:
+    """Each attack alone: the gateway's CPU (seconds per second) and the good key's p50 beside it."""
+    rows = ["| attack alone | gateway CPU (s/s) | good key p50 (ms) | answers |", "|---|---|---|---|"]
+    with Stack(redis_url, OUT / "gateway" / "per-attack") as stack:
+        gateway = stack.gateway_process()
+        for name in ("idle", *ATTACKS):
+            before, started = gateway.cpu_times(), time.monotonic()
+            if name == "idle":
+                latencies, seen = _predicts(stack.http, duration_s - 4, 10_000, stack.good_ids), {}
+            else:
+                latencies, attacked = stack.attack(duration_s, name)
+                seen = attacked["seen"][name]
+            after, elapsed = gateway.cpu_times(), time.monotonic() - started
+            cpu = (after.user + after.system - before.user - before.system) / elapsed
+            answers = ", ".join(f"{status}: {n}" for status, n in sorted(seen.items()))
+            rows.append(f"| {name} | {cpu:.2f} | {statistics.median(latencies) * 1000:.1f} | {answers} |")
+            print(rows[-1], flush=True)
+    return "\n".join(rows)
 
 
 def table(reps: list[Rep]) -> str:
@@ -135,6 +185,8 @@ def table(reps: list[Rep]) -> str:
         (f"| gateway memory growth during the flood (MiB) | "
          f"{summary([(r.rss_after - r.rss_before) / 2**20 for r in reps])} |"),
     ]
+    rows += [f"| CPU during the flood, {name} (cores) | {summary([r.cpu[name] for r in reps])} |"
+             for name in reps[0].cpu]
     rows += ["", "Answers the attackers got (last repetition):", "", "| attack | answers |", "|---|---|"]
     for name, counts in reps[-1].seen.items():
         rows.append(f"| {name} | {', '.join(f'{status}: {n}' for status, n in sorted(counts.items()))} |")
@@ -147,16 +199,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of flood per repetition")
     parser.add_argument("--write", type=Path, default=REPO / "bench" / "GATEWAY.md")
+    parser.add_argument("--per-attack", action="store_true",
+                        help="also run each attack alone: the gateway's CPU and the good key's p50 beside it")
     args = parser.parse_args()
     reps = []
     for n in range(args.repeats):
         rep = run_once(args.redis_url, f"rep{n}", args.duration)
         print(f"rep {n}: idle p50 {statistics.median(rep.idle_s) * 1000:.1f} ms, flood p50 "
-              f"{statistics.median(rep.flood_s) * 1000:.1f} ms, lost {rep.accepted - rep.answered}", flush=True)
+              f"{statistics.median(rep.flood_s) * 1000:.1f} ms, lost {rep.accepted - rep.answered}, CPU "
+              + ", ".join(f"{name} {cores:.2f}" for name, cores in rep.cpu.items()), flush=True)
         reps.append(rep)
     text = (f"# The gateway under hostile callers\n\n`python -m bench.gateway` ({time.strftime('%Y-%m-%d')}, "
             f"{args.repeats} repetitions, {args.duration:g} s of flood each, 2-core machine; the worker's model is "
-            f"simulated)\n\n{table(reps)}\n")
+            f"simulated)\n\n{table(reps) if reps else ''}\n")
+    if args.per_attack:
+        text += f"\nEach attack alone (one run, {args.duration:g} s each):\n\n{per_attack(args.redis_url, args.duration)}\n"
     args.write.write_text(text)
     print(text)
 
