@@ -32,8 +32,7 @@ from manager.registry.specs import InputType, ModelSpec
 from manager.registry.store import ModelStore
 from tasks.broker.connection import async_redis_client
 from tasks.broker.results import StoredResult
-from tasks.client import Client
-from tasks.client.client import Routed
+from tasks.client import Client, Routed
 from tasks.client.waiting import await_result
 from tasks.gateway.auth import Caller
 from tasks.gateway.errors import ModelForbidden, ResultExpired, UnknownJob
