@@ -4,7 +4,9 @@ progress.
 - ``client``: ``Client``, the facade (submit, submit_jobs, submit_many, map, fetch, gather, cancel), composed of:
 - ``job``: ``Job``, the handle on one job (get, aget, status, cancel);
 - ``publisher``: ``Publisher``, routing jobs (``Routed``) and publishing their messages;
-- ``waiting``: reading results and waiting on their publish (shared with the gateway);
+- ``consumer``: ``ResultConsumer``, every wait of a client (``Job.get``, ``gather``, chunk streams) on one pub/sub
+  connection; ``subscriptions``: its bookkeeping; ``reading``: reading results now (batched MGETs, chunk items);
+- ``waiting``: waiting for results in asyncio code (the gateway's);
 - ``stream``: ``ChunkStream``, a bounded window of chunk messages read back in order;
 - ``bulk``, ``records``, ``progress``: ``BulkRun`` over a JSONL/CSV file, resumable, with its progress display.
 

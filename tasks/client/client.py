@@ -13,7 +13,9 @@
 
 ``Client`` is the facade over the producer's parts, each built here once and owning one concern: the
 ``Publisher`` routes and publishes jobs (``tasks.client.publisher``); the ``ResultStore`` reads results
-(``tasks.broker.results``); ``Job`` is the handle on one job (``tasks.client.job``).
+(``tasks.broker.results``); the ``ResultConsumer`` serves every wait, ``Job.get``, ``gather`` and the chunk
+streams of ``map`` and bulk runs alike, on one pub/sub connection (``tasks.client.consumer``); ``Job`` is the
+handle on one job (``tasks.client.job``).
 
 Every message is the one Celery's ``send_task`` would send (``tasks.broker.publish``), pushed with one LPUSH per
 call, so a plain Celery producer and this client are interchangeable. The client talks to Redis through one
@@ -25,7 +27,6 @@ redis-py client with a bounded connect timeout (``SWAPLESS_CONNECT_TIMEOUT_S``):
 from __future__ import annotations
 
 import itertools
-import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -41,15 +42,16 @@ from tasks.app import make_app
 from tasks.broker.connection import redis_client, translated
 from tasks.broker.results import ResultStore, StoredResult
 from tasks.broker.routes import RouteOverrides
+from tasks.client.consumer import ResultConsumer
 from tasks.client.job import Job
 from tasks.client.publisher import Publisher, Routed
+from tasks.client.reading import read_results
 from tasks.client.stream import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_IN_FLIGHT,
     ChunkEvent,
     ChunkStream,
 )
-from tasks.client.waiting import read_results
 from tasks.protocol import (
     CHUNK_TASK,
     KEYS_HEADER,
@@ -68,6 +70,11 @@ def _batched(values: Iterable[Any], size: int) -> Iterator[list[Any]]:
     iterator = iter(values)
     while batch := list(itertools.islice(iterator, size)):
         yield batch
+
+
+def _release(app: Celery, consumer: ResultConsumer) -> None:
+    consumer.close()
+    app.close()
 
 
 class Client:
@@ -93,14 +100,17 @@ class Client:
         self.settings = base.model_copy(update={"redis_url": redis_url}) if redis_url else base
         #: The Celery app whose result backend's encoding, key names and expiry the results follow.
         self.app: Celery = make_app(self.settings)
-        # A client dropped without close() still closes the connections its app opened (send_task, AsyncResult)
-        # instead of leaving their sockets to the garbage collector.
-        self._release = weakref.finalize(self, self.app.close)
         #: Every call of this client goes through it (one connection pool per URL in the process).
         self.redis = redis_client(self.settings.broker_url, connect_timeout_s=self.settings.connect_timeout_s)
         self.results = ResultStore(self.app, client=self.redis)
         #: Routes and publishes this client's jobs.
         self.publisher = Publisher(self.settings, self.app, self.redis)
+        #: Every wait of this client (``Job.get``, ``gather``, chunk streams): one pub/sub connection, opened by the
+        #: first wait.
+        self.consumer = ResultConsumer(self.redis, self.results)
+        # A client dropped without close() still lets go of what it opened (its app's connections, the consumer's
+        # pub/sub connection and listener) instead of leaving their sockets to the garbage collector.
+        self._release = weakref.finalize(self, _release, self.app, self.consumer)
         self._validate = validate
         self.forget = forget
 
@@ -312,7 +322,7 @@ class Client:
             headers = [{KEYS_HEADER: keys}] if keys is not None and any(k is not None for k in keys) else None
             return self.publisher.publish(CHUNK_TASK, [(model_id, inputs)], level, deadline, headers=headers)[0]
 
-        return ChunkStream(send, self.results, **options)
+        return ChunkStream(send, self.results, self.consumer, **options)
 
     def fetch(self, job_ids: Sequence[str]) -> list[StoredResult]:
         """The stored states of many jobs now (batched MGETs; items of one chunk share one read).
@@ -350,7 +360,9 @@ class Client:
     def gather(
         self, jobs: Sequence[Job], timeout: float | None = 300.0, *, forget: bool | None = None
     ) -> list[StoredResult]:
-        """Wait for many jobs at once, reading results in batched MGETs; returns their final states in order.
+        """Wait for many jobs at once; returns their final states in order. The wait goes through the client's
+        result consumer: woken by each result's publish (no polling loop), reading the results found ready in
+        batched MGETs (first, after a reconnect, and every ``POLL_S`` as a safety net).
 
         Args:
             jobs: the jobs.
@@ -362,30 +374,22 @@ class Client:
             JobTimeout: some job has no result within ``timeout`` (names the first such job).
             QueueUnavailable: Redis cannot be reached.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        found: dict[str, StoredResult] = {}
-        pending = [job.id for job in jobs]
-        pause_s = 0.002
-        while pending:
-            for stored in self.fetch(pending):
-                if stored.ready:
-                    found[stored.job_id] = stored
-            pending = [job_id for job_id in pending if job_id not in found]
-            if not pending:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeout(pending[0], timeout or 0.0, states.PENDING)
-            time.sleep(pause_s)
-            pause_s = min(pause_s * 2, 0.1)
+        with translated(self.settings.broker_url):
+            stored = self.consumer.wait_all([job.id for job in jobs], timeout)
+        late = next((s for s in stored if not s.ready), None)
+        if late is not None:
+            raise JobTimeout(late.job_id, timeout or 0.0, states.PENDING)
         if self.forget if forget is None else forget:
             stored_under = list(dict.fromkeys(storage_id(job.id) for job in jobs))
             with translated(self.settings.broker_url):
                 for start in range(0, len(stored_under), 1000):
                     self.results.forget(stored_under[start : start + 1000])
-        return [found[job.id] for job in jobs]
+        return stored
 
     def close(self) -> None:
-        """Release what this client holds (its connections go back to the process's pool for its URL)."""
+        """Release what this client holds: its result consumer's listener stops, and its connections go back to the
+        process's pool for its URL (a later wait opens the consumer's again)."""
+        self.consumer.close()
         self._release()
 
     def __enter__(self) -> Self:

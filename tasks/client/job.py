@@ -1,5 +1,5 @@
-"""``Job``: a handle on one submitted job, by id: its state, its result (waited for on the result's publish,
-``tasks.client.waiting``), its cancellation."""
+"""``Job``: a handle on one submitted job, by id: its state, its result (waited for through its client's result
+consumer, ``tasks.client.consumer``), its cancellation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from config.errors import JobTimeout
 from tasks.broker.connection import translated
 from tasks.broker.results import StoredResult
-from tasks.client.waiting import raise_for, wait_result
+from tasks.client.reading import raise_for
 from tasks.protocol import split_item_id
 
 if TYPE_CHECKING:
@@ -46,7 +46,8 @@ class Job:
     def get(self, timeout: float | None = 60.0, *, forget: bool | None = None) -> Any:
         """Wait for the job and return its prediction.
 
-        Wakes on the result backend's publish (no polling stall), with a slow poll as a safety net.
+        Wakes on the result backend's publish (no polling stall), with a slow poll as a safety net: the wait goes
+        through the client's one result consumer, whose one pub/sub connection serves all of the client's waits.
 
         Args:
             timeout: seconds to wait (None: no limit).
@@ -61,7 +62,7 @@ class Job:
         """
         client = self.client
         with translated(client.settings.broker_url):
-            stored = wait_result(client.redis, client.results, self.id, timeout)
+            stored = client.consumer.wait(self.id, timeout)
             if not stored.ready:
                 raise JobTimeout(self.id, timeout or 0.0, stored.state)
             if (client.forget if forget is None else forget) and split_item_id(self.id) is None:
