@@ -1,6 +1,6 @@
-"""The result consumer against the real Redis: every wait of a client (``Job.get``, ``gather``) on one pub/sub
-connection, no result missed between the subscribe and the first read, a dropped connection replaced with every
-wait still woken, and a gather woken by publishes rather than a polling loop.
+"""The result consumers against the real Redis: every wait of a client (``Job.get``, ``gather``) and of an event
+loop on one pub/sub connection, no result missed between the subscribe and the first read, a dropped connection
+replaced with every wait still woken, and a gather woken by publishes rather than a polling loop.
 
 The pub/sub connections counted are this process's own (``tests.stack.pubsub_connections``), those opened during
 the test; a connection is killed by its id alone, so other users of the shared Redis are left alone.
@@ -8,6 +8,7 @@ the test; a connection is killed by its id alone, so other users of the shared R
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -20,8 +21,10 @@ import pytest
 import redis
 
 from config.settings import Settings
+from tasks.broker.connection import async_redis_client
 from tasks.broker.results import ResultStore, StoredResult
 from tasks.client import Client
+from tasks.client.aconsumer import AsyncResultConsumer
 from tasks.client.consumer import POLL_S, ResultConsumer
 from tests.stack import pubsub_connections, wait_for
 
@@ -172,4 +175,36 @@ def test_a_gather_of_a_thousand_jobs_is_woken_by_their_publishes_not_by_a_pollin
     # one read first, then one per POLL_S at most (the safety net): the publishes carry the results themselves
     assert len(mgets) <= 2 + elapsed_s / POLL_S, (mgets, elapsed_s)
     assert max(mgets) <= 1000
+    client.close()
+
+
+def test_asyncio_waits_share_one_pub_sub_connection_that_is_replaced_when_killed(settings: Settings) -> None:
+    client = Client(settings=settings, validate=False)
+    admin = redis.Redis.from_url(settings.broker_url)
+    worker = ResultStore(client.app)
+    before = _ours(admin)
+    quiet, published = _new_ids(50), _new_ids(50)
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[StoredResult]]:
+        aclient = async_redis_client(settings.broker_url)
+        consumer = AsyncResultConsumer(aclient, client.results, poll_s=60)
+        waits = [asyncio.create_task(consumer.wait(job_id, 30)) for job_id in quiet + published]
+        first = await asyncio.to_thread(wait_for, lambda: _opened_since(admin, before)(100), 20)
+        await asyncio.sleep(0.3)  # the first reads are done: they saw nothing
+        for job_id in quiet:
+            _store_quietly(admin, client.results, job_id, f"quiet {job_id}")
+        assert admin.client_kill_filter(_id=first[0]["id"]) == 1
+        second = await asyncio.to_thread(
+            wait_for, lambda: _opened_since(admin, before | {first[0]["id"]})(len(published)), 20)
+        worker.store([(job_id, f"published {job_id}", None) for job_id in published])
+        stored = await asyncio.gather(*waits)
+        await consumer.aclose()
+        await aclient.aclose()
+        return [*first, *second], stored
+
+    connections, stored = asyncio.run(scenario())
+    assert len(connections) == 2 and int(connections[0]["sub"]) == 100, "one connection at a time for every wait"
+    assert [(s.state, s.value) for s in stored] == [("SUCCESS", f"quiet {i}") for i in quiet] + [
+        ("SUCCESS", f"published {i}") for i in published]
+    assert _opened_since(admin, before)(0) == [], "the connection goes back with the consumer"
     client.close()

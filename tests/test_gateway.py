@@ -21,7 +21,7 @@ import redis
 
 from tasks.client import Client
 from tests.redis_server import redis_server_binary
-from tests.stack import GatewayProcess, Stack, free_port, wait_for, worker_and_gateway
+from tests.stack import GatewayProcess, Stack, free_port, pubsub_connections, wait_for, worker_and_gateway
 from tests.tinymodels import encode_image
 
 pytestmark = pytest.mark.slow
@@ -184,6 +184,36 @@ def test_predict_times_out_with_the_job_id_then_polling_succeeds(stack: Stack) -
     assert len(set(job_ids)) == len(texts)
     states = [poll_job(stack.http, job_id, timeout_s=60) for job_id in job_ids]
     assert all(s["state"] == "SUCCESS" and len(s["result"]) == 4 for s in states), states[:2]
+
+
+def test_every_waiting_predict_shares_the_gateway_s_one_pub_sub_connection(stack: Stack) -> None:
+    """With the worker frozen, 30 /predict calls wait at once on one pub/sub connection of the gateway; once the
+    worker runs again, each is woken by its own result."""
+    admin = redis.Redis.from_url(stack.env["SWAPLESS_REDIS_URL"])
+    texts = [f"one connection for all {i}" for i in range(30)]
+
+    def subscribed() -> list[dict[str, Any]] | None:
+        found = pubsub_connections(admin, stack.gateway.proc.pid)
+        return found if sum(int(c["sub"]) for c in found) >= len(texts) else None
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[httpx.Response]]:
+        async with httpx.AsyncClient(base_url=stack.gateway.url, timeout=60) as client:
+            waiting = [
+                asyncio.create_task(client.post("/predict", params={"timeout_s": 30}, json={"model_id": "topic", "input": t}))
+                for t in texts
+            ]
+            connections = await asyncio.to_thread(wait_for, subscribed, 20, what="30 waits subscribed")
+            os.kill(stack.worker.proc.pid, signal.SIGCONT)
+            return connections, list(await asyncio.gather(*waiting))
+
+    os.kill(stack.worker.proc.pid, signal.SIGSTOP)
+    try:
+        connections, responses = asyncio.run(scenario())
+    finally:
+        os.kill(stack.worker.proc.pid, signal.SIGCONT)
+    assert len(connections) == 1 and int(connections[0]["sub"]) == len(texts), connections
+    assert [r.status_code for r in responses] == [200] * len(texts)
+    assert all(len(r.json()["result"]) == 4 for r in responses)
 
 
 def test_a_deadline_in_the_body_is_kept_and_a_late_job_is_not_run(stack: Stack) -> None:

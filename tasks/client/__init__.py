@@ -5,8 +5,8 @@ progress.
 - ``job``: ``Job``, the handle on one job (get, aget, status, cancel);
 - ``publisher``: ``Publisher``, routing jobs (``Routed``) and publishing their messages;
 - ``consumer``: ``ResultConsumer``, every wait of a client (``Job.get``, ``gather``, chunk streams) on one pub/sub
-  connection; ``subscriptions``: its bookkeeping; ``reading``: reading results now (batched MGETs, chunk items);
-- ``waiting``: waiting for results in asyncio code (the gateway's);
+  connection; ``aconsumer``: ``AsyncResultConsumer``, the same for asyncio (the gateway's); ``subscriptions``: the
+  bookkeeping both keep; ``reading``: reading results now (batched MGETs, chunk items);
 - ``stream``: ``ChunkStream``, a bounded window of chunk messages read back in order;
 - ``bulk``, ``records``, ``progress``: ``BulkRun`` over a JSONL/CSV file, resumable, with its progress display.
 
