@@ -33,9 +33,11 @@ MAX_BODY_BYTES = 256 * 1024
 def stack(redis_url: str, models_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     logs = tmp_path_factory.mktemp("gateway-logs")
     extra = {"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5", "SWAPLESS_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY_BYTES)}
-    with worker_and_gateway(redis_url, models_file, logs, "gw@%h", **extra) as (env, worker, gateway):
-        with httpx.Client(base_url=gateway.url, timeout=30) as http:
-            yield Stack(env, worker, gateway, http)
+    with (
+        worker_and_gateway(redis_url, models_file, logs, "gw@%h", **extra) as (env, worker, gateway),
+        httpx.Client(base_url=gateway.url, timeout=30) as http,
+    ):
+        yield Stack(env, worker, gateway, http)
 
 
 def poll_job(http: httpx.Client, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -78,12 +80,12 @@ def test_requests_are_checked_before_anything_is_queued(stack: Stack) -> None:
         422, ["body", "input"], "bad input for model 'sentiment': empty text; send at least one non-blank character"
     )
     assert problem({"model_id": "vision", "input": "hello there"}, "/predict") == (
-        422, ["body", "input"], "bad input for model 'vision': the image is not valid base64: send the image's bytes "
-        "in base64 (the gateway reads no file paths)"
+        422, ["body", "input"], ("bad input for model 'vision': the image is not valid base64: send the image's "
+                                 "bytes in base64 (the gateway reads no file paths)")
     )
     assert problem({"model_id": "vision", "input": {"image": encode_image(1)}}) == (
-        422, ["body", "input"], "bad input for model 'vision': this is an image model; send a base64 string of a "
-        "PNG/JPEG/WebP, not an object"
+        422, ["body", "input"], ("bad input for model 'vision': this is an image model; send a base64 string of "
+                                 "a PNG/JPEG/WebP, not an object")
     )
     status, loc, _ = problem({"model_id": "sentiment"})
     assert (status, loc) == (422, ["body", "input"])
@@ -305,6 +307,7 @@ def test_health_and_submit_say_when_redis_is_down_and_recover(stack: Stack, tmp_
 
 def _pings(port: int) -> bool:
     try:
-        return bool(redis.Redis(port=port, socket_connect_timeout=0.5).ping())
+        with redis.Redis(port=port, socket_connect_timeout=0.5) as client:
+            return bool(client.ping())
     except redis.ConnectionError:
         return False
