@@ -79,13 +79,16 @@ def test_two_hundred_gets_from_threads_share_one_pub_sub_connection(settings: Se
     assert _opened_since(admin, before)(0) == [], "the connection goes back with the client"
 
 
-def test_a_result_stored_right_after_the_first_read_still_wakes_the_wait(
+def test_a_result_stored_before_the_subscription_took_effect_is_not_missed(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The wait subscribes before it first reads: a result stored between the two is published to it. (With no
-    poll within the test, a wait that read first would miss it.)"""
+    """A wait reads at once, and once more when Redis confirms its subscription: a result stored (and published to
+    nobody) in between is found. The consumer's pool lends its one connection only once the result is stored, and
+    no poll comes within the test."""
     client = Client(settings=settings, validate=False)
-    consumer = ResultConsumer(client.redis, client.results, poll_s=60)
+    pool = redis.BlockingConnectionPool.from_url(settings.broker_url, max_connections=1, timeout=20)
+    held = pool.get_connection()  # the consumer cannot subscribe yet
+    consumer = ResultConsumer(redis.Redis(connection_pool=pool), client.results, poll_s=60)
     worker = ResultStore(client.app)
     job_id = _new_ids(1)[0]
     reads: list[list[StoredResult]] = []
@@ -95,16 +98,23 @@ def test_a_result_stored_right_after_the_first_read_still_wakes_the_wait(
         found = fetch(job_ids)
         reads.append(found)
         if len(reads) == 1:
-            worker.store([(job_id, "stored in between", None)])
+            worker.store([(job_id, "stored in between", None)])  # its publish reaches nobody
         return found
 
     monkeypatch.setattr(client.results, "fetch", fetch_then_store)
+    got: list[StoredResult] = []
+    waiting = threading.Thread(target=lambda: got.append(consumer.wait(job_id, timeout_s=20)))
     started = time.monotonic()
-    stored = consumer.wait(job_id, timeout_s=10)
-    assert (stored.state, stored.value) == ("SUCCESS", "stored in between")
-    assert [r[0].state for r in reads] == ["PENDING"], "woken by the publish itself, with no second read"
-    assert time.monotonic() - started < 5
+    waiting.start()
+    wait_for(lambda: reads, 10, what="the first read")
+    time.sleep(0.2)
+    pool.release(held)
+    waiting.join(20)
+    assert reads[0][0].state == "PENDING"
+    assert [(s.state, s.value) for s in got] == [("SUCCESS", "stored in between")]
+    assert time.monotonic() - started < 10, "found by the read after the subscription, not at the deadline"
     consumer.close()
+    pool.disconnect()
     client.close()
 
 
@@ -123,6 +133,7 @@ def test_a_killed_pub_sub_connection_is_replaced_and_every_wait_still_wakes(sett
         got[job_id] = consumer.wait(job_id, timeout_s=30)
 
     threads = [threading.Thread(target=wait, args=(job_id,)) for job_id in quiet + published]
+    started = time.monotonic()
     for thread in threads:
         thread.start()
     first = wait_for(lambda: _opened_since(admin, before)(10), 20, what="10 subscriptions")
@@ -136,7 +147,8 @@ def test_a_killed_pub_sub_connection_is_replaced_and_every_wait_still_wakes(sett
     assert len(second) == 1
     worker.store([(job_id, f"published {job_id}", None) for job_id in published])
     for thread in threads:
-        thread.join(20)
+        thread.join(30)
+    assert time.monotonic() - started < 15, "woken by the reconnection, not at their deadline (30 s)"
     assert {job_id: (s.state, s.value) for job_id, s in got.items()} == {
         **{job_id: ("SUCCESS", f"quiet {job_id}") for job_id in quiet},
         **{job_id: ("SUCCESS", f"published {job_id}") for job_id in published},
@@ -188,6 +200,7 @@ def test_asyncio_waits_share_one_pub_sub_connection_that_is_replaced_when_killed
     async def scenario() -> tuple[list[dict[str, Any]], list[StoredResult]]:
         aclient = async_redis_client(settings.broker_url)
         consumer = AsyncResultConsumer(aclient, client.results, poll_s=60)
+        started = time.monotonic()
         waits = [asyncio.create_task(consumer.wait(job_id, 30)) for job_id in quiet + published]
         first = await asyncio.to_thread(wait_for, lambda: _opened_since(admin, before)(100), 20)
         await asyncio.sleep(0.3)  # the first reads are done: they saw nothing
@@ -198,6 +211,7 @@ def test_asyncio_waits_share_one_pub_sub_connection_that_is_replaced_when_killed
             wait_for, lambda: _opened_since(admin, before | {first[0]["id"]})(len(published)), 20)
         worker.store([(job_id, f"published {job_id}", None) for job_id in published])
         stored = await asyncio.gather(*waits)
+        assert time.monotonic() - started < 15, "woken by the reconnection, not at their deadline (30 s)"
         await consumer.aclose()
         await aclient.aclose()
         return [*first, *second], stored

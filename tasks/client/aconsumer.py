@@ -7,9 +7,9 @@ loop on one pub/sub connection. The gateway holds one for the whole process, how
     await consumer.aclose()                             # the app's shutdown
 
 It works as the thread one does (see there, and ``tasks.client.subscriptions``): opened by the first wait, read by
-one task that hands each published result (decoded once) to the waits of its key; a wait reads first once its
-keys' subscriptions are confirmed, then on a publish, every ``POLL_S`` at most and at its deadline; a dropped
-connection is replaced, every key subscribed again and every wait reads once more. The event loop never waits on
+one task that hands each published result (decoded once) to the waits of its key; a wait subscribes before it
+first reads, reads once more when its subscriptions are confirmed, then on a publish, every ``POLL_S`` at most and
+at its deadline; a dropped connection is replaced, every key subscribed again and every wait reads once more. The event loop never waits on
 Redis: reads are awaited MGETs, and a read of many results is decoded in a worker thread.
 """
 
@@ -58,14 +58,9 @@ class AsyncWatch:
         Raises:
             redis.RedisError: a read failed (Redis cannot be reached).
         """
-        poll_s = self._consumer.poll_s
-        now = time.monotonic()
-        deadline = now + max(0.0, timeout_s)
+        deadline = time.monotonic() + max(0.0, timeout_s)
         waiter = self._waiter
-        if not waiter.started:
-            latest = min(now + poll_s, deadline)
-            while waiter.unconfirmed and time.monotonic() < latest:
-                await self._sleep(latest - time.monotonic())
+        if not waiter.started:  # the first read: at once, its keys' SUBSCRIBE sent
             waiter.started = True
             self._collect()
             await self._read()
@@ -77,7 +72,7 @@ class AsyncWatch:
             await self._sleep(until - now)
             reread = self._collect()
             if not waiter.done and (reread or time.monotonic() >= until):
-                await self._read()  # told to (a reconnect), the safety net's turn, or the deadline
+                await self._read()  # the subscriptions confirmed (again), the safety net's turn, or the deadline
         return waiter.states()
 
     async def _sleep(self, seconds: float) -> None:

@@ -10,9 +10,9 @@ in ``celery/backends/asynchronous.py``), for code that waits in threads.
 The connection is opened by the first wait (nothing is opened when the consumer is built) and read by one daemon
 thread, the listener, which hands each published result to the waits of its key (the publish carries the stored
 value: it is decoded once, with no second read). A wait subscribes its keys, counted across waits
-(``tasks.client.subscriptions``), and reads its results first once Redis has confirmed the subscriptions, so a
-result stored in between is never missed; then it sleeps until the listener hands it something, reading again
-every ``POLL_S`` at most as a safety net, and at its deadline. Reads are batched MGETs, made by the waiting thread
+(``tasks.client.subscriptions``), before it first reads its results, and reads once more when Redis has confirmed
+the subscriptions, so a result stored in between is never missed; then it sleeps until the listener hands it
+something, reading again every ``POLL_S`` at most as a safety net, and at its deadline. Reads are batched MGETs, made by the waiting thread
 itself, so their Redis errors reach it (``Client`` translates them into ``QueueUnavailable``).
 
 When the connection drops (a Redis restart, ``CLIENT KILL``), the listener reconnects (backing off from 0.1 s to
@@ -70,10 +70,12 @@ class Watch:
         Raises:
             redis.RedisError: a read failed (Redis cannot be reached).
         """
-        now = time.monotonic()
-        deadline = None if timeout_s is None else now + max(0.0, timeout_s)
-        if not self._waiter.started:
-            self._first_read(now + self._poll_s if deadline is None else min(now + self._poll_s, deadline))
+        deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
+        if not self._waiter.started:  # the first read: at once, its keys' SUBSCRIBE sent (see the module docstring)
+            with self._lock:
+                self._waiter.started = True
+            self._collect()
+            self._read()
         while not self._waiter.done:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
@@ -83,24 +85,8 @@ class Watch:
             self._event.clear()
             reread = self._collect()
             if not self._waiter.done and (reread or time.monotonic() >= until):
-                self._read()  # told to (a reconnect), the safety net's turn, or the deadline: read once more
+                self._read()  # the subscriptions confirmed (again), the safety net's turn, or the deadline
         return self._waiter.states()
-
-    def _first_read(self, latest: float) -> None:
-        """Read once the subscriptions are confirmed, or at ``latest`` (a connection slow to come, or down)."""
-        while True:
-            with self._lock:
-                if not self._waiter.unconfirmed:
-                    break
-            left = latest - time.monotonic()
-            if left <= 0:
-                break
-            self._event.wait(left)
-            self._event.clear()
-        with self._lock:
-            self._waiter.started = True
-        self._collect()
-        self._read()
 
     def _collect(self) -> bool:
         """Take what the listener handed over; returns whether it asked for a read."""

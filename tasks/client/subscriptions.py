@@ -7,13 +7,14 @@ A result is published on the key it is stored under (``tasks.broker.results``), 
 
 - ``Subscriptions.add`` counts a wait's keys; a key's first wait means one ``SUBSCRIBE``, its last one's leaving one
   ``UNSUBSCRIBE`` (``remove``).
-- A wait reads its results first only once Redis has confirmed each of its keys' subscriptions (``confirm``): a
-  result stored after that is published to the connection, one stored before it is there to read, and none falls
-  in between. Confirmations are counted per key, so a stale one (a key unsubscribed and subscribed again) never
-  confirms the newer subscription.
+- A wait sends its keys' SUBSCRIBE before it first reads, and reads at once (a lone job's result is often there
+  before Redis has confirmed the subscription); once Redis has confirmed all of its keys' subscriptions
+  (``confirm``), a wait that read before that reads once more. A result stored before the confirmation is found
+  by that read, one stored after it is published to the connection: none is missed. Confirmations are counted per
+  key, so a stale one (a key unsubscribed and subscribed again) never confirms the newer subscription.
 - When the connection drops, every confirmation is void (``lost``); the consumer subscribes every key again on its
-  next connection, and each confirmation then tells the key's waits that have read already to read once more (a
-  publish may have come while the connection was down).
+  next connection, and once a wait's keys are all confirmed again it reads once more (a publish may have come
+  while the connection was down).
 - A publish hands the stored value it carries to each wait of its key (``Waiter.deliver``): no second read.
 """
 
@@ -49,9 +50,9 @@ class Waiter:
             self._jobs_of.setdefault(storage_id(job_id), []).append(job_id)
         #: channel (the result's key) -> storage id
         self.channels: dict[str, str] = {results.key(under): under for under in self._jobs_of}
-        #: channels whose subscription Redis has not confirmed yet (set by ``Subscriptions.add``)
+        #: channels whose subscription Redis has not confirmed yet (set by ``Subscriptions.add`` and ``lost``)
         self.unconfirmed: set[str] = set()
-        #: whether the wait has read its results once (after its keys were subscribed, or after the first poll)
+        #: whether the wait has read its results once
         self.started = False
         self._states: dict[str, StoredResult] = {}
         self._inbox: dict[str, StoredResult] = {}
@@ -69,12 +70,13 @@ class Waiter:
         self._wake()
 
     def confirmed(self, channel: str) -> None:
-        """Redis confirmed the subscription of ``channel``: the wait may read, or (having read) reads once more."""
+        """Redis confirmed the subscription of ``channel``: once all of the wait's are, a wait that has read
+        already reads once more (what was stored before the subscriptions took effect)."""
+        if channel not in self.unconfirmed:
+            return
         self.unconfirmed.discard(channel)
-        if self.started:
+        if self.started and not self.unconfirmed:
             self._reread = True
-            self._wake()
-        elif not self.unconfirmed:
             self._wake()
 
     # -- the waiting side (the inbox under the consumer's guard; the rest the wait's own) -------------------------
@@ -169,9 +171,13 @@ class Subscriptions:
                 waiter.confirmed(channel)
 
     def lost(self) -> list[str]:
-        """The connection dropped: nothing is subscribed any more. Returns every channel, to subscribe again."""
+        """The connection dropped: nothing is subscribed any more, for any wait. Returns every channel, to subscribe
+        again."""
         self._sent.clear()
         self._live.clear()
+        for waits in self._waiters.values():
+            for waiter in waits:
+                waiter.unconfirmed = set(waiter.channels)
         return list(self._waiters)
 
     def channels(self) -> list[str]:
