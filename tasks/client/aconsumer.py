@@ -7,10 +7,10 @@ loop on one pub/sub connection. The gateway holds one for the whole process, how
     await consumer.aclose()                             # the app's shutdown
 
 It works as the thread one does (see there, and ``tasks.client.subscriptions``): opened by the first wait, read by
-one task that hands each published result (decoded once) to the waits of its key; a wait subscribes before it
-first reads, reads once more when its subscriptions are confirmed, then on a publish, every ``POLL_S`` at most and
-at its deadline; a dropped connection is replaced, every key subscribed again and every wait reads once more. The event loop never waits on
-Redis: reads are awaited MGETs, and a read of many results is decoded in a worker thread.
+one task that hands each published result (decoded once) to the waits of its key; a wait subscribes before it first
+reads, reads once more when its subscriptions are confirmed, then on a publish, every ``POLL_S`` at most and at its
+deadline; a dropped connection is replaced, every key subscribed again and every wait reads once more. The event
+loop never waits on Redis: reads are awaited MGETs, and a read of many results is decoded in a worker thread.
 """
 
 from __future__ import annotations

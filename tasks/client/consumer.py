@@ -12,8 +12,9 @@ thread, the listener, which hands each published result to the waits of its key 
 value: it is decoded once, with no second read). A wait subscribes its keys, counted across waits
 (``tasks.client.subscriptions``), before it first reads its results, and reads once more when Redis has confirmed
 the subscriptions, so a result stored in between is never missed; then it sleeps until the listener hands it
-something, reading again every ``POLL_S`` at most as a safety net, and at its deadline. Reads are batched MGETs, made by the waiting thread
-itself, so their Redis errors reach it (``Client`` translates them into ``QueueUnavailable``).
+something, reading again every ``POLL_S`` at most as a safety net, and at its deadline. Reads are batched MGETs,
+made by the waiting thread itself, so their Redis errors reach it (``Client`` translates them into
+``QueueUnavailable``).
 
 When the connection drops (a Redis restart, ``CLIENT KILL``), the listener reconnects (backing off from 0.1 s to
 2 s while it fails) and subscribes every key again; each wait then reads once more, as a publish may have come while

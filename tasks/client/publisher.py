@@ -108,11 +108,11 @@ class Publisher:
     def route_jobs(
         self, jobs: Sequence[tuple[str, Any]], keys: Sequence[str | None] | None = None, *, paths: bool = True
     ) -> list[Routed]:
-        """Each job with a fresh id, addressed to the model that serves it: a route resolved (``manager.registry.routing``: by
-        its sticky key, else by its id, so a worker resolving a plain Celery job by its id picks the same) with the
-        shadows it sends copies to. A job whose route cannot place its input goes as addressed: the worker answers
-        it alone (``InputError``). ``paths``: whether an input may be an image file's path (False for inputs from
-        the network: ``secret.png`` is then text).
+        """Each job with a fresh id, addressed to the model that serves it: a route resolved
+        (``manager.registry.routing``: by its sticky key, else by its id, so a worker resolving a plain Celery
+        job by its id picks the same) with the shadows it sends copies to. A job whose route cannot place its
+        input goes as addressed: the worker answers it alone (``InputError``). ``paths``: whether an input may
+        be an image file's path (False for inputs from the network: ``secret.png`` is then text).
         """
         store = self._routing_store()
         ids = [str(uuid.uuid4()) for _ in jobs]
