@@ -205,7 +205,7 @@ class AsyncResultConsumer:
                     if self._broken:
                         raise ConnectionError("a command on the pub/sub connection failed")
                 except Exception as err:  # noqa: BLE001 - dropped: reconnect
-                    logger.warning("lost the pub/sub connection for results (%s); reconnecting", err)
+                    logger.info("lost the pub/sub connection for results (%s); reconnecting", err)
                     await self._drop(pool, conn)
                     conn, dropped = None, True
                     continue
@@ -223,7 +223,7 @@ class AsyncResultConsumer:
         try:
             conn: AbstractConnection = await pool.get_connection()
         except Exception as err:  # noqa: BLE001 - the listener tries again
-            logger.warning("cannot open the pub/sub connection for results (%s); retrying", err)
+            logger.debug("cannot open the pub/sub connection for results (%s); retrying", err)
             return None
         self._conn, self._broken = conn, False
         await self._send("SUBSCRIBE", self._table.channels())

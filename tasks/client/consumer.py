@@ -18,7 +18,9 @@ made by the waiting thread itself, so their Redis errors reach it (``Client`` tr
 
 When the connection drops (a Redis restart, ``CLIENT KILL``), the listener reconnects (backing off from 0.1 s to
 2 s while it fails) and subscribes every key again; each wait then reads once more, as a publish may have come while
-it was down. The connection goes back to its pool at ``close`` (``Client.close``); a wait after that opens it again.
+it was down. The consumer logs a reconnection at INFO and a failed attempt at DEBUG only: a wait's own reads
+report a Redis that is down (``QueueUnavailable``). The connection goes back to its pool at ``close``
+(``Client.close``); a wait after that opens it again.
 """
 
 from __future__ import annotations
@@ -214,7 +216,7 @@ class ResultConsumer:
                 except Exception as err:  # noqa: BLE001 - dropped (or cut by close): reconnect, unless stopping
                     if stop.is_set():
                         break
-                    logger.warning("lost the pub/sub connection for results (%s); reconnecting", err)
+                    logger.info("lost the pub/sub connection for results (%s); reconnecting", err)
                     self._drop(pool, conn)
                     conn, dropped = None, True
                     continue
@@ -236,7 +238,7 @@ class ResultConsumer:
         try:
             conn = pool.get_connection()
         except Exception as err:  # noqa: BLE001 - the listener tries again
-            logger.warning("cannot open the pub/sub connection for results (%s); retrying", err)
+            logger.debug("cannot open the pub/sub connection for results (%s); retrying", err)
             return None
         with self._lock:
             closed = stop.is_set()
