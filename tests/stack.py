@@ -1,5 +1,6 @@
 """Helpers for the gateway, status and metrics tests: a private Redis corner shared by a module, a real
-`swapless serve` process, free ports, and the listening sockets of a process (read from /proc)."""
+`swapless serve` process, free ports, the listening sockets of a process (read from /proc), and the pub/sub
+connections a process holds on Redis."""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
+import psutil
 import redis
 
 from config.settings import get_settings
 from tests.conftest import REPO, CliProcess, WorkerProcess
 
-__all__ = ["GatewayProcess", "free_port", "listening_ports", "private_env", "run_cli", "wait_for"]
+__all__ = ["GatewayProcess", "free_port", "listening_ports", "private_env", "pubsub_connections", "run_cli", "wait_for"]
 
 T = TypeVar("T")
 
@@ -44,6 +46,13 @@ def wait_for(predicate: Callable[[], T | None], timeout_s: float = 10.0, interva
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def pubsub_connections(admin: redis.Redis, pid: int) -> list[dict[str, Any]]:
+    """The pub/sub connections (``CLIENT LIST TYPE pubsub``: subscribed to some channel) that process ``pid`` holds
+    on ``admin``'s Redis: those whose address is one of the process's own sockets."""
+    ours = {f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process(pid).net_connections(kind="inet") if c.raddr}
+    return [c for c in admin.client_list(_type="pubsub") if c["addr"] in ours]
 
 
 @contextmanager
@@ -80,6 +89,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 60
     """Run ``python -m tasks.cli ARGS`` with a wide terminal, so tables are not cut."""
     return subprocess.run(
         [sys.executable, "-m", "tasks.cli", *args],
+        check=False,
         cwd=REPO,
         env={**os.environ, **(env or {}), "COLUMNS": "200", "TERM": "dumb"},
         capture_output=True,

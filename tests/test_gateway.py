@@ -21,7 +21,7 @@ import redis
 
 from tasks.client import Client
 from tests.redis_server import redis_server_binary
-from tests.stack import GatewayProcess, Stack, free_port, wait_for, worker_and_gateway
+from tests.stack import GatewayProcess, Stack, free_port, pubsub_connections, wait_for, worker_and_gateway
 from tests.tinymodels import encode_image
 
 pytestmark = pytest.mark.slow
@@ -33,9 +33,11 @@ MAX_BODY_BYTES = 256 * 1024
 def stack(redis_url: str, models_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     logs = tmp_path_factory.mktemp("gateway-logs")
     extra = {"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5", "SWAPLESS_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY_BYTES)}
-    with worker_and_gateway(redis_url, models_file, logs, "gw@%h", **extra) as (env, worker, gateway):
-        with httpx.Client(base_url=gateway.url, timeout=30) as http:
-            yield Stack(env, worker, gateway, http)
+    with (
+        worker_and_gateway(redis_url, models_file, logs, "gw@%h", **extra) as (env, worker, gateway),
+        httpx.Client(base_url=gateway.url, timeout=30) as http,
+    ):
+        yield Stack(env, worker, gateway, http)
 
 
 def poll_job(http: httpx.Client, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -78,12 +80,12 @@ def test_requests_are_checked_before_anything_is_queued(stack: Stack) -> None:
         422, ["body", "input"], "bad input for model 'sentiment': empty text; send at least one non-blank character"
     )
     assert problem({"model_id": "vision", "input": "hello there"}, "/predict") == (
-        422, ["body", "input"], "bad input for model 'vision': the image is not valid base64: send the image's bytes "
-        "in base64 (the gateway reads no file paths)"
+        422, ["body", "input"], ("bad input for model 'vision': the image is not valid base64: send the image's "
+                                 "bytes in base64 (the gateway reads no file paths)")
     )
     assert problem({"model_id": "vision", "input": {"image": encode_image(1)}}) == (
-        422, ["body", "input"], "bad input for model 'vision': this is an image model; send a base64 string of a "
-        "PNG/JPEG/WebP, not an object"
+        422, ["body", "input"], ("bad input for model 'vision': this is an image model; send a base64 string of "
+                                 "a PNG/JPEG/WebP, not an object")
     )
     status, loc, _ = problem({"model_id": "sentiment"})
     assert (status, loc) == (422, ["body", "input"])
@@ -186,6 +188,36 @@ def test_predict_times_out_with_the_job_id_then_polling_succeeds(stack: Stack) -
     assert all(s["state"] == "SUCCESS" and len(s["result"]) == 4 for s in states), states[:2]
 
 
+def test_every_waiting_predict_shares_the_gateway_s_one_pub_sub_connection(stack: Stack) -> None:
+    """With the worker frozen, 30 /predict calls wait at once on one pub/sub connection of the gateway; once the
+    worker runs again, each is woken by its own result."""
+    admin = redis.Redis.from_url(stack.env["SWAPLESS_REDIS_URL"])
+    texts = [f"one connection for all {i}" for i in range(30)]
+
+    def subscribed() -> list[dict[str, Any]] | None:
+        found = pubsub_connections(admin, stack.gateway.proc.pid)
+        return found if sum(int(c["sub"]) for c in found) >= len(texts) else None
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[httpx.Response]]:
+        async with httpx.AsyncClient(base_url=stack.gateway.url, timeout=60) as client:
+            waiting = [
+                asyncio.create_task(client.post("/predict", params={"timeout_s": 30}, json={"model_id": "topic", "input": t}))
+                for t in texts
+            ]
+            connections = await asyncio.to_thread(wait_for, subscribed, 20, what="30 waits subscribed")
+            os.kill(stack.worker.proc.pid, signal.SIGCONT)
+            return connections, list(await asyncio.gather(*waiting))
+
+    os.kill(stack.worker.proc.pid, signal.SIGSTOP)
+    try:
+        connections, responses = asyncio.run(scenario())
+    finally:
+        os.kill(stack.worker.proc.pid, signal.SIGCONT)
+    assert len(connections) == 1 and int(connections[0]["sub"]) == len(texts), connections
+    assert [r.status_code for r in responses] == [200] * len(texts)
+    assert all(len(r.json()["result"]) == 4 for r in responses)
+
+
 def test_a_deadline_in_the_body_is_kept_and_a_late_job_is_not_run(stack: Stack) -> None:
     http = stack.http
     assert http.post("/jobs", json={"model_id": "sentiment", "input": "hi", "expires_s": 0}).status_code == 422
@@ -275,6 +307,7 @@ def test_health_and_submit_say_when_redis_is_down_and_recover(stack: Stack, tmp_
 
 def _pings(port: int) -> bool:
     try:
-        return bool(redis.Redis(port=port, socket_connect_timeout=0.5).ping())
+        with redis.Redis(port=port, socket_connect_timeout=0.5) as client:
+            return bool(client.ping())
     except redis.ConnectionError:
         return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid
 from typing import Any
@@ -12,8 +13,8 @@ import redis
 from config.errors import JobFailed
 from tasks.app import make_app
 from tasks.broker.results import ResultStore
-from tasks.client import waiting
-from tasks.client.waiting import wait_result
+from tasks.client.consumer import ResultConsumer
+from tests.stack import pubsub_connections
 
 
 def test_a_success_is_stored_as_celery_s_backend_would_store_it(swapless_env: dict[str, str], redis_url: str) -> None:
@@ -52,25 +53,29 @@ def test_a_wait_is_woken_by_the_publish_itself_and_reuses_its_pub_sub_connection
     app = make_app()
     client = redis.Redis.from_url(app.conf.result_backend)
     store = ResultStore(app, client=client)
+    consumer = ResultConsumer(client, store)
     first, second = str(uuid.uuid4()), str(uuid.uuid4())
     value = store._encode(first, {"label": "POSITIVE"}, None, "2026-01-01T00:00:00+00:00")
+    serving: list[set[str]] = []  # at each publish: this process's pub/sub connections
 
     def publish_later(job_id: str, raw: Any, delay_s: float) -> threading.Timer:
-        timer = threading.Timer(delay_s, lambda: client.publish(store.key(job_id), raw))
+        def publish() -> None:
+            serving.append({c["id"] for c in pubsub_connections(client, os.getpid())})
+            client.publish(store.key(job_id), raw)
+
+        timer = threading.Timer(delay_s, publish)
         timer.start()
         return timer
 
     # published, never SET: only the publish's own payload can answer the wait
     publish_later(first, value, 0.2)
-    stored = wait_result(client, store, first, timeout_s=5)
+    stored = consumer.wait(first, timeout_s=5)
     assert stored.state == "SUCCESS" and stored.value == {"label": "POSITIVE"}
-    idle = waiting._subscriptions_of(client)._idle
-    assert len(idle) == 1  # kept for the next wait
-    kept = idle[0]
     # a late message on the first job's channel does not answer the second job's wait
     publish_later(first, value, 0.1)
-    assert wait_result(client, store, second, timeout_s=1).state == "PENDING"
-    assert waiting._subscriptions_of(client)._idle == [kept]  # the same connection served both waits
+    assert consumer.wait(second, timeout_s=1).state == "PENDING"
+    assert len(serving) == 2 and len(serving[0]) == 1 and serving[0] == serving[1], serving  # one, for both waits
+    consumer.close()
 
 
 def test_the_reads_before_a_group_count_the_first_attempt_of_fresh_jobs_only(swapless_env: dict[str, str]) -> None:

@@ -104,8 +104,9 @@ def redis_client(url: str, connect_timeout_s: float = 3.0, socket_timeout_s: flo
     return redis.Redis(connection_pool=pool)
 
 
-#: Connections an asyncio client may open: every request the gateway holds waiting for a result has one of its own
-#: (a pub/sub subscription), so redis-py's default of 100 would turn the 101st waiting request into an error.
+#: Connections an asyncio client may open: every request the gateway is serving may hold one for its reads and
+#: writes (its waits all share one pub/sub connection), so redis-py's default of 100 would turn the 101st request in
+#: flight into an error.
 ASYNC_MAX_CONNECTIONS = 2000
 
 

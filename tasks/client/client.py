@@ -11,6 +11,12 @@
         ...
     jobs = client.submit_many("sentiment", texts)       # one Job per input, sent as chunks of 256
 
+``Client`` is the facade over the producer's parts, each built here once and owning one concern: the
+``Publisher`` routes and publishes jobs (``tasks.client.publisher``); the ``ResultStore`` reads results
+(``tasks.broker.results``); the ``ResultConsumer`` serves every wait, ``Job.get``, ``gather`` and the chunk
+streams of ``map`` and bulk runs alike, on one pub/sub connection (``tasks.client.consumer``); ``Job`` is the
+handle on one job (``tasks.client.job``).
+
 Every message is the one Celery's ``send_task`` would send (``tasks.broker.publish``), pushed with one LPUSH per
 call, so a plain Celery producer and this client are interchangeable. The client talks to Redis through one
 redis-py client with a bounded connect timeout (``SWAPLESS_CONNECT_TIMEOUT_S``): a Redis that is down is
@@ -20,53 +26,42 @@ redis-py client with a bounded connect timeout (``SWAPLESS_CONNECT_TIMEOUT_S``):
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import logging
-import time
-import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self
 
 from celery import Celery, states
 
-from config.errors import DeadlinePassed, JobCancelled, JobTimeout, QueueFull, SwaplessError
+from config.errors import DeadlinePassed, JobCancelled, JobTimeout
 from config.settings import Settings, get_settings
 from manager.registry.specs import ModelSpec
 from manager.registry.store import ModelStore
 from tasks.app import make_app
-from tasks.broker.connection import redact, redis_client, translated
-from tasks.broker.publish import ModelPush, build_messages, push, push_to_models
+from tasks.broker.connection import redis_client, translated
 from tasks.broker.results import ResultStore, StoredResult
 from tasks.broker.routes import RouteOverrides
+from tasks.client.consumer import ResultConsumer
+from tasks.client.job import Job
+from tasks.client.publisher import Publisher, Routed
+from tasks.client.reading import read_results
 from tasks.client.stream import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_IN_FLIGHT,
     ChunkEvent,
     ChunkStream,
 )
-from tasks.client.waiting import raise_for, read_results, wait_result
-from tasks.keyspace import Keyspace
 from tasks.protocol import (
     CHUNK_TASK,
     KEYS_HEADER,
-    PREDICT_TASK,
-    PRIORITY_STEPS,
-    SHADOW_HEADER,
-    SHADOWED_HEADER,
     expires_header,
     item_id,
     priority_level,
-    split_item_id,
     storage_id,
 )
 
-__all__ = ["Client", "Job", "Routed"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["Client"]
 
 
 def _batched(values: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -77,76 +72,9 @@ def _batched(values: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield batch
 
 
-@dataclass(frozen=True)
-class Routed:
-    """A single job ready to send: its id, the model its message addresses (the route's pick, or as addressed), its
-    input, and the shadow models that get a copy (``via``: the routes it went through, outermost first)."""
-
-    job_id: str
-    model_id: str
-    value: Any
-    shadows: tuple[str, ...] = ()
-    via: tuple[str, ...] = ()
-
-
-class Job:
-    """A handle on one submitted job. Cheap to create: ``Client().job(job_id)`` works for any id.
-
-    Jobs of ``submit_many`` are items of chunk messages; their ids are ``"<chunk id>:<index>"`` and they read their
-    own item of the chunk's stored result.
-    """
-
-    def __init__(self, client: Client, job_id: str) -> None:
-        self.client = client
-        self.id = job_id
-
-    def __repr__(self) -> str:
-        return f"Job({self.id!r})"
-
-    def status(self) -> StoredResult:
-        """The stored state now: PENDING (queued, running, or unknown id), SUCCESS or FAILURE."""
-        return self.client.fetch([self.id])[0]
-
-    @property
-    def state(self) -> str:
-        return self.status().state
-
-    def ready(self) -> bool:
-        return self.status().ready
-
-    def get(self, timeout: float | None = 60.0, *, forget: bool | None = None) -> Any:
-        """Wait for the job and return its prediction.
-
-        Wakes on the result backend's publish (no polling stall), with a slow poll as a safety net.
-
-        Args:
-            timeout: seconds to wait (None: no limit).
-            forget: delete the result from Redis once read (a second ``get`` then waits in vain); default: the
-                client's ``forget``. The items of a chunk (``submit_many``) share their chunk's result and are
-                never forgotten one by one (``gather`` forgets a chunk's).
-
-        Raises:
-            SwaplessError: the worker's error for this job (UnknownModel, InputError, ...), rebuilt here.
-            JobTimeout: no result within ``timeout`` seconds (the job may still finish).
-            QueueUnavailable: Redis cannot be reached.
-        """
-        client = self.client
-        with translated(client.settings.broker_url):
-            stored = wait_result(client.redis, client.results, self.id, timeout)
-            if not stored.ready:
-                raise JobTimeout(self.id, timeout or 0.0, stored.state)
-            if (client.forget if forget is None else forget) and split_item_id(self.id) is None:
-                client.results.forget([self.id])
-        return raise_for(stored)
-
-    async def aget(self, timeout: float | None = 60.0, *, forget: bool | None = None) -> Any:
-        """``get`` for asyncio code: waits in a thread, never blocking the event loop."""
-        return await asyncio.to_thread(self.get, timeout, forget=forget)
-
-    def cancel(self) -> str:
-        """Cancel this job if it has not started (``Client.cancel``); returns ``"cancelled"``, ``"running"`` (too
-        late: it runs to its end, its result is kept) or ``"done"``."""
-        return self.client.cancel([self.id])[self.id]
+def _release(app: Celery, consumer: ResultConsumer) -> None:
+    consumer.close()
+    app.close()
 
 
 class Client:
@@ -172,17 +100,19 @@ class Client:
         self.settings = base.model_copy(update={"redis_url": redis_url}) if redis_url else base
         #: The Celery app whose result backend's encoding, key names and expiry the results follow.
         self.app: Celery = make_app(self.settings)
-        # A client dropped without close() still closes the connections its app opened (send_task, AsyncResult)
-        # instead of leaving their sockets to the garbage collector.
-        self._release = weakref.finalize(self, self.app.close)
         #: Every call of this client goes through it (one connection pool per URL in the process).
         self.redis = redis_client(self.settings.broker_url, connect_timeout_s=self.settings.connect_timeout_s)
         self.results = ResultStore(self.app, client=self.redis)
+        #: Routes and publishes this client's jobs.
+        self.publisher = Publisher(self.settings, self.app, self.redis)
+        #: Every wait of this client (``Job.get``, ``gather``, chunk streams): one pub/sub connection, opened by the
+        #: first wait.
+        self.consumer = ResultConsumer(self.redis, self.results)
+        # A client dropped without close() still lets go of what it opened (its app's connections, the consumer's
+        # pub/sub connection and listener) instead of leaving their sockets to the garbage collector.
+        self._release = weakref.finalize(self, _release, self.app, self.consumer)
         self._validate = validate
         self.forget = forget
-        self._store: ModelStore | None = None
-        self._routing_unavailable = False
-        self._overrides: RouteOverrides | None = None
 
     @property
     def queue(self) -> str:
@@ -192,9 +122,7 @@ class Client:
     @property
     def store(self) -> ModelStore:
         """The model registry this client validates against (read on first use)."""
-        if self._store is None:
-            self._store = ModelStore.from_file(self.settings.models_file)
-        return self._store
+        return self.publisher.store
 
     def _checked(self, model_id: str, priority: str) -> int:
         """Check ``priority`` and (with ``validate``) ``model_id`` before anything is sent; returns the level."""
@@ -203,155 +131,31 @@ class Client:
             self.store.get(model_id)
         return level
 
-    def _routing_store(self) -> ModelStore | None:
-        """The registry, when this client can read it and it has routes (else jobs go as addressed)."""
-        if self._store is None and self._routing_unavailable:
-            return None
-        try:
-            store = self.store
-        except SwaplessError:
-            self._routing_unavailable = True  # no models file here: the workers route
-            return None
-        return store if store.routes else None
-
     def route_weights(self) -> RouteOverrides:
         """The run-time route weights (``swapless route``) this client reads, cached for a second."""
-        if self._overrides is None:
-            self._overrides = RouteOverrides(self.redis, Keyspace.of(self.settings))
-        return self._overrides
+        return self.publisher.route_weights()
 
     def route_jobs(
         self, jobs: Sequence[tuple[str, Any]], keys: Sequence[str | None] | None = None, *, paths: bool = True
     ) -> list[Routed]:
-        """Each job with a fresh id, addressed to the model that serves it: a route resolved (``manager.registry.routing``: by
-        its sticky key, else by its id, so a worker resolving a plain Celery job by its id picks the same) with the
-        shadows it sends copies to. A job whose route cannot place its input goes as addressed: the worker answers
-        it alone (``InputError``). ``paths``: whether an input may be an image file's path (False for inputs from
-        the network: ``secret.png`` is then text).
-        """
-        store = self._routing_store()
-        ids = [str(uuid.uuid4()) for _ in jobs]
-        if store is None:
-            return [Routed(job_id, model_id, value) for job_id, (model_id, value) in zip(ids, jobs, strict=True)]
-        overrides = self.route_weights().get()
-        routed: list[Routed] = []
-        for index, (model_id, value) in enumerate(jobs):
-            given = keys[index] if keys is not None else None
-            key = given if given is not None else ids[index]
-            try:
-                found = store.route(model_id, value, key, overrides, paths=paths) if store.is_route(model_id) else None
-            except SwaplessError:
-                found = None
-            if found is None:
-                routed.append(Routed(ids[index], model_id, value))
-            else:
-                routed.append(Routed(ids[index], found.model_id, value, found.shadows, found.via))
-        return routed
+        """Each job with a fresh id, addressed to the model that serves it (``Publisher.route_jobs``: a route
+        resolved by its sticky key, else by its id, with the shadows it sends copies to). ``paths``: whether an
+        input may be an image file's path (False for inputs from the network)."""
+        return self.publisher.route_jobs(jobs, keys, paths=paths)
 
     def send_routed(
         self, routed: Sequence[Routed], *, priority: str = "interactive", expires: float | datetime | None = None,
         headers: Sequence[dict[str, Any]] | None = None,
     ) -> list[str]:
-        """Send jobs ``route_jobs`` addressed, in one round trip, then their shadow copies at bulk priority (a shadow
-        never delays a served job; one that cannot be sent is logged, never failing the served job); returns the
-        served jobs' ids. ``headers``: extra message headers per job.
+        """Send jobs ``route_jobs`` addressed, in one round trip, then their shadow copies at bulk priority
+        (``Publisher.send_routed``); returns the served jobs' ids. ``headers``: extra message headers per job.
 
         Raises:
             ValueError: unknown ``priority``; an input JSON cannot encode; a message over
                 ``SWAPLESS_MAX_MESSAGE_BYTES`` (``InputError``; nothing is sent).
             QueueFull, QueueUnavailable: as ``submit``.
         """
-        level = priority_level(priority)
-        shadows = [
-            (f"{r.job_id}.shadow{n}", shadow, r.value, {SHADOW_HEADER: [r.job_id, r.via[0]]})
-            for r in routed
-            for n, shadow in enumerate(r.shadows)
-        ]
-        extra = [dict(h) for h in headers] if headers is not None else [{} for _ in routed]
-        if shadows:  # the served jobs leave their top label for their shadows to compare with
-            for r, h in zip(routed, extra, strict=True):
-                if r.shadows:
-                    h[SHADOWED_HEADER] = 1
-        sent = self._publish(PREDICT_TASK, [(r.model_id, r.value) for r in routed], level, expires,
-                             ids=[r.job_id for r in routed], headers=extra)
-        if shadows:
-            try:
-                self._publish(PREDICT_TASK, [(m, v) for _, m, v, _ in shadows], PRIORITY_STEPS[-1], expires,
-                              ids=[i for i, _, _, _ in shadows], headers=[h for _, _, _, h in shadows])
-            except SwaplessError as err:  # a shadow is never worth failing the served job
-                logger.warning("could not send %d shadow job(s): %s", len(shadows), err)
-        return sent
-
-    def _canonical(self, model_id: str) -> str | None:
-        """The id a model's lists are named by (an alias resolved), or None when this client cannot tell (no models
-        file here, or an unknown id with ``validate`` off: the message then goes to the shared queue and a worker
-        routes it, or answers it with ``UnknownModel``)."""
-        try:
-            return self.store.get(model_id).id
-        except SwaplessError:
-            return None
-
-    def _publish(
-        self,
-        task: str,
-        jobs: Sequence[tuple[str, Any]],
-        level: int,
-        expires: float | datetime | None = None,
-        *,
-        ids: Sequence[str] | None = None,
-        headers: Sequence[dict[str, Any]] | None = None,
-    ) -> list[str]:
-        """Send one message per ``(model_id, value)`` to ``task`` as addressed, in one round trip; returns their ids
-        (``ids``, else new ones). Single jobs are routed before they get here (``route_jobs``, ``send_routed``).
-
-        With placement (``SWAPLESS_ROUTING``), each model's messages go to its own list (``tasks.broker.affinity``)
-        and ring its bell; otherwise, and for a model this client cannot name, to the queue's shared lists.
-
-        Raises:
-            QueueFull: a model's lists (or the shared queue) hold ``SWAPLESS_MAX_QUEUED`` messages already, or Redis
-                is out of memory; ``queued`` lists the ids that were queued nonetheless (other models' jobs).
-            QueueUnavailable: Redis cannot be reached.
-        """
-        s = self.settings
-        built = build_messages(self.app, s.queue, jobs, level, task=task, expires=expires_header(expires), ids=ids,
-                               headers=headers, max_bytes=s.max_message_bytes)
-        shared: list[int] = []
-        by_model: dict[str, list[int]] = {}
-        for index, (model_id, _) in enumerate(jobs):
-            canonical = self._canonical(model_id)  # one layout: a model's own lists, whatever the routing
-            if canonical is None:
-                shared.append(index)
-            else:
-                by_model.setdefault(canonical, []).append(index)
-        refused: list[tuple[list[int], str]] = []
-        keyspace = Keyspace.of(s)
-        with translated(s.broker_url):
-            if by_model:
-                pushes = [
-                    ModelPush(keyspace.model(m), level, [built[i][1] for i in indices])
-                    for m, indices in by_model.items()
-                ]
-                outcomes = push_to_models(self.redis, pushes, bound=s.max_queued, placement_bell=keyspace.placement_bell)
-                for (m, indices), (pushed, held) in zip(by_model.items(), outcomes, strict=True):
-                    if not pushed:
-                        refused.append((indices, f"model {m!r} has {held} messages queued"))
-            if shared:  # a model this client cannot name: the ingress, where a worker routes it or answers it
-                key = keyspace.ingress(level)
-                counted = list(keyspace.ingress_lists.lists)
-                done = push(self.redis, key, [built[i][1] for i in shared], bound=s.max_queued, counted=counted)
-                if done is not None and not done[0]:
-                    refused.append((shared, f"queue {s.queue!r} holds {done[1]} messages"))
-        if refused:
-            left_out = {i for indices, _ in refused for i in indices}
-            queued = [job_id for i, (job_id, _) in enumerate(built) if i not in left_out]
-            error = QueueFull(
-                redact(s.broker_url),
-                f"{refused[0][1]}, its bound is {s.max_queued} (SWAPLESS_MAX_QUEUED); wait for the workers to take "
-                "some, then send again" + (f" ({len(queued)} of these jobs were queued)" if queued else ""),
-            )
-            error.queued = queued
-            raise error
-        return [job_id for job_id, _ in built]
+        return self.publisher.send_routed(routed, priority=priority, expires=expires, headers=headers)
 
     def models(self) -> list[ModelSpec]:
         """The models that exist (from the models file)."""
@@ -443,7 +247,7 @@ class Client:
         deadline = datetime.fromisoformat(header) if header is not None else None
         jobs: list[Job] = []
         for batch in _batched(inputs, chunk_size):
-            chunk_id = self._publish(CHUNK_TASK, [(model_id, batch)], level, deadline)[0]
+            chunk_id = self.publisher.publish(CHUNK_TASK, [(model_id, batch)], level, deadline)[0]
             jobs.extend(Job(self, item_id(chunk_id, index)) for index in range(len(batch)))
         return jobs
 
@@ -516,9 +320,9 @@ class Client:
             if deadline is not None and deadline <= datetime.now(UTC):
                 raise DeadlinePassed(deadline.isoformat(timespec="seconds"))
             headers = [{KEYS_HEADER: keys}] if keys is not None and any(k is not None for k in keys) else None
-            return self._publish(CHUNK_TASK, [(model_id, inputs)], level, deadline, headers=headers)[0]
+            return self.publisher.publish(CHUNK_TASK, [(model_id, inputs)], level, deadline, headers=headers)[0]
 
-        return ChunkStream(send, self.results, **options)
+        return ChunkStream(send, self.results, self.consumer, **options)
 
     def fetch(self, job_ids: Sequence[str]) -> list[StoredResult]:
         """The stored states of many jobs now (batched MGETs; items of one chunk share one read).
@@ -556,7 +360,9 @@ class Client:
     def gather(
         self, jobs: Sequence[Job], timeout: float | None = 300.0, *, forget: bool | None = None
     ) -> list[StoredResult]:
-        """Wait for many jobs at once, reading results in batched MGETs; returns their final states in order.
+        """Wait for many jobs at once; returns their final states in order. The wait goes through the client's
+        result consumer: woken by each result's publish (no polling loop), reading the results found ready in
+        batched MGETs (first, after a reconnect, and every ``POLL_S`` as a safety net).
 
         Args:
             jobs: the jobs.
@@ -568,30 +374,22 @@ class Client:
             JobTimeout: some job has no result within ``timeout`` (names the first such job).
             QueueUnavailable: Redis cannot be reached.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        found: dict[str, StoredResult] = {}
-        pending = [job.id for job in jobs]
-        pause_s = 0.002
-        while pending:
-            for stored in self.fetch(pending):
-                if stored.ready:
-                    found[stored.job_id] = stored
-            pending = [job_id for job_id in pending if job_id not in found]
-            if not pending:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeout(pending[0], timeout or 0.0, states.PENDING)
-            time.sleep(pause_s)
-            pause_s = min(pause_s * 2, 0.1)
+        with translated(self.settings.broker_url):
+            stored = self.consumer.wait_all([job.id for job in jobs], timeout)
+        late = next((s for s in stored if not s.ready), None)
+        if late is not None:
+            raise JobTimeout(late.job_id, timeout or 0.0, states.PENDING)
         if self.forget if forget is None else forget:
             stored_under = list(dict.fromkeys(storage_id(job.id) for job in jobs))
             with translated(self.settings.broker_url):
                 for start in range(0, len(stored_under), 1000):
                     self.results.forget(stored_under[start : start + 1000])
-        return [found[job.id] for job in jobs]
+        return stored
 
     def close(self) -> None:
-        """Release what this client holds (its connections go back to the process's pool for its URL)."""
+        """Release what this client holds: its result consumer's listener stops, and its connections go back to the
+        process's pool for its URL (a later wait opens the consumer's again)."""
+        self.consumer.close()
         self._release()
 
     def __enter__(self) -> Self:

@@ -6,8 +6,9 @@ At most ``max_in_flight`` chunks are sent and not yet yielded, so a producer hol
 results whatever the input's size; the queue holds no more than that either. A chunk's result is deleted from
 Redis once it has been read (``forget``), so a ten-million-record run does not fill Redis with results.
 
-Waiting polls the head chunk's result key (one GET, backing off from 1 ms to 25 ms): workers have the other
-in-flight chunks queued meanwhile, so the poll's latency costs no throughput.
+Waiting is on the head chunk's result only, through the client's result consumer (``tasks.client.consumer``):
+woken by its publish, which carries the result itself; workers have the other in-flight chunks queued
+meanwhile. The wait is cut in slices of ``WATCHDOG_S`` at most, to call the ``watchdog`` between them.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from celery import states
 
 from config.errors import JobCancelled, JobFailed, JobTimeout, QueueFull
 from tasks.broker.results import ALREADY_DONE, ResultStore
+from tasks.client.consumer import ResultConsumer
 from tasks.protocol import decode_outcome, item_id
 
-__all__ = ["ChunkEvent", "ChunkStream", "DEFAULT_CHUNK_SIZE", "DEFAULT_MAX_IN_FLIGHT"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "DEFAULT_MAX_IN_FLIGHT", "WATCHDOG_S", "ChunkEvent", "ChunkStream"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +38,8 @@ DEFAULT_CHUNK_SIZE = 256
 DEFAULT_MAX_IN_FLIGHT = 8
 #: Seconds without the head chunk finishing before a "still waiting" event (is a worker running?).
 STALL_NOTICE_S = 30.0
+#: Longest time between two calls of the ``watchdog`` while the head chunk is waited for, in seconds.
+WATCHDOG_S = 0.5
 #: How long a refused chunk (QueueFull: Redis out of memory, or the queue at SWAPLESS_MAX_QUEUED) is sent again
 #: before the stream gives up, by default; the pause between tries grows from 0.5 s to 5 s.
 DEFAULT_REFUSED_WAIT_S = 600.0
@@ -80,19 +84,21 @@ class ChunkStream:
     Args:
         send: sends one chunk message of these inputs (and, when a chunk has them, their routing keys) and returns
             its id (the model and priority are its own).
-        results: where the chunks' results are read (and deleted once read).
+        results: where the chunks' results are deleted once read (and chunks left in flight cancelled).
+        consumer: what waits for each chunk's result (the client's).
         max_in_flight: chunks sent and not yet read back, at most (at least 1).
         timeout_s: fail with JobTimeout when the head chunk has no result this long after it was sent (None: wait).
         forget: delete each chunk's result from Redis once read.
         refused_wait_s: how long a chunk the queue refuses (``QueueFull``) is sent again before the stream raises.
         on_event: called with a ``ChunkEvent`` on every send, completion and stall notice (progress, tests).
-        watchdog: called on every poll; raise from it to stop waiting (local mode: the worker died).
+        watchdog: called every ``WATCHDOG_S`` while waiting; raise from it to stop (local mode: the worker died).
     """
 
     def __init__(
         self,
         send: Callable[..., str],
         results: ResultStore,
+        consumer: ResultConsumer,
         *,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         timeout_s: float | None = None,
@@ -105,6 +111,7 @@ class ChunkStream:
             raise ValueError(f"max_in_flight must be at least 1, not {max_in_flight}")
         self.send = send
         self.results = results
+        self.consumer = consumer
         self.max_in_flight = max_in_flight
         self.timeout_s = timeout_s
         self.forget = forget
@@ -187,24 +194,32 @@ class ChunkStream:
                 pause_s = min(pause_s * 2, 5.0)
 
     def _wait(self, head: _Sent[T], window: deque[_Sent[T]]) -> list[tuple[bool, Any]]:
-        results = self.results
-        pause_s = 0.001
-        while True:
-            stored = results.fetch([head.chunk_id])[0]
-            if stored.ready:
-                if self.forget:
-                    results.forget([head.chunk_id])
-                return self._outcomes(head, stored.state, stored.value)
-            if self.watchdog is not None:
-                self.watchdog()
-            waited_s = time.monotonic() - head.sent_s
-            if self.timeout_s is not None and waited_s >= self.timeout_s:
-                raise JobTimeout(head.chunk_id, self.timeout_s, stored.state)
-            if waited_s - head.notified_s >= STALL_NOTICE_S:
-                head.notified_s = waited_s
-                self._emit("waiting", head.chunk_id, head.size, window, waited_s)
-            time.sleep(pause_s)
-            pause_s = min(pause_s * 2, 0.025)
+        with self.consumer.watch([head.chunk_id]) as watch:
+            while True:
+                stored = watch.wait(self._slice_s(head))[0]
+                if stored.ready:
+                    break
+                if self.watchdog is not None:
+                    self.watchdog()
+                waited_s = time.monotonic() - head.sent_s
+                if self.timeout_s is not None and waited_s >= self.timeout_s:
+                    raise JobTimeout(head.chunk_id, self.timeout_s, stored.state)
+                if waited_s - head.notified_s >= STALL_NOTICE_S:
+                    head.notified_s = waited_s
+                    self._emit("waiting", head.chunk_id, head.size, window, waited_s)
+        if self.forget:
+            self.results.forget([head.chunk_id])
+        return self._outcomes(head, stored.state, stored.value)
+
+    def _slice_s(self, head: _Sent[T]) -> float:
+        """How long to wait for the head chunk before looking up: the next watchdog call, stall notice or timeout."""
+        waited_s = time.monotonic() - head.sent_s
+        until = [head.notified_s + STALL_NOTICE_S - waited_s]
+        if self.watchdog is not None:
+            until.append(WATCHDOG_S)
+        if self.timeout_s is not None:
+            until.append(self.timeout_s - waited_s)
+        return max(0.0, min(until))
 
     @staticmethod
     def _outcomes(head: _Sent[T], state: str, value: Any) -> list[tuple[bool, Any]]:

@@ -133,7 +133,7 @@ class LogThrottle:
         self.every_s = every_s
         self._last: dict[str, float] = {}
 
-    def warn(self, kind: str, text: str) -> None:
+    def warning(self, kind: str, text: str) -> None:
         now = time.monotonic()
         if now - self._last.get(kind, -self.every_s) >= self.every_s:
             self._last[kind] = now
@@ -142,12 +142,12 @@ class LogThrottle:
     def unavailable(self, err: BaseException, redis_url: str) -> None:
         """Log why Redis could not be reached (what callers are told leaves it out)."""
         better = translate(err, redis_url) if isinstance(err, (RedisError, OSError)) else err
-        self.warn("unavailable", f"Redis unavailable: {better or type(err).__name__}")
+        self.warning("unavailable", f"Redis unavailable: {better or type(err).__name__}")
 
 
 def _queue_problem(err: QueueFull | QueueUnavailable, log: LogThrottle) -> Problem:
     retry = {"Retry-After": str(QUEUE_RETRY_AFTER_S)}
-    log.warn(type(err).__name__, f"answering 503: {err}")
+    log.warning(type(err).__name__, f"answering 503: {err}")
     if isinstance(err, QueueFull):
         return Problem(503, f"the queue refused the job: {err.reason}", retry)
     return Problem(503, f"the queue (Redis) is unavailable: try again in {QUEUE_RETRY_AFTER_S} s", retry)

@@ -11,13 +11,13 @@ Protocol's alike), so each check is made once, in one place.
   finished job whose result has expired is ``ResultExpired``; a cancel writes nothing for an unknown id, and
   holds as long as the job's record (its deadline, else ``SWAPLESS_CANCEL_HOLD_S``).
 - ``wait(...)`` / ``wait_all(...)``: results as they are published, each wait holding one of the process's wait
-  slots (``GatewayBusy`` past ``SWAPLESS_GATEWAY_MAX_WAITS``).
+  slots (``GatewayBusy`` past ``SWAPLESS_GATEWAY_MAX_WAITS``); every wait of the process goes through one
+  ``AsyncResultConsumer`` (``tasks.client.aconsumer``): one pub/sub connection however many requests wait.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -32,9 +32,8 @@ from manager.registry.specs import InputType, ModelSpec
 from manager.registry.store import ModelStore
 from tasks.broker.connection import async_redis_client
 from tasks.broker.results import StoredResult
-from tasks.client import Client
-from tasks.client.client import Routed
-from tasks.client.waiting import await_result
+from tasks.client import Client, Routed
+from tasks.client.aconsumer import AsyncResultConsumer
 from tasks.gateway.auth import Caller
 from tasks.gateway.errors import ModelForbidden, ResultExpired, UnknownJob
 from tasks.gateway.ledger import JobLedger
@@ -76,7 +75,7 @@ def check_input(spec: ModelSpec, value: Any, settings: Settings) -> None:
 
 class DataPlane:
     """Jobs through the gateway (see the module docstring). Built with the app; ``start`` and ``stop`` bracket its
-    Redis connections (the app's lifespan).
+    Redis connections and its result consumer (the app's lifespan).
 
     Args:
         settings: the gateway's settings.
@@ -93,17 +92,21 @@ class DataPlane:
         self._redis: aredis.Redis | None = None
         self._ledger: JobLedger | None = None
         self._rate: RateLimit | None = None
+        self._consumer: AsyncResultConsumer | None = None
 
     async def start(self) -> None:
         s = self.settings
         self._redis = async_redis_client(s.broker_url, connect_timeout_s=s.connect_timeout_s)
         self._ledger = JobLedger(self._redis, self.client.results, self.keyspace, s.gateway_inflight_per_key)
         self._rate = RateLimit(self._redis, s.gateway_rate_per_key, self.keyspace)
+        self._consumer = AsyncResultConsumer(self._redis, self.client.results)
 
     async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.aclose()
         if self._redis is not None:
             await self._redis.aclose()
-        self._redis = self._ledger = self._rate = None
+        self._redis = self._ledger = self._rate = self._consumer = None
         self.client.close()
 
     @property
@@ -112,6 +115,13 @@ class DataPlane:
         if self._redis is None:
             raise RuntimeError("the gateway's Redis client exists only while the app runs (lifespan)")
         return self._redis
+
+    @property
+    def consumer(self) -> AsyncResultConsumer:
+        """What every wait goes through (while the app runs)."""
+        if self._consumer is None:
+            raise RuntimeError("the gateway's result consumer exists only while the app runs (lifespan)")
+        return self._consumer
 
     @property
     def ledger(self) -> JobLedger:
@@ -217,25 +227,10 @@ class DataPlane:
 
     async def wait(self, job_id: str, timeout_s: float) -> StoredResult:
         """The job's result once ready, or its PENDING state after ``timeout_s``; woken by the backend's publish."""
-        return await await_result(self.redis, self.client.results, job_id, timeout_s)
+        return await self.consumer.wait(job_id, timeout_s)
 
     async def wait_all(self, job_ids: Sequence[str], timeout_s: float) -> tuple[dict[str, StoredResult], list[str]]:
-        """The jobs' final states, and the ids still pending after ``timeout_s``. Jobs are consumed in order, so it
-        waits on the last one pending (one pub/sub wait), then reads the others in one batched read."""
-        deadline = time.monotonic() + timeout_s
-        found: dict[str, StoredResult] = {}
-        pending = list(job_ids)
-        while pending:
-            last = pending[-1]
-            stored = await self.wait(last, max(0.0, deadline - time.monotonic()))
-            if not stored.ready:
-                break
-            found[last] = stored
-            others = pending[:-1]
-            if others:
-                for job_id, other in zip(others, await asyncio.to_thread(self.client.fetch, others), strict=True):
-                    if other.ready:
-                        found[job_id] = other
-            pending = [job_id for job_id in pending if job_id not in found]
-        return found, pending
-
+        """The jobs' final states, and the ids still pending after ``timeout_s`` (one wait for all of them, each
+        woken by its own publish)."""
+        stored = await self.consumer.wait_all(job_ids, timeout_s)
+        return {s.job_id: s for s in stored if s.ready}, [s.job_id for s in stored if not s.ready]

@@ -1,0 +1,238 @@
+"""Sending jobs: routing them to the model that serves each, then publishing their messages.
+
+- ``Publisher.route_jobs``: each single job gets its id and, when it addresses a route, the version the route
+  picks for it (``manager.registry.routing``: by its sticky key, else by its id) and the shadows that get a copy:
+  a ``Routed`` value, decided once and carried to the send.
+- ``Publisher.send_routed``: the routed jobs in one round trip, then their shadow copies at bulk priority (a
+  shadow never fails the served job).
+- ``Publisher.publish``: messages as addressed (single jobs or chunks), built as Celery's ``send_task`` would
+  build them (``tasks.broker.publish``): to each model's own lists, ringing the placement bell (a model this
+  producer cannot name: to the ingress, where a worker routes it); bounded by ``SWAPLESS_MAX_QUEUED`` (``QueueFull``, naming
+  the ids queued nonetheless). Redis failures are ``QueueUnavailable`` / ``QueueFull``
+  (``tasks.broker.connection.translated``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import redis
+from celery import Celery
+
+from config.errors import QueueFull, SwaplessError
+from config.settings import Settings
+from manager.registry.store import ModelStore
+from tasks.broker.connection import redact, translated
+from tasks.broker.publish import ModelPush, build_messages, push, push_to_models
+from tasks.broker.routes import RouteOverrides
+from tasks.keyspace import Keyspace
+from tasks.protocol import (
+    PREDICT_TASK,
+    PRIORITY_STEPS,
+    SHADOW_HEADER,
+    SHADOWED_HEADER,
+    expires_header,
+    priority_level,
+)
+
+__all__ = ["Publisher", "Routed"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Routed:
+    """A single job ready to send: its id, the model its message addresses (the route's pick, or as addressed), its
+    input, and the shadow models that get a copy (``via``: the routes it went through, outermost first)."""
+
+    job_id: str
+    model_id: str
+    value: Any
+    shadows: tuple[str, ...] = ()
+    via: tuple[str, ...] = ()
+
+
+
+class Publisher:
+    """Routes and publishes one producer's jobs (each ``Client`` has one).
+
+    Args:
+        settings: the producer's settings (queue, key prefix, routing, bounds).
+        app: the Celery app whose message format the messages follow.
+        redis_client: the client every push goes through.
+    """
+
+    def __init__(self, settings: Settings, app: Celery, redis_client: redis.Redis) -> None:
+        self.settings = settings
+        self.app = app
+        self.redis = redis_client
+        self.keyspace = Keyspace.of(settings)
+        self._store: ModelStore | None = None
+        self._routing_unavailable = False
+        self._overrides: RouteOverrides | None = None
+
+    @property
+    def store(self) -> ModelStore:
+        """The model registry (the models file, read on first use).
+
+        Raises:
+            ConfigError: the models file is missing or invalid.
+        """
+        if self._store is None:
+            self._store = ModelStore.from_file(self.settings.models_file)
+        return self._store
+
+    def _routing_store(self) -> ModelStore | None:
+        """The registry, when this producer can read it and it has routes (else jobs go as addressed)."""
+        if self._store is None and self._routing_unavailable:
+            return None
+        try:
+            store = self.store
+        except SwaplessError:
+            self._routing_unavailable = True  # no models file here: the workers route
+            return None
+        return store if store.routes else None
+
+    def route_weights(self) -> RouteOverrides:
+        """The run-time route weights (``swapless route``) this producer reads, cached for a second."""
+        if self._overrides is None:
+            self._overrides = RouteOverrides(self.redis, self.keyspace)
+        return self._overrides
+
+    def route_jobs(
+        self, jobs: Sequence[tuple[str, Any]], keys: Sequence[str | None] | None = None, *, paths: bool = True
+    ) -> list[Routed]:
+        """Each job with a fresh id, addressed to the model that serves it: a route resolved
+        (``manager.registry.routing``: by its sticky key, else by its id, so a worker resolving a plain Celery
+        job by its id picks the same) with the shadows it sends copies to. A job whose route cannot place its
+        input goes as addressed: the worker answers it alone (``InputError``). ``paths``: whether an input may
+        be an image file's path (False for inputs from the network: ``secret.png`` is then text).
+        """
+        store = self._routing_store()
+        ids = [str(uuid.uuid4()) for _ in jobs]
+        if store is None:
+            return [Routed(job_id, model_id, value) for job_id, (model_id, value) in zip(ids, jobs, strict=True)]
+        overrides = self.route_weights().get()
+        routed: list[Routed] = []
+        for index, (model_id, value) in enumerate(jobs):
+            given = keys[index] if keys is not None else None
+            key = given if given is not None else ids[index]
+            try:
+                found = store.route(model_id, value, key, overrides, paths=paths) if store.is_route(model_id) else None
+            except SwaplessError:
+                found = None
+            if found is None:
+                routed.append(Routed(ids[index], model_id, value))
+            else:
+                routed.append(Routed(ids[index], found.model_id, value, found.shadows, found.via))
+        return routed
+
+    def send_routed(
+        self, routed: Sequence[Routed], *, priority: str = "interactive", expires: float | datetime | None = None,
+        headers: Sequence[dict[str, Any]] | None = None,
+    ) -> list[str]:
+        """Send jobs ``route_jobs`` addressed, in one round trip, then their shadow copies at bulk priority (a shadow
+        never delays a served job; one that cannot be sent is logged, never failing the served job); returns the
+        served jobs' ids. ``headers``: extra message headers per job.
+
+        Raises:
+            ValueError: unknown ``priority``; an input JSON cannot encode; a message over
+                ``SWAPLESS_MAX_MESSAGE_BYTES`` (``InputError``; nothing is sent).
+            QueueFull, QueueUnavailable: as ``publish``.
+        """
+        level = priority_level(priority)
+        shadows = [
+            (f"{r.job_id}.shadow{n}", shadow, r.value, {SHADOW_HEADER: [r.job_id, r.via[0]]})
+            for r in routed
+            for n, shadow in enumerate(r.shadows)
+        ]
+        extra = [dict(h) for h in headers] if headers is not None else [{} for _ in routed]
+        if shadows:  # the served jobs leave their top label for their shadows to compare with
+            for r, h in zip(routed, extra, strict=True):
+                if r.shadows:
+                    h[SHADOWED_HEADER] = 1
+        sent = self.publish(PREDICT_TASK, [(r.model_id, r.value) for r in routed], level, expires,
+                            ids=[r.job_id for r in routed], headers=extra)
+        if shadows:
+            try:
+                self.publish(PREDICT_TASK, [(m, v) for _, m, v, _ in shadows], PRIORITY_STEPS[-1], expires,
+                             ids=[i for i, _, _, _ in shadows], headers=[h for _, _, _, h in shadows])
+            except SwaplessError as err:  # a shadow is never worth failing the served job
+                logger.warning("could not send %d shadow job(s): %s", len(shadows), err)
+        return sent
+
+    def _canonical(self, model_id: str) -> str | None:
+        """The id a model's lists are named by (an alias resolved), or None when this producer cannot tell (no
+        models file here, or an unknown id with ``validate`` off: the message then goes to the shared queue and a worker
+        routes it, or answers it with ``UnknownModel``)."""
+        try:
+            return self.store.get(model_id).id
+        except SwaplessError:
+            return None
+
+    def publish(
+        self,
+        task: str,
+        jobs: Sequence[tuple[str, Any]],
+        level: int,
+        expires: float | datetime | None = None,
+        *,
+        ids: Sequence[str] | None = None,
+        headers: Sequence[dict[str, Any]] | None = None,
+    ) -> list[str]:
+        """Send one message per ``(model_id, value)`` to ``task`` as addressed, in one round trip; returns their ids
+        (``ids``, else new ones). Single jobs are routed before they get here (``route_jobs``, ``send_routed``).
+
+        Each model's messages go to its own lists (``tasks.keyspace.ModelKeys``) and ring the placement bell; a
+        model this producer cannot name goes to the ingress, where a worker routes it or answers ``UnknownModel``.
+
+        Raises:
+            QueueFull: a model's lists (or the shared queue) hold ``SWAPLESS_MAX_QUEUED`` messages already, or Redis
+                is out of memory; ``queued`` lists the ids that were queued nonetheless (other models' jobs).
+            QueueUnavailable: Redis cannot be reached.
+        """
+        s = self.settings
+        built = build_messages(self.app, s.queue, jobs, level, task=task, expires=expires_header(expires), ids=ids,
+                               headers=headers, max_bytes=s.max_message_bytes)
+        shared: list[int] = []
+        by_model: dict[str, list[int]] = {}
+        for index, (model_id, _) in enumerate(jobs):
+            canonical = self._canonical(model_id)  # one layout: a model's own lists, whatever the routing
+            if canonical is None:
+                shared.append(index)
+            else:
+                by_model.setdefault(canonical, []).append(index)
+        refused: list[tuple[list[int], str]] = []
+        keyspace = self.keyspace
+        with translated(s.broker_url):
+            if by_model:
+                pushes = [
+                    ModelPush(keyspace.model(m), level, [built[i][1] for i in indices])
+                    for m, indices in by_model.items()
+                ]
+                outcomes = push_to_models(self.redis, pushes, bound=s.max_queued, placement_bell=keyspace.placement_bell)
+                for (m, indices), (pushed, held) in zip(by_model.items(), outcomes, strict=True):
+                    if not pushed:
+                        refused.append((indices, f"model {m!r} has {held} messages queued"))
+            if shared:  # a model this producer cannot name: the ingress, where a worker routes it or answers it
+                key = keyspace.ingress(level)
+                counted = list(keyspace.ingress_lists.lists)
+                done = push(self.redis, key, [built[i][1] for i in shared], bound=s.max_queued, counted=counted)
+                if done is not None and not done[0]:
+                    refused.append((shared, f"queue {s.queue!r} holds {done[1]} messages"))
+        if refused:
+            left_out = {i for indices, _ in refused for i in indices}
+            queued = [job_id for i, (job_id, _) in enumerate(built) if i not in left_out]
+            error = QueueFull(
+                redact(s.broker_url),
+                f"{refused[0][1]}, its bound is {s.max_queued} (SWAPLESS_MAX_QUEUED); wait for the workers to take "
+                "some, then send again" + (f" ({len(queued)} of these jobs were queued)" if queued else ""),
+            )
+            error.queued = queued
+            raise error
+        return [job_id for job_id, _ in built]
