@@ -30,6 +30,7 @@ from typing import Any
 
 import redis
 from celery import Celery, bootsteps
+from celery.worker import state as worker_state
 
 from config.errors import SwaplessError
 from config.settings import Settings, get_settings
@@ -134,8 +135,8 @@ class WorkerContext:
 
     def stop(self) -> None:
         """Stop everything still running and unload every model. Safe after ``finish_in_hand``."""
-        self.scheduler.stop()
         self.placer.stop()
+        self.scheduler.stop()
         self.reporting.stop()
         self.runtime.manager.close()
 
@@ -198,15 +199,20 @@ class SwaplessWorker(bootsteps.StartStopStep):
 
 
 class FinishInHand(bootsteps.StartStopStep):
-    """Warm shutdown (SIGTERM): finish the group in hand and ack it while the broker connection is still open.
+    """Warm shutdown (SIGTERM): give up the claims, finish the group in hand and ack it while the broker connection
+    is still open.
 
-    A consumer step that needs the task consumer, so it shuts down before the connection does. Jobs still
-    waiting in the backlog stay unacked; they go back to their lists when the channel closes.
+    A consumer step that needs the task consumer, so it stops before the task consumer and the connection do.
+    Consumer steps also stop when the connection is lost (the consumer restarts them); only a worker that is
+    closing (its blueprint's state) finishes in hand, and not on a cold shutdown. Jobs still waiting in the
+    backlog stay unacked; they go back to their lists when the channel closes.
     """
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
-    def shutdown(self, parent: Any) -> None:
-        context = getattr(parent.controller, "swapless", None)
-        if context is not None:
+    def stop(self, parent: Any) -> None:
+        controller = parent.controller
+        context = getattr(controller, "swapless", None)
+        closing = getattr(getattr(controller, "blueprint", None), "state", None) == bootsteps.CLOSE
+        if context is not None and closing and not worker_state.should_terminate:
             context.finish_in_hand()
