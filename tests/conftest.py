@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,12 +32,25 @@ REDIS_DB = int(os.environ.get("SWAPLESS_TEST_REDIS_DB", "11"))
 REPO = Path(__file__).resolve().parent.parent
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full", action="store_true", default=False,
+        help="also run the full-size variants (marked full: the 50,000-job soak, 6,000-record bulk interrupts)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that reaches the real Redis (its fixtures, however indirectly, include ``redis_url``) is marked
-    ``redis``: ``-m "not slow and not redis"`` is the set that runs with no Redis at all."""
+    ``redis``: ``-m "not slow and not redis"`` is the set that runs with no Redis at all. Tests marked ``full``
+    are deselected unless ``--full`` is given (CI runs the smaller sizes of the same tests)."""
     for item in items:
         if "redis_url" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.redis)
+    if not config.getoption("--full"):
+        full = [item for item in items if item.get_closest_marker("full") is not None]
+        if full:
+            config.hook.pytest_deselected(items=full)
+            items[:] = [item for item in items if item.get_closest_marker("full") is None]
 
 
 @pytest.fixture(scope="session")
@@ -86,11 +99,11 @@ def settings(swapless_env: dict[str, str]) -> Settings:
 class CliProcess:
     """A real `swapless <command>` process in its own session, with its log in a file."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, wrapper: Sequence[str] = ()) -> None:
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tasks.cli", *argv],
+            [*wrapper, sys.executable, "-m", "tasks.cli", *argv],
             cwd=REPO,
             env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
             stdout=self._log,
@@ -119,8 +132,8 @@ class CliProcess:
 class WorkerProcess(CliProcess):
     """A real `swapless worker` process."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
-        super().__init__(["worker", *args], env, log_path)
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path, wrapper: Sequence[str] = ()) -> None:
+        super().__init__(["worker", *args], env, log_path, wrapper)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -133,25 +146,76 @@ class WorkerProcess(CliProcess):
         raise AssertionError(f"worker not ready after {timeout_s} s:\n{self.log()[-4000:]}")
 
 
-@pytest.fixture
-def start_worker(swapless_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    """Factory fixture: start real worker processes; all are stopped at the end of the test."""
-    started: list[WorkerProcess] = []
+class Workers:
+    """Real worker processes on one environment, their logs in one directory; ``stop_all`` stops them together."""
 
-    def start(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> WorkerProcess:
-        log_path = tmp_path / f"worker-{len(started)}.log"
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = env
+        self.logs = logs
+        self.started: list[WorkerProcess] = []
+
+    def start(
+        self, *args: str, env: dict[str, str] | None = None, ready: bool = True, wrapper: Sequence[str] = ()
+    ) -> WorkerProcess:
+        """Start ``swapless worker ARGS`` (``wrapper``: a command it runs under) and, with ``ready``, wait for it."""
+        log_path = self.logs / f"worker-{len(self.started)}.log"
         # No warm start unless a test asks for it (tests/test_warmup.py): it would cost every worker seconds and
         # run synthetic inputs through the test's models.
         defaults = {"SWAPLESS_WARM_START": "false"}
-        worker = WorkerProcess(list(args), {**defaults, **swapless_env, **(env or {})}, log_path)
-        started.append(worker)
+        worker = WorkerProcess(list(args), {**defaults, **self.env, **(env or {})}, log_path, wrapper)
+        self.started.append(worker)
         if ready:
             worker.wait_ready()
         return worker
 
-    yield start
-    for worker in started:
-        worker.stop()
+    def stop_all(self) -> None:
+        """SIGTERM every worker still running at once, then wait for each: their warm shutdowns overlap."""
+        for worker in self.started:
+            if worker.proc.poll() is None:
+                worker.proc.send_signal(signal.SIGTERM)
+        for worker in self.started:
+            worker.stop()
+
+
+@pytest.fixture
+def start_worker(swapless_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Factory fixture: start real worker processes; all are stopped at the end of the test."""
+    workers = Workers(swapless_env, tmp_path)
+    yield workers.start
+    workers.stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_env(redis_url: str, models_file: Path) -> Iterator[dict[str, str]]:
+    """Like ``swapless_env``, for the tests of a module that share workers: one queue and key prefix for the whole
+    module, set in this process until the module ends; its keys are deleted then."""
+    prefix = f"swapless-test-{uuid.uuid4().hex[:10]}:"
+    env = {
+        "SWAPLESS_REDIS_URL": redis_url,
+        "SWAPLESS_KEY_PREFIX": prefix,
+        "SWAPLESS_QUEUE": prefix + "jobs",
+        "SWAPLESS_MODELS_FILE": str(models_file),
+        "SWAPLESS_DEVICE": "cpu",
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        get_settings.cache_clear()
+        yield env
+    get_settings.cache_clear()
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def module_workers(module_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    """Factory of real workers on ``module_env`` that live until the module ends (one start for many tests)."""
+    workers = Workers(module_env, tmp_path_factory.mktemp("module-workers"))
+    yield workers
+    workers.stop_all()
 
 
 @pytest.fixture
@@ -161,11 +225,41 @@ def faults(
     start_worker: Callable[..., WorkerProcess],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> FaultEnv:
+) -> Iterator[FaultEnv]:
     """Workers with the ``crashy`` test framework, its execution log and the Redis views the fault tests read."""
     from tests.faultkit import FaultEnv  # faultkit imports this module
 
-    return FaultEnv(tmp_path, swapless_env, models_file, start_worker, monkeypatch)
+    env = FaultEnv(tmp_path, swapless_env, models_file, start_worker, monkeypatch)
+    yield env
+    env.open_gates()  # before the workers stop: a batch held at a gate would hold up their warm shutdown
+
+
+@pytest.fixture(scope="module")
+def module_faults(
+    module_env: dict[str, str], models_file: Path, module_workers: Workers, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[FaultEnv]:
+    """``faults`` for a whole module: one environment (crashy models, one execution log) whose workers live until
+    the module ends. Tests that share them use ``one_worker``; inputs are unique per test, so counts by input stay
+    each test's own."""
+    from tests.faultkit import FaultEnv
+
+    with pytest.MonkeyPatch.context() as patch:
+        env = FaultEnv(tmp_path_factory.mktemp("module-faults"), module_env, models_file, module_workers.start, patch)
+        yield env
+        env.open_gates()
+        module_workers.stop_all()
+
+
+@pytest.fixture
+def one_worker(module_faults: FaultEnv) -> Iterator[FaultEnv]:
+    """The module's one crashy worker (started by the first test that asks for it), for tests that need nothing
+    of their own; after each test its gates are open and the broker is idle, so the next test starts clean."""
+    if not module_faults.workers:
+        module_faults.worker()
+    shared = module_faults.workers[0]
+    assert shared.proc.poll() is None, f"the module's worker has died:\n{shared.log()[-3000:]}"
+    yield module_faults
+    module_faults.end_test()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -6,8 +6,11 @@ whole model does:
 
 - ``echo`` (or any other name): per input, ``"crash"`` SIGKILLs the worker process (a segfault, the OOM killer)
   and ``"crash:<s>"`` does so after ``s`` seconds of computing; ``"sleep:<s>[:tag]"`` holds the batch in flight for
-  ``s`` seconds (once per batch, the longest asked for); every input is echoed back as
-  ``{"echo": input, "model": id, "pid": pid}``;
+  ``s`` seconds (once per batch, the longest asked for); ``"gate:<name>"`` holds it until the file ``<name>``
+  exists in the directory named by ``CRASHY_GATES`` (a test opens the gate when it is ready: no guessed
+  duration); every input is echoed back as ``{"echo": input, "model": id, "pid": pid}``;
+- ``labels``: like ``echo``, but each output is a classifier's, ``[{"label": input, "score": 1.0}]``: two
+  ``labels`` models agree on every top label;
 - ``broken``: ``predict`` raises for every batch (a bug in a custom framework);
 - ``oom``: ``predict`` raises an error named like ``torch.OutOfMemoryError`` for batches of more than one input;
 - ``unstorable``: ``predict`` returns outputs JSON cannot encode (a custom framework returning a ``set``).
@@ -29,10 +32,16 @@ from typing import Any
 
 from manager.frameworks.worker import ModelWorker
 
-__all__ = ["LOG_ENV", "CrashWorker", "OutOfMemoryError", "batches", "crashy_entry", "executions"]
+__all__ = [
+    "GATES_ENV", "LOG_ENV", "CrashWorker", "OutOfMemoryError", "batches", "crashy_entry", "executions", "passes",
+]
 
 #: The environment variable naming the execution log.
 LOG_ENV = "CRASHY_LOG"
+#: The environment variable naming the directory of gate files (``"gate:<name>"`` inputs).
+GATES_ENV = "CRASHY_GATES"
+#: A gate never opened lets its batch go after this long (a failing test must not wedge a shared worker).
+GATE_LIMIT_S = 120.0
 #: What a loaded crashy model reports as its memory (bytes): small enough for any test budget.
 MEMORY_BYTES = 1000
 _BATCHES = itertools.count()
@@ -65,8 +74,13 @@ class CrashWorker(ModelWorker, framework="crashy"):
         pause_s = max((float(text.split(":")[1]) for text in batch if text.startswith("sleep:")), default=0.0)
         if pause_s:
             time.sleep(pause_s)
+        for text in batch:
+            if text.startswith("gate:"):
+                _wait_gate(text.split(":")[1])
         if behaviour == "unstorable":
             return [{"echo": {text}} for text in batch]
+        if behaviour == "labels":
+            return [[{"label": str(text), "score": 1.0}] for text in batch]
         return [{"echo": text, "model": self.spec.id, "pid": os.getpid()} for text in batch]
 
 
@@ -85,6 +99,13 @@ def _record(model_id: str, batch: Sequence[Any]) -> None:
         os.close(fd)
 
 
+def _wait_gate(name: str) -> None:
+    gate = Path(os.environ.get(GATES_ENV, ".")) / name
+    deadline = time.monotonic() + GATE_LIMIT_S
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _rows(path: Path) -> list[tuple[str, int, str, str]]:
     if not path.exists():
         return []
@@ -100,12 +121,17 @@ def executions(path: Path) -> list[tuple[int, str, str]]:
     return [(pid, model_id, text) for _, pid, model_id, text in _rows(path)]
 
 
+def passes(path: Path) -> list[tuple[int, list[str]]]:
+    """``(pid, inputs)`` of each forward pass, in the order they started."""
+    grouped: dict[str, tuple[int, list[str]]] = {}
+    for batch_id, pid, _, text in _rows(path):
+        grouped.setdefault(batch_id, (pid, []))[1].append(text)
+    return list(grouped.values())
+
+
 def batches(path: Path) -> list[list[str]]:
     """The inputs of each forward pass, in order: which inputs ran together."""
-    grouped: dict[str, list[str]] = {}
-    for batch_id, _, _, text in _rows(path):
-        grouped.setdefault(batch_id, []).append(text)
-    return list(grouped.values())
+    return [inputs for _, inputs in passes(path)]
 
 
 def crashy_entry(model_id: str, behaviour: str = "echo") -> dict[str, Any]:

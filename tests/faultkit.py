@@ -12,6 +12,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -30,7 +33,7 @@ from tasks.client import Client, Job
 from tasks.keyspace import JobLists, Keyspace
 from tasks.protocol import PREDICT_TASK
 from tests.conftest import WorkerProcess
-from tests.crashy import LOG_ENV, crashy_entry, executions
+from tests.crashy import GATES_ENV, LOG_ENV, crashy_entry, executions
 
 __all__ = [
     "PRESSURE",
@@ -38,16 +41,25 @@ __all__ = [
     "PressureRow",
     "Expect",
     "FaultEnv",
+    "Gate",
     "Scenario",
     "echoes",
     "fails",
-    "hold",
+    "gate",
     "labels",
     "print_table",
+    "elsewhere_wrapper",
     "publish_raw",
     "settle",
     "wait_for",
 ]
+
+#: The heartbeat interval of fault-test workers: a dead worker's heartbeat is gone three intervals (3 s) after it
+#: died, and its jobs go back to their lists then, well before the visibility timeout (the last resort).
+HEARTBEAT_S = 1.0
+#: The visibility timeout of fault-test workers (SWAPLESS_VISIBILITY_TIMEOUT_S) and its refresh.
+VISIBILITY_TIMEOUT_S = 6
+VISIBILITY_REFRESH_S = 1
 
 #: The crashy models every fault test's models file lists.
 CRASHY_MODELS = {
@@ -248,10 +260,28 @@ def print_table(reporter: pytest.TerminalReporter) -> None:
         Path(report).write_text(text + "\n")
 
 
+#: Names the host ``elsewhere``, then runs the command given (``os.execv``: the same process, the same pid).
+_RENAME_HOST = "import os, socket, sys; socket.sethostname('elsewhere'); os.execv(sys.argv[1], sys.argv[1:])"
+
+
+def elsewhere_wrapper() -> list[str]:
+    """A command prefix that runs a worker as if on another machine: in its own UTS namespace, with its own host
+    name. Workers on this machine then cannot tell from its pid that it died, only from its heartbeat.
+
+    Skips the test (saying why) where unprivileged user namespaces are not available.
+    """
+    unshare = shutil.which("unshare")
+    probe = [unshare, "--user", "--map-root-user", "--uts", "true"] if unshare else None
+    if probe is None or subprocess.run(probe, capture_output=True).returncode != 0:
+        pytest.skip("needs `unshare --user --uts` to run a worker as if on another machine")
+    return [unshare, "--user", "--map-root-user", "--uts", sys.executable, "-c", _RENAME_HOST]  # type: ignore[list-item]
+
+
 class FaultEnv:
     """The environment of one fault test: crashy models, an execution log, and the variables of its workers.
 
     Variables set with ``set`` apply to this process (the Client) and to every worker started afterwards.
+    Gates (``gate``) that a test leaves closed are opened by ``end_test``.
     """
 
     def __init__(
@@ -268,15 +298,19 @@ class FaultEnv:
         self._start_worker = start_worker
         self._monkeypatch = monkeypatch
         self.exec_log = root / "executions.log"
+        self.gates = root / "gates"
+        self.gates.mkdir(parents=True, exist_ok=True)
         self.models_file = root / "fault-models" / "models.json"
         self.env: dict[str, str] = {}
+        self.workers: list[WorkerProcess] = []
         self.write_models(real=False)
         self.set(
             SWAPLESS_PLUGINS="tests.crashy",
             SWAPLESS_MODELS_FILE=str(self.models_file),
-            SWAPLESS_VISIBILITY_TIMEOUT_S="6",
-            SWAPLESS_VISIBILITY_REFRESH_S="1",
-            **{LOG_ENV: str(self.exec_log)},
+            SWAPLESS_VISIBILITY_TIMEOUT_S=str(VISIBILITY_TIMEOUT_S),
+            SWAPLESS_VISIBILITY_REFRESH_S=str(VISIBILITY_REFRESH_S),
+            SWAPLESS_HEARTBEAT_INTERVAL_S=str(HEARTBEAT_S),
+            **{LOG_ENV: str(self.exec_log), GATES_ENV: str(self.gates)},
         )
 
     @property
@@ -309,9 +343,32 @@ class FaultEnv:
         self.models_file.write_text(json.dumps({"models": entries}, indent=2))
         return [entry["id"] for entry in entries]
 
-    def worker(self, *args: str, env: dict[str, str] | None = None, ready: bool = True) -> WorkerProcess:
-        """Start a real ``swapless worker`` with this test's variables (plus ``env``)."""
-        return self._start_worker(*args, env={**self.env, **(env or {})}, ready=ready)
+    def worker(
+        self, *args: str, env: dict[str, str] | None = None, ready: bool = True, elsewhere: bool = False
+    ) -> WorkerProcess:
+        """Start a real ``swapless worker`` with this test's variables (plus ``env``); ``elsewhere``: as if on
+        another machine (``elsewhere_wrapper``)."""
+        wrapper = elsewhere_wrapper() if elsewhere else ()
+        worker = self._start_worker(*args, env={**self.env, **(env or {})}, ready=ready, wrapper=wrapper)
+        self.workers.append(worker)
+        return worker
+
+    def gate_text(self) -> str:
+        """A new closed gate: the input ``gate:<name>`` that holds a crashy batch until ``open_gates`` (or
+        ``Gate.open``). Its marker lets ``end_test`` open the gates a failing test left closed."""
+        name = f"gate-{uuid.uuid4().hex[:8]}"
+        (self.gates / f"{name}.closed").touch()
+        return f"gate:{name}"
+
+    def open_gates(self) -> None:
+        """Open every gate a test made (a gate job still waiting then runs at once)."""
+        for closed in self.gates.glob("*.closed"):
+            closed.rename(closed.with_suffix(""))
+
+    def end_test(self, timeout_s: float = 30.0) -> None:
+        """After a test on a worker that later tests share: its gates open, nothing of it left in the broker."""
+        self.open_gates()
+        self.wait_broker_idle(timeout_s)
 
     def executions(self) -> Counter[str]:
         """How many times each input was run by a crashy model, over every worker process."""
@@ -346,6 +403,24 @@ class FaultEnv:
         """Messages delivered to some worker and not yet acked (the held records of every set of lists)."""
         with self.broker() as client:
             return sum(int(client.hlen(lists.held)) for lists in self._job_lists())
+
+    def held_by(self, worker_id: str) -> int:
+        """Jobs that the records of every model say ``worker_id`` holds (fetched, not acked, not put back)."""
+        with self.broker() as client:
+            owners = [owner for lists in self._job_lists() for owner in client.hvals(lists.owner)]
+        return sum(1 for owner in owners if owner.decode().rsplit("|", 1)[0] == worker_id)
+
+    def worker_id(self, worker: WorkerProcess, timeout_s: float = 10.0) -> str:
+        """The id a worker's heartbeat gives it (``hostname:pid``), once it has beaten."""
+        from tasks.cluster.members import read_heartbeats
+
+        def found() -> str | None:
+            with self.broker() as client:
+                beats = read_heartbeats(client, Keyspace(self.queue, self.key_prefix))
+            return next((beat.worker_id for beat in beats if beat.pid == worker.proc.pid), None)
+
+        wait_for(lambda: found() is not None, timeout_s, f"the heartbeat of worker {worker.proc.pid}")
+        return found() or ""
 
     def _raw(self) -> list[tuple[str, dict[str, Any], float | None]]:
         """``(where, message, seconds since stamped)`` of every message the broker holds now."""
@@ -411,14 +486,33 @@ def publish_raw(client: Client, body: bytes, content_type: str, task_id: str, co
         )
 
 
-def hold(client: Client, faults: FaultEnv, seconds: float) -> tuple[Job, Expect]:
-    """Keep the worker busy on the ``hold`` model for ``seconds``, so that the jobs sent next wait in its backlog
-    and are grouped into one batch per model.
+@dataclass
+class Gate:
+    """A ``hold`` job that keeps its worker busy until the test opens it (``open``), however long the test
+    takes to send what must wait behind it: nothing is timed."""
 
-    Returns:
-        the hold job, and what it should end as.
-    """
-    text = f"sleep:{seconds}:hold-{uuid.uuid4().hex[:6]}"
-    job = client.submit("hold", text)
+    job: Job
+    text: str
+    path: Path
+
+    @property
+    def expect(self) -> Expect:
+        """What the gate job ends as: the echo of its own input."""
+        return echoes(self.text)
+
+    def open(self) -> None:
+        """Let the gate job's batch go (and so the jobs waiting behind it)."""
+        closed = self.path.with_name(self.path.name + ".closed")
+        if closed.exists():
+            closed.rename(self.path)
+        else:
+            self.path.touch()
+
+
+def gate(client: Client, faults: FaultEnv, model: str = "hold") -> Gate:
+    """Keep the worker busy on ``model`` until ``Gate.open``: the jobs sent meanwhile wait in its backlog and are
+    grouped into one batch per model. Returns once the gate job runs."""
+    text = faults.gate_text()
+    job = client.submit(model, text)
     faults.wait_executed(text)
-    return job, echoes(text)
+    return Gate(job, text, faults.gates / text.split(":", 1)[1])

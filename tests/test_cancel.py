@@ -2,8 +2,9 @@
 has started runs to its end and keeps its result.
 
 Real worker processes on the real Redis, with the ``crashy`` models (tests/crashy.py): every input that reaches a
-model is logged, so "never ran" is read from the log, not assumed. A ``hold`` job keeps the worker busy while the
-jobs under test wait in its backlog.
+model is logged, so "never ran" is read from the log, not assumed. A gate job (``tests.faultkit.gate``) keeps the
+worker busy while the jobs under test wait in its backlog, until the test opens it. The tests that need nothing
+of their own share one worker (``one_worker``); the others start theirs.
 """
 
 from __future__ import annotations
@@ -12,55 +13,57 @@ import json
 import signal
 import subprocess
 import sys
-import uuid
+import time
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
-from config.errors import JobCancelled
+from config.errors import JobCancelled, JobExpired
 from tasks.broker.results import ALREADY_DONE, CANCELLED, TOO_LATE
 from tasks.client import Client
 from tasks.keyspace import Keyspace
 from tasks.protocol import PREDICT_TASK
-from tests.faultkit import FaultEnv, hold, wait_for
+from tests.faultkit import FaultEnv, gate, wait_for
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_cancelled_queued_job_never_runs_and_a_running_one_finishes(faults: FaultEnv) -> None:
-    faults.worker()
+def test_a_cancelled_queued_job_never_runs_and_a_running_one_finishes(one_worker: FaultEnv) -> None:
     client = Client()
-    held, _ = hold(client, faults, 2)
+    held = gate(client, one_worker)
     queued = client.submit("echo", "cancel-me")
     kept = client.submit("echo", "keep-me")
-    assert held.cancel() == TOO_LATE  # it has started: it runs to its end
+    assert held.job.cancel() == TOO_LATE  # it has started: it runs to its end
     assert queued.cancel() == CANCELLED
+    # answered at once, while the worker is still held at the gate: not when the worker gets to the job
     with pytest.raises(JobCancelled, match="was cancelled before it started"):
-        queued.get(timeout=5)  # answered at once, not when the worker gets to it
-    assert held.get(timeout=30)["echo"].startswith("sleep:2")  # its result is kept
+        queued.get(timeout=2)
+    assert held.job.status().state == "PENDING" and kept.status().state == "PENDING"
+    held.open()
+    assert held.job.get(timeout=30)["echo"] == held.text  # its result is kept
     assert kept.get(timeout=30)["echo"] == "keep-me"
     assert kept.cancel() == ALREADY_DONE
     assert kept.get(timeout=5)["echo"] == "keep-me"
-    faults.wait_broker_idle()  # the cancelled job's message was acked, not left to be redelivered
-    ran = faults.executions()
+    one_worker.wait_broker_idle()  # the cancelled job's message was acked, not left to be redelivered
+    ran = one_worker.executions()
     assert ran["cancel-me"] == 0 and ran["keep-me"] == 1, ran
 
 
-def test_cancelling_an_item_of_a_chunk_cancels_its_chunk_and_none_of_it_runs(faults: FaultEnv) -> None:
-    faults.worker()
+def test_cancelling_an_item_of_a_chunk_cancels_its_chunk_and_none_of_it_runs(one_worker: FaultEnv) -> None:
     client = Client()
-    held, _ = hold(client, faults, 2)
+    held = gate(client, one_worker)
     chunk = client.submit_many("echo", [f"chunk-item-{i}" for i in range(6)], chunk_size=6)
     other = client.submit_many("echo", [f"other-item-{i}" for i in range(3)], chunk_size=3)
     answers = client.cancel([chunk[2].id])
     assert answers == {chunk[2].id: CANCELLED}
-    held.get(timeout=30)
+    held.open()
+    held.job.get(timeout=30)
     for stored in client.gather(chunk, timeout=30):
         assert stored.state == "FAILURE" and isinstance(stored.value, JobCancelled)
     assert [s.value["echo"] for s in client.gather(other, timeout=30)] == [f"other-item-{i}" for i in range(3)]
-    faults.wait_broker_idle()
-    ran = faults.executions()
+    one_worker.wait_broker_idle()
+    ran = one_worker.executions()
     assert all(ran[f"chunk-item-{i}"] == 0 for i in range(6)), ran
     assert all(ran[f"other-item-{i}"] == 1 for i in range(3)), ran
 
@@ -68,42 +71,45 @@ def test_cancelling_an_item_of_a_chunk_cancels_its_chunk_and_none_of_it_runs(fau
 def test_a_cancel_survives_a_worker_restart_and_reaches_the_next_worker(faults: FaultEnv) -> None:
     first = faults.worker()
     client = Client()
-    held, _ = hold(client, faults, 3)
+    held = gate(client, faults)
     doomed = client.submit("echo", "cancelled-across-restart")
     assert doomed.cancel() == CANCELLED
     first.stop(signal.SIGKILL)  # dies holding both messages: both are redelivered to the next worker
+    held.open()
     faults.worker()
     with pytest.raises(JobCancelled):
         doomed.get(timeout=5)
-    held.get(timeout=60)  # re-run after the death
+    held.job.get(timeout=60)  # re-run after the death
     faults.wait_broker_idle(timeout_s=60)
     assert faults.executions()["cancelled-across-restart"] == 0
 
 
-def test_celery_revoke_cancels_a_queued_job(faults: FaultEnv) -> None:
-    faults.worker()
+def test_celery_revoke_cancels_a_queued_job(one_worker: FaultEnv) -> None:
     client = Client()
-    held, _ = hold(client, faults, 2)
-    sent = client.app.send_task(PREDICT_TASK, args=["echo", "revoked"], queue=faults.queue)
-    client.app.control.revoke([sent.id, held.id])  # a plain Celery producer's cancel: a broadcast to the workers
+    held = gate(client, one_worker)
+    sent = client.app.send_task(PREDICT_TASK, args=["echo", "revoked"], queue=one_worker.queue)
+    client.app.control.revoke([sent.id, held.job.id])  # a plain Celery producer's cancel: a broadcast to the workers
+    # the broadcast has reached the worker once the revoke is stored as the job's result: open the gate only then
+    wait_for(lambda: client.job(sent.id).status().state == "FAILURE", 10, "the revoke to be recorded")
+    held.open()
     with pytest.raises(JobCancelled):
         client.job(sent.id).get(timeout=30)
-    assert held.get(timeout=30)["echo"].startswith("sleep:2")  # running when revoked: it ends with its result
-    faults.wait_broker_idle()
-    assert faults.executions()["revoked"] == 0
+    assert held.job.get(timeout=30)["echo"] == held.text  # running when revoked: it ends with its result
+    one_worker.wait_broker_idle()
+    assert one_worker.executions()["revoked"] == 0
 
 
-def test_swapless_cancel_and_delete_on_the_gateway(faults: FaultEnv) -> None:
+def test_swapless_cancel_and_delete_on_the_gateway(one_worker: FaultEnv) -> None:
     from tasks.gateway.app import create_app
 
-    faults.worker()
     client = Client()
     with TestClient(create_app(), base_url="http://localhost") as http:
-        held_text = f"sleep:2:hold-{uuid.uuid4().hex[:6]}"
+        held_text = one_worker.gate_text()
         held = client.job(http.post("/jobs", json={"model_id": "hold", "input": held_text}).json()["job_id"])
-        faults.wait_executed(held_text)
+        one_worker.wait_executed(held_text)
         by_cli = client.submit("echo", "cancelled-by-cli")
-        by_http = client.job(http.post("/jobs", json={"model_id": "echo", "input": "cancelled-by-http"}).json()["job_id"])
+        posted = http.post("/jobs", json={"model_id": "echo", "input": "cancelled-by-http"})
+        by_http = client.job(posted.json()["job_id"])
         run = subprocess.run(
             [sys.executable, "-m", "tasks.cli", "cancel", by_cli.id, held.id],
             capture_output=True, text=True, timeout=60,
@@ -120,32 +126,41 @@ def test_swapless_cancel_and_delete_on_the_gateway(faults: FaultEnv) -> None:
         assert http.get(f"/jobs/{by_http.id}").json()["error"]["type"] == "JobCancelled"
         # a job some other producer sent is no job of the gateway's: refused, nothing written
         assert http.delete(f"/jobs/{by_cli.id}").status_code == 404
+    one_worker.open_gates()  # the gate the gateway's job waits at
     held.get(timeout=30)
-    faults.wait_broker_idle()
-    ran = faults.executions()
+    one_worker.wait_broker_idle()
+    ran = one_worker.executions()
     assert ran["cancelled-by-cli"] == 0 and ran["cancelled-by-http"] == 0, ran
 
 
-def test_cancelled_and_expired_jobs_are_counted_per_model_in_the_status(faults: FaultEnv) -> None:
+def test_cancelled_and_expired_jobs_are_counted_per_model_in_the_status(one_worker: FaultEnv) -> None:
     from tasks.cluster.members import read_heartbeats
 
-    faults.worker()
     client = Client()
-    held, _ = hold(client, faults, 2)
-    cancelled = [client.submit("echo", f"counted-cancel-{i}") for i in range(3)]
-    expired = [client.submit("echo", f"counted-expire-{i}", expires=0.5) for i in range(2)]
+    held = gate(client, one_worker)
+    # echo2: a model no other test of this module sends to, so the worker's counts of it are this test's
+    cancelled = [client.submit("echo2", f"counted-cancel-{i}") for i in range(3)]
+    expired = [client.submit("echo2", f"counted-expire-{i}", expires=0.3) for i in range(2)]
     assert set(client.cancel([job.id for job in cancelled]).values()) == {CANCELLED}
-    held.get(timeout=30)
+    _sleep_past_deadline(0.3)
+    held.open()
+    held.job.get(timeout=30)
     for job in expired:
-        with pytest.raises(Exception, match="deadline"):
+        with pytest.raises(JobExpired, match="was not started by its deadline"):
             job.get(timeout=30)
 
-    def counted() -> bool:
-        beats = read_heartbeats(client.redis, Keyspace(faults.queue, faults.key_prefix))
-        echo = beats[0].models.get("echo") if beats else None
-        return echo is not None and echo.jobs_cancelled == 3 and echo.jobs_expired == 2
+    def counted() -> tuple[int, int] | None:
+        beats = read_heartbeats(client.redis, Keyspace(one_worker.queue, one_worker.key_prefix))
+        echo2 = beats[0].models.get("echo2") if beats else None
+        return (echo2.jobs_cancelled, echo2.jobs_expired) if echo2 is not None else None
 
-    wait_for(counted, 30, "the heartbeat to count 3 cancelled and 2 expired echo jobs")
+    wait_for(lambda: counted() == (3, 2), 30, "the heartbeat to count 3 cancelled and 2 expired echo2 jobs",
+             on_timeout=lambda: f"counted {counted()}")
+
+
+def _sleep_past_deadline(expires_s: float) -> None:
+    """Sleep until a deadline of ``expires_s`` set just before has passed (with a margin for clock reads)."""
+    time.sleep(expires_s + 0.1)
 
 
 def _bulk(*args: str, log: Path) -> subprocess.Popen[bytes]:
@@ -164,21 +179,21 @@ def _records(path: Path, prefix: str, count: int) -> Path:
     return path
 
 
-def test_ctrl_c_on_bulk_cancels_its_chunks_in_flight_and_a_rerun_resumes(faults: FaultEnv, tmp_path: Path) -> None:
-    faults.worker()
+def test_ctrl_c_on_bulk_cancels_its_chunks_in_flight_and_a_rerun_resumes(one_worker: FaultEnv, tmp_path: Path) -> None:
     client = Client()
-    held, _ = hold(client, faults, 3)
+    held = gate(client, one_worker)
     source = _records(tmp_path / "in.jsonl", "bulk-sigint", 20)
     out = tmp_path / "out.jsonl"
     args = ("echo", str(source), "-o", str(out), "--id-field", "id", "--chunk-size", "5", "--max-in-flight", "4")
     first = _bulk(*args, log=tmp_path / "first.log")
-    # every chunk is sent and waits behind the hold job (the hold job itself is in flight too)
-    wait_for(lambda: faults.queued() + faults.unacked() >= 5, 30, "the producer to send its 4 chunks")
+    # every chunk is sent and waits behind the gate job (the gate job itself is in flight too)
+    wait_for(lambda: one_worker.queued() + one_worker.unacked() >= 5, 30, "the producer to send its 4 chunks")
     first.send_signal(signal.SIGINT)
     assert first.wait(60) == 130
-    held.get(timeout=30)
-    faults.wait_broker_idle()  # the cancelled chunks were taken and acked, not left behind
-    assert sum(faults.executions()[f"bulk-sigint-{i}"] for i in range(20)) == 0  # none computed after Ctrl-C
+    held.open()
+    held.job.get(timeout=30)
+    one_worker.wait_broker_idle()  # the cancelled chunks were taken and acked, not left behind
+    assert sum(one_worker.executions()[f"bulk-sigint-{i}"] for i in range(20)) == 0  # none computed after Ctrl-C
     assert not out.exists() or out.read_text() == ""
     second = subprocess.run([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local"],
                             capture_output=True, text=True, timeout=120)
@@ -189,22 +204,26 @@ def test_ctrl_c_on_bulk_cancels_its_chunks_in_flight_and_a_rerun_resumes(faults:
 
 
 def test_a_bulk_deadline_stops_the_run_resumably_and_nothing_late_is_computed(
-    faults: FaultEnv, tmp_path: Path
+    one_worker: FaultEnv, tmp_path: Path
 ) -> None:
-    faults.worker()
     client = Client()
-    held, _ = hold(client, faults, 3)
+    held = gate(client, one_worker)
     source = _records(tmp_path / "in.jsonl", "bulk-late", 20)
     out = tmp_path / "out.jsonl"
     args = ("echo", str(source), "-o", str(out), "--id-field", "id", "--chunk-size", "5", "--max-in-flight", "4")
-    late = subprocess.run([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local", "--expires", "1"],
-                          capture_output=True, text=True, timeout=120)
-    assert late.returncode == 3, late.stderr
-    assert "has passed: the records not started by then were not computed; rerun with a later --expires" in late.stderr
-    assert "Traceback" not in late.stderr
-    held.get(timeout=30)
-    faults.wait_broker_idle()
-    assert sum(faults.executions()[f"bulk-late-{i}"] for i in range(20)) == 0
+    late = subprocess.Popen([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local", "--expires", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # the gate opens once the chunks sent wait behind it and their deadline has passed: none may start
+    wait_for(lambda: one_worker.queued() + one_worker.unacked() >= 5, 30, "the producer to send its 4 chunks")
+    _sleep_past_deadline(1.0)
+    held.open()
+    stderr = late.communicate(timeout=120)[1]
+    assert late.returncode == 3, stderr
+    assert "has passed: the records not started by then were not computed; rerun with a later --expires" in stderr
+    assert "Traceback" not in stderr
+    held.job.get(timeout=30)
+    one_worker.wait_broker_idle()
+    assert sum(one_worker.executions()[f"bulk-late-{i}"] for i in range(20)) == 0
     assert not out.exists() or out.read_text() == ""
     bad = subprocess.run([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local", "--expires", "yesterday"],
                          capture_output=True, text=True, timeout=60)
@@ -216,16 +235,16 @@ def test_a_bulk_deadline_stops_the_run_resumably_and_nothing_late_is_computed(
 
 
 def test_on_celery_s_own_request_path_cancels_and_deadlines_hold_too(faults: FaultEnv) -> None:
-    from config.errors import JobExpired
-
     faults.worker("--task-events")  # with task events on, every message takes Celery's request machinery
     client = Client()
-    held, _ = hold(client, faults, 2)
+    held = gate(client, faults)
     cancelled = client.submit("echo", "events-cancelled")
-    expired = client.submit("echo", "events-expired", expires=0.5)
+    expired = client.submit("echo", "events-expired", expires=0.3)
     served = client.submit("echo", "events-served")
     assert cancelled.cancel() == CANCELLED
-    held.get(timeout=30)
+    _sleep_past_deadline(0.3)
+    held.open()
+    held.job.get(timeout=30)
     with pytest.raises(JobCancelled):
         cancelled.get(timeout=30)
     with pytest.raises(JobExpired):
@@ -236,20 +255,28 @@ def test_on_celery_s_own_request_path_cancels_and_deadlines_hold_too(faults: Fau
     assert ran["events-cancelled"] == 0 and ran["events-expired"] == 0 and ran["events-served"] == 1, ran
 
 
-def test_submit_many_and_map_take_a_deadline(faults: FaultEnv) -> None:
-    from config.errors import JobExpired
+def test_submit_many_and_map_take_a_deadline(one_worker: FaultEnv) -> None:
+    import threading
 
-    faults.worker()
     client = Client()
-    held, _ = hold(client, faults, 2)
-    late = client.submit_many("echo", [f"many-late-{i}" for i in range(4)], chunk_size=2, expires=0.5)
-    mapped = client.map("echo", (f"map-late-{i}" for i in range(4)), chunk_size=2, expires=0.5, return_exceptions=True)
-    first = next(mapped)  # waits behind the hold: the deadline passes first
+    held = gate(client, one_worker)
+    late = client.submit_many("echo", [f"many-late-{i}" for i in range(4)], chunk_size=2, expires=0.3)
+    mapped = client.map("echo", (f"map-late-{i}" for i in range(4)), chunk_size=2, expires=0.3, return_exceptions=True)
+
+    def open_once_all_are_late() -> None:  # map sends its chunks when first asked for a result, and waits there
+        wait_for(lambda: one_worker.queued() + one_worker.unacked() >= 5, 30, "the gate job and four chunks")
+        _sleep_past_deadline(0.3)
+        held.open()
+
+    opener = threading.Thread(target=open_once_all_are_late)
+    opener.start()
+    first = next(mapped)  # waits behind the gate: the deadline passes first
+    opener.join(30)
     assert isinstance(first, JobExpired)
     assert all(isinstance(value, JobExpired) for value in mapped)
-    held.get(timeout=30)
+    held.job.get(timeout=30)
     for stored in client.gather(late, timeout=30):
         assert stored.state == "FAILURE" and isinstance(stored.value, JobExpired)
-    faults.wait_broker_idle()
-    ran = faults.executions()
+    one_worker.wait_broker_idle()
+    ran = one_worker.executions()
     assert sum(ran[f"many-late-{i}"] + ran[f"map-late-{i}"] for i in range(4)) == 0, ran

@@ -27,7 +27,7 @@ from config.errors import InputError, ModelTooLarge, PredictionFailed, SwaplessE
 from tasks.client import Client
 from tasks.protocol import PREDICT_TASK
 from tests import faultkit
-from tests.faultkit import FaultEnv, Scenario, echoes, fails, hold, labels, publish_raw, settle
+from tests.faultkit import FaultEnv, Scenario, echoes, fails, gate, labels, publish_raw, settle
 from tests.tinymodels import encode_image
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -36,19 +36,20 @@ pytestmark = [pytest.mark.faults, pytest.mark.slow]
 # -- 4. a batch whose code raises --------------------------------------------------------------------------------
 
 
-def test_a_model_that_raises_on_every_batch_fails_each_job_with_its_message(faults: FaultEnv) -> None:
+def test_a_model_that_raises_on_every_batch_fails_each_job_with_its_message(one_worker: FaultEnv) -> None:
     scenario = Scenario("4. predict raises for the whole batch")
-    worker = faults.worker()
+    faults, [worker] = one_worker, one_worker.workers
     client = Client()
-    held, held_ok = hold(client, faults, 1)
+    held = gate(client, faults)
     broken = [client.submit("broken", f"b-{i}") for i in range(10)]
     fine = [client.submit("echo", f"e-{i}") for i in range(10)]
-    stored, _ = settle(client, [held, *broken, *fine], 30)
+    held.open()
+    stored, _ = settle(client, [held.job, *broken, *fine], 30)
 
     message = "model 'broken' failed on this input: RuntimeError: crashy model is broken (1 inputs)"
     scenario.count(
         stored,
-        [held_ok]
+        [held.expect]
         + [fails(PredictionFailed, message)] * 10
         + [echoes(f"e-{i}") for i in range(10)],
     )
@@ -57,19 +58,20 @@ def test_a_model_that_raises_on_every_batch_fails_each_job_with_its_message(faul
     assert worker.proc.poll() is None
 
 
-def test_results_that_cannot_be_stored_fail_their_jobs_instead_of_hanging(faults: FaultEnv) -> None:
+def test_results_that_cannot_be_stored_fail_their_jobs_instead_of_hanging(one_worker: FaultEnv) -> None:
     # A custom framework returning something JSON cannot encode (a set, a numpy float): storing the batch raises.
     scenario = Scenario("4. unstorable results")
-    worker = faults.worker()
+    faults, [worker] = one_worker, one_worker.workers
     client = Client()
-    held, held_ok = hold(client, faults, 1)
+    held = gate(client, faults)
     bad = [client.submit("unstorable", f"u-{i}") for i in range(5)]
     fine = [client.submit("echo", f"f-{i}") for i in range(5)]
-    stored, _ = settle(client, [held, *bad, *fine], 20)
+    held.open()
+    stored, _ = settle(client, [held.job, *bad, *fine], 20)
 
     scenario.count(
         stored,
-        [held_ok]
+        [held.expect]
         + [fails(SwaplessError, contains="not JSON serializable")] * 5
         + [echoes(f"f-{i}") for i in range(5)],
     )
@@ -86,17 +88,18 @@ def test_out_of_memory_splits_the_batch_and_a_model_too_large_fails_alone(faults
     faults.write_models(real=True)
     worker = faults.worker(env={"SWAPLESS_MEMORY_BUDGET_BYTES": "100000"})
     client = Client()
-    held, held_ok = hold(client, faults, 1)
+    held = gate(client, faults)
     oom = [client.submit("oom", f"oom-{i}") for i in range(16)]
     too_large = [client.submit("sentiment", f"text {i}") for i in range(4)]
-    stored, _ = settle(client, [held, *oom, *too_large], 60)
+    held.open()
+    stored, _ = settle(client, [held.job, *oom, *too_large], 60)
     after = [client.submit("echo", f"after-{i}") for i in range(4)] + [client.submit("sentiment", "again")]
     stored_after, _ = settle(client, after, 30)
 
     budget = "more than the whole memory budget of 97.7 KiB; raise --memory-budget (SWAPLESS_MEMORY_BUDGET_BYTES)"
     scenario.count(
         stored + stored_after,
-        [held_ok]
+        [held.expect]
         + [echoes(f"oom-{i}") for i in range(16)]
         + [fails(ModelTooLarge, contains=budget)] * 4
         + [echoes(f"after-{i}") for i in range(4)]
@@ -134,7 +137,7 @@ def test_one_worker_survives_every_bad_input_in_one_batch_and_the_rest_succeeds(
     model_ids = faults.write_models(real=True)
     worker = faults.worker(env={"SWAPLESS_MAX_TEXT_CHARS": "500", "SWAPLESS_MAX_IMAGE_BYTES": "50000"})
     client = Client()
-    held, held_ok = hold(client, faults, 3)  # everything below waits in the backlog: one batch per model
+    held = gate(client, faults)  # everything below waits in the backlog: one batch per model
     image = encode_image(1)
     png = base64.b64decode(image)
     big = encode_image(2, size=(160, 120))
@@ -190,9 +193,10 @@ def test_one_worker_survives_every_bad_input_in_one_batch_and_the_rest_succeeds(
         sent = client.app.send_task(PREDICT_TASK, args=args, kwargs=kwargs, queue=faults.queue)
         jobs.append(client.job(sent.id))
         expected.append(fails(InputError, malformed + problem))
-    stored, _ = settle(client, [held, *jobs], 60)
+    held.open()
+    stored, _ = settle(client, [held.job, *jobs], 60)
 
-    scenario.count(stored, [held_ok, *expected])
+    scenario.count(stored, [held.expect, *expected])
     scenario.assert_complete(faults.snapshot)
     assert worker.proc.poll() is None
     assert isinstance(client.submit("sentiment", "still serving?").get(timeout=30), list)
@@ -224,23 +228,25 @@ class _CreatesFile:
     ],
 )
 def test_a_message_that_is_not_a_json_job_is_dropped_and_the_worker_keeps_serving(
-    faults: FaultEnv, tmp_path: Path, kind: str, body: bytes | None, content_type: str, answer: str
+    one_worker: FaultEnv, tmp_path: Path, kind: str, body: bytes | None, content_type: str, answer: str
 ) -> None:
     scenario = Scenario(f"9. raw message: {kind}")
+    faults, [worker] = one_worker, one_worker.workers
+    ran_before = faults.executions()  # the module's worker ran other tests' jobs
+    tag = uuid.uuid4().hex[:6]
     marker = tmp_path / "unpickled"
     if body is None:
         armed = tmp_path / "armed"
         pickle.loads(pickle.dumps(_CreatesFile(armed))).close()  # the payload does create its file when unpickled
         assert armed.exists()
         body = pickle.dumps(_CreatesFile(marker))
-    worker = faults.worker()
     client = Client()
     bad_id = str(uuid.uuid4())
     publish_raw(client, body, content_type, bad_id)
-    good = [client.submit("echo", f"good-{i}") for i in range(5)]
+    good = [client.submit("echo", f"good-{tag}-{i}") for i in range(5)]
     stored, _ = settle(client, good, 10)
 
-    scenario.count(stored, [echoes(f"good-{i}") for i in range(5)])
+    scenario.count(stored, [echoes(f"good-{tag}-{i}") for i in range(5)])
     state = "running" if worker.proc.poll() is None else f"exited with {worker.proc.returncode}"
     log = worker.log()
     assert "Unrecoverable error" not in log, f"a {kind} message stopped the worker ({state}):\n{log[-2500:]}"
@@ -251,7 +257,7 @@ def test_a_message_that_is_not_a_json_job_is_dropped_and_the_worker_keeps_servin
     assert refused.state == states.FAILURE and answer in str(refused.value), (refused.state, refused.value)
     assert not marker.exists(), "the worker unpickled a message"
     # the log has a line per input run: exactly the good jobs', once each; nothing of the bad message ran
-    assert faults.executions() == Counter(f"good-{i}" for i in range(5)), faults.executions()
+    assert faults.executions() - ran_before == Counter(f"good-{tag}-{i}" for i in range(5)), faults.executions()
     scenario.submitted += 1  # the bad message: dropped, and answered with its error
     scenario.failed_expected += 1
 

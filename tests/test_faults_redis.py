@@ -11,17 +11,23 @@ run is printed at the end (``pytest_terminal_summary`` in tests/conftest.py). Ru
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
 import psutil
 import pytest
+import redis
 
+from config.errors import QueueUnavailable
 from tasks.client import Client
-from tests.faultkit import FaultEnv, Scenario, echoes, hold, settle, wait_for
-from tests.redis_server import RedisServer
+from tests.conftest import REPO
+from tests.faultkit import FaultEnv, Scenario, echoes, gate, settle, wait_for
+from tests.redis_server import RedisServer, free_port, protected_configs_allowed
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -42,14 +48,15 @@ def test_redis_restarts_and_worker_and_producer_reconnect_by_themselves(
     client = Client()
     warm = [client.submit("echo", f"warm-{i}") for i in range(10)]
     settle(client, warm, 20)
-    held, held_ok = hold(client, faults, 3)  # a batch in flight when Redis dies
+    held = gate(client, faults)  # a batch in flight when Redis dies
     before = [client.submit("echo", f"before-{i}") for i in range(30)]  # sent: the producer was told they are queued
     wait_for(lambda: (faults.unacked(), faults.queued()) == (5, 26), 10, "the worker to hold 5 jobs, 26 queued")
 
     server.restart(signal.SIGKILL, down_s=2)  # a crash: only the AOF (fsync always) survives
     back_at = time.monotonic()
+    held.open()  # the batch in flight ends after the restart
     after = [client.submit("echo", f"after-{i}") for i in range(30)]  # the same Client, reconnecting by itself
-    stored, done_at = settle(client, [*warm, held, *before, *after], 90)
+    stored, done_at = settle(client, [*warm, held.job, *before, *after], 90)
     scenario.recovery_s = done_at - back_at
     # Still consuming a while later (Celery has had bugs where a worker silently stops after a reconnection).
     time.sleep(2)
@@ -58,7 +65,7 @@ def test_redis_restarts_and_worker_and_producer_reconnect_by_themselves(
 
     texts = [f"before-{i}" for i in range(30)] + [f"after-{i}" for i in range(30)] + [f"later-{i}" for i in range(10)]
     scenario.count(
-        stored + stored_later, [echoes(f"warm-{i}") for i in range(10)] + [held_ok] + [echoes(t) for t in texts]
+        stored + stored_later, [echoes(f"warm-{i}") for i in range(10)] + [held.expect] + [echoes(t) for t in texts]
     )
     scenario.assert_complete(faults.snapshot)
     assert worker.proc.poll() is None
@@ -73,17 +80,96 @@ def test_a_result_write_during_a_redis_outage_is_retried_until_it_lands_and_the_
     faults.set(SWAPLESS_REDIS_URL=server.url(0))
     worker = faults.worker()
     client = Client()
-    held, held_ok = hold(client, faults, 1)  # computing when Redis goes: its result is written while Redis is down
+    held = gate(client, faults)  # computing when Redis goes: its result is written while Redis is down
     server.stop(signal.SIGKILL)
+    held.open()
     wait_for(lambda: "ran 1 job(s) on hold" in worker.log(), 20, "the held batch to finish while Redis is down")
-    time.sleep(3)  # its result write fails and is retried all the while (backoff up to 2 s)
-    assert "the worker keeps its jobs and retries" in worker.log()
+    # its result write fails and is retried all the while (backoff up to 2 s)
+    wait_for(lambda: "the worker keeps its jobs and retries" in worker.log(), 20, "the worker to retry the store")
     assert worker.proc.poll() is None
     server.start()
-    stored, _ = settle(client, [held], 60)
-    assert held_ok.matches(stored[0]), stored[0]
+    stored, _ = settle(client, [held.job], 60)
+    assert held.expect.matches(stored[0]), stored[0]
     assert faults.executions()[stored[0].value["echo"]] == 1, "stored once it could be, never run again"
     faults.wait_broker_idle(30)  # and acked after the store
+
+
+ADVICE = {
+    "READONLY": "this Redis is a read-only replica; point SWAPLESS_REDIS_URL at the primary",
+    "MISCONF": "Redis cannot save its data to disk and refuses writes; fix its disk or its save settings",
+}
+
+
+def _refuse_writes(admin: redis.Redis, refusal: str) -> None:
+    if refusal == "READONLY":  # a failover left it a replica (of a primary that is not there)
+        admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+    else:  # a save point and a save that cannot be written: stop-writes-on-bgsave-error
+        admin.config_set("save", "3600 1")
+        admin.config_set("dir", "/proc")
+        admin.bgsave()
+        wait_for(lambda: admin.info("persistence")["rdb_last_bgsave_status"] == "err", 10, "the save to fail")
+
+
+def _take_writes(admin: redis.Redis, refusal: str, directory: str) -> None:
+    if refusal == "READONLY":
+        admin.execute_command("REPLICAOF", "NO", "ONE")
+    else:
+        admin.config_set("dir", directory)
+        admin.bgsave()
+        wait_for(lambda: admin.info("persistence")["rdb_last_bgsave_status"] == "ok", 10, "the save to succeed")
+
+
+@pytest.mark.parametrize("refusal", ["READONLY", "MISCONF"])
+def test_producers_of_a_redis_that_refuses_writes_get_one_line_and_queue_nothing(
+    faults: FaultEnv, private_redis: Callable[..., RedisServer], refusal: str
+) -> None:
+    server = private_redis(extra_args=["--appendonly", "no", *protected_configs_allowed()])
+    faults.set(SWAPLESS_REDIS_URL=server.url(0))
+    client = Client()
+    with server.client() as admin:
+        _refuse_writes(admin, refusal)
+        with pytest.raises(QueueUnavailable) as caught:
+            client.submit_jobs([("echo", f"{refusal}-refused"), ("echo2", f"{refusal}-refused-2")])
+        assert str(caught.value) == f"cannot reach Redis at {server.url(0)}: {ADVICE[refusal]}"
+        done = subprocess.run([sys.executable, "-m", "tasks.cli", "submit", "echo", "refused-cli"], cwd=REPO,
+                              capture_output=True, text=True, env={**os.environ, **faults.env}, timeout=60)
+        assert done.returncode == 2 and done.stderr.strip().splitlines() == [f"error: {caught.value}"], done.stderr
+        _take_writes(admin, refusal, str(server.directory))
+    assert faults.queued() == 0  # nothing of the refused jobs
+    client.submit("echo", f"{refusal}-taken")  # and taken again at once
+    assert faults.queued() == 1
+
+
+def test_a_worker_whose_redis_fails_to_save_keeps_its_jobs_and_resumes_by_itself(
+    faults: FaultEnv, private_redis: Callable[..., RedisServer]
+) -> None:
+    # (The same with a read-only replica is not tested: a worker blocked waiting for jobs when Redis turns replica
+    # gets "UNBLOCKED force unblock from blocking operation", which it does not take for a refused write, and stops
+    # with "Unrecoverable error".)
+    scenario = Scenario("6. Redis cannot save (MISCONF), then can")
+    server = private_redis(extra_args=["--appendonly", "no", *protected_configs_allowed()])
+    faults.set(SWAPLESS_REDIS_URL=server.url(0))
+    worker = faults.worker()
+    client = Client()
+    held = gate(client, faults)  # a batch in hand: its result is written while Redis refuses writes
+    queued = [client.submit("echo", f"misconf-queued-{i}") for i in range(5)]
+    admin = server.client()
+    _refuse_writes(admin, "MISCONF")
+    held.open()  # the batch in hand ends; its result cannot be written yet
+    wait_for(lambda: "ran 1 job(s) on hold" in worker.log(), 20, "the batch in hand to finish")
+    wait_for(lambda: "Redis refusing writes: MISCONF" in worker.log(), 20, "the worker to see the refusal")
+    assert client.fetch([held.job.id])[0].state == "PENDING"
+    _take_writes(admin, "MISCONF", str(server.directory))
+    back_at = time.monotonic()
+    after = [client.submit("echo", f"misconf-after-{i}") for i in range(5)]
+    stored, done_at = settle(client, [held.job, *queued, *after], 30)
+    scenario.recovery_s = done_at - back_at
+    scenario.count(stored, [held.expect] + [echoes(f"misconf-queued-{i}") for i in range(5)]
+                   + [echoes(f"misconf-after-{i}") for i in range(5)])
+    scenario.assert_complete(faults.snapshot)
+    assert faults.executions()[held.text] == 1, "its result was stored once it could be, never run again"
+    assert worker.proc.poll() is None and "Unrecoverable error" not in worker.log()
+    admin.close()
 
 
 # -- 10. security ----------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import base64
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -234,6 +235,29 @@ def test_a_deadline_in_the_body_is_kept_and_a_late_job_is_not_run(stack: Stack) 
     assert predicted.status_code == 200
 
 
+def test_predict_with_a_deadline_that_passes_first_is_504_job_expired(stack: Stack) -> None:
+    replies: list[httpx.Response] = []
+
+    def predict() -> None:
+        with httpx.Client(base_url=stack.gateway.url, timeout=30) as http:
+            replies.append(http.post("/predict", json={"model_id": "sentiment", "input": "late", "expires_s": 0.5}))
+
+    os.kill(stack.worker.proc.pid, signal.SIGSTOP)  # nothing starts while it is frozen
+    try:
+        waiting = threading.Thread(target=predict)
+        waiting.start()
+        time.sleep(1.0)  # past the job's deadline: the worker answers it JobExpired once it runs again
+    finally:
+        os.kill(stack.worker.proc.pid, signal.SIGCONT)
+    waiting.join(30)
+    [reply] = replies
+    body = reply.json()
+    assert reply.status_code == 504, body
+    assert body["error"]["type"] == "JobExpired" and "was not started by its deadline" in body["detail"]
+    assert "status_url" not in body  # not the 504 of a wait that ran out: the job has its answer
+    assert stack.http.get(f"/jobs/{body['job_id']}").json()["error"]["type"] == "JobExpired"
+
+
 def test_models_shows_the_registry_beside_what_each_worker_has_loaded(stack: Stack) -> None:
     http = stack.http
     for model_id in ["spam", "topic", "sentiment"]:
@@ -253,6 +277,11 @@ def test_models_shows_the_registry_beside_what_each_worker_has_loaded(stack: Sta
     assert where["worker"].startswith("gw@") and where["bytes"] > 1_000_000 and where["load_s"] > 0
     [worker] = view["workers"]
     assert worker["hostname"] == where["worker"] and worker["max_models"] == 2
+    # the workers that fetch each model's jobs: the one worker claimed what it holds loaded, nobody claimed vision
+    # (spam, evicted, is let go by a later placement round: over-claimed, not loaded)
+    assert {m: by_id[m]["claimed_by"] for m in ("sentiment", "topic", "vision")} == {
+        "sentiment": [worker["worker_id"]], "topic": [worker["worker_id"]], "vision": []
+    }
     assert sorted(worker["loaded"]) == ["sentiment", "topic"] and worker["jobs_done"] >= 3
     assert view["waiting_estimated"] is False
 

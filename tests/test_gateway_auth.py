@@ -330,6 +330,25 @@ def test_serve_without_keys_refuses_a_non_loopback_host(tmp_path: Path, redis_ur
     ]
 
 
+@pytest.mark.parametrize("where", ["SWAPLESS_API_KEYS", "SWAPLESS_API_KEYS_FILE"])
+def test_serve_with_a_malformed_key_setting_exits_2_with_one_line_never_the_key(tmp_path: Path, where: str) -> None:
+    secret = "not a key 0123456789"  # a space: no key can hold one
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text(f"# the gateway's keys\n{FULL}\n{secret}\n")
+    setting = {where: secret if where == "SWAPLESS_API_KEYS" else str(keys_file)}
+    env = {"SWAPLESS_REDIS_URL": "redis://127.0.0.1:1/0",  # never reached: the keys are checked first
+           "SWAPLESS_MODELS_FILE": str(write_fake_models(tmp_path, {"spam": 1})), "SWAPLESS_API_KEYS": "",
+           "SWAPLESS_API_KEYS_FILE": "", **setting}
+    done = run_cli("serve", "--port", str(free_port()), env=env, timeout_s=30)
+    assert done.returncode == 2
+    named = "SWAPLESS_API_KEYS entry 1" if where == "SWAPLESS_API_KEYS" else f"{keys_file} line 3"
+    assert done.stderr.strip().splitlines() == [
+        f"error: {named}: an API key holds only letters, digits and - . _ ~ + / (= at the end), with no spaces; "
+        "write KEY or KEY:MODEL|MODEL; make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+    ]
+    assert secret not in done.stderr + done.stdout and FULL not in done.stderr + done.stdout
+
+
 @pytest.fixture
 def gateways(tmp_path: Path) -> Iterator[list[GatewayProcess]]:
     started: list[GatewayProcess] = []
@@ -372,6 +391,9 @@ def test_a_real_gateway_with_keys(tmp_path: Path, redis_url: str, models_file: P
             assert http.get("/v2/health/live").status_code == 200
             assert http.get("/v2").status_code == 200
             assert http.post("/jobs", json={"model_id": "spam", "input": "hi"}).status_code == 401
+            # keys that are no keys of the gateway's: refused, and never written to its log
+            assert http.post("/jobs", json={"model_id": "spam", "input": "hi"}, headers=with_key(OTHER)).status_code == 401
+            assert http.get("/status.json", params={"key": OTHER + "-query"}).status_code == 401
             accepted = http.post("/jobs", json={"model_id": "spam", "input": "hi"}, headers=with_key(LIMITED))
             assert accepted.status_code == 202
             job_id = accepted.json()["job_id"]
@@ -397,3 +419,4 @@ def test_a_real_gateway_with_keys(tmp_path: Path, redis_url: str, models_file: P
     log = wait_for(logged, 10, what="the access log line of the last request")
     assert '"GET /status.json HTTP/1.1" 200' in log and '"GET /?key=*** HTTP/1.1" 307' in log
     assert FULL not in log and LIMITED not in log
+    assert OTHER not in log and '"GET /status.json HTTP/1.1" 401' in log  # the refused key's request, logged bare

@@ -6,14 +6,17 @@ URL named and its password never shown.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from config.errors import BackendUnavailable, QueueUnavailable
+from config.settings import get_settings
 from tasks.broker.connection import redact
 from tasks.cli.common import fail
 from tasks.client import Client
@@ -63,6 +66,62 @@ def test_client_raises_queue_unavailable_fast(down_url: str, models_file: Path, 
     message = str(caught.value)
     assert message.startswith("cannot reach Redis at redis://swapless:***@127.0.0.1:")
     assert "SWAPLESS_REDIS_URL" in message and SECRET not in message and "\n" not in message
+
+
+@pytest.fixture
+def silent_url() -> Iterator[str]:
+    """A Redis URL on a host that does not answer: a listening socket whose one-slot accept queue is full, so new
+    connections get no reply (their SYNs are dropped) and time out, as behind a firewall, instead of being refused."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = listener.getsockname()[1]
+    held = [socket.create_connection(("127.0.0.1", port), timeout=1)]  # fills the queue; never accepted
+    probe = socket.socket()
+    probe.settimeout(0.5)
+    try:
+        probe.connect(("127.0.0.1", port))
+        held.append(probe)  # a second slot on this kernel: fill it too
+        late = socket.socket()
+        late.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            late.connect(("127.0.0.1", port))
+        late.close()
+    except TimeoutError:
+        probe.close()
+    yield f"redis://swapless:{SECRET}@127.0.0.1:{port}/0"
+    for sock in held:
+        sock.close()
+    listener.close()
+
+
+def test_a_host_that_does_not_answer_is_queue_unavailable_after_the_connect_timeout(
+    silent_url: str, models_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SWAPLESS_MODELS_FILE", str(models_file))
+    monkeypatch.setenv("SWAPLESS_CONNECT_TIMEOUT_S", "1")
+    get_settings.cache_clear()
+    client = Client(silent_url)
+    started = time.monotonic()
+    with pytest.raises(QueueUnavailable) as caught:
+        client.submit("sentiment", "hello")
+    took = time.monotonic() - started
+    get_settings.cache_clear()
+    # waited out the connect timeout, twice (not a refusal, which is instant), and then no longer
+    assert 2 * 1.0 <= took < FEW_SECONDS, took
+    message = str(caught.value)
+    assert message.startswith("cannot reach Redis at redis://swapless:***@127.0.0.1:") and "Timeout" in message
+    assert "SWAPLESS_CONNECT_TIMEOUT_S" in message and SECRET not in message and "\n" not in message
+
+
+def test_submit_against_a_host_that_does_not_answer_says_one_line(silent_url: str, models_file: Path) -> None:
+    import os
+
+    env = {**os.environ, "SWAPLESS_REDIS_URL": silent_url, "SWAPLESS_MODELS_FILE": str(models_file),
+           "SWAPLESS_CONNECT_TIMEOUT_S": "1"}
+    done = _swapless("submit", "sentiment", "hello", env=env)
+    assert done.returncode == 2, done
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: cannot reach Redis at redis://swapless:***@127.0.0.1:") and "Timeout" in line
+    assert SECRET not in done.stderr + done.stdout
 
 
 def _swapless(*args: str, env: dict[str, str], timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
