@@ -130,3 +130,59 @@ def test_no_celery_app_is_built_at_import() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["0", "1"]
+
+
+def _layout_blocks(readme: str) -> dict[str, str]:
+    """The README's Layout drawing as ``package path -> its text``: a line ``name/`` at the left margin or two
+    spaces in opens a block (``tasks/``, ``tasks/broker/``), a line ``name.py`` there is a block of its own
+    (``tasks/protocol.py``); the lines indented further belong to the block above."""
+    section = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    drawing = section.split("```", 2)[1]
+    blocks: dict[str, str] = {}
+    top = current = ""
+    for line in drawing.splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        name, _, rest = line.strip().partition(" ")
+        if indent == 0:
+            top = current = name
+        elif indent == 2:
+            current = top + name
+        else:
+            blocks[current] += " " + line.strip()
+            continue
+        blocks[current] = rest
+    return blocks
+
+
+def _unnamed_modules(blocks: dict[str, str], sources: list[Path]) -> list[str]:
+    """Each module under manager/, tasks/ and config/ whose name is not in its package's block (or is not a
+    block of its own), with the sub-package it sits in, if deeper, named there too."""
+    missing = []
+    for path in sources:
+        if path.name == "__init__.py":
+            continue
+        parts = path.relative_to(REPO).parts
+        own = f"{parts[0]}/{parts[1]}"
+        if own in blocks:  # tasks/protocol.py
+            continue
+        block = blocks.get(f"{parts[0]}/{parts[1]}/", "") if len(parts) > 2 else blocks.get(f"{parts[0]}/", "")
+        words = set("".join(" " if c in ",:;()`" else c for c in block).split())
+        wanted = [*(f"{p}/" for p in parts[2:-1]), path.name]
+        if not all(w in words for w in wanted):
+            missing.append("/".join(parts))
+    return missing
+
+
+def test_the_readme_layout_names_every_module() -> None:
+    blocks = _layout_blocks((REPO / "README.md").read_text())
+    assert {"config/", "manager/", "tasks/", "tasks/broker/", "manager/frameworks/"} <= set(blocks), sorted(blocks)
+    missing = _unnamed_modules(blocks, _sources())
+    assert not missing, f"README.md's Layout does not name: {', '.join(missing)}"
+
+
+def test_the_layout_check_sees_a_module_left_out() -> None:
+    blocks = _layout_blocks((REPO / "README.md").read_text())
+    extra = REPO / "tasks" / "broker" / "not_in_the_readme.py"  # a path only: nothing is written
+    assert _unnamed_modules(blocks, [extra]) == ["tasks/broker/not_in_the_readme.py"]
