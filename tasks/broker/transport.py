@@ -166,7 +166,7 @@ class Channel(kombu_redis.Channel):
         self._held: dict[str, JobLists] = {}
         self._held_per_model: Counter[str] = Counter()
         self._plan: list[JobLists] = []
-        self._sent: list[str] = []
+        self._sent: list[str] = []  # the commands of this channel's round in flight; empty: kombu's own BRPOP
         self._rotation = 0
         self._queue = ""
 
@@ -217,6 +217,7 @@ class Channel(kombu_redis.Channel):
     def _brpop_start(self, timeout: float | None = None) -> None:
         hooks = self._hooks()
         if hooks is None:
+            self._sent = []
             super()._brpop_start(timeout)
             return
         self._queue = hooks.queue
@@ -283,7 +284,9 @@ class Channel(kombu_redis.Channel):
         return replies, refused
 
     def _brpop_read(self, **options: Any) -> bool:
-        hooks = self._hooks()
+        # the round's sender decides whose reply this is: the worker's queue can become active between the two
+        # (``celery worker -Q``), while kombu's own BRPOP is still out
+        hooks = self.swapless_hooks if self._sent else None
         if hooks is None:
             return bool(super()._brpop_read(**options))
         try:
