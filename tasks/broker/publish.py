@@ -26,7 +26,7 @@ from config.errors import InputError
 from tasks.keyspace import ModelKeys
 from tasks.protocol import PREDICT_TASK, SENT_AT_HEADER
 
-__all__ = ["ModelPush", "build_messages", "push", "push_to_models"]
+__all__ = ["ModelPush", "apush", "apush_to_models", "build_messages", "push", "push_to_models"]
 
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 _ARGSREPR_MAX = 1024  # Celery's argsrepr_maxsize
@@ -142,14 +142,40 @@ def push(
         None without a bound; with one, ``(pushed, queued)``: whether the messages were pushed (all of them, or
         none when they would pass the bound), and the messages the queue holds now.
     """
+    pipe = client.pipeline(transaction=False)
+    _push_commands(pipe, key, messages, per_command, bound, counted)
+    return _push_outcome(pipe.execute(), bound)
+
+
+async def apush(
+    client: Any,
+    key: str,
+    messages: Sequence[str],
+    per_command: int = 1000,
+    *,
+    bound: int | None = None,
+    counted: Sequence[str] = (),
+) -> tuple[bool, int] | None:
+    """``push`` through an asyncio redis-py client."""
+    pipe = client.pipeline(transaction=False)
+    _push_commands(pipe, key, messages, per_command, bound, counted)
+    return _push_outcome(await pipe.execute(), bound)
+
+
+def _push_commands(pipe: Any, key: str, messages: Sequence[str], per_command: int, bound: int | None,
+                   counted: Sequence[str]) -> None:
     if bound is not None:
-        pushed, queued = client.eval(_PUSH_BOUNDED, 1 + len(counted), key, *counted, bound, *messages)
-        return bool(pushed), int(queued)
-    with client.pipeline(transaction=False) as pipe:
-        for start in range(0, len(messages), per_command):
-            pipe.lpush(key, *messages[start : start + per_command])
-        pipe.execute()
-    return None
+        pipe.eval(_PUSH_BOUNDED, 1 + len(counted), key, *counted, bound, *messages)
+        return
+    for start in range(0, len(messages), per_command):
+        pipe.lpush(key, *messages[start : start + per_command])
+
+
+def _push_outcome(replies: list[Any], bound: int | None) -> tuple[bool, int] | None:
+    if bound is None:
+        return None
+    pushed, queued = replies[0]
+    return bool(pushed), int(queued)
 
 
 # KEYS: the list to push to, the model's four lists (counted), its bell, its holders. ARGV: the bound (-1: none),
@@ -195,14 +221,38 @@ def push_to_models(
     Returns:
         per push, ``(pushed, queued)``: whether its messages were pushed, and the messages its model's lists hold.
     """
-    now_ms = int(time.time() * 1000)
-    with client.pipeline(transaction=False) as pipe:
-        for push in pushes:
-            keys = push.keys
-            target = keys.list_for(push.priority)
-            pipe.eval(_PUSH_MODEL, 7, target, *keys.lists, keys.bell, keys.holders, -1 if bound is None else bound,
-                      now_ms, *push.messages)
-        replies = pipe.execute()
-    if any(pushed and not holders for pushed, _, holders in replies):
+    pipe = client.pipeline(transaction=False)
+    _model_push_commands(pipe, pushes, bound)
+    replies = pipe.execute()
+    if _unheld(replies):
         client.pipeline(transaction=False).lpush(placement_bell, "1").ltrim(placement_bell, 0, 0).execute()
+    return _model_push_outcomes(replies)
+
+
+async def apush_to_models(
+    client: Any, pushes: Sequence[ModelPush], *, bound: int | None, placement_bell: str
+) -> list[tuple[bool, int]]:
+    """``push_to_models`` through an asyncio redis-py client."""
+    pipe = client.pipeline(transaction=False)
+    _model_push_commands(pipe, pushes, bound)
+    replies = await pipe.execute()
+    if _unheld(replies):
+        await client.pipeline(transaction=False).lpush(placement_bell, "1").ltrim(placement_bell, 0, 0).execute()
+    return _model_push_outcomes(replies)
+
+
+def _model_push_commands(pipe: Any, pushes: Sequence[ModelPush], bound: int | None) -> None:
+    now_ms = int(time.time() * 1000)
+    for one in pushes:
+        keys = one.keys
+        pipe.eval(_PUSH_MODEL, 7, keys.list_for(one.priority), *keys.lists, keys.bell, keys.holders,
+                  -1 if bound is None else bound, now_ms, *one.messages)
+
+
+def _unheld(replies: list[Any]) -> bool:
+    """Whether a model was pushed to that no live worker holds (the placement bell then rings)."""
+    return any(pushed and not holders for pushed, _, holders in replies)
+
+
+def _model_push_outcomes(replies: list[Any]) -> list[tuple[bool, int]]:
     return [(bool(pushed), int(queued)) for pushed, queued, _ in replies]

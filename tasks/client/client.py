@@ -157,6 +157,14 @@ class Client:
         """
         return self.publisher.send_routed(routed, priority=priority, expires=expires, headers=headers)
 
+    async def asend_routed(
+        self, redis: Any, routed: Sequence[Routed], *, priority: str = "interactive",
+        expires: float | datetime | None = None,
+    ) -> list[str]:
+        """``send_routed`` through ``redis``, an asyncio redis-py client, on the caller's event loop (the
+        gateway's: no thread hand-off for a few jobs)."""
+        return await self.publisher.asend_routed(redis, routed, priority=priority, expires=expires)
+
     def models(self) -> list[ModelSpec]:
         """The models that exist (from the models file)."""
         return list(self.store)
@@ -247,7 +255,7 @@ class Client:
         deadline = datetime.fromisoformat(header) if header is not None else None
         jobs: list[Job] = []
         for batch in _batched(inputs, chunk_size):
-            chunk_id = self.publisher.publish(CHUNK_TASK, [(model_id, batch)], level, deadline)[0]
+            chunk_id = self.publisher.publish(CHUNK_TASK, [(model_id, batch)], level, expires=deadline)[0]
             jobs.extend(Job(self, item_id(chunk_id, index)) for index in range(len(batch)))
         return jobs
 
@@ -320,7 +328,7 @@ class Client:
             if deadline is not None and deadline <= datetime.now(UTC):
                 raise DeadlinePassed(deadline.isoformat(timespec="seconds"))
             headers = [{KEYS_HEADER: keys}] if keys is not None and any(k is not None for k in keys) else None
-            return self.publisher.publish(CHUNK_TASK, [(model_id, inputs)], level, deadline, headers=headers)[0]
+            return self.publisher.publish(CHUNK_TASK, [(model_id, inputs)], level, headers=headers, expires=deadline)[0]
 
         return ChunkStream(send, self.results, self.consumer, **options)
 

@@ -4,11 +4,11 @@
   picks for it (``manager.registry.routing``: by its sticky key, else by its id) and the shadows that get a copy:
   a ``Routed`` value, decided once and carried to the send.
 - ``Publisher.send_routed``: the routed jobs in one round trip, then their shadow copies at bulk priority (a
-  shadow never fails the served job).
-- ``Publisher.publish``: messages as addressed (single jobs or chunks), built as Celery's ``send_task`` would
-  build them (``tasks.broker.publish``): to each model's own lists, ringing the placement bell (a model this
-  producer cannot name: to the ingress, where a worker routes it); bounded by ``SWAPLESS_MAX_QUEUED`` (``QueueFull``, naming
-  the ids queued nonetheless). Redis failures are ``QueueUnavailable`` / ``QueueFull``
+  shadow never fails the served job); ``asend_routed`` the same through an asyncio Redis client (the gateway's).
+- ``Publisher.publish`` (``apublish``): messages as addressed (single jobs or chunks), built as Celery's
+  ``send_task`` would build them (``tasks.broker.publish``): to each model's own lists, ringing the placement bell
+  (a model this producer cannot name: to the ingress, where a worker routes it); bounded by ``SWAPLESS_MAX_QUEUED``
+  (``QueueFull``, naming the ids queued nonetheless). Redis failures are ``QueueUnavailable`` / ``QueueFull``
   (``tasks.broker.connection.translated``).
 """
 
@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from celery import Celery
@@ -28,7 +28,7 @@ from config.errors import QueueFull, SwaplessError
 from config.settings import Settings
 from manager.registry.store import ModelStore
 from tasks.broker.connection import redact, translated
-from tasks.broker.publish import ModelPush, build_messages, push, push_to_models
+from tasks.broker.publish import ModelPush, apush, apush_to_models, build_messages, push, push_to_models
 from tasks.broker.routes import RouteOverrides
 from tasks.keyspace import Keyspace
 from tasks.protocol import (
@@ -55,6 +55,31 @@ class Routed:
     value: Any
     shadows: tuple[str, ...] = ()
     via: tuple[str, ...] = ()
+
+
+class _Batch(NamedTuple):
+    """``publish``'s arguments for one send: the task, its ``(model_id, value)`` jobs, their level, ids, headers."""
+
+    task: str
+    jobs: list[tuple[str, Any]]
+    level: int
+    ids: list[str]
+    headers: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One publish's messages (``(id, JSON)`` in the jobs' order) and where each goes: indices per model (its own
+    lists, as ``pushes``), and those for the ingress (``shared``)."""
+
+    built: list[tuple[str, str]]
+    by_model: dict[str, list[int]]
+    pushes: list[ModelPush]
+    shared: list[int]
+
+    @property
+    def shared_messages(self) -> list[str]:
+        return [self.built[i][1] for i in self.shared]
 
 
 
@@ -145,6 +170,34 @@ class Publisher:
                 ``SWAPLESS_MAX_MESSAGE_BYTES`` (``InputError``; nothing is sent).
             QueueFull, QueueUnavailable: as ``publish``.
         """
+        served, shadows = self._with_shadows(routed, priority, headers)
+        sent = self.publish(*served, expires=expires)
+        if shadows is not None:
+            try:
+                self.publish(*shadows, expires=expires)
+            except SwaplessError as err:  # a shadow is never worth failing the served job
+                logger.warning("could not send %d shadow job(s): %s", len(shadows.jobs), err)
+        return sent
+
+    async def asend_routed(
+        self, client: Any, routed: Sequence[Routed], *, priority: str = "interactive",
+        expires: float | datetime | None = None, headers: Sequence[dict[str, Any]] | None = None,
+    ) -> list[str]:
+        """``send_routed`` through ``client``, an asyncio redis-py client (the gateway's): on its event loop, with no
+        hand-off to a thread."""
+        served, shadows = self._with_shadows(routed, priority, headers)
+        sent = await self.apublish(client, *served, expires=expires)
+        if shadows is not None:
+            try:
+                await self.apublish(client, *shadows, expires=expires)
+            except SwaplessError as err:  # a shadow is never worth failing the served job
+                logger.warning("could not send %d shadow job(s): %s", len(shadows.jobs), err)
+        return sent
+
+    def _with_shadows(
+        self, routed: Sequence[Routed], priority: str, headers: Sequence[dict[str, Any]] | None
+    ) -> tuple[_Batch, _Batch | None]:
+        """The served jobs' messages to send, and their shadow copies' (None: no shadows)."""
         level = priority_level(priority)
         shadows = [
             (f"{r.job_id}.shadow{n}", shadow, r.value, {SHADOW_HEADER: [r.job_id, r.via[0]]})
@@ -156,15 +209,11 @@ class Publisher:
             for r, h in zip(routed, extra, strict=True):
                 if r.shadows:
                     h[SHADOWED_HEADER] = 1
-        sent = self.publish(PREDICT_TASK, [(r.model_id, r.value) for r in routed], level, expires,
-                            ids=[r.job_id for r in routed], headers=extra)
-        if shadows:
-            try:
-                self.publish(PREDICT_TASK, [(m, v) for _, m, v, _ in shadows], PRIORITY_STEPS[-1], expires,
-                             ids=[i for i, _, _, _ in shadows], headers=[h for _, _, _, h in shadows])
-            except SwaplessError as err:  # a shadow is never worth failing the served job
-                logger.warning("could not send %d shadow job(s): %s", len(shadows), err)
-        return sent
+        served = _Batch(PREDICT_TASK, [(r.model_id, r.value) for r in routed], level, [r.job_id for r in routed], extra)
+        if not shadows:
+            return served, None
+        return served, _Batch(PREDICT_TASK, [(m, v) for _, m, v, _ in shadows], PRIORITY_STEPS[-1],
+                              [i for i, _, _, _ in shadows], [h for _, _, _, h in shadows])
 
     def _canonical(self, model_id: str) -> str | None:
         """The id a model's lists are named by (an alias resolved), or None when this producer cannot tell (no
@@ -180,10 +229,10 @@ class Publisher:
         task: str,
         jobs: Sequence[tuple[str, Any]],
         level: int,
-        expires: float | datetime | None = None,
-        *,
         ids: Sequence[str] | None = None,
         headers: Sequence[dict[str, Any]] | None = None,
+        *,
+        expires: float | datetime | None = None,
     ) -> list[str]:
         """Send one message per ``(model_id, value)`` to ``task`` as addressed, in one round trip; returns their ids
         (``ids``, else new ones). Single jobs are routed before they get here (``route_jobs``, ``send_routed``).
@@ -196,6 +245,41 @@ class Publisher:
                 is out of memory; ``queued`` lists the ids that were queued nonetheless (other models' jobs).
             QueueUnavailable: Redis cannot be reached.
         """
+        plan = self._plan(task, jobs, level, expires, ids, headers)
+        s, keyspace = self.settings, self.keyspace
+        with translated(s.broker_url):
+            outcomes = (push_to_models(self.redis, plan.pushes, bound=s.max_queued,
+                                       placement_bell=keyspace.placement_bell) if plan.pushes else [])
+            shared = (push(self.redis, keyspace.ingress(level), plan.shared_messages, bound=s.max_queued,
+                           counted=list(keyspace.ingress_lists.lists)) if plan.shared else None)
+        return self._settle(plan, outcomes, shared)
+
+    async def apublish(
+        self,
+        client: Any,
+        task: str,
+        jobs: Sequence[tuple[str, Any]],
+        level: int,
+        ids: Sequence[str] | None = None,
+        headers: Sequence[dict[str, Any]] | None = None,
+        *,
+        expires: float | datetime | None = None,
+    ) -> list[str]:
+        """``publish`` through ``client``, an asyncio redis-py client."""
+        plan = self._plan(task, jobs, level, expires, ids, headers)
+        s, keyspace = self.settings, self.keyspace
+        with translated(s.broker_url):
+            outcomes = (await apush_to_models(client, plan.pushes, bound=s.max_queued,
+                                              placement_bell=keyspace.placement_bell) if plan.pushes else [])
+            shared = (await apush(client, keyspace.ingress(level), plan.shared_messages, bound=s.max_queued,
+                                  counted=list(keyspace.ingress_lists.lists)) if plan.shared else None)
+        return self._settle(plan, outcomes, shared)
+
+    def _plan(
+        self, task: str, jobs: Sequence[tuple[str, Any]], level: int, expires: float | datetime | None,
+        ids: Sequence[str] | None, headers: Sequence[dict[str, Any]] | None,
+    ) -> _Plan:
+        """The messages, and which go to each model's lists and which to the ingress."""
         s = self.settings
         built = build_messages(self.app, s.queue, jobs, level, task=task, expires=expires_header(expires), ids=ids,
                                headers=headers, max_bytes=s.max_message_bytes)
@@ -207,27 +291,22 @@ class Publisher:
                 shared.append(index)
             else:
                 by_model.setdefault(canonical, []).append(index)
+        pushes = [ModelPush(self.keyspace.model(m), level, [built[i][1] for i in indices])
+                  for m, indices in by_model.items()]
+        return _Plan(built, by_model, pushes, shared)
+
+    def _settle(self, plan: _Plan, outcomes: list[tuple[bool, int]], shared: tuple[bool, int] | None) -> list[str]:
+        """The ids sent, or QueueFull naming those queued nonetheless."""
+        s = self.settings
         refused: list[tuple[list[int], str]] = []
-        keyspace = self.keyspace
-        with translated(s.broker_url):
-            if by_model:
-                pushes = [
-                    ModelPush(keyspace.model(m), level, [built[i][1] for i in indices])
-                    for m, indices in by_model.items()
-                ]
-                outcomes = push_to_models(self.redis, pushes, bound=s.max_queued, placement_bell=keyspace.placement_bell)
-                for (m, indices), (pushed, held) in zip(by_model.items(), outcomes, strict=True):
-                    if not pushed:
-                        refused.append((indices, f"model {m!r} has {held} messages queued"))
-            if shared:  # a model this producer cannot name: the ingress, where a worker routes it or answers it
-                key = keyspace.ingress(level)
-                counted = list(keyspace.ingress_lists.lists)
-                done = push(self.redis, key, [built[i][1] for i in shared], bound=s.max_queued, counted=counted)
-                if done is not None and not done[0]:
-                    refused.append((shared, f"queue {s.queue!r} holds {done[1]} messages"))
+        for (m, indices), (pushed, held) in zip(plan.by_model.items(), outcomes, strict=True):
+            if not pushed:
+                refused.append((indices, f"model {m!r} has {held} messages queued"))
+        if shared is not None and not shared[0]:
+            refused.append((plan.shared, f"queue {s.queue!r} holds {shared[1]} messages"))
         if refused:
             left_out = {i for indices, _ in refused for i in indices}
-            queued = [job_id for i, (job_id, _) in enumerate(built) if i not in left_out]
+            queued = [job_id for i, (job_id, _) in enumerate(plan.built) if i not in left_out]
             error = QueueFull(
                 redact(s.broker_url),
                 f"{refused[0][1]}, its bound is {s.max_queued} (SWAPLESS_MAX_QUEUED); wait for the workers to take "
@@ -235,4 +314,4 @@ class Publisher:
             )
             error.queued = queued
             raise error
-        return [job_id for job_id, _ in built]
+        return [job_id for job_id, _ in plan.built]
