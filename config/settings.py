@@ -51,6 +51,8 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_GATEWAY_RATE_PER_KEY   | 1000 jobs/s                | jobs one API key (without keys: one client address) may submit per second, in bursts of twice that; more get 429; kept in Redis, shared by every gateway process |
 | SWAPLESS_GATEWAY_INFLIGHT_PER_KEY | 2048 jobs                | jobs one API key (or client address) may have submitted and not yet finished; more get 429 |
 | SWAPLESS_GATEWAY_MAX_WAITS      | 1000 requests              | ``POST /predict`` and ``/v2`` infer requests one gateway process holds waiting for results; more get 503 |
+| SWAPLESS_GATEWAY_ACTIVE_PER_KEY | 4 requests                 | requests of one caller (key, or address without keys) one gateway process reads, parses and queues at once; the rest wait their turn (waiting for results does not count) |
+| SWAPLESS_GATEWAY_TURN_WAIT_S    | 10 s                       | the longest a request waits for its caller's turn; then 429 with ``Retry-After`` |
 | SWAPLESS_GATEWAY_ALLOWED_HOSTS  | unset (see meaning)        | ``Host`` names the gateway answers to, comma-separated (``*``: any). Default: with no API key and no ``--insecure-no-auth``, loopback names only (``localhost``, ``127.0.0.1``, ``[::1]``: a web page cannot reach a loopback gateway through a DNS rebinding); else any |
 | SWAPLESS_GATEWAY_ALLOWED_ORIGINS | unset (same origin only)  | web origins (``https://app.example``) whose pages may call the gateway from a browser, comma-separated; a request from any other ``Origin`` gets 403 |
 | SWAPLESS_PREDICT_TIMEOUT_S      | 30 s                       | how long ``POST /predict`` waits before answering 504 with the job id |
@@ -163,6 +165,8 @@ class Settings(BaseSettings):
     gateway_rate_per_key: float = Field(1000.0, gt=0)
     gateway_inflight_per_key: int = Field(2048, ge=1)
     gateway_max_waits: int = Field(1000, ge=1)
+    gateway_active_per_key: int = Field(4, ge=1)
+    gateway_turn_wait_s: float = Field(10.0, gt=0)
     #: None: the default the table gives (loopback names only without API keys)
     gateway_allowed_hosts: str | None = None
     gateway_allowed_origins: str = ""

@@ -22,6 +22,7 @@ from manager.registry.store import ModelStore
 from tasks.gateway import create_app
 from tasks.gateway.auth import Callers, Need, RedactKeyFilter
 from tasks.gateway.keys import KeyRule, load_keys, parse_keys
+from tasks.gateway.turns import Turns
 from tests.fakes import write_fake_models
 from tests.stack import GatewayProcess, free_port, listening_ports, private_env, run_cli, wait_for
 
@@ -271,7 +272,7 @@ def test_the_query_key_goes_no_further_than_the_check() -> None:
     from tasks.gateway.keys import KeyRing
 
     rules = parse_keys(FULL, "SWAPLESS_API_KEYS", per_line=False)
-    middleware = Callers(app, KeyRing([KeyRule(rules[0].digest, None)]), [], frozenset())
+    middleware = Callers(app, KeyRing([KeyRule(rules[0].digest, None)]), [], frozenset(), Turns(4, 10.0))
     scope = {"type": "http", "method": "GET", "path": "/status", "query_string": f"key={FULL}&x=1".encode(),
              "headers": []}
     taken = Callers._presented(scope, query_key=True)

@@ -39,7 +39,10 @@ ADMIN = "admin-key-" + "a" * 22
 #: keys limited to the text models and the by-type route, one per test (and a second where a test needs two)
 KEYS = {name: f"{name}-key-" + name[0] * 20 for name in (
     "smuggle", "owner", "intruder", "rate", "rate2", "shared", "inflight", "waits", "route", "limits", "v2", "malformed",
+    "turns", "turns2", "turnwait",
 )}
+ACTIVE = 2  # requests of one key at work at once
+TURN_WAIT_S = 0.5
 
 
 #: a gateway of its own with no API key (the module's keys are in the environment)
@@ -78,6 +81,7 @@ def stack(redis_url: str, secure_models: Path, input_root: Path, tmp_path_factor
         "SWAPLESS_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY_BYTES), "SWAPLESS_GATEWAY_BODY_TIMEOUT_S": "1",
         "SWAPLESS_GATEWAY_RATE_PER_KEY": str(RATE), "SWAPLESS_GATEWAY_INFLIGHT_PER_KEY": str(INFLIGHT),
         "SWAPLESS_GATEWAY_MAX_WAITS": str(MAX_WAITS), "SWAPLESS_GATEWAY_MAX_ELEMENTS": "64",
+        "SWAPLESS_GATEWAY_ACTIVE_PER_KEY": str(ACTIVE), "SWAPLESS_GATEWAY_TURN_WAIT_S": str(TURN_WAIT_S),
         "SWAPLESS_MAX_TEXT_CHARS": "2000", "SWAPLESS_MAX_IMAGE_PIXELS": "5000",
         "SWAPLESS_INPUT_ROOT": str(input_root),
     }
@@ -364,6 +368,47 @@ def test_waits_past_the_gateway_cap_are_503(stack: Stack) -> None:
     assert busy.headers["retry-after"] == "1"
     assert busy.json()["detail"].startswith(f"the gateway is holding {MAX_WAITS} requests waiting for results "
                                             "(SWAPLESS_GATEWAY_MAX_WAITS)")
+
+
+def test_a_key_s_requests_take_turns_and_other_keys_are_served_meanwhile(stack: Stack) -> None:
+    # two requests of one key hold its two turns: their bodies arrive slowly (a turn is held while its body is read)
+    head = request_head("POST", "/jobs", {**bearer("turns"), "Content-Length": "100", "Content-Type": "application/json"})
+    slow = [socket.create_connection(("127.0.0.1", stack.gateway.port), timeout=5) for _ in range(ACTIVE)]
+    try:
+        for sock in slow:
+            sock.sendall(head + b'{"model_id": ')
+        time.sleep(0.2)
+        with ThreadPoolExecutor(2) as pool:
+            third = pool.submit(stack.http.post, "/jobs", json={"model_id": "sentiment", "input": "third"},
+                                headers=bearer("turns"))
+            time.sleep(0.1)
+            started = time.monotonic()
+            other = stack.http.post("/jobs", json={"model_id": "sentiment", "input": "other key"}, headers=bearer("turns2"))
+            other_s = time.monotonic() - started
+            refused = third.result(10)
+        assert other.status_code == 202 and other_s < TURN_WAIT_S  # not behind the busy key's queue
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert refused.json()["detail"] == (
+            f"this caller has more requests at work than its {ACTIVE} at once, and this one waited {TURN_WAIT_S:g} s "
+            "for a turn: send fewer requests at a time (SWAPLESS_GATEWAY_ACTIVE_PER_KEY): try again in 1 s")
+    finally:
+        for sock in slow:
+            sock.close()
+    # the turns come back once those requests end: the key is served again
+    wait_for(lambda: stack.http.post("/jobs", json={"model_id": "sentiment", "input": "after"},
+                                     headers=bearer("turns")).status_code == 202, 10, "the key's turns to come back")
+
+
+def test_a_request_waiting_for_its_results_gives_its_turn_back(stack: Stack) -> None:
+    def predict(i: int) -> httpx.Response:
+        with httpx.Client(base_url=stack.gateway.url, timeout=30) as client:
+            return client.post("/predict", params={"timeout_s": 2}, json={"model_id": "topic", "input": f"turn {i}"},
+                               headers=bearer("turnwait"))
+
+    # more waits than turns, each longer than a turn may be waited for: every one is let through to its wait
+    with frozen(stack), ThreadPoolExecutor(ACTIVE + 1) as pool:
+        answers = list(pool.map(predict, range(ACTIVE + 1)))
+    assert [a.status_code for a in answers] == [504] * (ACTIVE + 1), [a.text for a in answers]
 
 
 # -- 5. nothing leaks to the open routes ----------------------------------------------------------------------------

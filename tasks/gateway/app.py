@@ -6,7 +6,8 @@
                bytes and time
 
 - ``framing.RequestGuard``: Host and Origin checks, HTTP framing, the body bounded in bytes and time;
-- ``auth.Callers``: the API key (or, without keys, the client's address) as a ``Caller``, 401/403 from headers;
+- ``auth.Callers``: the API key (or, without keys, the client's address) as a ``Caller``, 401/403 from headers,
+  then the request in one of its caller's turns (``turns.Turns``: 429 when none comes in time);
 - ``rest``, ``v2``, ``status_page``: the routes; ``http.GuardedRoute`` answers their errors (``errors.problem``);
 - ``plane.DataPlane``: what every route does with jobs (``quotas``, ``ledger``).
 

@@ -34,6 +34,7 @@ from config.settings import Settings
 from manager.registry.store import ModelStore
 from tasks.gateway.framing import ASGIApp, Receive, Scope, Send, reply
 from tasks.gateway.keys import KeyRing, KeyRule, load_keys
+from tasks.gateway.turns import NoTurn, Turns
 
 __all__ = ["Caller", "Callers", "Need", "RedactKeyFilter", "install_api_keys", "needs"]
 
@@ -87,13 +88,17 @@ class Callers:
         keys: the accepted keys; empty: no key is asked for.
         routes: the app's routes, whose declarations (``needs``) say what each request needs.
         open_paths: paths of routes that declare nothing and need nothing (the framework's own docs).
+        turns: each caller's turns at the gateway's work (``tasks.gateway.turns``): a request that needs a caller
+            runs in one of its caller's turns.
     """
 
-    def __init__(self, app: ASGIApp, keys: KeyRing, routes: list[BaseRoute], open_paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyRing, routes: list[BaseRoute], open_paths: frozenset[str],
+                 turns: Turns) -> None:
         self.app = app
         self.keys = keys
         self.routes = routes
         self.open_paths = open_paths
+        self.turns = turns
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -104,7 +109,7 @@ class Callers:
         if not self.keys:
             client = scope.get("client")
             state["caller"] = Caller(f"addr:{client[0] if client else 'unknown'}", admin=True)
-            await self.app(scope, receive, send)
+            await self._in_turn(state["caller"], scope, receive, send)
             return
         if need is Need.NOTHING:
             await self.app(scope, receive, send)
@@ -127,7 +132,16 @@ class Callers:
                           f'{_REALM}, error="insufficient_scope"')
             return
         state["caller"] = Caller(rule.owner, admin=rule.models is None, rule=rule)
-        await self.app(scope, receive, send)
+        await self._in_turn(state["caller"], scope, receive, send)
+
+    async def _in_turn(self, caller: Caller, scope: Scope, receive: Receive, send: Send) -> None:
+        """The request, in one of its caller's turns; 429 when none comes in time (nothing of it read)."""
+        try:
+            async with self.turns.turn(caller.owner):
+                await self.app(scope, receive, send)
+        except NoTurn as refused:
+            await reply(scope, send, 429, refused.message, [(b"retry-after", str(refused.retry_after_s).encode())],
+                        close=True)
 
     def _need(self, scope: Scope) -> tuple[Need, bool]:
         """What the route this request reaches declares (any valid key where no route matches: its 404 or 405)."""
@@ -201,7 +215,8 @@ def install_api_keys(app: FastAPI, settings: Settings, store: ModelStore, routes
     app.state.api_keys_required = bool(keys)
     docs = frozenset(p for p in (app.docs_url, app.openapi_url, app.swagger_ui_oauth2_redirect_url, app.redoc_url) if p)
     own = [route for route in app.router.routes if isinstance(route, Route)]  # the docs' (included routers nest)
-    app.add_middleware(Callers, keys=keys, routes=[*own, *routes], open_paths=docs)
+    turns = Turns(settings.gateway_active_per_key, settings.gateway_turn_wait_s)
+    app.add_middleware(Callers, keys=keys, routes=[*own, *routes], open_paths=docs, turns=turns)
     access_log = logging.getLogger("uvicorn.access")
     if keys and not any(isinstance(f, RedactKeyFilter) for f in access_log.filters):
         access_log.addFilter(RedactKeyFilter())

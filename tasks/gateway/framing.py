@@ -67,7 +67,8 @@ class RequestGuard:
     Args:
         app: the application it guards.
         max_body_bytes: the most bytes a request body may have.
-        body_timeout_s: the most seconds a body may take to arrive, from the request's start.
+        body_timeout_s: the most seconds a body may take to arrive, from when the app first reads it (a request
+            waiting for its caller's turn, ``tasks.gateway.turns``, is not reading yet).
         allowed_hosts: host names answered to (lower case, no port); None: any.
         allowed_origins: origins (``scheme://host[:port]``) whose cross-origin requests are let through.
     """
@@ -92,8 +93,7 @@ class RequestGuard:
             status, detail = refusal
             await reply(scope, send, status, detail, close=True)
             return
-        body = _BoundedBody(scope, receive, send, self.max_body_bytes, time.monotonic() + self.body_timeout_s,
-                            self.body_timeout_s)
+        body = _BoundedBody(scope, receive, send, self.max_body_bytes, self.body_timeout_s)
         await self.app(scope, body.receive, body.send)
 
     def _refusal(self, scope: Scope) -> tuple[int, str] | None:
@@ -142,10 +142,10 @@ class _BoundedBody:
     """One request's ``receive`` and ``send`` as the app gets them: the body counted and timed as it arrives; past a
     bound, the refusal is sent here and the app sees a disconnect, and whatever it sends afterwards is dropped."""
 
-    def __init__(self, scope: Scope, receive: Receive, send: Send, max_bytes: int, deadline: float,
-                 timeout_s: float) -> None:
+    def __init__(self, scope: Scope, receive: Receive, send: Send, max_bytes: int, timeout_s: float) -> None:
         self.scope, self._receive, self._send = scope, receive, send
-        self.max_bytes, self.deadline, self.timeout_s = max_bytes, deadline, timeout_s
+        self.max_bytes, self.timeout_s = max_bytes, timeout_s
+        self.deadline: float | None = None  # set by the first read
         self.seen = 0
         self.complete = False
         self.started = False
@@ -156,6 +156,8 @@ class _BoundedBody:
             return _DISCONNECT
         if self.complete:  # the body is in: what comes now is a disconnect, whenever it comes
             return await self._receive()
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.timeout_s
         try:
             message = await asyncio.wait_for(self._receive(), max(0.0, self.deadline - time.monotonic()))
         except TimeoutError:

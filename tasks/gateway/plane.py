@@ -38,6 +38,7 @@ from tasks.gateway.auth import Caller
 from tasks.gateway.errors import ModelForbidden, ResultExpired, UnknownJob
 from tasks.gateway.ledger import JobLedger
 from tasks.gateway.quotas import OverLimit, RateLimit, WaitSlots
+from tasks.gateway.turns import give_back
 from tasks.keyspace import Keyspace
 
 __all__ = ["Ask", "DataPlane", "check_input"]
@@ -175,7 +176,10 @@ class DataPlane:
             raise OverLimit("SWAPLESS_GATEWAY_INFLIGHT_PER_KEY", f"this caller has {count} jobs submitted and not yet "
                             f"finished, and {len(ids)} more would pass the limit of {self.ledger.inflight_cap}", 1)
         try:
-            await asyncio.to_thread(self.client.send_routed, routed, priority=priority, expires=expires_s)
+            if large:  # building many messages is CPU work: off the event loop
+                await asyncio.to_thread(self.client.send_routed, routed, priority=priority, expires=expires_s)
+            else:  # one message: on the loop, through its own Redis client (a thread hand-off costs more)
+                await self.client.asend_routed(self.redis, routed, priority=priority, expires=expires_s)
         except BaseException:
             await self.ledger.release(caller.owner, ids)
             raise
@@ -226,11 +230,14 @@ class DataPlane:
             yield
 
     async def wait(self, job_id: str, timeout_s: float) -> StoredResult:
-        """The job's result once ready, or its PENDING state after ``timeout_s``; woken by the backend's publish."""
+        """The job's result once ready, or its PENDING state after ``timeout_s``; woken by the backend's publish.
+        The request gives its caller's turn back while it waits (``tasks.gateway.turns``)."""
+        give_back()
         return await self.consumer.wait(job_id, timeout_s)
 
     async def wait_all(self, job_ids: Sequence[str], timeout_s: float) -> tuple[dict[str, StoredResult], list[str]]:
         """The jobs' final states, and the ids still pending after ``timeout_s`` (one wait for all of them, each
-        woken by its own publish)."""
+        woken by its own publish); the caller's turn is given back meanwhile."""
+        give_back()
         stored = await self.consumer.wait_all(job_ids, timeout_s)
         return {s.job_id: s for s in stored if s.ready}, [s.job_id for s in stored if not s.ready]
