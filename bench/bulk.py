@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
@@ -259,7 +259,7 @@ def main() -> None:
     width = max(len(name) for name, _ in rows)
     table = "\n".join(f"| {name:<{width}} | {value} |" for name, value in rows)
     header = f"| {'measure':<{width}} | value |\n|{'-' * (width + 2)}|-------|"
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     section = (
         f"## `{command}`\n\n{when}, {os.cpu_count()} CPU cores, CPU only, torch threads: "
         f"{args.threads or 'default'}.\n\n{header}\n{table}\n"

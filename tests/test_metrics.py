@@ -51,7 +51,7 @@ def test_metrics_from_reports(tmp_path: Path) -> None:
     engine = ModelEngine()
     store = ModelStore.from_file(write_fake_models(tmp_path, {"a": 1000}), engine.frameworks)
     manager = ModelManager(store, engine)
-    metrics = WorkerMetrics(manager, backlog=lambda: {})
+    metrics = WorkerMetrics(manager, backlog=dict)
     with manager.use("a") as worker:
         worker.predict(["x"])
     metrics.observe(GroupReport("a", 3, {"InputError": 1}, 0.2, (0.01, 0.02, 3.0, 0.5), 0, 1, (0.3,), 0, ("b",)))

@@ -128,34 +128,34 @@ def stack(redis_url: str, models_file: Path, tmp_path_factory: pytest.TempPathFa
     and 1 cancelled (sent while the worker was frozen)."""
     logs = tmp_path_factory.mktemp("status-page")
     extra = {"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5", "SWAPLESS_API_KEYS": f"{KEY},{SPAM_ONLY}:spam"}
-    with worker_and_gateway(redis_url, models_file, logs, "page@%h", "--log-level", "info", **extra) as (
-        env, worker, gateway
+    with (
+        worker_and_gateway(redis_url, models_file, logs, "page@%h", "--log-level", "info", **extra) as (env, worker, gateway),
+        httpx.Client(base_url=gateway.url, timeout=30, headers={"Authorization": f"Bearer {KEY}"}) as http,
     ):
-        with httpx.Client(base_url=gateway.url, timeout=30, headers={"Authorization": f"Bearer {KEY}"}) as http:
-            for model_id, text in [("sentiment", "a"), ("sentiment", "b"), ("sentiment", "c"), ("spam", "d"),
-                                   ("spam", "e")]:
-                assert http.post("/predict", json={"model_id": model_id, "input": text}).status_code == 200
-            assert http.post("/predict", json={"model_id": "sentiment", "input": "  "}).status_code == 422
-            with pytest.raises(InputError):  # the gateway refuses it; a producer of its own reaches the worker
-                Client().submit("sentiment", "  ").get(timeout=30)
-            os.kill(worker.proc.pid, signal.SIGSTOP)
-            try:
-                late = http.post("/jobs", json={"model_id": "spam", "input": "late", "expires_s": 0.3}).json()
-                dropped = http.post("/jobs", json={"model_id": "spam", "input": "dropped"}).json()
-                assert http.delete(f"/jobs/{dropped['job_id']}").json()["status"] == "cancelled"
-                time.sleep(0.6)
-            finally:
-                os.kill(worker.proc.pid, signal.SIGCONT)
-            assert wait_for(lambda: http.get(f"/jobs/{late['job_id']}").json()["state"] == "FAILURE", 30,
-                            what="the late job to expire")
+        for model_id, text in [("sentiment", "a"), ("sentiment", "b"), ("sentiment", "c"), ("spam", "d"),
+                               ("spam", "e")]:
+            assert http.post("/predict", json={"model_id": model_id, "input": text}).status_code == 200
+        assert http.post("/predict", json={"model_id": "sentiment", "input": "  "}).status_code == 422
+        with pytest.raises(InputError):  # the gateway refuses it; a producer of its own reaches the worker
+            Client().submit("sentiment", "  ").get(timeout=30)
+        os.kill(worker.proc.pid, signal.SIGSTOP)
+        try:
+            late = http.post("/jobs", json={"model_id": "spam", "input": "late", "expires_s": 0.3}).json()
+            dropped = http.post("/jobs", json={"model_id": "spam", "input": "dropped"}).json()
+            assert http.delete(f"/jobs/{dropped['job_id']}").json()["status"] == "cancelled"
+            time.sleep(0.6)
+        finally:
+            os.kill(worker.proc.pid, signal.SIGCONT)
+        assert wait_for(lambda: http.get(f"/jobs/{late['job_id']}").json()["state"] == "FAILURE", 30,
+                        what="the late job to expire")
 
-            def settled() -> dict[str, Any] | None:
-                [beat] = http.get("/status.json").json()["workers"] or [None]
-                spam = (beat or {}).get("models", {}).get("spam", {})
-                return beat if spam.get("jobs_expired") == 1 and spam.get("jobs_cancelled") == 1 else None
+        def settled() -> dict[str, Any] | None:
+            [beat] = http.get("/status.json").json()["workers"] or [None]
+            spam = (beat or {}).get("models", {}).get("spam", {})
+            return beat if spam.get("jobs_expired") == 1 and spam.get("jobs_cancelled") == 1 else None
 
-            beat = wait_for(settled, 30, what="a heartbeat with the expired and the cancelled job")
-            yield Stack(env, worker, gateway, http, beat["hostname"])
+        beat = wait_for(settled, 30, what="a heartbeat with the expired and the cancelled job")
+        yield Stack(env, worker, gateway, http, beat["hostname"])
 
 
 def test_status_json_is_what_swapless_status_json_prints(stack: Stack) -> None:

@@ -305,7 +305,7 @@ class ModelManager:
                     self.stats.load_failures += 1
                 self._safe_unload(worker)
                 raise
-            except Exception as err:  # noqa: BLE001 - any loader failure becomes a clear ModelLoadError
+            except Exception as err:  # any loader failure becomes a clear ModelLoadError
                 self._safe_unload(worker)
                 with self._cond:
                     evicted = attempt == 1 and _is_out_of_memory(err) and self._evict_all_unpinned(remote)
@@ -368,7 +368,7 @@ class ModelManager:
     def _safe_unload(worker: ModelWorker) -> None:
         try:
             worker.unload()
-        except Exception:  # noqa: BLE001 - a failing unload must not take the worker down
+        except Exception:  # a failing unload must not take the worker down
             logger.exception("unloading %s failed", worker.spec.id)
 
     # -- what was learned --------------------------------------------------------------------------------

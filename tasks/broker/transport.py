@@ -183,11 +183,10 @@ class Channel(kombu_redis.Channel):
     # with SADD, which it refuses too.
 
     def _size(self, queue: str) -> int:
-        with self.conn_or_acquire() as client:
-            with client.pipeline(transaction=False) as pipe:
-                for pri in self.priority_steps:
-                    pipe.llen(self._q_for_pri(queue, pri))
-                return sum(size for size in pipe.execute() if isinstance(size, int))
+        with self.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
+            for pri in self.priority_steps:
+                pipe.llen(self._q_for_pri(queue, pri))
+            return sum(size for size in pipe.execute() if isinstance(size, int))
 
     def _refused(self, err: ResponseError, what: str) -> None:
         if not is_refused_write(err):
