@@ -237,8 +237,8 @@ def main() -> None:
          "; ".join(f"{alone:.0f} / {bulk:.0f} ({bulk / alone:.0%})" for alone, bulk in pairs)),
         ("bulk / in-process, median of the pairs", f"{statistics.median(bulk / alone for alone, bulk in pairs):.0%}"),
         ("CPU seconds per 1000 records: in-process / bulk worker + producer (Redis not counted)",
-         f"{cpu_in_process:.2f} / {full.worker_cpu_s / args.records * 1000:.2f} + "
-         f"{full.producer_cpu_s / args.records * 1000:.2f}"),
+         (f"{cpu_in_process:.2f} / {full.worker_cpu_s / args.records * 1000:.2f} + "
+          f"{full.producer_cpu_s / args.records * 1000:.2f}")),
         (f"chunk-size sweep on {args.sweep_records} records, records/s (best of 2 interleaved rounds)",
          ", ".join(f"{size}: {max(rates):.0f}" for size, rates in sweep.items())),
         ("producer peak RSS, all records", mib(full.producer_peak_bytes)),

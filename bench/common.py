@@ -133,7 +133,7 @@ def collect(client: redis.Redis, key_prefix: str, job_ids: Sequence[str], timeou
         keys = [f"{key_prefix}celery-task-meta-{job_id}" for job_id in pending]
         still = []
         for start in range(0, len(keys), 2000):
-            for job_id, raw in zip(pending[start : start + 2000], client.mget(keys[start : start + 2000])):
+            for job_id, raw in zip(pending[start : start + 2000], client.mget(keys[start : start + 2000]), strict=True):
                 if raw is None:
                     still.append(job_id)
                     continue

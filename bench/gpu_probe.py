@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from bench.common import inputs_for
 from bench.profile import cpu_s
@@ -204,7 +204,7 @@ class DeviceUse:
         while not self._stop.wait(self.interval_s):
             self._peak = max(self._peak, self._used())
 
-    def __enter__(self) -> DeviceUse:
+    def __enter__(self) -> Self:
         if self.info.cuda:
             self._baseline = self._peak = self._used()
             self._thread = threading.Thread(target=self._sample, name="bench-device-use", daemon=True)

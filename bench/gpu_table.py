@@ -139,8 +139,8 @@ def _back(probes: Sequence[LoadProbe]) -> str:
 
 def _per_model(results: Results) -> list[str]:
     dev = results.info.label
-    lines = ["| model | architecture | device | size MB | load s (in-process) | load s (worker) | allocated before MB "
-             "| after load MB | after unload MB | back within 64 MB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| model | architecture | device | size MB | load s (in-process) | load s (worker) | allocated before MB "
+              "| after load MB | after unload MB | back within 64 MB |"), "|---|---|---|---|---|---|---|---|---|---|"]
     for model_id in results.plan.model_ids:
         probes = [p for p in results.probes if p.model_id == model_id]
         worker = results.worker_loads.get(model_id, [])
@@ -208,10 +208,10 @@ def render(results: Results, command: str, max_batch: int, stream_sample: int) -
         "",
         *_throughput(results),
         "",
-        "Loads and memory per model, in the benchmark's process: its load from its saved files (already in the page "
-        "cache: written by the build or read by an earlier repetition), one forward pass of 8 inputs, its unload; "
-        "`torch.cuda.memory_allocated()` before the load, after it and after the unload. `load s (worker)`: the "
-        "worker's own loads (warm start and burst), from its log.",
+        ("Loads and memory per model, in the benchmark's process: its load from its saved files (already in the page "
+         "cache: written by the build or read by an earlier repetition), one forward pass of 8 inputs, its unload; "
+         "`torch.cuda.memory_allocated()` before the load, after it and after the unload. `load s (worker)`: the "
+         "worker's own loads (warm start and burst), from its log."),
         "",
         *_per_model(results),
         "",

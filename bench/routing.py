@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for route, values in latency.items():
                 p50[route].append(statistics.median(values))
                 p95[route].append(percentile(values, 95))
-            print(f"repeat {repeat + 1}: split {splits[-1]}, p50 {dict((r, v[-1]) for r, v in p50.items())}, "
+            print(f"repeat {repeat + 1}: split {splits[-1]}, p50 { {r: v[-1] for r, v in p50.items()} }, "
                   f"shadow agreement {agreed}", file=sys.stderr)
         finally:
             cluster.close()
@@ -126,8 +126,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "|---|---|---|",
         *[f"| {v} | {w} | {summary([s[v] for s in splits])} |" for v, w in SPLIT.items()],
         "",
-        "Interactive jobs 20 ms apart to a route without a shadow and to one with a 100 % shadow (every job also run "
-        "on another model at bulk priority), alternating; seconds from send to stored result of the served job:",
+        ("Interactive jobs 20 ms apart to a route without a shadow and to one with a 100 % shadow (every job also run "
+         "on another model at bulk priority), alternating; seconds from send to stored result of the served job:"),
         "",
         "| route | p50 s | p95 s |",
         "|---|---|---|",

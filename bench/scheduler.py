@@ -281,27 +281,27 @@ def render(rows: dict[tuple[str, str], list[Run]], args: argparse.Namespace, sta
     lines = [
         "# Scheduler benchmark",
         "",
-        f"Command: `python -m bench.scheduler --repeats {args.repeats}` on this machine (CPU only, 2 cores); "
-        f"{args.repeats} repetitions, median [min–max]. Six real models (3× bert-tiny size, bert-mini size, distilbert "
-        f"size, mobilenet_v2; random weights), a cache of two. Mixed: {args.mixed_jobs} jobs at once, random order. "
-        f"Stream: {args.stream_jobs} jobs for one warm tiny model ({args.naive_stream_jobs} for naive). "
-        f"Lone: {args.lone_jobs} jobs one at a time on a warm model (`limit (paced)`: the in-process pass with "
-        f"{LONE_GAP_S * 1000:g} ms between passes, as lone jobs come; `swapless (sim)`: a model that costs nothing, "
-        f"so the latency is the queue's alone). Producers: naive sends each job with Celery's "
-        f"`send_task`; Swapless rows use `Client.submit_jobs` (one message per job, built directly, pushed in one "
-        f"pipeline); `(send_task)` rows are the same worker fed one `send_task` per job. Latency counts from before "
-        f"the first message is built. `swapless` runs with `--warm-start` (each model loaded, warmed and its batch "
-        f"sizes measured before it reports ready: {start_up('swapless')} s of start-up, not counted, as the limit "
-        f"leaves out its own warm-up pass). `swapless (default flags, restart)` is `swapless worker` with no flags, "
-        f"started on the same Redis once the first has stopped (its bounded default warm start warms what the first "
-        f"learned: {start_up('swapless (default flags, restart)')} s of start-up). Limit: in this process, one load per "
-        f"model plus its compute at its best batch size (chosen by the fastest of two passes at each size 1..64, then "
-        f"timed afresh: median of three passes). *Simulated* rows (`sim`) use `bench/simulated.py`, whose loads and "
-        f"passes sleep: sim stream is {args.sim_stream_jobs} jobs of a model that costs nothing, so the worker's CPU is "
-        f"the queue's alone; overlap is {OVERLAP['models']} models × {OVERLAP['jobs_per_model']} jobs, each load "
-        f"{OVERLAP['load_s']} s and each group's compute {OVERLAP['jobs_per_model'] * OVERLAP['item_s']:g} s, against "
-        f"the bound max(Σ loads, Σ compute). Worker CPU: user + system time of the worker process (all threads) "
-        f"during the run, per job.",
+        (f"Command: `python -m bench.scheduler --repeats {args.repeats}` on this machine (CPU only, 2 cores); "
+         f"{args.repeats} repetitions, median [min–max]. Six real models (3× bert-tiny size, bert-mini size, distilbert "
+         f"size, mobilenet_v2; random weights), a cache of two. Mixed: {args.mixed_jobs} jobs at once, random order. "
+         f"Stream: {args.stream_jobs} jobs for one warm tiny model ({args.naive_stream_jobs} for naive). "
+         f"Lone: {args.lone_jobs} jobs one at a time on a warm model (`limit (paced)`: the in-process pass with "
+         f"{LONE_GAP_S * 1000:g} ms between passes, as lone jobs come; `swapless (sim)`: a model that costs nothing, "
+         f"so the latency is the queue's alone). Producers: naive sends each job with Celery's "
+         f"`send_task`; Swapless rows use `Client.submit_jobs` (one message per job, built directly, pushed in one "
+         f"pipeline); `(send_task)` rows are the same worker fed one `send_task` per job. Latency counts from before "
+         f"the first message is built. `swapless` runs with `--warm-start` (each model loaded, warmed and its batch "
+         f"sizes measured before it reports ready: {start_up('swapless')} s of start-up, not counted, as the limit "
+         f"leaves out its own warm-up pass). `swapless (default flags, restart)` is `swapless worker` with no flags, "
+         f"started on the same Redis once the first has stopped (its bounded default warm start warms what the first "
+         f"learned: {start_up('swapless (default flags, restart)')} s of start-up). Limit: in this process, one load per "
+         f"model plus its compute at its best batch size (chosen by the fastest of two passes at each size 1..64, then "
+         f"timed afresh: median of three passes). *Simulated* rows (`sim`) use `bench/simulated.py`, whose loads and "
+         f"passes sleep: sim stream is {args.sim_stream_jobs} jobs of a model that costs nothing, so the worker's CPU is "
+         f"the queue's alone; overlap is {OVERLAP['models']} models × {OVERLAP['jobs_per_model']} jobs, each load "
+         f"{OVERLAP['load_s']} s and each group's compute {OVERLAP['jobs_per_model'] * OVERLAP['item_s']:g} s, against "
+         f"the bound max(Σ loads, Σ compute). Worker CPU: user + system time of the worker process (all threads) "
+         f"during the run, per job."),
         "",
         "| workload | system | jobs/s | model loads | p50 latency ms | p99 latency ms | worker CPU ms/job | vs limit | vs naive |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -49,7 +49,7 @@ def direct_text(path: Path, texts: list[str], top_k: int = 5) -> list[list[dict[
             logits = model(**tokenizer(text, truncation=True, return_tensors="pt")).logits[0]
             probs = torch.softmax(logits, dim=-1)
             scores, idx = probs.topk(min(top_k, probs.numel()))
-            out.append([{"label": model.config.id2label[i], "score": s} for s, i in zip(scores.tolist(), idx.tolist())])
+            out.append([{"label": model.config.id2label[i], "score": s} for s, i in zip(scores.tolist(), idx.tolist(), strict=True)])
     return out
 
 
@@ -68,13 +68,13 @@ def direct_image(path: Path, images_b64: list[str], top_k: int = 5) -> list[list
             image = Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB")
             probs = torch.softmax(model(transform(image).unsqueeze(0))[0], dim=-1)
             scores, idx = probs.topk(top_k)
-            out.append([{"label": weights.meta["categories"][i], "score": s} for s, i in zip(scores.tolist(), idx.tolist())])
+            out.append([{"label": weights.meta["categories"][i], "score": s} for s, i in zip(scores.tolist(), idx.tolist(), strict=True)])
     return out
 
 
 def assert_same(got: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
     assert [g["label"] for g in got] == [e["label"] for e in expected]
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         assert g["score"] == pytest.approx(e["score"], abs=1e-4)
 
 
@@ -92,14 +92,14 @@ def test_mixed_workload_over_four_models_with_a_cache_of_two(
     }
     inputs = {"sentiment": TEXTS, "spam": TEXTS, "topic": TEXTS, "vision": images}
     submitted = []
-    for round_ in range(5):  # interleaved: the naive design would reload on most jobs
+    for _round in range(5):  # interleaved: the naive design would reload on most jobs
         for model_id in ["sentiment", "spam", "vision", "topic"]:
             for i, value in enumerate(inputs[model_id]):
                 submitted.append((model_id, i, client.submit(model_id, value)))
     worker = start_worker("--max-models", "2")  # every job waits first: the count below does not race the producer
     results = client.gather([job for _, _, job in submitted], timeout=120)
     assert [r.state for r in results] == ["SUCCESS"] * len(submitted)
-    for (model_id, i, _), stored in zip(submitted, results):
+    for (model_id, i, _), stored in zip(submitted, results, strict=True):
         assert_same(stored.value, expected[model_id][i])
     # grouping: each model is loaded about once (twice at most, where one fetch splits its jobs), not once per job
     loads = worker.count("loaded ")
@@ -167,7 +167,7 @@ def test_async_get(start_worker: Callable[..., WorkerProcess]) -> None:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tasks.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "tasks.cli", *args], cwd=REPO, check=False, capture_output=True, text=True, timeout=120
     )
 
 

@@ -89,7 +89,7 @@ def test_the_store_resolves_routes_by_weight_key_and_type(tmp_path: Path) -> Non
     assert text.model_id in ("sentiment-v1", "sentiment-v2") and text.via == ("classify", "sentiment")
     with pytest.raises(InputError, match="route 'classify' takes text or image inputs, not a number input"):
         store.route("classify", 5, "k")
-    with pytest.raises(UnknownModel, match="known: .*classify"):
+    with pytest.raises(UnknownModel, match=r"known: .*classify"):
         store.route("nope", "x", "k")
 
 

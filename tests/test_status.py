@@ -278,8 +278,11 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
         return beats[0] if beats and beats[0].jobs_done + beats[0].jobs_failed == 6 else None
 
     beat = wait_for(beat_after_all_jobs, 10, what="a heartbeat counting all jobs")
+
     # topic was evicted for a slot: the worker gives up its claim at its next placement round
-    claimed = lambda: {p.model_id for p in read_placement(r, Keyspace.of(settings), ["topic"]) if p.holders}
+    def claimed() -> set[str]:
+        return {p.model_id for p in read_placement(r, Keyspace.of(settings), ["topic"]) if p.holders}
+
     try:
         wait_for(lambda: not claimed(), 30, what="the claim on the evicted topic to be given up")
     except AssertionError as err:
@@ -292,7 +295,7 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     assert [e.model_id for e in beat.loaded] == ["sentiment", "spam"], "least recently used first"
     assert all(e.bytes > 1_000_000 and e.load_s > 0 and not e.busy for e in beat.loaded)
     assert (beat.cache.hits, beat.cache.misses, beat.cache.evictions, beat.cache.max_models) == (1, 5, 3, 2)
-    activity = {model_id: a for model_id, a in beat.models.items()}
+    activity = dict(beat.models.items())
     assert (activity["sentiment"].hits, activity["sentiment"].misses, activity["sentiment"].evictions) == (1, 2, 1)
     assert (activity["spam"].hits, activity["spam"].misses, activity["spam"].loads, activity["spam"].evictions) == (0, 2, 2, 1)
     assert (activity["spam"].jobs_done, activity["spam"].jobs_failed) == (1, 1)

@@ -9,6 +9,7 @@ does, to the ingress, or pushed to a model's own lists the way Swapless's produc
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import time
@@ -105,10 +106,8 @@ def drain(conn: Connection, done: Callable[[], bool], timeout: float) -> None:
     """Let ``conn`` deliver messages until ``done()`` or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
     while not done() and time.monotonic() < deadline:
-        try:
+        with contextlib.suppress(TimeoutError):
             conn.drain_events(timeout=0.2)
-        except TimeoutError:
-            pass
 
 
 def held(r: redis.Redis, hashed: str) -> dict[str, Any]:

@@ -419,8 +419,8 @@ IMAGE_MODEL_ERRORS = [
     ("a photo of a cat", "image is not valid base64; this is an image model (did you send plain text or a file path?)"),
     (
         "/data/cat.png",
-        "'/data/cat.png' is not valid base64 and looks like a file path, but this worker reads no files: set "
-        "SWAPLESS_INPUT_ROOT on the worker to a directory, and send paths under it",
+        ("'/data/cat.png' is not valid base64 and looks like a file path, but this worker reads no files: set "
+         "SWAPLESS_INPUT_ROOT on the worker to a directory, and send paths under it"),
     ),
     (
         base64.b64encode(b"these bytes are not an image at all").decode("ascii"),

@@ -109,7 +109,7 @@ def train_text_classifier(
         encoded = tokenizer(
             [str(record["text"]) for record in records], padding=True, truncation=True, return_tensors="pt"
         )
-        inputs = {name: tensor for name, tensor in encoded.items()}
+        inputs = dict(encoded.items())
         targets = torch.tensor([index_of[str(record["label"])] for record in records])
         optimizer = torch.optim.AdamW(model.parameters(), lr=_LEARNING_RATE, weight_decay=_WEIGHT_DECAY)
 

@@ -13,7 +13,7 @@ __all__ = ["InputType", "ModelSpec", "ModelsFile", "RouteSpec"]
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
 
 
-class InputType(str, Enum):
+class InputType(str, Enum):  # noqa: UP042 - str() and format() give the member name; StrEnum would give the value
     """What a model's jobs carry: a string of text, or a base64-encoded image."""
 
     TEXT = "text"

@@ -144,7 +144,8 @@ class Channel(kombu_redis.Channel):
 
     QoS = HeldQoS
     qos: HeldQoS
-    from_transport_options = kombu_redis.Channel.from_transport_options + (  # type: ignore[assignment]
+    from_transport_options = (  # type: ignore[assignment]
+        *kombu_redis.Channel.from_transport_options,
         "swapless_idle_poll_s",
         "swapless_fetch_limit",
         "swapless_hooks",
@@ -330,7 +331,7 @@ class Channel(kombu_redis.Channel):
             payload = json.loads(raw)  # a kombu envelope is plain JSON
             if isinstance(payload["properties"]["delivery_tag"], str):
                 return payload  # type: ignore[no-any-return]
-        except Exception:  # noqa: BLE001 - not a kombu message at all: nothing to run, ack or answer
+        except Exception:  # noqa: BLE001, S110 - not a kombu message at all: logged below, nothing to run, ack or answer
             pass
         logger.error("Dropped a message on queue %r that is not a kombu message: %.200r", self._queue, raw)
         return None

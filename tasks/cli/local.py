@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Self
 
 import redis
 
@@ -122,7 +122,7 @@ class LocalSwapless:
     def worker_log(self) -> Path:
         return (self.workdir or Path(".")) / "worker.log"
 
-    def __enter__(self) -> LocalSwapless:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
