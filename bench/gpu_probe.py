@@ -70,7 +70,9 @@ def device_info(choice: str) -> DeviceInfo:
         raise RuntimeError("--device cuda: torch sees no CUDA device")
     if choice == "cpu" or not cuda:
         return DeviceInfo("cpu", "cpu", None)
-    return DeviceInfo("cuda", f"cuda ({torch.cuda.get_device_name(0)})", torch.cuda.get_device_properties(0).total_memory)
+    return DeviceInfo(
+        "cuda", f"cuda ({torch.cuda.get_device_name(0)})", torch.cuda.get_device_properties(0).total_memory
+    )
 
 
 def allocated_bytes(info: DeviceInfo) -> int | None:
@@ -149,7 +151,9 @@ def probe_loads(models_file: Path, info: DeviceInfo, seed: int = 0) -> list[Load
     return [cycle(spec) for spec in store]
 
 
-def compute_cpu_ms_per_job(models_file: Path, info: DeviceInfo, model_id: str, values: list[str], batch_size: int) -> float:
+def compute_cpu_ms_per_job(
+    models_file: Path, info: DeviceInfo, model_id: str, values: list[str], batch_size: int
+) -> float:
     """CPU milliseconds per job (this process, all threads) of ``model_id``'s forward passes over ``values`` at
     ``batch_size``, inputs prepared as a worker does: the baseline of a worker's CPU per job on one model.
 

@@ -93,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.routing", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs of the split")
-    parser.add_argument("--no-write", action="store_true", help=f"print the tables only, do not write {RESULTS_MD.name}")
+    parser.add_argument(
+        "--no-write", action="store_true", help=f"print the tables only, do not write {RESULTS_MD.name}"
+    )
     args = parser.parse_args(argv)
     models_file = _models_file(OUT / "routing" / "models")
     splits: list[dict[str, float]] = []

@@ -289,12 +289,17 @@ def report(results: dict[tuple[str, int, str], list[Result]], workers: Sequence[
         distinct = len(MODEL_IDS) if workload == "real" else len(SIM_MODELS)
         cache = 2 if workload == "real" else 3
         lines += [
-            (f"## {workload}: {'600 mixed jobs, 6 real tiny models' if workload == 'real' else '1,200 jobs, 12 simulated models'}"
-             f"{f', 80 % for one model ({HOT_ITEM_S[workload] * 1000:g} ms per input)' if skewed else ''}, "
-             f"cache of {cache} per worker"),
+            (
+                f"## {workload}: "
+                f"{'600 mixed jobs, 6 real tiny models' if workload == 'real' else '1,200 jobs, 12 simulated models'}"
+                f"{f', 80 % for one model ({HOT_ITEM_S[workload] * 1000:g} ms per input)' if skewed else ''}, "
+                f"cache of {cache} per worker"
+            ),
             "",
-            ("| workers | jobs/s placement | jobs/s shared | vs N x one worker | loads placement | loads shared "
-             "| target loads | hot model on workers |"),
+            (
+                "| workers | jobs/s placement | jobs/s shared | vs N x one worker | loads placement | loads shared "
+                "| target loads | hot model on workers |"
+            ),
             "|---|---|---|---|---|---|---|---|",
         ]
         for n in workers:
@@ -302,13 +307,19 @@ def report(results: dict[tuple[str, int, str], list[Result]], workers: Sequence[
             shared = results.get((workload, n, "shared"), [])
             if not placed:
                 continue
-            scale = _median([r.jobs_per_s for r in placed]) / (n * one[workload]) if one[workload] == one[workload] else float("nan")
+            scale = (
+                _median([r.jobs_per_s for r in placed]) / (n * one[workload])
+                if one[workload] == one[workload]
+                else float("nan")
+            )
             fits = n * cache >= distinct
             target = f"<= {distinct + 1}" if fits and not skewed else "-"
             hot = summary([r.hot_workers for r in placed]) if skewed else "-"
             lines.append(
-                f"| {n} | {summary([r.jobs_per_s for r in placed])} | {summary([r.jobs_per_s for r in shared]) if shared else '-'} "
-                f"| {scale:.2f} | {summary([r.loads for r in placed])} | {summary([r.loads for r in shared]) if shared else '-'} "
+                f"| {n} | {summary([r.jobs_per_s for r in placed])} "
+                f"| {summary([r.jobs_per_s for r in shared]) if shared else '-'} "
+                f"| {scale:.2f} | {summary([r.loads for r in placed])} "
+                f"| {summary([r.loads for r in shared]) if shared else '-'} "
                 f"| {target} | {hot} |"
             )
         lines.append("")
@@ -317,14 +328,19 @@ def report(results: dict[tuple[str, int, str], list[Result]], workers: Sequence[
         lines += [
             "## failover: 3 workers, the simulated burst, one worker SIGKILLed at 40 % of the results",
             "",
-            "| routing | lost | recovery (s): dead worker's jobs and models free again | kill -> all done (s) | jobs/s |",
+            (
+                "| routing | lost | recovery (s): dead worker's jobs and models free again | kill -> all done (s) "
+                "| jobs/s |"
+            ),
             "|---|---|---|---|---|",
         ]
         for routing, rs in fail:
             if rs:
                 lines.append(
-                    f"| {routing} | {summary([r.lost for r in rs])} | {summary([r.recovery_s or float('nan') for r in rs])} "
-                    f"| {summary([r.done_after_kill_s or float('nan') for r in rs])} | {summary([r.jobs_per_s for r in rs])} |"
+                    f"| {routing} | {summary([r.lost for r in rs])} "
+                    f"| {summary([r.recovery_s or float('nan') for r in rs])} "
+                    f"| {summary([r.done_after_kill_s or float('nan') for r in rs])} "
+                    f"| {summary([r.jobs_per_s for r in rs])} |"
                 )
         lines.append("")
     return "\n".join(lines) + "\n"

@@ -25,8 +25,15 @@ GPU_MD = REPO / "bench" / "GPU.md"
 def run_bench(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
     """``python -m bench.gpu ARGS`` from the repository, with no CUDA device visible."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "bench.gpu", *args], cwd=REPO, env=env, check=False, capture_output=True,
-                          text=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "bench.gpu", *args],
+        cwd=REPO,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def table_rows(text: str) -> list[list[str]]:

@@ -136,7 +136,9 @@ def test_metrics_endpoint_of_a_real_worker_after_known_jobs(
     # a second worker asking for the same metrics port stops at start-up, saying why
     clash = start_worker("--metrics-port", str(port), "--hostname", "clash@%h", ready=False)
     assert clash.proc.wait(60) != 0
-    assert f"cannot serve metrics on 127.0.0.1:{port}: Address already in use; pick another --metrics-port" in clash.log()
+    assert (
+        f"cannot serve metrics on 127.0.0.1:{port}: Address already in use; pick another --metrics-port" in clash.log()
+    )
 
     # a clean stop takes the heartbeat away at once (not after its TTL) and closes the port
     r = redis.Redis.from_url(settings.broker_url)

@@ -125,8 +125,15 @@ def test_submit_against_a_host_that_does_not_answer_says_one_line(silent_url: st
 
 
 def _swapless(*args: str, env: dict[str, str], timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], cwd=REPO, env=env, check=False, capture_output=True,
-                          text=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "tasks.cli", *args],
+        cwd=REPO,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 @pytest.mark.parametrize(

@@ -56,8 +56,15 @@ def test_a_bad_variable_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, v
     finally:
         get_settings.cache_clear()
     assert message in str(caught.value)
-    done = subprocess.run([sys.executable, "-m", "tasks.cli", "status"], cwd=REPO, check=False, capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", variable: value}, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", "status"],
+        cwd=REPO,
+        check=False,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", variable: value},
+        timeout=60,
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"error: {caught.value}"]
 

@@ -479,7 +479,9 @@ def test_image_over_the_byte_limit(models_file: Path) -> None:
 
 
 @pytest.mark.parametrize("model_id", ["topic", "vision"])
-def test_a_dtype_in_the_models_entry_is_applied_at_load(loaded: dict[str, ModelWorker], models_file: Path, model_id: str) -> None:
+def test_a_dtype_in_the_models_entry_is_applied_at_load(
+    loaded: dict[str, ModelWorker], models_file: Path, model_id: str
+) -> None:
     engine = ModelEngine()
     spec = ModelStore.from_file(models_file, engine.frameworks).get(model_id).model_copy(update={"dtype": "bfloat16"})
     worker = engine.build(spec)

@@ -251,7 +251,9 @@ class ModelManager:
             if budget is not None and size is None:
                 return False  # its size is known only once it has been loaded: it could overrun the budget
             pool = [e for e in self._entries.values() if e.remote == remote]
-            reserved = [Cached(f"\0{m}", r.size_bytes, True, remote) for m, r in self._loading.items() if r.remote == remote]
+            reserved = [
+                Cached(f"\0{m}", r.size_bytes, True, remote) for m, r in self._loading.items() if r.remote == remote
+            ]
             victims = choose_victims(
                 [Cached(e.model_id, e.size_bytes, e.pins > 0 or waiting.get(e.model_id, 0) > 0, e.remote) for e in pool]
                 + reserved,
@@ -334,7 +336,9 @@ class ModelManager:
         while True:
             pool = [e for e in self._entries.values() if e.remote == remote]
             reserved = [  # loads in progress hold their room
-                Cached(f"\0{m}", r.size_bytes, True, remote) for m, r in self._loading.items() if r.remote == remote and m != model_id
+                Cached(f"\0{m}", r.size_bytes, True, remote)
+                for m, r in self._loading.items()
+                if r.remote == remote and m != model_id
             ]
             victims = choose_victims(
                 [Cached(e.model_id, e.size_bytes, e.pins > 0, e.remote) for e in pool] + reserved,

@@ -247,7 +247,9 @@ class Channel(kombu_redis.Channel):
         commands: list[tuple[Any, ...]] = []
         self._plan = []
         for model_id in claimed:
-            room = min(affinity.hold_limit(model_id) - self._held_per_model[model_id], credit, self.swapless_fetch_limit)
+            room = min(
+                affinity.hold_limit(model_id) - self._held_per_model[model_id], credit, self.swapless_fetch_limit
+            )
             if room <= 0:
                 continue
             keys = keyspace.model(model_id)
@@ -336,7 +338,9 @@ class Channel(kombu_redis.Channel):
         logger.error("Dropped a message on queue %r that is not a kombu message: %.200r", self._queue, raw)
         return None
 
-    def _move_ingress(self, hooks: ChannelHooks, messages: Sequence[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
+    def _move_ingress(
+        self, hooks: ChannelHooks, messages: Sequence[tuple[dict[str, Any], str]]
+    ) -> list[dict[str, Any]]:
         """Push the ingress's messages to their models' lists and ack them there; returns those kept here."""
         keyspace = self._keyspace(self._queue)
         pushes: dict[tuple[str, int], list[str]] = {}
@@ -352,8 +356,12 @@ class Channel(kombu_redis.Channel):
             moved.append(payload["properties"]["delivery_tag"])
         if pushes:
             with self.conn_or_acquire() as client:
-                push_to_models(client, [ModelPush(keyspace.model(m), level, raws) for (m, level), raws in pushes.items()],
-                               bound=None, placement_bell=keyspace.placement_bell)
+                push_to_models(
+                    client,
+                    [ModelPush(keyspace.model(m), level, raws) for (m, level), raws in pushes.items()],
+                    bound=None,
+                    placement_bell=keyspace.placement_bell,
+                )
                 self.qos.held_ack(moved, client)
         return kept
 

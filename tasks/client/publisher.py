@@ -7,8 +7,8 @@
   shadow never fails the served job).
 - ``Publisher.publish``: messages as addressed (single jobs or chunks), built as Celery's ``send_task`` would
   build them (``tasks.broker.publish``): to each model's own lists, ringing the placement bell (a model this
-  producer cannot name: to the ingress, where a worker routes it); bounded by ``SWAPLESS_MAX_QUEUED`` (``QueueFull``, naming
-  the ids queued nonetheless). Redis failures are ``QueueUnavailable`` / ``QueueFull``
+  producer cannot name: to the ingress, where a worker routes it); bounded by ``SWAPLESS_MAX_QUEUED`` (``QueueFull``,
+  naming the ids queued nonetheless). Redis failures are ``QueueUnavailable`` / ``QueueFull``
   (``tasks.broker.connection.translated``).
 """
 
@@ -215,7 +215,9 @@ class Publisher:
                     ModelPush(keyspace.model(m), level, [built[i][1] for i in indices])
                     for m, indices in by_model.items()
                 ]
-                outcomes = push_to_models(self.redis, pushes, bound=s.max_queued, placement_bell=keyspace.placement_bell)
+                outcomes = push_to_models(
+                    self.redis, pushes, bound=s.max_queued, placement_bell=keyspace.placement_bell
+                )
                 for (m, indices), (pushed, held) in zip(by_model.items(), outcomes, strict=True):
                     if not pushed:
                         refused.append((indices, f"model {m!r} has {held} messages queued"))

@@ -138,7 +138,9 @@ class Intake:
             except ValueError as err:
                 self._drop(message, DecodeError(str(err)))
                 continue
-            if not (isinstance(body, list) and len(body) == 3 and isinstance(body[0], list) and isinstance(body[1], dict)):
+            if not (
+                isinstance(body, list) and len(body) == 3 and isinstance(body[0], list) and isinstance(body[1], dict)
+            ):
                 self._drop(message, TypeError(f"the body is {kind(body)}, not [args, kwargs, embed]"))
                 continue
             args, kwargs, _ = body

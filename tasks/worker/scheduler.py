@@ -342,7 +342,10 @@ class BatchScheduler:
             logger.info("ran %d job(s) on %s in %.3f s (%d failed)", len(outcomes), model_id, elapsed, failed)
         except Exception as err:  # a bug here must still give every job an answer
             logger.exception("internal error running %d job(s) on %s", len(batch), model_id)
-            outcomes = [Outcome(job, error=PredictionFailed(model_id, f"internal error in the worker: {err!r}")) for job in batch]
+            outcomes = [
+                Outcome(job, error=PredictionFailed(model_id, f"internal error in the worker: {err!r}"))
+                for job in batch
+            ]
         return outcomes
 
     def _cancel_revoked(self, results: ResultStore, group: Sequence[Job]) -> None:
@@ -370,7 +373,9 @@ class BatchScheduler:
         if not requests:
             return
         found = results.fetch(list(dict.fromkeys(request.id for request in requests)))
-        cancelled = sum(chunks[s.job_id][1] if s.job_id in chunks else 1 for s in found if isinstance(s.value, JobCancelled))
+        cancelled = sum(
+            chunks[s.job_id][1] if s.job_id in chunks else 1 for s in found if isinstance(s.value, JobCancelled)
+        )
         logger.info("%d message(s) of %s have a result already (%d job(s) cancelled); acking without running them",
                     len(requests), model_id, cancelled)
         self.ledger.finish(results, [(request, None, None) for request in requests], store=False, count=False)
