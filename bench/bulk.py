@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
@@ -95,7 +95,14 @@ class Run:
         return float(match.group(1)) if match else float("nan")
 
 
-def run_bulk(env: dict[str, str], source: Path, out: Path, worker: Process, *extra: str, stop_after: tuple[int, int] | None = None) -> Run:
+def run_bulk(
+    env: dict[str, str],
+    source: Path,
+    out: Path,
+    worker: Process,
+    *extra: str,
+    stop_after: tuple[int, int] | None = None,
+) -> Run:
     """Run ``swapless bulk`` as a subprocess, sampling the RSS of it and of the worker every 50 ms.
 
     ``stop_after=(lines, signal)`` sends the signal once the output has that many lines.
@@ -157,7 +164,9 @@ def main() -> None:
     parser.add_argument("--sweep", default="16,64,256,1024", help="chunk sizes to compare (on --sweep-records)")
     parser.add_argument("--sweep-records", type=int, default=10_000)
     parser.add_argument("--in-process-records", type=int, default=20_000)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads, in-process and in the worker [default: torch's]")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads, in-process and in the worker [default: torch's]"
+    )
     parser.add_argument("--pairs", type=int, default=5, help="interleaved (in-process, bulk) pairs on --sweep-records")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` or a kill still stops the worker (finally)
@@ -178,8 +187,14 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-    env = {**({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}), "SWAPLESS_REDIS_URL": url, "SWAPLESS_KEY_PREFIX": prefix, "SWAPLESS_QUEUE": prefix + "jobs",
-           "SWAPLESS_MODELS_FILE": str(models_file), "SWAPLESS_DEVICE": "cpu"}
+    env = {
+        **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}),
+        "SWAPLESS_REDIS_URL": url,
+        "SWAPLESS_KEY_PREFIX": prefix,
+        "SWAPLESS_QUEUE": prefix + "jobs",
+        "SWAPLESS_MODELS_FILE": str(models_file),
+        "SWAPLESS_DEVICE": "cpu",
+    }
     load_before = os.getloadavg()[0]
     rates_in_process: list[float] = []
     worker = Process([sys.executable, "-m", "tasks.cli", "worker", "--loglevel", "INFO"], env, work / "worker.log")
@@ -228,38 +243,60 @@ def main() -> None:
     bulk_rate = args.records / full.seconds
     rows += [
         ("records", f"{args.records}"),
-        ("in-process batched (run_group, groups of 256), records/s",
-         f"{in_process:.0f} (just before the bulk run {rates_in_process[0]:.0f}, just after {rates_in_process[1]:.0f})"),
+        (
+            "in-process batched (run_group, groups of 256), records/s",
+            (
+                f"{in_process:.0f} (just before the bulk run {rates_in_process[0]:.0f}, "
+                f"just after {rates_in_process[1]:.0f})"
+            ),
+        ),
         ("`swapless bulk`, records/s as it reports them (first send to last write)", f"{full.reported_rate:.0f}"),
         ("`swapless bulk` end to end (process start to exit, imports included), records/s", f"{bulk_rate:.0f}"),
         ("bulk (as reported) / in-process (mean of the two)", f"{full.reported_rate / in_process:.0%}"),
-        (f"interleaved pairs on {args.sweep_records} records: in-process / bulk records/s (ratio)",
-         "; ".join(f"{alone:.0f} / {bulk:.0f} ({bulk / alone:.0%})" for alone, bulk in pairs)),
+        (
+            f"interleaved pairs on {args.sweep_records} records: in-process / bulk records/s (ratio)",
+            "; ".join(f"{alone:.0f} / {bulk:.0f} ({bulk / alone:.0%})" for alone, bulk in pairs),
+        ),
         ("bulk / in-process, median of the pairs", f"{statistics.median(bulk / alone for alone, bulk in pairs):.0%}"),
-        ("CPU seconds per 1000 records: in-process / bulk worker + producer (Redis not counted)",
-         f"{cpu_in_process:.2f} / {full.worker_cpu_s / args.records * 1000:.2f} + "
-         f"{full.producer_cpu_s / args.records * 1000:.2f}"),
-        (f"chunk-size sweep on {args.sweep_records} records, records/s (best of 2 interleaved rounds)",
-         ", ".join(f"{size}: {max(rates):.0f}" for size, rates in sweep.items())),
+        (
+            "CPU seconds per 1000 records: in-process / bulk worker + producer (Redis not counted)",
+            (
+                f"{cpu_in_process:.2f} / {full.worker_cpu_s / args.records * 1000:.2f} + "
+                f"{full.producer_cpu_s / args.records * 1000:.2f}"
+            ),
+        ),
+        (
+            f"chunk-size sweep on {args.sweep_records} records, records/s (best of 2 interleaved rounds)",
+            ", ".join(f"{size}: {max(rates):.0f}" for size, rates in sweep.items()),
+        ),
         ("producer peak RSS, all records", mib(full.producer_peak_bytes)),
         (f"producer peak RSS, {max(1, args.records // 10)} records", mib(small_run.producer_peak_bytes)),
         ("worker peak RSS", mib(full.worker_peak_bytes)),
-        ("output check (lines / duplicates / gaps / in order)",
-         f"{full_check['lines']} / {full_check['duplicates']} / {full_check['gaps']} / {'yes' if full_check['in_order'] else 'NO'}"),
+        (
+            "output check (lines / duplicates / gaps / in order)",
+            (
+                f"{full_check['lines']} / {full_check['duplicates']} / {full_check['gaps']} / "
+                f"{'yes' if full_check['in_order'] else 'NO'}"
+            ),
+        ),
         ("chunk results left in Redis after the run", f"{left}"),
         ("interrupted run: SIGINT at 30% (exit status, lines)", f"{first.status}, {after_sigint}"),
         ("then SIGKILL at 60% (exit status, lines)", f"{second.status}, {after_sigkill}"),
-        ("then resumed to the end (exit status, lines, unique keys)",
-         f"{third.status}, {resumed['lines']}, {resumed['unique']}"),
-        ("resumed output: duplicates / gaps / in order",
-         f"{resumed['duplicates']} / {resumed['gaps']} / {'yes' if resumed['in_order'] else 'NO'}"),
+        (
+            "then resumed to the end (exit status, lines, unique keys)",
+            f"{third.status}, {resumed['lines']}, {resumed['unique']}",
+        ),
+        (
+            "resumed output: duplicates / gaps / in order",
+            f"{resumed['duplicates']} / {resumed['gaps']} / {'yes' if resumed['in_order'] else 'NO'}",
+        ),
         ("load average before / after (1 min; other work on the machine)", f"{load_before:.2f} / {load_after:.2f}"),
     ]
     command = f"python -m bench.bulk --records {args.records}" + (f" --threads {args.threads}" if args.threads else "")
     width = max(len(name) for name, _ in rows)
     table = "\n".join(f"| {name:<{width}} | {value} |" for name, value in rows)
     header = f"| {'measure':<{width}} | value |\n|{'-' * (width + 2)}|-------|"
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     section = (
         f"## `{command}`\n\n{when}, {os.cpu_count()} CPU cores, CPU only, torch threads: "
         f"{args.threads or 'default'}.\n\n{header}\n{table}\n"

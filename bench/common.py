@@ -62,12 +62,22 @@ def build_models(
     entries = []
     for seed, (model_id, arch, preset) in enumerate(text_models):
         vocab = 30522  # the real bert/distilbert vocabulary size, so the sizes are the real ones
-        build_text_classifier(directory / model_id, arch=arch, preset=preset, labels=["neg", "pos"], seed=seed, vocab_size=vocab)
-        entries.append({"id": model_id, "name": model_id, "type": "text", "framework": "transformers", "path": model_id})
+        build_text_classifier(
+            directory / model_id, arch=arch, preset=preset, labels=["neg", "pos"], seed=seed, vocab_size=vocab
+        )
+        entries.append(
+            {"id": model_id, "name": model_id, "type": "text", "framework": "transformers", "path": model_id}
+        )
     for model_id, builder in image_models:
         weights = build_image_classifier(directory / model_id, arch=builder)
         entries.append(
-            {"id": model_id, "name": builder, "type": "image", "framework": "torchvision", "path": str(weights.relative_to(directory))}
+            {
+                "id": model_id,
+                "name": builder,
+                "type": "image",
+                "framework": "torchvision",
+                "path": str(weights.relative_to(directory)),
+            }
         )
     return write_models_file(directory, entries)
 
@@ -123,7 +133,9 @@ class Collected:
     states: dict[str, str]
 
 
-def collect(client: redis.Redis, key_prefix: str, job_ids: Sequence[str], timeout_s: float, poll_s: float = 0.1) -> Collected:
+def collect(
+    client: redis.Redis, key_prefix: str, job_ids: Sequence[str], timeout_s: float, poll_s: float = 0.1
+) -> Collected:
     """Wait for Celery results (any Celery app) and read each one's ``date_done`` as a wall-clock time."""
     deadline = time.monotonic() + timeout_s
     done: dict[str, float] = {}
@@ -133,7 +145,7 @@ def collect(client: redis.Redis, key_prefix: str, job_ids: Sequence[str], timeou
         keys = [f"{key_prefix}celery-task-meta-{job_id}" for job_id in pending]
         still = []
         for start in range(0, len(keys), 2000):
-            for job_id, raw in zip(pending[start : start + 2000], client.mget(keys[start : start + 2000])):
+            for job_id, raw in zip(pending[start : start + 2000], client.mget(keys[start : start + 2000]), strict=True):
                 if raw is None:
                     still.append(job_id)
                     continue
@@ -156,7 +168,11 @@ class Process:
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log = log.open("wb")
         self.proc = subprocess.Popen(
-            argv, cwd=REPO, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, stdout=self._log, stderr=subprocess.STDOUT,
+            argv,
+            cwd=REPO,
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 

@@ -6,7 +6,8 @@
 
 Models (``manager.demo.tiny``: real architectures, random weights, real sizes, saved as checkpoints are): bert-tiny ×2,
 bert-mini, distilbert-base, bert-base (hidden 768, 12 layers, 12 heads), mobilenet_v2, resnet18 and resnet50;
-``--quick``: two bert-tiny and mobilenet_v3_small, one torch thread per process. Every repetition measures, on the device:
+``--quick``: two bert-tiny and mobilenet_v3_small, one torch thread per process. Every repetition measures, on the
+device:
 
 1. per model, in this process: its load from its saved files, then one forward pass, then its unload, with
    ``torch.cuda.memory_allocated()`` before the load, after it and after the unload (back within 64 MB, or the row

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from bench.common import inputs_for
 from bench.profile import cpu_s
@@ -70,7 +70,9 @@ def device_info(choice: str) -> DeviceInfo:
         raise RuntimeError("--device cuda: torch sees no CUDA device")
     if choice == "cpu" or not cuda:
         return DeviceInfo("cpu", "cpu", None)
-    return DeviceInfo("cuda", f"cuda ({torch.cuda.get_device_name(0)})", torch.cuda.get_device_properties(0).total_memory)
+    return DeviceInfo(
+        "cuda", f"cuda ({torch.cuda.get_device_name(0)})", torch.cuda.get_device_properties(0).total_memory
+    )
 
 
 def allocated_bytes(info: DeviceInfo) -> int | None:
@@ -149,7 +151,9 @@ def probe_loads(models_file: Path, info: DeviceInfo, seed: int = 0) -> list[Load
     return [cycle(spec) for spec in store]
 
 
-def compute_cpu_ms_per_job(models_file: Path, info: DeviceInfo, model_id: str, values: list[str], batch_size: int) -> float:
+def compute_cpu_ms_per_job(
+    models_file: Path, info: DeviceInfo, model_id: str, values: list[str], batch_size: int
+) -> float:
     """CPU milliseconds per job (this process, all threads) of ``model_id``'s forward passes over ``values`` at
     ``batch_size``, inputs prepared as a worker does: the baseline of a worker's CPU per job on one model.
 
@@ -204,7 +208,7 @@ class DeviceUse:
         while not self._stop.wait(self.interval_s):
             self._peak = max(self._peak, self._used())
 
-    def __enter__(self) -> DeviceUse:
+    def __enter__(self) -> Self:
         if self.info.cuda:
             self._baseline = self._peak = self._used()
             self._thread = threading.Thread(target=self._sample, name="bench-device-use", daemon=True)

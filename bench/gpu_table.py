@@ -139,8 +139,8 @@ def _back(probes: Sequence[LoadProbe]) -> str:
 
 def _per_model(results: Results) -> list[str]:
     dev = results.info.label
-    lines = ["| model | architecture | device | size MB | load s (in-process) | load s (worker) | allocated before MB "
-             "| after load MB | after unload MB | back within 64 MB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| model | architecture | device | size MB | load s (in-process) | load s (worker) | allocated before MB "
+              "| after load MB | after unload MB | back within 64 MB |"), "|---|---|---|---|---|---|---|---|---|---|"]
     for model_id in results.plan.model_ids:
         probes = [p for p in results.probes if p.model_id == model_id]
         worker = results.worker_loads.get(model_id, [])
@@ -159,7 +159,9 @@ def _memory(results: Results) -> list[str]:
     worker_peak = max(results.worker_peak_bytes) if results.worker_peak_bytes else None
     limit_peak = max(results.limit_peak_bytes) if results.limit_peak_bytes else None
     if budget is None:
-        budget_text = "none: `SWAPLESS_MEMORY_BUDGET_BYTES` unset is no byte limit; the cache is bounded by `--max-models` alone"
+        budget_text = (
+            "none: `SWAPLESS_MEMORY_BUDGET_BYTES` unset is no byte limit; the cache is bounded by `--max-models` alone"
+        )
         against, against_name = info.total_bytes, "no budget: total device memory − worker peak"
     else:
         budget_text = f"{budget / GIB:.2f} GiB (`SWAPLESS_MEMORY_BUDGET_BYTES`)"
@@ -187,12 +189,15 @@ def render(results: Results, command: str, max_batch: int, stream_sample: int) -
     """
     plan, info = results.plan, results.info
     repeats = len(results.runs.get(("mixed", "limit"), []))
-    sizes = ", ".join(f"{model_id} {summary([float(s) for s in found])}" for model_id, found in results.best_sizes.items())
+    sizes = ", ".join(
+        f"{model_id} {summary([float(s) for s in found])}" for model_id, found in results.best_sizes.items()
+    )
     models = ", ".join(f"{model_id} ({plan.architecture(model_id)})" for model_id in plan.model_ids)
     lines = [
         "# GPU benchmark",
         "",
-        f"Measured on **{info.label}**" + (f", {info.total_bytes / GIB:.1f} GiB" if info.total_bytes else "")
+        f"Measured on **{info.label}**"
+        + (f", {info.total_bytes / GIB:.1f} GiB" if info.total_bytes else "")
         + f". Command: `{command}`; {repeats} repetition{'s' if repeats != 1 else ''}, median [min–max]; "
         f"{results.wall_s:.0f} s in all.",
         "",
@@ -203,15 +208,18 @@ def render(results: Results, command: str, max_batch: int, stream_sample: int) -
         + ". The limit is measured in "
         f"the benchmark's own process on the same device (`bench.scheduler.measure_limit`): one load per model plus "
         f"its jobs at its best batch size (best of two passes at each size 1..{max_batch}, then the median of three "
-        f"at that size); the stream's on its first {min(plan.stream_jobs, stream_sample)} jobs. The in-process CPU per job is "
-        f"the stream model's forward passes over those jobs at its best size, inputs prepared as a worker does.",
+        f"at that size); the stream's on its first {min(plan.stream_jobs, stream_sample)} jobs. "
+        f"The in-process CPU per job is the stream model's forward passes over those jobs at its best size, inputs "
+        f"prepared as a worker does.",
         "",
         *_throughput(results),
         "",
-        "Loads and memory per model, in the benchmark's process: its load from its saved files (already in the page "
-        "cache: written by the build or read by an earlier repetition), one forward pass of 8 inputs, its unload; "
-        "`torch.cuda.memory_allocated()` before the load, after it and after the unload. `load s (worker)`: the "
-        "worker's own loads (warm start and burst), from its log.",
+        (
+            "Loads and memory per model, in the benchmark's process: its load from its saved files (already in the "
+            "page cache: written by the build or read by an earlier repetition), one forward pass of 8 inputs, its "
+            "unload; `torch.cuda.memory_allocated()` before the load, after it and after the unload. "
+            "`load s (worker)`: the worker's own loads (warm start and burst), from its log."
+        ),
         "",
         *_per_model(results),
         "",

@@ -7,6 +7,7 @@ SWAPLESS_MODELS_FILE set.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -28,22 +29,23 @@ app.conf.update(
 )
 
 _cache: OrderedDict[str, ModelWorker] = OrderedDict()
-_engine: ModelEngine | None = None
-_store: ModelStore | None = None
+
+
+@functools.cache
+def _runtime() -> tuple[ModelEngine, ModelStore]:
+    engine = ModelEngine(WorkerLimits(device="cpu"))
+    return engine, ModelStore.from_file(os.environ["SWAPLESS_MODELS_FILE"], engine.frameworks)
 
 
 def _worker(model_id: str) -> ModelWorker:
-    global _engine, _store
-    if _engine is None or _store is None:
-        _engine = ModelEngine(WorkerLimits(device="cpu"))
-        _store = ModelStore.from_file(os.environ["SWAPLESS_MODELS_FILE"], _engine.frameworks)
+    engine, store = _runtime()
     if model_id in _cache:
         _cache.move_to_end(model_id)
         return _cache[model_id]
     if len(_cache) >= 2:
         _, old = _cache.popitem(last=False)
         old.unload()
-    worker = _engine.build(_store.get(model_id))
+    worker = engine.build(store.get(model_id))
     started = time.perf_counter()
     worker.load()
     print(f"naive loaded {model_id} in {time.perf_counter() - started:.3f} s", flush=True)

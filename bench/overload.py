@@ -139,15 +139,15 @@ def report(capacities: list[float], runs: dict[str, list[Run]], burst_s: float, 
         "",
         f"`python -m bench.overload {argv}`".replace(" `", "`"),
         "",
-        "Simulated rows (every row): one worker, one simulated model whose forward pass sleeps 100 ms + 10 ms per "
-        "input, at most 10 inputs a pass. Interactive jobs sent one `Client.submit` at a time at 3x the capacity "
-        f"measured in the same run, for {burst_s:g} s; latency is send to stored result. Median [min–max] of "
-        f"{len(capacities)} repetitions.",
+        ("Simulated rows (every row): one worker, one simulated model whose forward pass sleeps 100 ms + 10 ms per "
+         "input, at most 10 inputs a pass. Interactive jobs sent one `Client.submit` at a time at 3x the capacity "
+         f"measured in the same run, for {burst_s:g} s; latency is send to stored result. Median [min–max] of "
+         f"{len(capacities)} repetitions."),
         "",
         f"Capacity: {summary(capacities)} jobs/s.",
         "",
-        "| deadline | jobs sent | sent/s | served within 2 s | served late | expired | served p50 s | served p95 s "
-        "| expired jobs that reached the model |",
+        ("| deadline | jobs sent | sent/s | served within 2 s | served late | expired | served p50 s | served p95 s "
+         "| expired jobs that reached the model |"),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in runs.items():

@@ -104,7 +104,9 @@ def main() -> None:
     started = time.perf_counter()
     pending = []
     for start in range(0, args.jobs, 500):
-        pending += client.submit_jobs([(model_id, f"text number {i}") for i in range(start, min(start + 500, args.jobs))])
+        pending += client.submit_jobs(
+            [(model_id, f"text number {i}") for i in range(start, min(start + 500, args.jobs))]
+        )
         if len(pending) >= 2000:
             client.gather(pending[:1000], timeout=120)
             pending = pending[1000:]

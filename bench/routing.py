@@ -93,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.routing", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs of the split")
-    parser.add_argument("--no-write", action="store_true", help=f"print the tables only, do not write {RESULTS_MD.name}")
+    parser.add_argument(
+        "--no-write", action="store_true", help=f"print the tables only, do not write {RESULTS_MD.name}"
+    )
     args = parser.parse_args(argv)
     models_file = _models_file(OUT / "routing" / "models")
     splits: list[dict[str, float]] = []
@@ -109,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for route, values in latency.items():
                 p50[route].append(statistics.median(values))
                 p95[route].append(percentile(values, 95))
-            print(f"repeat {repeat + 1}: split {splits[-1]}, p50 {dict((r, v[-1]) for r, v in p50.items())}, "
+            print(f"repeat {repeat + 1}: split {splits[-1]}, p50 { {r: v[-1] for r, v in p50.items()} }, "
                   f"shadow agreement {agreed}", file=sys.stderr)
         finally:
             cluster.close()
@@ -126,8 +128,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "|---|---|---|",
         *[f"| {v} | {w} | {summary([s[v] for s in splits])} |" for v, w in SPLIT.items()],
         "",
-        "Interactive jobs 20 ms apart to a route without a shadow and to one with a 100 % shadow (every job also run "
-        "on another model at bulk priority), alternating; seconds from send to stored result of the served job:",
+        ("Interactive jobs 20 ms apart to a route without a shadow and to one with a 100 % shadow (every job also run "
+         "on another model at bulk priority), alternating; seconds from send to stored result of the served job:"),
         "",
         "| route | p50 s | p95 s |",
         "|---|---|---|",

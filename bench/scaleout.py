@@ -252,9 +252,8 @@ def _failover(cluster: Cluster, jobs: list[tuple[str, str]]) -> Result:
 
     def progress(done: int) -> None:
         kill_at_40_percent(done)
-        if "at" in killed and "at" not in recovered:
-            if free_again():
-                recovered["at"] = time.perf_counter()
+        if "at" in killed and "at" not in recovered and free_again():
+            recovered["at"] = time.perf_counter()
 
     started = time.perf_counter()
     seconds, lost = _run(cluster, jobs, progress)
@@ -274,13 +273,13 @@ def report(results: dict[tuple[str, int, str], list[Result]], workers: Sequence[
     lines = [
         "# Scale-out benchmark",
         "",
-        f"`python -m bench.scaleout` — {time.strftime('%Y-%m-%d %H:%M')}, 2-core CPU machine, Redis 7, "
-        f"{repeats} repetition(s) per row (median [min–max]); the whole run took {took_s / 60:.1f} min.",
-        "Each row: placement (`SWAPLESS_ROUTING=placement`, this design) / shared queue (`shared`, the baseline, "
-        "measured in the same run). *sim* rows use the simulated framework (`bench/simulated.py`): loads and "
-        "forward passes sleep (1-3 s per load), as a GPU's work leaves the CPU free. Simulated workers start "
-        "without a warm start (it would only sleep) but with what one worker's warm start measured, in the learned "
-        "store, as workers of a deployment that ran before do; loads are counted from the first job sent.",
+        (f"`python -m bench.scaleout` — {time.strftime('%Y-%m-%d %H:%M')}, 2-core CPU machine, Redis 7, "
+         f"{repeats} repetition(s) per row (median [min–max]); the whole run took {took_s / 60:.1f} min."),
+        ("Each row: placement (`SWAPLESS_ROUTING=placement`, this design) / shared queue (`shared`, the baseline, "
+         "measured in the same run). *sim* rows use the simulated framework (`bench/simulated.py`): loads and "
+         "forward passes sleep (1-3 s per load), as a GPU's work leaves the CPU free. Simulated workers start "
+         "without a warm start (it would only sleep) but with what one worker's warm start measured, in the learned "
+         "store, as workers of a deployment that ran before do; loads are counted from the first job sent."),
         "",
     ]
     one = {w: _median([r.jobs_per_s for r in results.get((w, 1, "placement"), [])] or [float("nan")])
@@ -290,12 +289,17 @@ def report(results: dict[tuple[str, int, str], list[Result]], workers: Sequence[
         distinct = len(MODEL_IDS) if workload == "real" else len(SIM_MODELS)
         cache = 2 if workload == "real" else 3
         lines += [
-            f"## {workload}: {'600 mixed jobs, 6 real tiny models' if workload == 'real' else '1,200 jobs, 12 simulated models'}"
-            f"{f', 80 % for one model ({HOT_ITEM_S[workload] * 1000:g} ms per input)' if skewed else ''}, "
-            f"cache of {cache} per worker",
+            (
+                f"## {workload}: "
+                f"{'600 mixed jobs, 6 real tiny models' if workload == 'real' else '1,200 jobs, 12 simulated models'}"
+                f"{f', 80 % for one model ({HOT_ITEM_S[workload] * 1000:g} ms per input)' if skewed else ''}, "
+                f"cache of {cache} per worker"
+            ),
             "",
-            "| workers | jobs/s placement | jobs/s shared | vs N x one worker | loads placement | loads shared "
-            "| target loads | hot model on workers |",
+            (
+                "| workers | jobs/s placement | jobs/s shared | vs N x one worker | loads placement | loads shared "
+                "| target loads | hot model on workers |"
+            ),
             "|---|---|---|---|---|---|---|---|",
         ]
         for n in workers:
@@ -303,13 +307,19 @@ def report(results: dict[tuple[str, int, str], list[Result]], workers: Sequence[
             shared = results.get((workload, n, "shared"), [])
             if not placed:
                 continue
-            scale = _median([r.jobs_per_s for r in placed]) / (n * one[workload]) if one[workload] == one[workload] else float("nan")
+            scale = (
+                _median([r.jobs_per_s for r in placed]) / (n * one[workload])
+                if one[workload] == one[workload]
+                else float("nan")
+            )
             fits = n * cache >= distinct
             target = f"<= {distinct + 1}" if fits and not skewed else "-"
             hot = summary([r.hot_workers for r in placed]) if skewed else "-"
             lines.append(
-                f"| {n} | {summary([r.jobs_per_s for r in placed])} | {summary([r.jobs_per_s for r in shared]) if shared else '-'} "
-                f"| {scale:.2f} | {summary([r.loads for r in placed])} | {summary([r.loads for r in shared]) if shared else '-'} "
+                f"| {n} | {summary([r.jobs_per_s for r in placed])} "
+                f"| {summary([r.jobs_per_s for r in shared]) if shared else '-'} "
+                f"| {scale:.2f} | {summary([r.loads for r in placed])} "
+                f"| {summary([r.loads for r in shared]) if shared else '-'} "
                 f"| {target} | {hot} |"
             )
         lines.append("")
@@ -318,14 +328,19 @@ def report(results: dict[tuple[str, int, str], list[Result]], workers: Sequence[
         lines += [
             "## failover: 3 workers, the simulated burst, one worker SIGKILLed at 40 % of the results",
             "",
-            "| routing | lost | recovery (s): dead worker's jobs and models free again | kill -> all done (s) | jobs/s |",
+            (
+                "| routing | lost | recovery (s): dead worker's jobs and models free again | kill -> all done (s) "
+                "| jobs/s |"
+            ),
             "|---|---|---|---|---|",
         ]
         for routing, rs in fail:
             if rs:
                 lines.append(
-                    f"| {routing} | {summary([r.lost for r in rs])} | {summary([r.recovery_s or float('nan') for r in rs])} "
-                    f"| {summary([r.done_after_kill_s or float('nan') for r in rs])} | {summary([r.jobs_per_s for r in rs])} |"
+                    f"| {routing} | {summary([r.lost for r in rs])} "
+                    f"| {summary([r.recovery_s or float('nan') for r in rs])} "
+                    f"| {summary([r.done_after_kill_s or float('nan') for r in rs])} "
+                    f"| {summary([r.jobs_per_s for r in rs])} |"
                 )
         lines.append("")
     return "\n".join(lines) + "\n"
@@ -344,8 +359,8 @@ def merge(earlier: str, now: str, argv: str) -> str:
     order = [*REPORTED, "failover"]
     merged = {**old, **new}
     when = next((line for line in old_head if line.startswith("`python -m bench.scaleout`")), "")
-    head = [*new_head[:2], f"Sections {', '.join(sorted(new))}: `python -m bench.scaleout {argv}`, "
-            f"{time.strftime('%Y-%m-%d %H:%M')}; the others from the earlier run: {when}", *new_head[3:]]
+    head = [*new_head[:2], (f"Sections {', '.join(sorted(new))}: `python -m bench.scaleout {argv}`, "
+             f"{time.strftime('%Y-%m-%d %H:%M')}; the others from the earlier run: {when}"), *new_head[3:]]
     body = [merged[name] for name in sorted(merged, key=lambda n: order.index(n) if n in order else len(order))]
     return "\n".join(head).rstrip("\n") + "\n\n" + "\n\n".join(body) + "\n"
 

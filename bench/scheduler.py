@@ -132,7 +132,11 @@ def run_simulated(args: argparse.Namespace, rep: int, add: Callable[[str, str, R
         try:
             system.start()
             system.get_one("sim", "warm up")
-            add("sim stream", system.name, burst(system, [("sim", f"text {i}") for i in range(args.sim_stream_jobs)], 600))
+            add(
+                "sim stream",
+                system.name,
+                burst(system, [("sim", f"text {i}") for i in range(args.sim_stream_jobs)], 600),
+            )
             system.producer = "send_task"
             add("sim stream", "swapless (sim, send_task)",
                 burst(system, [("sim", f"text {i}") for i in range(args.sim_stream_jobs // 4)], 600))
@@ -144,7 +148,9 @@ def run_simulated(args: argparse.Namespace, rep: int, add: Callable[[str, str, R
             system.stop()
     if "overlap" in args.workload_set:
         rng = random.Random(rep)
-        jobs = [(f"o{m:02d}", f"text {m}.{i}") for m in range(OVERLAP["models"]) for i in range(OVERLAP["jobs_per_model"])]
+        jobs = [
+            (f"o{m:02d}", f"text {m}.{i}") for m in range(OVERLAP["models"]) for i in range(OVERLAP["jobs_per_model"])
+        ]
         rng.shuffle(jobs)
         bound = overlap_bound_s()
         add("overlap", "bound", Run(len(jobs) / bound, OVERLAP["models"], bound, bound))
@@ -171,8 +177,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bulk-jobs", type=int, default=1000)
     parser.add_argument("--write", type=Path, default=REPO / "bench" / "RESULTS.md")
     parser.add_argument("--systems", default="naive,swapless", help="comma-separated: naive, swapless")
-    parser.add_argument("--workloads", default="mixed,stream,lone,priority,simstream,overlap",
-                        help="comma-separated: mixed, stream, lone, priority, simstream, overlap (the limit is always measured)")
+    parser.add_argument(
+        "--workloads",
+        default="mixed,stream,lone,priority,simstream,overlap",
+        help="comma-separated: mixed, stream, lone, priority, simstream, overlap (the limit is always measured)",
+    )
     args = parser.parse_args(argv)
     systems = [{"naive": Naive, "swapless": Swapless}[name.strip()] for name in args.systems.split(",")]
     workloads = args.workload_set = {name.strip() for name in args.workloads.split(",")}
@@ -227,8 +236,17 @@ def main(argv: list[str] | None = None) -> None:
                         system.producer = "submit_jobs"
                 if "lone" in workloads:
                     times = sorted(system.get_one(STREAM_MODEL, lone_value) for _ in range(args.lone_jobs))
-                    add("lone", system.name, Run(1.0 / statistics.median(times), 0, percentile(times, 50),
-                                                 percentile(times, 99), {"overhead_s": percentile(times, 50) - inference}))
+                    add(
+                        "lone",
+                        system.name,
+                        Run(
+                            1.0 / statistics.median(times),
+                            0,
+                            percentile(times, 50),
+                            percentile(times, 99),
+                            {"overhead_s": percentile(times, 50) - inference},
+                        ),
+                    )
                 if "priority" in workloads:
                     bulk = [("mini", v) for v in inputs_for("mini", rng, args.bulk_jobs)]
                     interactive = [("tiny-b", v) for v in inputs_for("tiny-b", rng, 15)]
@@ -281,29 +299,34 @@ def render(rows: dict[tuple[str, str], list[Run]], args: argparse.Namespace, sta
     lines = [
         "# Scheduler benchmark",
         "",
-        f"Command: `python -m bench.scheduler --repeats {args.repeats}` on this machine (CPU only, 2 cores); "
-        f"{args.repeats} repetitions, median [min–max]. Six real models (3× bert-tiny size, bert-mini size, distilbert "
-        f"size, mobilenet_v2; random weights), a cache of two. Mixed: {args.mixed_jobs} jobs at once, random order. "
-        f"Stream: {args.stream_jobs} jobs for one warm tiny model ({args.naive_stream_jobs} for naive). "
-        f"Lone: {args.lone_jobs} jobs one at a time on a warm model (`limit (paced)`: the in-process pass with "
-        f"{LONE_GAP_S * 1000:g} ms between passes, as lone jobs come; `swapless (sim)`: a model that costs nothing, "
-        f"so the latency is the queue's alone). Producers: naive sends each job with Celery's "
-        f"`send_task`; Swapless rows use `Client.submit_jobs` (one message per job, built directly, pushed in one "
-        f"pipeline); `(send_task)` rows are the same worker fed one `send_task` per job. Latency counts from before "
-        f"the first message is built. `swapless` runs with `--warm-start` (each model loaded, warmed and its batch "
-        f"sizes measured before it reports ready: {start_up('swapless')} s of start-up, not counted, as the limit "
-        f"leaves out its own warm-up pass). `swapless (default flags, restart)` is `swapless worker` with no flags, "
-        f"started on the same Redis once the first has stopped (its bounded default warm start warms what the first "
-        f"learned: {start_up('swapless (default flags, restart)')} s of start-up). Limit: in this process, one load per "
-        f"model plus its compute at its best batch size (chosen by the fastest of two passes at each size 1..64, then "
-        f"timed afresh: median of three passes). *Simulated* rows (`sim`) use `bench/simulated.py`, whose loads and "
-        f"passes sleep: sim stream is {args.sim_stream_jobs} jobs of a model that costs nothing, so the worker's CPU is "
-        f"the queue's alone; overlap is {OVERLAP['models']} models × {OVERLAP['jobs_per_model']} jobs, each load "
-        f"{OVERLAP['load_s']} s and each group's compute {OVERLAP['jobs_per_model'] * OVERLAP['item_s']:g} s, against "
-        f"the bound max(Σ loads, Σ compute). Worker CPU: user + system time of the worker process (all threads) "
-        f"during the run, per job.",
+        (
+            f"Command: `python -m bench.scheduler --repeats {args.repeats}` on this machine (CPU only, 2 cores); "
+            f"{args.repeats} repetitions, median [min–max]. Six real models (3× bert-tiny size, bert-mini size, "
+            f"distilbert size, mobilenet_v2; random weights), a cache of two. Mixed: {args.mixed_jobs} jobs at once, "
+            f"random order. Stream: {args.stream_jobs} jobs for one warm tiny model ({args.naive_stream_jobs} for "
+            f"naive). Lone: {args.lone_jobs} jobs one at a time on a warm model (`limit (paced)`: the in-process pass "
+            f"with {LONE_GAP_S * 1000:g} ms between passes, as lone jobs come; `swapless (sim)`: a model that costs "
+            "nothing, so the latency is the queue's alone). Producers: naive sends each job with Celery's "
+            "`send_task`; Swapless rows use `Client.submit_jobs` (one message per job, built directly, pushed in one "
+            "pipeline); `(send_task)` rows are the same worker fed one `send_task` per job. Latency counts from "
+            "before the first message is built. `swapless` runs with `--warm-start` (each model loaded, warmed and "
+            f"its batch sizes measured before it reports ready: {start_up('swapless')} s of start-up, not counted, as "
+            "the limit leaves out its own warm-up pass). `swapless (default flags, restart)` is `swapless worker` "
+            "with no flags, started on the same Redis once the first has stopped (its bounded default warm start "
+            f"warms what the first learned: {start_up('swapless (default flags, restart)')} s of start-up). Limit: in "
+            "this process, one load per model plus its compute at its best batch size (chosen by the fastest of two "
+            "passes at each size 1..64, then timed afresh: median of three passes). *Simulated* rows (`sim`) use "
+            f"`bench/simulated.py`, whose loads and passes sleep: sim stream is {args.sim_stream_jobs} jobs of a "
+            f"model that costs nothing, so the worker's CPU is the queue's alone; overlap is {OVERLAP['models']} "
+            f"models × {OVERLAP['jobs_per_model']} jobs, each load {OVERLAP['load_s']} s and each group's compute "
+            f"{OVERLAP['jobs_per_model'] * OVERLAP['item_s']:g} s, against the bound max(Σ loads, Σ compute). Worker "
+            "CPU: user + system time of the worker process (all threads) during the run, per job."
+        ),
         "",
-        "| workload | system | jobs/s | model loads | p50 latency ms | p99 latency ms | worker CPU ms/job | vs limit | vs naive |",
+        (
+            "| workload | system | jobs/s | model loads | p50 latency ms | p99 latency ms | worker CPU ms/job "
+            "| vs limit | vs naive |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for workload, systems in ROWS.items():
@@ -327,13 +350,26 @@ def render(rows: dict[tuple[str, str], list[Run]], args: argparse.Namespace, sta
         if value is None:
             return
         met = value <= goal if at_most else value >= goal
-        lines.append(f"- {text}: {fmt.format(value)} ({'met' if met else 'NOT met'}; target {'≤' if at_most else '≥'} {fmt.format(goal)})")
+        lines.append(
+            f"- {text}: {fmt.format(value)} ({'met' if met else 'NOT met'}; "
+            f"target {'≤' if at_most else '≥'} {fmt.format(goal)})"
+        )
 
     target("mixed burst, `--warm-start`, vs limit", ratio("mixed", "swapless", "limit"), 0.9)
-    target("mixed burst, default flags (restarted), vs limit", ratio("mixed", "swapless (default flags, restart)", "limit"), 0.9)
+    target(
+        "mixed burst, default flags (restarted), vs limit",
+        ratio("mixed", "swapless (default flags, restart)", "limit"),
+        0.9,
+    )
     mixed = rows.get(("mixed", "swapless"))
     if mixed:
-        target("mixed burst model loads", statistics.median(r.loads for r in mixed), len(MODEL_IDS) + 2, "{:g}", at_most=True)
+        target(
+            "mixed burst model loads",
+            statistics.median(r.loads for r in mixed),
+            len(MODEL_IDS) + 2,
+            "{:g}",
+            at_most=True,
+        )
     target("single-model stream (submit_jobs) vs limit", ratio("stream", "swapless", "limit"), 0.85)
     target("single-model stream (send_task) vs limit", ratio("stream", "swapless (send_task)", "limit"), 0.7)
     sim = rows.get(("sim stream", "swapless (sim)"))
@@ -342,10 +378,18 @@ def render(rows: dict[tuple[str, str], list[Run]], args: argparse.Namespace, sta
                "{:.3f}", at_most=True)
     lone, naive_lone = rows.get(("lone", "swapless")), rows.get(("lone", "naive"))
     if lone:
-        target("lone job p50 over in-process inference (ms)", 1000 * statistics.median(r.extra["overhead_s"] for r in lone),
-               1.5, "{:.1f}", at_most=True)
+        target(
+            "lone job p50 over in-process inference (ms)",
+            1000 * statistics.median(r.extra["overhead_s"] for r in lone),
+            1.5,
+            "{:.1f}",
+            at_most=True,
+        )
         if naive_lone:
-            lines.append(f"  (lone p50: swapless {med(lone, 'p50_s') * 1000:.1f} ms, naive {med(naive_lone, 'p50_s') * 1000:.1f} ms)")
+            lines.append(
+                f"  (lone p50: swapless {med(lone, 'p50_s') * 1000:.1f} ms, "
+                f"naive {med(naive_lone, 'p50_s') * 1000:.1f} ms)"
+            )
         paced = rows.get(("lone", "limit (paced)"))
         if paced:
             lines.append(f"  (lone p50 over the paced in-process pass, {LONE_GAP_S * 1000:g} ms apart: "
@@ -358,7 +402,9 @@ def render(rows: dict[tuple[str, str], list[Run]], args: argparse.Namespace, sta
     if prio and prio_limit:
         target(f"interactive p50 while {args.bulk_jobs} bulk jobs drain, in bulk passes",
                med(prio, "p50_s") / med(prio_limit, "p50_s"), 1.2, at_most=True)
-    target("overlap, load ahead, vs max(Σ loads, Σ compute)", ratio("overlap", "swapless (sim, load ahead)", "bound"), 0.9)
+    target(
+        "overlap, load ahead, vs max(Σ loads, Σ compute)", ratio("overlap", "swapless (sim, load ahead)", "bound"), 0.9
+    )
     off = ratio("overlap", "swapless (sim, load ahead off)", "bound")
     if off is not None:
         lines.append(f"  (load ahead off: {off:.2f} of the bound)")

@@ -99,7 +99,9 @@ class Naive(System):
         with self.app.producer_or_acquire() as producer:
             for model_id, value in jobs:
                 at = time.time()
-                result = self.app.send_task("naive.predict", args=[model_id, value], queue=self.queue, producer=producer)
+                result = self.app.send_task(
+                    "naive.predict", args=[model_id, value], queue=self.queue, producer=producer
+                )
                 sent.append((at, result.id))
         return sent
 
@@ -148,7 +150,9 @@ class Swapless(System):
         with app.producer_or_acquire() as producer:
             for model_id, value in jobs:
                 at = time.time()
-                result = app.send_task(PREDICT_TASK, args=[model_id, value], queue=self.queue, priority=level, producer=producer)
+                result = app.send_task(
+                    PREDICT_TASK, args=[model_id, value], queue=self.queue, priority=level, producer=producer
+                )
                 sent.append((at, result.id))
         return sent
 
@@ -193,7 +197,9 @@ def simulated_models(directory: Path) -> dict[str, Path]:
     files = {}
     for kind, entries in {
         "stream": [simulated_entry("sim", 0.0, 0.0, 0.0)],
-        "overlap": [simulated_entry(f"o{i:02d}", OVERLAP["load_s"], 0.0, OVERLAP["item_s"]) for i in range(OVERLAP["models"])],
+        "overlap": [
+            simulated_entry(f"o{i:02d}", OVERLAP["load_s"], 0.0, OVERLAP["item_s"]) for i in range(OVERLAP["models"])
+        ],
     }.items():
         (directory / kind).mkdir(parents=True, exist_ok=True)
         files[kind] = write_models_file(directory / kind, entries)
@@ -219,8 +225,13 @@ def burst(system: System, jobs: list[tuple[str, str]], timeout_s: float) -> Run:
     failed = sum(1 for state in got.states.values() if state != "SUCCESS")
     if failed:
         raise RuntimeError(f"{system.name}: {failed} jobs failed; see {system.log}")
-    return Run(len(jobs) / makespan, system.loads() - loads_before, percentile(latencies, 50), percentile(latencies, 99),
-               {"makespan_s": makespan, "cpu_ms_per_job": 1000 * cpu / len(jobs)})
+    return Run(
+        len(jobs) / makespan,
+        system.loads() - loads_before,
+        percentile(latencies, 50),
+        percentile(latencies, 99),
+        {"makespan_s": makespan, "cpu_ms_per_job": 1000 * cpu / len(jobs)},
+    )
 
 
 def priority(system: System, bulk: list[tuple[str, str]], interactive: list[tuple[str, str]], every_s: float) -> Run:

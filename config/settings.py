@@ -92,7 +92,7 @@ _UNITS = {
 }
 
 
-def parse_bytes(value: str | int | float) -> int:
+def parse_bytes(value: str | float) -> int:
     """Parse a size such as ``4GiB``, ``512MB``, ``1.5 GiB`` or ``1048576`` into bytes.
 
     Raises:

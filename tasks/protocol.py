@@ -169,7 +169,8 @@ def expires_header(expires: float | datetime | None) -> str | None:
     elif isinstance(expires, (int, float)) and not isinstance(expires, bool):
         when = now + timedelta(seconds=float(expires))
     else:
-        raise ValueError(f"expires must be seconds from now or a datetime, not {type(expires).__name__}")
+        # ValueError, as for a datetime in the past: callers catch one error for any unusable ``expires``
+        raise ValueError(f"expires must be seconds from now or a datetime, not {type(expires).__name__}")  # noqa: TRY004
     if when <= now:
         raise ValueError(f"expires ({when.isoformat()}) is not in the future: give seconds from now (> 0) or a later "
                          "datetime")

@@ -11,7 +11,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from manager.frameworks.worker import ModelWorker
 
@@ -21,14 +21,14 @@ class OutOfMemoryError(RuntimeError):
 
 
 class FakeWorker(ModelWorker, framework="fake"):
-    loads: Counter[str] = Counter()
-    unloads: Counter[str] = Counter()
-    batches: list[tuple[str, int]] = []
-    fail_load: set[str] = set()
+    loads: ClassVar[Counter[str]] = Counter()
+    unloads: ClassVar[Counter[str]] = Counter()
+    batches: ClassVar[list[tuple[str, int]]] = []
+    fail_load: ClassVar[set[str]] = set()
     #: a load of a model listed here waits until its event is set (tests of loads running in the background)
-    load_gates: dict[str, Any] = {}
+    load_gates: ClassVar[dict[str, Any]] = {}
     #: loads of a model listed here raise torch's out-of-memory error this many times first
-    oom_loads: Counter[str] = Counter()
+    oom_loads: ClassVar[Counter[str]] = Counter()
 
     def load(self) -> None:
         gate = FakeWorker.load_gates.get(self.spec.id)

@@ -38,17 +38,17 @@ from tests.crashy import GATES_ENV, LOG_ENV, crashy_entry, executions
 __all__ = [
     "PRESSURE",
     "SCENARIOS",
-    "PressureRow",
     "Expect",
     "FaultEnv",
     "Gate",
+    "PressureRow",
     "Scenario",
     "echoes",
+    "elsewhere_wrapper",
     "fails",
     "gate",
     "labels",
     "print_table",
-    "elsewhere_wrapper",
     "publish_raw",
     "settle",
     "wait_for",
@@ -272,7 +272,7 @@ def elsewhere_wrapper() -> list[str]:
     """
     unshare = shutil.which("unshare")
     probe = [unshare, "--user", "--map-root-user", "--uts", "true"] if unshare else None
-    if probe is None or subprocess.run(probe, capture_output=True).returncode != 0:
+    if probe is None or subprocess.run(probe, check=False, capture_output=True).returncode != 0:
         pytest.skip("needs `unshare --user --uts` to run a worker as if on another machine")
     return [unshare, "--user", "--map-root-user", "--uts", sys.executable, "-c", _RENAME_HOST]  # type: ignore[list-item]
 
@@ -442,9 +442,10 @@ class FaultEnv:
         """What the broker holds now, for failure messages: queued and unacked jobs (id, args, age of the stamp)."""
         lines = []
         for where, message, age in self._raw():
+            place = where
             if where == "unacked":
-                where += " (no index entry)" if age is None else f" (stamped {age:.1f} s ago)"
-            lines.append(f"{where}: {_describe(message)}")
+                place += " (no index entry)" if age is None else f" (stamped {age:.1f} s ago)"
+            lines.append(f"{place}: {_describe(message)}")
         return "\n".join(lines) or "(nothing queued or unacked)"
 
     def wait_broker_idle(self, timeout_s: float = 20.0) -> float:

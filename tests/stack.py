@@ -36,7 +36,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for(predicate: Callable[[], T | None], timeout_s: float = 10.0, interval_s: float = 0.05, what: str = "condition") -> T:
+def wait_for(
+    predicate: Callable[[], T | None], timeout_s: float = 10.0, interval_s: float = 0.05, what: str = "condition"
+) -> T:
     """Poll ``predicate`` until it returns something truthy; return that, or fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:

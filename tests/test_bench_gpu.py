@@ -25,15 +25,22 @@ GPU_MD = REPO / "bench" / "GPU.md"
 def run_bench(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
     """``python -m bench.gpu ARGS`` from the repository, with no CUDA device visible."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "bench.gpu", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "bench.gpu", *args],
+        cwd=REPO,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def table_rows(text: str) -> list[list[str]]:
     """The cells of every data row (not the header rows) of every Markdown table in ``text``."""
     lines = text.splitlines()
     rows = []
-    for line, after in zip(lines, lines[1:] + [""]):
+    for line, after in zip(lines, [*lines[1:], ""], strict=True):
         if line.startswith("| ") and not after.startswith("|---"):
             rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
     return rows

@@ -73,10 +73,14 @@ def test_csv_records_and_header_checks(tmp_path: Path) -> None:
     path.write_text('name,review\nann,"good, really"\nbob,"two\nlines"\ncid,\n')
     records = list(RecordReader(path, "sentiment", field="review").records())
     assert records == [Record(2, "good, really"), Record(4, "two\nlines"), Record(5, "")]
-    assert [r.key for r in RecordReader(path, "sentiment", field="review", id_field="name").records() if r] == ["ann", "bob", "cid"]
+    assert [r.key for r in RecordReader(path, "sentiment", field="review", id_field="name").records() if r] == [
+        "ann",
+        "bob",
+        "cid",
+    ]
     with pytest.raises(BulkFileError, match="no column 'text' \\(--field\\); the header has: name, review"):
         RecordReader(path, "sentiment")
-    with pytest.raises(BulkFileError, match="unknown input format '.txt'"):
+    with pytest.raises(BulkFileError, match=r"unknown input format '\.txt'"):
         RecordReader(path.rename(tmp_path / "in.txt"), "sentiment")
     with pytest.raises(BulkFileError, match="no such input file"):
         RecordReader(tmp_path / "missing.jsonl", "sentiment")
@@ -148,7 +152,9 @@ def test_image_paths_are_read_only_from_under_the_input_root(image_root: Path) -
 
 def test_without_an_input_root_paths_are_refused_with_what_to_set(image_root: Path) -> None:
     worker = _ImageWorker(ModelSpec(id="vision", name="x", type=InputType.IMAGE, framework="none"))
-    with pytest.raises(InputError, match="looks like a file path, but this worker reads no files: set SWAPLESS_INPUT_ROOT"):
+    with pytest.raises(
+        InputError, match="looks like a file path, but this worker reads no files: set SWAPLESS_INPUT_ROOT"
+    ):
         worker.prepare_image_bytes(str(image_root / "cats" / "one.png"))
     with pytest.raises(InputError, match="image is not valid base64"):
         worker.prepare_image_bytes("hello there")  # plain text is not taken for a path
@@ -174,8 +180,15 @@ def bulk_worker(module_workers: Workers, module_image_root: Path) -> WorkerProce
 
 
 def run_cli(*args: str, timeout_s: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout_s, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "tasks.cli", *args],
+        cwd=REPO,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _default_sigint() -> None:
@@ -188,7 +201,7 @@ def start_bulk(*args: str, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as stderr:
         return subprocess.Popen(
             [sys.executable, "-m", "tasks.cli", "bulk", *args, "--progress", "log", "--log-every", "0.5"],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=_default_sigint,
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=_default_sigint,  # noqa: PLW1509 - it only sets a signal disposition
         )
 
 
@@ -366,7 +379,14 @@ def test_bulk_image_paths_under_the_input_root(
 ) -> None:
     image_root = module_image_root
     source = tmp_path / "images.csv"
-    values = ["cats/one.png", str(image_root / "cats" / "one.png"), "../secret.png", "escape.png", "notes.png", encode_image(5)]
+    values = [
+        "cats/one.png",
+        str(image_root / "cats" / "one.png"),
+        "../secret.png",
+        "escape.png",
+        "notes.png",
+        encode_image(5),
+    ]
     with source.open("w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(["name", "image"])

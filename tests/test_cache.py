@@ -223,7 +223,7 @@ def test_out_of_memory_on_load_evicts_idle_models_and_retries_once(tmp_path: Pat
     use(manager, "c")  # out of memory once: every idle model goes, the load is tried again and works
     assert manager.loaded_ids() == ["c"] and (FakeWorker.unloads["a"], FakeWorker.unloads["b"]) == (1, 1)
     FakeWorker.oom_loads["a"] = 2
-    with pytest.raises(ModelLoadError, match="model 'a'.*out of memory"):
+    with pytest.raises(ModelLoadError, match=r"model 'a'.*out of memory"):
         use(manager, "a")  # out of memory twice: one clear error, tried only once more
     assert FakeWorker.oom_loads["a"] == 0 and manager.stats.load_failures == 1
 

@@ -112,7 +112,7 @@ def test_swapless_cancel_and_delete_on_the_gateway(one_worker: FaultEnv) -> None
         by_http = client.job(posted.json()["job_id"])
         run = subprocess.run(
             [sys.executable, "-m", "tasks.cli", "cancel", by_cli.id, held.id],
-            capture_output=True, text=True, timeout=60,
+            check=False, capture_output=True, text=True, timeout=60,
         )
         lines = [json.loads(line) for line in run.stdout.splitlines()]
         assert lines == [{"job_id": by_cli.id, "status": "cancelled"}, {"job_id": held.id, "status": "running"}]
@@ -170,7 +170,7 @@ def _bulk(*args: str, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as stderr:
         return subprocess.Popen(
             [sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local", "--progress", "log"],
-            stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=default_sigint,
+            stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=default_sigint,  # noqa: PLW1509 - it only sets a signal disposition
         )
 
 
@@ -196,7 +196,7 @@ def test_ctrl_c_on_bulk_cancels_its_chunks_in_flight_and_a_rerun_resumes(one_wor
     assert sum(one_worker.executions()[f"bulk-sigint-{i}"] for i in range(20)) == 0  # none computed after Ctrl-C
     assert not out.exists() or out.read_text() == ""
     second = subprocess.run([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local"],
-                            capture_output=True, text=True, timeout=120)
+                            check=False, capture_output=True, text=True, timeout=120)
     assert second.returncode == 0, second.stderr
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [line["key"] for line in lines] == [f"k{i}" for i in range(20)]
@@ -226,10 +226,10 @@ def test_a_bulk_deadline_stops_the_run_resumably_and_nothing_late_is_computed(
     assert sum(one_worker.executions()[f"bulk-late-{i}"] for i in range(20)) == 0
     assert not out.exists() or out.read_text() == ""
     bad = subprocess.run([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local", "--expires", "yesterday"],
-                         capture_output=True, text=True, timeout=60)
+                         check=False, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--expires must be seconds from now or a date-time" in bad.stderr
     resumed = subprocess.run([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local", "--expires", "600"],
-                             capture_output=True, text=True, timeout=120)
+                             check=False, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr
     assert [json.loads(line)["key"] for line in out.read_text().splitlines()] == [f"k{i}" for i in range(20)]
 

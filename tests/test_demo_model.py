@@ -116,7 +116,7 @@ def test_trained_model_generalises_to_held_out_reviews(classifier: Any) -> None:
     held_out = [record for record in sample_reviews(200, seed=7) if record["text"] not in seen]
     assert len(held_out) >= 150
     outputs = classifier([record["text"] for record in held_out])
-    right = sum(output["label"] == record["label"] for output, record in zip(outputs, held_out))
+    right = sum(output["label"] == record["label"] for output, record in zip(outputs, held_out, strict=True))
     accuracy = right / len(held_out)
     print(f"\nheld-out accuracy {accuracy:.3f} on {len(held_out)} reviews")
     assert accuracy >= 0.9

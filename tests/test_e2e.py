@@ -49,7 +49,12 @@ def direct_text(path: Path, texts: list[str], top_k: int = 5) -> list[list[dict[
             logits = model(**tokenizer(text, truncation=True, return_tensors="pt")).logits[0]
             probs = torch.softmax(logits, dim=-1)
             scores, idx = probs.topk(min(top_k, probs.numel()))
-            out.append([{"label": model.config.id2label[i], "score": s} for s, i in zip(scores.tolist(), idx.tolist())])
+            out.append(
+                [
+                    {"label": model.config.id2label[i], "score": s}
+                    for s, i in zip(scores.tolist(), idx.tolist(), strict=True)
+                ]
+            )
     return out
 
 
@@ -68,13 +73,18 @@ def direct_image(path: Path, images_b64: list[str], top_k: int = 5) -> list[list
             image = Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB")
             probs = torch.softmax(model(transform(image).unsqueeze(0))[0], dim=-1)
             scores, idx = probs.topk(top_k)
-            out.append([{"label": weights.meta["categories"][i], "score": s} for s, i in zip(scores.tolist(), idx.tolist())])
+            out.append(
+                [
+                    {"label": weights.meta["categories"][i], "score": s}
+                    for s, i in zip(scores.tolist(), idx.tolist(), strict=True)
+                ]
+            )
     return out
 
 
 def assert_same(got: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
     assert [g["label"] for g in got] == [e["label"] for e in expected]
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         assert g["score"] == pytest.approx(e["score"], abs=1e-4)
 
 
@@ -92,14 +102,14 @@ def test_mixed_workload_over_four_models_with_a_cache_of_two(
     }
     inputs = {"sentiment": TEXTS, "spam": TEXTS, "topic": TEXTS, "vision": images}
     submitted = []
-    for round_ in range(5):  # interleaved: the naive design would reload on most jobs
+    for _round in range(5):  # interleaved: the naive design would reload on most jobs
         for model_id in ["sentiment", "spam", "vision", "topic"]:
             for i, value in enumerate(inputs[model_id]):
                 submitted.append((model_id, i, client.submit(model_id, value)))
     worker = start_worker("--max-models", "2")  # every job waits first: the count below does not race the producer
     results = client.gather([job for _, _, job in submitted], timeout=120)
     assert [r.state for r in results] == ["SUCCESS"] * len(submitted)
-    for (model_id, i, _), stored in zip(submitted, results):
+    for (model_id, i, _), stored in zip(submitted, results, strict=True):
         assert_same(stored.value, expected[model_id][i])
     # grouping: each model is loaded about once (twice at most, where one fetch splits its jobs), not once per job
     loads = worker.count("loaded ")
@@ -133,8 +143,14 @@ def test_bad_jobs_fail_alone_and_the_worker_keeps_running(start_worker: Callable
         with pytest.raises(Exception) as caught:
             job.get(timeout=30)
         messages[name] = (type(caught.value), str(caught.value))
-    assert messages["empty"] == (InputError, "bad input for model 'sentiment': empty text; send at least one non-blank character")
-    assert messages["not a string"] == (InputError, "bad input for model 'sentiment': this is a text model; send a string, not an object")
+    assert messages["empty"] == (
+        InputError,
+        "bad input for model 'sentiment': empty text; send at least one non-blank character",
+    )
+    assert messages["not a string"] == (
+        InputError,
+        "bad input for model 'sentiment': this is a text model; send a string, not an object",
+    )
     assert messages["image to text model"][1].endswith("send a string, not null")
     assert "image is not valid base64" in messages["text to image model"][1]
     assert "not an image Pillow can read" in messages["not an image"][1]
@@ -167,7 +183,7 @@ def test_async_get(start_worker: Callable[..., WorkerProcess]) -> None:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tasks.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "tasks.cli", *args], cwd=REPO, check=False, capture_output=True, text=True, timeout=120
     )
 
 
@@ -178,7 +194,11 @@ def test_cli_submit_wait_and_result(start_worker: Callable[..., WorkerProcess], 
     payload = json.loads(done.stdout)
     assert payload["result"][0]["label"] in {"POSITIVE", "NEGATIVE"}
     looked_up = run_cli("result", payload["job_id"])
-    assert json.loads(looked_up.stdout) == {"job_id": payload["job_id"], "state": "SUCCESS", "result": payload["result"]}
+    assert json.loads(looked_up.stdout) == {
+        "job_id": payload["job_id"],
+        "state": "SUCCESS",
+        "result": payload["result"],
+    }
 
     image = tmp_path / "cat.png"
     image.write_bytes(base64.b64decode(encode_image(3)))
@@ -195,7 +215,9 @@ def test_cli_submit_wait_and_result(start_worker: Callable[..., WorkerProcess], 
     assert unknown.returncode == 2 and "unknown model 'sentimnt'" in unknown.stderr
 
 
-def test_worker_refuses_a_bad_models_file_at_start_up(start_worker: Callable[..., WorkerProcess], tmp_path: Path) -> None:
+def test_worker_refuses_a_bad_models_file_at_start_up(
+    start_worker: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"models": [{"id": "x", "name": "y", "type": "text", "framework": "onnx"}]}))
     worker = start_worker("--models", str(bad), ready=False)
@@ -210,8 +232,21 @@ def test_celery_dash_a_tasks_worker_still_works(swapless_env: dict[str, str], tm
     log = tmp_path / "celery.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", swapless_env["SWAPLESS_QUEUE"], "--loglevel=INFO"],
-            cwd=REPO, env={**os.environ, **swapless_env}, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tasks",
+                "worker",
+                "-Q",
+                swapless_env["SWAPLESS_QUEUE"],
+                "--loglevel=INFO",
+            ],
+            cwd=REPO,
+            env={**os.environ, **swapless_env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         try:
             result = Client().submit("spam", "free money now").get(timeout=90)

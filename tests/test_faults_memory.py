@@ -172,7 +172,7 @@ def test_at_the_wall_submit_jobs_and_swapless_submit_are_refused_and_queue_nothi
     with pytest.raises(QueueFull, match="Redis is out of memory \\(maxmemory\\)"):
         client.submit_jobs([("echo", f"wall-many-{i} {TEXT}") for i in range(5)] + [("echo2", f"wall-other {TEXT}")])
     done = subprocess.run([sys.executable, "-m", "tasks.cli", "submit", "echo", f"wall-cli {TEXT}"], cwd=REPO,
-                          capture_output=True, text=True, env={**os.environ, **faults.env}, timeout=60)
+                          check=False, capture_output=True, text=True, env={**os.environ, **faults.env}, timeout=60)
     row.submitted += 2
     row.refused["QueueFull"] += 2
     assert done.returncode == 2, done.stderr
@@ -226,7 +226,7 @@ def test_bulk_waits_while_the_queue_is_full_and_says_so(
     done = subprocess.run(
         [sys.executable, "-m", "tasks.cli", "bulk", "echo", str(source), "-o", str(out), "--chunk-size", "50",
          "--max-in-flight", "8", "--no-local", "--progress", "log", "--log-every", "1"],
-        cwd=REPO, capture_output=True, text=True, env={**os.environ, **faults.env}, timeout=300,
+        cwd=REPO, check=False, capture_output=True, text=True, env={**os.environ, **faults.env}, timeout=300,
     )
     row.submitted = row.accepted = 2000
     row.refused["QueueFull, sent again"] = done.stderr.count("sending the chunk again")

@@ -87,7 +87,9 @@ def test_no_part_imports_what_it_must_not() -> None:
                 continue
             for banned in NEVER[part]:
                 if _is(imported, banned):
-                    broken.append(f"{path.relative_to(REPO)}:{line} imports {imported} ({part} must not import {banned})")
+                    broken.append(
+                        f"{path.relative_to(REPO)}:{line} imports {imported} ({part} must not import {banned})"
+                    )
     assert not broken, "\n".join(broken)
 
 

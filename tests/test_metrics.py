@@ -51,7 +51,7 @@ def test_metrics_from_reports(tmp_path: Path) -> None:
     engine = ModelEngine()
     store = ModelStore.from_file(write_fake_models(tmp_path, {"a": 1000}), engine.frameworks)
     manager = ModelManager(store, engine)
-    metrics = WorkerMetrics(manager, backlog=lambda: {})
+    metrics = WorkerMetrics(manager, backlog=dict)
     with manager.use("a") as worker:
         worker.predict(["x"])
     metrics.observe(GroupReport("a", 3, {"InputError": 1}, 0.2, (0.01, 0.02, 3.0, 0.5), 0, 1, (0.3,), 0, ("b",)))
@@ -136,7 +136,9 @@ def test_metrics_endpoint_of_a_real_worker_after_known_jobs(
     # a second worker asking for the same metrics port stops at start-up, saying why
     clash = start_worker("--metrics-port", str(port), "--hostname", "clash@%h", ready=False)
     assert clash.proc.wait(60) != 0
-    assert f"cannot serve metrics on 127.0.0.1:{port}: Address already in use; pick another --metrics-port" in clash.log()
+    assert (
+        f"cannot serve metrics on 127.0.0.1:{port}: Address already in use; pick another --metrics-port" in clash.log()
+    )
 
     # a clean stop takes the heartbeat away at once (not after its TTL) and closes the port
     r = redis.Redis.from_url(settings.broker_url)

@@ -30,7 +30,9 @@ def _strip(message: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("priority", "level"), [("interactive", PRIORITY_INTERACTIVE), ("bulk", PRIORITY_BULK)])
-def test_messages_are_those_send_task_makes(swapless_env: dict[str, str], redis_url: str, priority: str, level: int) -> None:
+def test_messages_are_those_send_task_makes(
+    swapless_env: dict[str, str], redis_url: str, priority: str, level: int
+) -> None:
     client = Client()
     r = redis.Redis.from_url(redis_url)
     s = client.settings
@@ -79,7 +81,9 @@ def test_a_message_over_the_byte_bound_is_refused_and_nothing_of_its_call_is_sen
     with pytest.raises(InputError) as caught:
         client.submit_jobs([("sentiment", "small"), ("spam", "x" * 4000)])
     assert str(caught.value).startswith("bad input for model 'spam': the job's queue message would be ")
-    assert str(caught.value).endswith("bytes, over the limit of 4096 bytes (SWAPLESS_MAX_MESSAGE_BYTES): send a smaller input")
+    assert str(caught.value).endswith(
+        "bytes, over the limit of 4096 bytes (SWAPLESS_MAX_MESSAGE_BYTES): send a smaller input"
+    )
     with pytest.raises(InputError, match=r"send a smaller chunk of inputs \(fewer inputs per chunk: --chunk-size\)"):
         client.submit_many("sentiment", ["y" * 500] * 10, chunk_size=10)
     s = client.settings

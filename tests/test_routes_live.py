@@ -41,8 +41,14 @@ READ_MARGIN_S = 0.25
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     """``swapless ARGS`` with this test's environment, its tables unwrapped."""
-    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-m", "tasks.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 ROUTES = [
@@ -149,8 +155,13 @@ def test_shadow_copies_run_apart_and_never_reach_the_caller(routes: FaultEnv) ->
     assert all(s.state == "PENDING" for s in client.fetch([f"{job.id}.shadow0" for job in uncopied]))
 
     def compared() -> int:
-        return sum(total for (route, _, shadow), (_, total) in read_shadow(client.redis, Keyspace(routes.queue, routes.key_prefix)).items()
-                   if route == "sentiment" and shadow == "sent-v3")
+        return sum(
+            total
+            for (route, _, shadow), (_, total) in read_shadow(
+                client.redis, Keyspace(routes.queue, routes.key_prefix)
+            ).items()
+            if route == "sentiment" and shadow == "sent-v3"
+        )
 
     wait_for(lambda: compared() == len(shadows), 30, "every shadow copy to be compared")
     agreement = read_shadow(client.redis, Keyspace(routes.queue, routes.key_prefix))

@@ -89,7 +89,7 @@ def test_the_store_resolves_routes_by_weight_key_and_type(tmp_path: Path) -> Non
     assert text.model_id in ("sentiment-v1", "sentiment-v2") and text.via == ("classify", "sentiment")
     with pytest.raises(InputError, match="route 'classify' takes text or image inputs, not a number input"):
         store.route("classify", 5, "k")
-    with pytest.raises(UnknownModel, match="known: .*classify"):
+    with pytest.raises(UnknownModel, match=r"known: .*classify"):
         store.route("nope", "x", "k")
 
 
@@ -102,14 +102,19 @@ def test_the_store_resolves_routes_by_weight_key_and_type(tmp_path: Path) -> Non
         ({"id": "r", "route": {}}, "'route' names no target"),
         ({"id": "r", "route": {"sentiment-v1": 1, "vision": 1}}, "mixes text and image models"),
         ({"id": "r", "by_type": {"text": "vision"}}, "the 'text' branch goes to 'vision', which takes image inputs"),
-        ({"id": "sentiment-v1", "route": {"sentiment-v2": 1}}, "id is already used by a model, an alias or another route"),
+        (
+            {"id": "sentiment-v1", "route": {"sentiment-v2": 1}},
+            "id is already used by a model, an alias or another route",
+        ),
         ({"id": "sv2", "route": {"sentiment-v1": 1}}, "id is already used by a model, an alias or another route"),
         ({"id": "r", "route": {"sentiment-v1": 1}, "shadow": {"sentiment-v2": 150}}, "shadow shares are percents"),
         ({"id": "r", "route": {"sentiment-v1": 1}, "by_type": {"text": "sentiment-v1"}}, "either 'route'"),
         ({"id": "r", "route": {"sentiment-v1": 1}, "weights": 3}, "field 'weights': Extra inputs are not permitted"),
     ],
 )
-def test_each_bad_route_is_an_error_naming_the_entry_and_field(tmp_path: Path, entry: dict[str, Any], message: str) -> None:
+def test_each_bad_route_is_an_error_naming_the_entry_and_field(
+    tmp_path: Path, entry: dict[str, Any], message: str
+) -> None:
     with pytest.raises(ConfigError) as caught:
         ModelStore.from_file(_models(tmp_path, entry))
     assert message in str(caught.value)
@@ -118,4 +123,6 @@ def test_each_bad_route_is_an_error_naming_the_entry_and_field(tmp_path: Path, e
 
 def test_routes_that_cycle_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"routes form a cycle: a -> b -> a"):
-        ModelStore.from_file(_models(tmp_path, {"id": "a", "route": {"b": 1}}, {"id": "b", "route": {"a": 1, "sentiment-v1": 1}}))
+        ModelStore.from_file(
+            _models(tmp_path, {"id": "a", "route": {"b": 1}}, {"id": "b", "route": {"a": 1, "sentiment-v1": 1}})
+        )

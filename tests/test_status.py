@@ -82,7 +82,13 @@ class _Request:
     """What TaskEvents reads of a Celery request, recording the events sent."""
 
     def __init__(self, task_id: str, args: list[Any], sent: list[tuple[str, str, dict[str, Any]]]) -> None:
-        self.id, self.args, self.name, self.argsrepr, self.kwargsrepr = task_id, args, "swapless.predict", repr(args), "{}"
+        self.id, self.args, self.name, self.argsrepr, self.kwargsrepr = (
+            task_id,
+            args,
+            "swapless.predict",
+            repr(args),
+            "{}",
+        )
         self._sent = sent
 
     def send_event(self, kind: str, **fields: Any) -> None:
@@ -96,16 +102,26 @@ def test_task_events_for_jobs_and_whole_chunks() -> None:
     events.on_received(_Request("j2", ["a", " "], sent))
     events.on_received(_Request("c", ["a", ["p", "q", "r"]], sent))
     jobs = [Job("j1", "a", "x"), Job("j2", "a", " "), Job("c:0", "a", "p"), Job("c:1", "a", "q")]
-    outcomes = [Outcome(jobs[0], result=[1]), Outcome(jobs[1], error=InputError("a", "empty")), Outcome(jobs[2], result=2),
-                Outcome(jobs[3], result=3)]
+    outcomes = [
+        Outcome(jobs[0], result=[1]),
+        Outcome(jobs[1], error=InputError("a", "empty")),
+        Outcome(jobs[2], result=2),
+        Outcome(jobs[3], result=3),
+    ]
     events.on_group("a", jobs, outcomes, 0.5)
     assert [(kind, task_id) for kind, task_id, _ in sent] == [
-        ("task-received", "j1"), ("task-received", "j2"), ("task-received", "c"), ("task-succeeded", "j1"), ("task-failed", "j2")
+        ("task-received", "j1"),
+        ("task-received", "j2"),
+        ("task-received", "c"),
+        ("task-succeeded", "j1"),
+        ("task-failed", "j2"),
     ]
     assert sent[3][2] == {"result": "[1]", "runtime": 0.5} and "empty" in sent[4][2]["exception"]
     last = Job("c:2", "a", "r")
     events.on_group("a", [last], [Outcome(last, result=4)], 0.25)
-    assert sent[-1] == ("task-succeeded", "c", {"result": "4", "runtime": 0.75}), "a chunk succeeds once all its items are done"
+    assert sent[-1] == ("task-succeeded", "c", {"result": "4", "runtime": 0.75}), (
+        "a chunk succeeds once all its items are done"
+    )
 
 
 def test_a_failing_listener_never_reaches_the_scheduler(fake_manager: ModelManager) -> None:
@@ -137,7 +153,12 @@ def test_message_model_reads_kombu_envelopes_and_survives_garbage() -> None:
 
     assert message_model(envelope(["spam", "hi"])) == "spam"
     assert message_model(envelope(["spam", ["a", "b", "c"]])) == "spam", "a chunk is one message"
-    junk: list[bytes | str] = [b"not json", b"{}", json.dumps({"body": "!!", "properties": {"body_encoding": "base64"}}), b"[]"]
+    junk: list[bytes | str] = [
+        b"not json",
+        b"{}",
+        json.dumps({"body": "!!", "properties": {"body_encoding": "base64"}}),
+        b"[]",
+    ]
     for raw in junk:
         assert message_model(raw) is None
 
@@ -145,7 +166,9 @@ def test_message_model_reads_kombu_envelopes_and_survives_garbage() -> None:
 # -- Redis, no worker ---------------------------------------------------------------------------------------
 
 
-def test_queue_depth_per_priority_and_model_exact_then_sampled(swapless_env: dict[str, str], settings: Settings) -> None:
+def test_queue_depth_per_priority_and_model_exact_then_sampled(
+    swapless_env: dict[str, str], settings: Settings
+) -> None:
     """The ingress, where plain Celery producers' jobs wait until a worker moves them to their model's lists: read
     from a sample; and the models' own lists, exact."""
     from tasks.app import make_app
@@ -207,7 +230,9 @@ def test_heartbeat_publisher_expires_and_cleans_up(settings: Settings) -> None:
     from tasks.cluster.members import CacheInfo, Heartbeat, WaitSummary
 
     r = redis.Redis.from_url(settings.broker_url)
-    cache = CacheInfo(max_models=2, memory_budget_bytes=None, used_bytes=0, hits=0, misses=0, loads=0, evictions=0, load_failures=0)
+    cache = CacheInfo(
+        max_models=2, memory_budget_bytes=None, used_bytes=0, hits=0, misses=0, loads=0, evictions=0, load_failures=0
+    )
     beat = Heartbeat(
         hostname="unit@host", pid=1, queue=settings.queue, started_at=time.time(), sent_at=time.time(), interval_s=0.4,
         cache=cache, loaded=[], models={}, jobs_done=0, jobs_failed=0, backlog=0, queue_wait=WaitSummary(),
@@ -238,7 +263,9 @@ class EventLog:
 
         def capture() -> None:
             with client.app.connection() as conn:
-                receiver = client.app.events.Receiver(conn, handlers={"*": lambda event: self.types.append(event["type"])})
+                receiver = client.app.events.Receiver(
+                    conn, handlers={"*": lambda event: self.types.append(event["type"])}
+                )
                 while not self._stop.is_set():
                     try:
                         receiver.capture(limit=None, timeout=0.3, wakeup=False)
@@ -278,8 +305,11 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
         return beats[0] if beats and beats[0].jobs_done + beats[0].jobs_failed == 6 else None
 
     beat = wait_for(beat_after_all_jobs, 10, what="a heartbeat counting all jobs")
+
     # topic was evicted for a slot: the worker gives up its claim at its next placement round
-    claimed = lambda: {p.model_id for p in read_placement(r, Keyspace.of(settings), ["topic"]) if p.holders}
+    def claimed() -> set[str]:
+        return {p.model_id for p in read_placement(r, Keyspace.of(settings), ["topic"]) if p.holders}
+
     try:
         wait_for(lambda: not claimed(), 30, what="the claim on the evicted topic to be given up")
     except AssertionError as err:
@@ -292,9 +322,14 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     assert [e.model_id for e in beat.loaded] == ["sentiment", "spam"], "least recently used first"
     assert all(e.bytes > 1_000_000 and e.load_s > 0 and not e.busy for e in beat.loaded)
     assert (beat.cache.hits, beat.cache.misses, beat.cache.evictions, beat.cache.max_models) == (1, 5, 3, 2)
-    activity = {model_id: a for model_id, a in beat.models.items()}
+    activity = dict(beat.models.items())
     assert (activity["sentiment"].hits, activity["sentiment"].misses, activity["sentiment"].evictions) == (1, 2, 1)
-    assert (activity["spam"].hits, activity["spam"].misses, activity["spam"].loads, activity["spam"].evictions) == (0, 2, 2, 1)
+    assert (activity["spam"].hits, activity["spam"].misses, activity["spam"].loads, activity["spam"].evictions) == (
+        0,
+        2,
+        2,
+        1,
+    )
     assert (activity["spam"].jobs_done, activity["spam"].jobs_failed) == (1, 1)
     assert (activity["topic"].misses, activity["topic"].evictions, activity["topic"].jobs_done) == (1, 1, 1)
     assert beat.jobs_done == 5 and beat.jobs_failed == 1 and beat.queue_wait.count == 6
@@ -310,13 +345,21 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     out = shown.stdout
     assert "models across workers: 8 messages waiting in their lists, 0 held by workers" in out
     assert f"worker {beat.hostname} (pid {worker.proc.pid}, queue {settings.queue}" in out
-    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") > 4}
+    rows = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
+        for line in out.splitlines()
+        if line.count("│") > 4
+    }
     assert rows["spam"][:7] == ["spam", "loaded, claimed", rows["spam"][2], "0", "2", "1", "2"]
     assert rows["spam"][-5:] == ["1", "1", "0", "0", "0"]  # done, failed, expired, cancelled, held
     assert rows["topic"][1] == "-" and rows["sentiment"][1] == "loaded, claimed"  # topic: given up for a slot
     assert rows["spam"][2].endswith("MiB")
     assert "jobs 5 done, 1 failed" in out and "hits 1, misses 5, evictions 3" in out
-    assert any(line.split("│")[1].strip() == "vision" and line.split("│")[2].strip() == "7" for line in out.splitlines() if "│" in line)
+    assert any(
+        line.split("│")[1].strip() == "vision" and line.split("│")[2].strip() == "7"
+        for line in out.splitlines()
+        if "│" in line
+    )
 
     watched = run_cli("status", "--watch", "--interval", "0.2", "--count", "3")
     assert watched.returncode == 0 and f"worker {beat.hostname}" in watched.stdout

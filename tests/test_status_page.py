@@ -71,7 +71,9 @@ class Node:
     def find_all(self, tag: str | None = None, **attrs: str) -> list[Node]:
         found = []
         for child in self.children:
-            if (tag is None or child.tag == tag) and all(child.attrs.get(k.rstrip("_").replace("_", "-")) == v for k, v in attrs.items()):
+            if (tag is None or child.tag == tag) and all(
+                child.attrs.get(k.rstrip("_").replace("_", "-")) == v for k, v in attrs.items()
+            ):
                 found.append(child)
             found += child.find_all(tag, **attrs)
         return found
@@ -128,34 +130,38 @@ def stack(redis_url: str, models_file: Path, tmp_path_factory: pytest.TempPathFa
     and 1 cancelled (sent while the worker was frozen)."""
     logs = tmp_path_factory.mktemp("status-page")
     extra = {"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5", "SWAPLESS_API_KEYS": f"{KEY},{SPAM_ONLY}:spam"}
-    with worker_and_gateway(redis_url, models_file, logs, "page@%h", "--log-level", "info", **extra) as (
-        env, worker, gateway
+    with (
+        worker_and_gateway(redis_url, models_file, logs, "page@%h", "--log-level", "info", **extra) as (
+            env,
+            worker,
+            gateway,
+        ),
+        httpx.Client(base_url=gateway.url, timeout=30, headers={"Authorization": f"Bearer {KEY}"}) as http,
     ):
-        with httpx.Client(base_url=gateway.url, timeout=30, headers={"Authorization": f"Bearer {KEY}"}) as http:
-            for model_id, text in [("sentiment", "a"), ("sentiment", "b"), ("sentiment", "c"), ("spam", "d"),
-                                   ("spam", "e")]:
-                assert http.post("/predict", json={"model_id": model_id, "input": text}).status_code == 200
-            assert http.post("/predict", json={"model_id": "sentiment", "input": "  "}).status_code == 422
-            with pytest.raises(InputError):  # the gateway refuses it; a producer of its own reaches the worker
-                Client().submit("sentiment", "  ").get(timeout=30)
-            os.kill(worker.proc.pid, signal.SIGSTOP)
-            try:
-                late = http.post("/jobs", json={"model_id": "spam", "input": "late", "expires_s": 0.3}).json()
-                dropped = http.post("/jobs", json={"model_id": "spam", "input": "dropped"}).json()
-                assert http.delete(f"/jobs/{dropped['job_id']}").json()["status"] == "cancelled"
-                time.sleep(0.6)
-            finally:
-                os.kill(worker.proc.pid, signal.SIGCONT)
-            assert wait_for(lambda: http.get(f"/jobs/{late['job_id']}").json()["state"] == "FAILURE", 30,
-                            what="the late job to expire")
+        for model_id, text in [("sentiment", "a"), ("sentiment", "b"), ("sentiment", "c"), ("spam", "d"),
+                               ("spam", "e")]:
+            assert http.post("/predict", json={"model_id": model_id, "input": text}).status_code == 200
+        assert http.post("/predict", json={"model_id": "sentiment", "input": "  "}).status_code == 422
+        with pytest.raises(InputError):  # the gateway refuses it; a producer of its own reaches the worker
+            Client().submit("sentiment", "  ").get(timeout=30)
+        os.kill(worker.proc.pid, signal.SIGSTOP)
+        try:
+            late = http.post("/jobs", json={"model_id": "spam", "input": "late", "expires_s": 0.3}).json()
+            dropped = http.post("/jobs", json={"model_id": "spam", "input": "dropped"}).json()
+            assert http.delete(f"/jobs/{dropped['job_id']}").json()["status"] == "cancelled"
+            time.sleep(0.6)
+        finally:
+            os.kill(worker.proc.pid, signal.SIGCONT)
+        assert wait_for(lambda: http.get(f"/jobs/{late['job_id']}").json()["state"] == "FAILURE", 30,
+                        what="the late job to expire")
 
-            def settled() -> dict[str, Any] | None:
-                [beat] = http.get("/status.json").json()["workers"] or [None]
-                spam = (beat or {}).get("models", {}).get("spam", {})
-                return beat if spam.get("jobs_expired") == 1 and spam.get("jobs_cancelled") == 1 else None
+        def settled() -> dict[str, Any] | None:
+            [beat] = http.get("/status.json").json()["workers"] or [None]
+            spam = (beat or {}).get("models", {}).get("spam", {})
+            return beat if spam.get("jobs_expired") == 1 and spam.get("jobs_cancelled") == 1 else None
 
-            beat = wait_for(settled, 30, what="a heartbeat with the expired and the cancelled job")
-            yield Stack(env, worker, gateway, http, beat["hostname"])
+        beat = wait_for(settled, 30, what="a heartbeat with the expired and the cancelled job")
+        yield Stack(env, worker, gateway, http, beat["hostname"])
 
 
 def test_status_json_is_what_swapless_status_json_prints(stack: Stack) -> None:
@@ -176,10 +182,14 @@ def test_status_json_is_what_swapless_status_json_prints(stack: Stack) -> None:
     assert stack.http.get("/status.json", headers={"Authorization": ""}).status_code == 401
 
 
-def test_the_page_shows_the_workers_their_models_and_the_job_counts(chromium: str, stack: Stack, tmp_path: Path) -> None:
+def test_the_page_shows_the_workers_their_models_and_the_job_counts(
+    chromium: str, stack: Stack, tmp_path: Path
+) -> None:
     page = parse(browse(chromium, f"{stack.gateway.url}/status?key={KEY}", tmp_path / "profile", "--dump-dom").stdout)
     assert page.find(id="state").text == "live"
-    cards = {card.attrs["data-card"]: card.find(class_="value").text for card in page.find_all() if "data-card" in card.attrs}
+    cards = {
+        card.attrs["data-card"]: card.find(class_="value").text for card in page.find_all() if "data-card" in card.attrs
+    }
     assert cards["workers"] == "1"
     assert (cards["done"], cards["failed"], cards["expired"], cards["cancelled"]) == ("5", "2", "1", "1")
     assert cards["wait_p95"].endswith(" s") and cards["waiting"] == "0"
@@ -221,10 +231,14 @@ def test_the_key_stays_out_of_the_logs_and_the_data_requests(chromium: str, stac
 def test_without_a_key_the_page_says_what_to_send(chromium: str, stack: Stack, tmp_path: Path) -> None:
     text = browse(chromium, f"{stack.gateway.url}/status", tmp_path / "profile", "--dump-dom").stdout
     assert "this gateway needs an API key" in text and "or open /status?key=&lt;key&gt;" in text
-    wrong = browse(chromium, f"{stack.gateway.url}/status?key=not-a-key-0123456789", tmp_path / "profile", "--dump-dom").stdout
+    wrong = browse(
+        chromium, f"{stack.gateway.url}/status?key=not-a-key-0123456789", tmp_path / "profile", "--dump-dom"
+    ).stdout
     assert "this API key is not one the gateway accepts" in wrong
     # any valid key reads the status, one limited to some models too
-    limited = parse(browse(chromium, f"{stack.gateway.url}/status?key={SPAM_ONLY}", tmp_path / "profile", "--dump-dom").stdout)
+    limited = parse(
+        browse(chromium, f"{stack.gateway.url}/status?key={SPAM_ONLY}", tmp_path / "profile", "--dump-dom").stdout
+    )
     assert limited.find(id="state").text == "live"
 
 

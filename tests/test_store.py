@@ -104,7 +104,9 @@ def test_aliases_resolve_and_may_not_collide(tmp_path: Path) -> None:
 
 def test_dtype_is_one_of_three_and_not_for_triton(tmp_path: Path) -> None:
     assert ModelStore.from_file(write(tmp_path, {"models": [entry(dtype="float16")]})).get("m1").dtype == "float16"
-    with pytest.raises(ConfigError, match=r"models\[0\] \(id 'm1'\), field 'dtype': .*'float32', 'float16' or 'bfloat16'"):
+    with pytest.raises(
+        ConfigError, match=r"models\[0\] \(id 'm1'\), field 'dtype': .*'float32', 'float16' or 'bfloat16'"
+    ):
         ModelStore.from_file(write(tmp_path, {"models": [entry(dtype="float8")]}))
     with pytest.raises(ConfigError, match="dtype is for transformers and torchvision models"):
         ModelStore.from_file(write(tmp_path, {"models": [entry(framework="triton", dtype="float16")]}))

@@ -9,6 +9,7 @@ does, to the ingress, or pushed to a model's own lists the way Swapless's produc
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import time
@@ -95,7 +96,9 @@ def consume(conn: Connection, want: int, prefetch: int | None = None, timeout: f
     channel = conn.channel()
     if prefetch:
         channel.basic_qos(0, prefetch, False)
-    consumer = conn.Consumer(Queue(queue, Exchange(queue), queue), channel=channel, callbacks=[lambda b, m: got.append(m)])
+    consumer = conn.Consumer(
+        Queue(queue, Exchange(queue), queue), channel=channel, callbacks=[lambda b, m: got.append(m)]
+    )
     consumer.consume()
     drain(conn, lambda: len(got) >= want, timeout)
     return got
@@ -105,10 +108,8 @@ def drain(conn: Connection, done: Callable[[], bool], timeout: float) -> None:
     """Let ``conn`` deliver messages until ``done()`` or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
     while not done() and time.monotonic() < deadline:
-        try:
+        with contextlib.suppress(TimeoutError):
             conn.drain_events(timeout=0.2)
-        except TimeoutError:
-            pass
 
 
 def held(r: redis.Redis, hashed: str) -> dict[str, Any]:
@@ -242,7 +243,9 @@ def test_an_idle_consumer_wakes_for_new_messages_on_any_priority(conn: Connectio
                                                                  key_prefix: str) -> None:
     channel = conn.channel()
     got: list[Any] = []
-    consumer = conn.Consumer(Queue(QUEUE, Exchange(QUEUE), QUEUE), channel=channel, callbacks=[lambda b, m: got.append(m)])
+    consumer = conn.Consumer(
+        Queue(QUEUE, Exchange(QUEUE), QUEUE), channel=channel, callbacks=[lambda b, m: got.append(m)]
+    )
     consumer.consume()
     drain(conn, lambda: False, 0.3)  # several empty polls: the channel is now waiting, not fetching
     with Connection(redis_url, transport=Transport, transport_options={"global_keyprefix": key_prefix}) as producer:
@@ -258,7 +261,9 @@ def test_a_waiting_consumer_gets_the_message_that_wakes_it_in_the_same_round_tri
     claims.models = ["spam"]
     channel = conn.channel()
     got: list[Any] = []
-    consumer = conn.Consumer(Queue(QUEUE, Exchange(QUEUE), QUEUE), channel=channel, callbacks=[lambda b, m: got.append(m)])
+    consumer = conn.Consumer(
+        Queue(QUEUE, Exchange(QUEUE), QUEUE), channel=channel, callbacks=[lambda b, m: got.append(m)]
+    )
     consumer.consume()
     drain(conn, lambda: False, 0.3)  # several empty polls: the channel waits now, its fetch sent behind the wait
     sent, taken = count_fetches(monkeypatch)
@@ -310,7 +315,9 @@ def test_a_queued_item_that_is_not_a_kombu_message_is_dropped_with_an_error_and_
     assert r.hlen(keyspace.ingress_lists.held) == 2
 
 
-def test_a_channel_that_consumes_another_queue_is_kombu_s_own(conn: Connection, r: redis.Redis, key_prefix: str) -> None:
+def test_a_channel_that_consumes_another_queue_is_kombu_s_own(
+    conn: Connection, r: redis.Redis, key_prefix: str
+) -> None:
     """Celery's own reply queues, another app's queue: the worker's hooks are for its queue alone."""
     publish(conn, [{"other": 1}], queue="replies")
     [got] = consume(conn, 1, queue="replies")

@@ -36,7 +36,7 @@ from manager.registry.specs import ModelSpec
 from manager.registry.store import ModelStore
 
 try:
-    from tests.triton_server import REPOSITORY, TritonServer, fresh_triton, triton_server  # noqa: F401
+    from tests.triton_server import REPOSITORY, TritonServer, fresh_triton, triton_server
 except ImportError:  # pytest run without the repository root on sys.path: tests/ itself is on it
     from triton_server import (  # type: ignore[no-redef]
         REPOSITORY,

@@ -86,7 +86,7 @@ def test_the_warm_start_goes_in_order_and_stops_at_its_total_budget(models_file:
     took = warm_start(manager, engine, order=["vision", "spam"], total_budget_s=1e-9 + 0.0001)
     assert list(took) == ["vision"]  # the first in the order, then the budget was spent
     everything = warm_start(manager, engine, order=["spam"])
-    assert list(everything)[0] == "spam" and sorted(everything) == sorted(store.ids())
+    assert next(iter(everything)) == "spam" and sorted(everything) == sorted(store.ids())
 
 
 def test_a_model_tuned_before_is_warmed_with_one_pass(models_file: Path) -> None:

@@ -419,8 +419,8 @@ IMAGE_MODEL_ERRORS = [
     ("a photo of a cat", "image is not valid base64; this is an image model (did you send plain text or a file path?)"),
     (
         "/data/cat.png",
-        "'/data/cat.png' is not valid base64 and looks like a file path, but this worker reads no files: set "
-        "SWAPLESS_INPUT_ROOT on the worker to a directory, and send paths under it",
+        ("'/data/cat.png' is not valid base64 and looks like a file path, but this worker reads no files: set "
+         "SWAPLESS_INPUT_ROOT on the worker to a directory, and send paths under it"),
     ),
     (
         base64.b64encode(b"these bytes are not an image at all").decode("ascii"),
@@ -479,7 +479,9 @@ def test_image_over_the_byte_limit(models_file: Path) -> None:
 
 
 @pytest.mark.parametrize("model_id", ["topic", "vision"])
-def test_a_dtype_in_the_models_entry_is_applied_at_load(loaded: dict[str, ModelWorker], models_file: Path, model_id: str) -> None:
+def test_a_dtype_in_the_models_entry_is_applied_at_load(
+    loaded: dict[str, ModelWorker], models_file: Path, model_id: str
+) -> None:
     engine = ModelEngine()
     spec = ModelStore.from_file(models_file, engine.frameworks).get(model_id).model_copy(update={"dtype": "bfloat16"})
     worker = engine.build(spec)

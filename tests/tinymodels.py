@@ -1,7 +1,7 @@
 """Small real models for the tests (and the benchmark), built on the spot with random weights.
 
-The builders live in ``manager.demo.tiny`` and ``manager.demo.models`` (``swapless demo`` uses them too); they are re-exported here so tests keep
-importing them from this module. Nothing downloads anything.
+The builders live in ``manager.demo.tiny`` and ``manager.demo.models`` (``swapless demo`` uses them too); they are
+re-exported here so tests keep importing them from this module. Nothing downloads anything.
 
 Fixtures (import them into a test module, or list this module in ``pytest_plugins``):
 

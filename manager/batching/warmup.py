@@ -111,7 +111,9 @@ def warm_start(
             manager.evict(spec.id)
         took[spec.id] = time.perf_counter() - started
         tuner = engine.tuner(spec.id)
-        costs = ", ".join(f"{size}: {cost * 1000:.1f} ms" for size, cost in sorted((tuner.cost_s if tuner else {}).items()))
+        costs = ", ".join(
+            f"{size}: {cost * 1000:.1f} ms" for size, cost in sorted((tuner.cost_s if tuner else {}).items())
+        )
         logger.info("warmed %s in %.2f s (per input at batch size %s)", spec.id, took[spec.id], costs or "-")
     return took
 

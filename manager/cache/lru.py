@@ -251,7 +251,9 @@ class ModelManager:
             if budget is not None and size is None:
                 return False  # its size is known only once it has been loaded: it could overrun the budget
             pool = [e for e in self._entries.values() if e.remote == remote]
-            reserved = [Cached(f"\0{m}", r.size_bytes, True, remote) for m, r in self._loading.items() if r.remote == remote]
+            reserved = [
+                Cached(f"\0{m}", r.size_bytes, True, remote) for m, r in self._loading.items() if r.remote == remote
+            ]
             victims = choose_victims(
                 [Cached(e.model_id, e.size_bytes, e.pins > 0 or waiting.get(e.model_id, 0) > 0, e.remote) for e in pool]
                 + reserved,
@@ -305,7 +307,7 @@ class ModelManager:
                     self.stats.load_failures += 1
                 self._safe_unload(worker)
                 raise
-            except Exception as err:  # noqa: BLE001 - any loader failure becomes a clear ModelLoadError
+            except Exception as err:  # any loader failure becomes a clear ModelLoadError
                 self._safe_unload(worker)
                 with self._cond:
                     evicted = attempt == 1 and _is_out_of_memory(err) and self._evict_all_unpinned(remote)
@@ -334,7 +336,9 @@ class ModelManager:
         while True:
             pool = [e for e in self._entries.values() if e.remote == remote]
             reserved = [  # loads in progress hold their room
-                Cached(f"\0{m}", r.size_bytes, True, remote) for m, r in self._loading.items() if r.remote == remote and m != model_id
+                Cached(f"\0{m}", r.size_bytes, True, remote)
+                for m, r in self._loading.items()
+                if r.remote == remote and m != model_id
             ]
             victims = choose_victims(
                 [Cached(e.model_id, e.size_bytes, e.pins > 0, e.remote) for e in pool] + reserved,
@@ -368,7 +372,7 @@ class ModelManager:
     def _safe_unload(worker: ModelWorker) -> None:
         try:
             worker.unload()
-        except Exception:  # noqa: BLE001 - a failing unload must not take the worker down
+        except Exception:  # a failing unload must not take the worker down
             logger.exception("unloading %s failed", worker.spec.id)
 
     # -- what was learned --------------------------------------------------------------------------------

@@ -109,7 +109,7 @@ def train_text_classifier(
         encoded = tokenizer(
             [str(record["text"]) for record in records], padding=True, truncation=True, return_tensors="pt"
         )
-        inputs = {name: tensor for name, tensor in encoded.items()}
+        inputs = dict(encoded.items())
         targets = torch.tensor([index_of[str(record["label"])] for record in records])
         optimizer = torch.optim.AdamW(model.parameters(), lr=_LEARNING_RATE, weight_decay=_WEIGHT_DECAY)
 
@@ -208,7 +208,8 @@ def build_demo_models(directory: Path, *, image: bool = True, trained: bool = Fa
 
     Each text model is a ``tiny`` preset (2 layers, about 1.2 M parameters); ``vision`` is a mobilenet_v2 with
     the ImageNet categories. The weights are random, but with ``trained`` the ``sentiment`` model is fine-tuned on
-    the shipped sample of labelled reviews (``manager.demo.models``, a few seconds on a CPU), so its labels mean something.
+    the shipped sample of labelled reviews (``manager.demo.models``, a few seconds on a CPU), so its labels mean
+    something.
 
     Args:
         directory: where the models and ``models.json`` go (created if missing).

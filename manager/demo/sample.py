@@ -144,10 +144,7 @@ def sample_reviews(n: int = 300, seed: int = SAMPLE_SEED) -> list[dict[str, str]
     seen: set[str] = set()
     for index, label in enumerate(labels):
         while True:
-            if index == 1:
-                text = _sentence(rng, label, subject="This movie", core="is awful")
-            else:
-                text = _sentence(rng, label)
+            text = _sentence(rng, label, subject="This movie", core="is awful") if index == 1 else _sentence(rng, label)
             if rng.random() < 0.4:
                 text += " " + _sentence(rng, label)
             if text not in seen:

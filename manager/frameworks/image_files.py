@@ -61,7 +61,9 @@ def read_image_file(model_id: str, path: str, input_root: str | None, max_bytes:
         # O_NOFOLLOW: the last component is no symlink now; O_NONBLOCK: a FIFO must not hang the worker.
         fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
-        raise InputError(model_id, f"no file {path!r} under the input root (SWAPLESS_INPUT_ROOT={input_root})") from None
+        raise InputError(
+            model_id, f"no file {path!r} under the input root (SWAPLESS_INPUT_ROOT={input_root})"
+        ) from None
     except OSError as err:
         raise InputError(model_id, f"cannot read {path!r}: {err.strerror}") from None
     info = os.fstat(fd)

@@ -52,7 +52,9 @@ def image_payload(model_id: str, value: Any, max_bytes: int) -> str:
         InputError: not a string, empty, or over ``max_bytes`` once decoded (naming ``SWAPLESS_MAX_IMAGE_BYTES``).
     """
     if not isinstance(value, str):
-        raise InputError(model_id, f"this is an image model; send a base64 string of a PNG/JPEG/WebP, not {kind(value)}")
+        raise InputError(
+            model_id, f"this is an image model; send a base64 string of a PNG/JPEG/WebP, not {kind(value)}"
+        )
     text = value.strip()
     if text.startswith("data:") and "," in text:
         text = text.split(",", 1)[1]
@@ -90,7 +92,9 @@ def image_header(model_id: str, data: bytes, max_pixels: int) -> Image.Image:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data), formats=list(ALLOWED_FORMATS))
     except UnidentifiedImageError:
-        raise InputError(model_id, f"the bytes are not an image Pillow can read ({', '.join(ALLOWED_FORMATS)})") from None
+        raise InputError(
+            model_id, f"the bytes are not an image Pillow can read ({', '.join(ALLOWED_FORMATS)})"
+        ) from None
     except Image.DecompressionBombError as err:
         raise InputError(model_id, f"image rejected as a decompression bomb: {err}") from None
     except (OSError, SyntaxError, ValueError) as err:

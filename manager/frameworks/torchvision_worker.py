@@ -61,7 +61,9 @@ class TorchVisionWorker(ModelWorker, framework="torchvision"):
             weights_enum = torchvision.models.get_model_weights(arch)
             weights = weights_enum[self.spec.weights] if self.spec.weights != "DEFAULT" else weights_enum.DEFAULT
         except (ValueError, KeyError) as err:
-            raise ModelLoadError(self.spec.id, f"unknown torchvision model or weights {arch!r}/{self.spec.weights!r}: {err}") from None
+            raise ModelLoadError(
+                self.spec.id, f"unknown torchvision model or weights {arch!r}/{self.spec.weights!r}: {err}"
+            ) from None
         try:
             with measure_load(self.device) as measured:
                 if self.spec.path is not None:

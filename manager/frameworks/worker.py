@@ -122,7 +122,7 @@ class ModelWorker(ABC):
             self._first_pass = False
             start += len(chunk)
 
-    @classmethod
+    @classmethod  # noqa: B027 - an optional hook: frameworks without heavy imports keep the no-op
     def warm_up(cls) -> None:
         """Import heavy libraries ahead of the first load (called once per process at worker start-up)."""
 

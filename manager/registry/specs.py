@@ -13,7 +13,7 @@ __all__ = ["InputType", "ModelSpec", "ModelsFile", "RouteSpec"]
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
 
 
-class InputType(str, Enum):
+class InputType(str, Enum):  # noqa: UP042 - str() and format() give the member name; StrEnum would give the value
     """What a model's jobs carry: a string of text, or a base64-encoded image."""
 
     TEXT = "text"
@@ -62,7 +62,9 @@ class ModelSpec(BaseModel):
     @model_validator(mode="after")
     def _check_dtype(self) -> ModelSpec:
         if self.dtype is not None and self.framework == "triton":
-            raise ValueError("dtype is for transformers and torchvision models; a Triton model's types are in its config.pbtxt")
+            raise ValueError(
+                "dtype is for transformers and torchvision models; a Triton model's types are in its config.pbtxt"
+            )
         return self
 
 
@@ -90,11 +92,17 @@ class RouteSpec(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> RouteSpec:
         if (self.route is None) == (self.by_type is None):
-            raise ValueError("a route entry has either 'route' (weights per version) or 'by_type' (a model per input type)")
+            raise ValueError(
+                "a route entry has either 'route' (weights per version) or 'by_type' (a model per input type)"
+            )
         if self.route is not None:
             if not self.route:
                 raise ValueError("'route' names no target: give at least one, with a positive weight")
-            bad = [f"{target}={weight:g}" for target, weight in self.route.items() if not weight > 0 or weight == float("inf")]
+            bad = [
+                f"{target}={weight:g}"
+                for target, weight in self.route.items()
+                if not weight > 0 or weight == float("inf")
+            ]
             if bad:
                 raise ValueError(f"route weights must be positive numbers, not {', '.join(bad)}")
         if self.shadow is not None:

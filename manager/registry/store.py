@@ -188,8 +188,8 @@ class ModelStore:
         paths: bool = True,
     ) -> Resolved:
         """The model that serves a job addressed to ``target`` (a model id or alias: itself, canonical; a route: the
-        version its weights and ``key`` pick, and its shadows). See ``manager.registry.routing``; ``paths``: whether an input
-        may be an image file's path (False for network callers).
+        version its weights and ``key`` pick, and its shadows). See ``manager.registry.routing``; ``paths``: whether an
+        input may be an image file's path (False for network callers).
 
         Raises:
             UnknownModel: no model, alias or route of that id.

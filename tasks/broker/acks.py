@@ -112,7 +112,7 @@ def _ack_messages(messages: list[Any]) -> None:
         try:
             with channel.conn_or_acquire() as client:
                 rest = set(held_ack([message.delivery_tag for message in group], client))
-        except Exception:  # noqa: BLE001 - like kombu's ack_log_error: a failed ack is logged, not raised
+        except Exception:  # like kombu's ack_log_error: a failed ack is logged, not raised
             logger.critical("could not ack %d message(s); they will be redelivered", len(group), exc_info=True)
             continue
         for message in group:

@@ -225,7 +225,8 @@ def translate(err: BaseException, url: str) -> BaseException:
     if isinstance(err, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OperationalError, OSError)):
         detail = str(err).splitlines()[0].rstrip(".") if str(err) else type(err).__name__
         return QueueUnavailable(
-            where, f"{detail}; is Redis running there? Check SWAPLESS_REDIS_URL (connect timeout: SWAPLESS_CONNECT_TIMEOUT_S)"
+            where,
+            f"{detail}; is Redis running there? Check SWAPLESS_REDIS_URL (connect timeout: SWAPLESS_CONNECT_TIMEOUT_S)",
         )
     return err
 

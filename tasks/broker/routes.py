@@ -85,8 +85,10 @@ class RouteOverrides:
         current = store.routes[route_id].route or {}
         for target, weight in weights.items():
             if target not in current:
-                raise ConfigError(f"route {route_id!r}", f"{target!r} is not one of its versions ({', '.join(current)}); "
-                                  "add it to the models file first")
+                raise ConfigError(
+                    f"route {route_id!r}",
+                    f"{target!r} is not one of its versions ({', '.join(current)}); add it to the models file first",
+                )
             if not weight > 0 or weight == float("inf"):
                 raise ConfigError(f"route {route_id!r}", f"weight {target}={weight:g}: weights are positive numbers")
         if not weights:

@@ -144,7 +144,8 @@ class Channel(kombu_redis.Channel):
 
     QoS = HeldQoS
     qos: HeldQoS
-    from_transport_options = kombu_redis.Channel.from_transport_options + (  # type: ignore[assignment]
+    from_transport_options = (  # type: ignore[assignment]
+        *kombu_redis.Channel.from_transport_options,
         "swapless_idle_poll_s",
         "swapless_fetch_limit",
         "swapless_hooks",
@@ -183,11 +184,10 @@ class Channel(kombu_redis.Channel):
     # with SADD, which it refuses too.
 
     def _size(self, queue: str) -> int:
-        with self.conn_or_acquire() as client:
-            with client.pipeline(transaction=False) as pipe:
-                for pri in self.priority_steps:
-                    pipe.llen(self._q_for_pri(queue, pri))
-                return sum(size for size in pipe.execute() if isinstance(size, int))
+        with self.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
+            for pri in self.priority_steps:
+                pipe.llen(self._q_for_pri(queue, pri))
+            return sum(size for size in pipe.execute() if isinstance(size, int))
 
     def _refused(self, err: ResponseError, what: str) -> None:
         if not is_refused_write(err):
@@ -248,7 +248,9 @@ class Channel(kombu_redis.Channel):
         commands: list[tuple[Any, ...]] = []
         self._plan = []
         for model_id in claimed:
-            room = min(affinity.hold_limit(model_id) - self._held_per_model[model_id], credit, self.swapless_fetch_limit)
+            room = min(
+                affinity.hold_limit(model_id) - self._held_per_model[model_id], credit, self.swapless_fetch_limit
+            )
             if room <= 0:
                 continue
             keys = keyspace.model(model_id)
@@ -334,12 +336,14 @@ class Channel(kombu_redis.Channel):
             payload = json.loads(raw)  # a kombu envelope is plain JSON
             if isinstance(payload["properties"]["delivery_tag"], str):
                 return payload  # type: ignore[no-any-return]
-        except Exception:  # noqa: BLE001 - not a kombu message at all: nothing to run, ack or answer
+        except Exception:  # noqa: BLE001, S110 - not a kombu message at all: logged below, nothing to run, ack or answer
             pass
         logger.error("Dropped a message on queue %r that is not a kombu message: %.200r", self._queue, raw)
         return None
 
-    def _move_ingress(self, hooks: ChannelHooks, messages: Sequence[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
+    def _move_ingress(
+        self, hooks: ChannelHooks, messages: Sequence[tuple[dict[str, Any], str]]
+    ) -> list[dict[str, Any]]:
         """Push the ingress's messages to their models' lists and ack them there; returns those kept here."""
         keyspace = self._keyspace(self._queue)
         pushes: dict[tuple[str, int], list[str]] = {}
@@ -355,8 +359,12 @@ class Channel(kombu_redis.Channel):
             moved.append(payload["properties"]["delivery_tag"])
         if pushes:
             with self.conn_or_acquire() as client:
-                push_to_models(client, [ModelPush(keyspace.model(m), level, raws) for (m, level), raws in pushes.items()],
-                               bound=None, placement_bell=keyspace.placement_bell)
+                push_to_models(
+                    client,
+                    [ModelPush(keyspace.model(m), level, raws) for (m, level), raws in pushes.items()],
+                    bound=None,
+                    placement_bell=keyspace.placement_bell,
+                )
                 self.qos.held_ack(moved, client)
         return kept
 

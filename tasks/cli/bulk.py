@@ -160,24 +160,48 @@ def bulk(
     model: Annotated[str, typer.Argument(help="model id or alias (see `swapless models`)")],
     input: Annotated[Path, typer.Argument(help="JSONL or CSV file, one record per line/row")],
     output: Annotated[Path, typer.Option("--output", "-o", help="JSONL output, one line per record; rerun to resume")],
-    field: Annotated[str, typer.Option(help="JSON field / CSV column with the input (text, base64 image, image path)")] = "text",
-    id_field: Annotated[str | None, typer.Option(help="JSON field / CSV column with each record's key [default: line number]")] = None,
-    key_field: Annotated[str | None, typer.Option(help="JSON field / CSV column with a sticky routing key (a user id): a route sends all of a key's records to one version")] = None,
+    field: Annotated[
+        str, typer.Option(help="JSON field / CSV column with the input (text, base64 image, image path)")
+    ] = "text",
+    id_field: Annotated[
+        str | None, typer.Option(help="JSON field / CSV column with each record's key [default: line number]")
+    ] = None,
+    key_field: Annotated[
+        str | None,
+        typer.Option(
+            help="JSON field / CSV column with a sticky routing key (a user id): a route sends all of a key's records "
+            "to one version"
+        ),
+    ] = None,
     fmt: Annotated[str | None, typer.Option("--format", help="jsonl, csv or tsv [default: from the suffix]")] = None,
     chunk_size: Annotated[int, typer.Option(min=1, help="inputs per queue message")] = DEFAULT_CHUNK_SIZE,
     max_in_flight: Annotated[int, typer.Option(min=1, help="chunks queued or running at once")] = DEFAULT_MAX_IN_FLIGHT,
-    allow_failures: Annotated[bool, typer.Option("--allow-failures", help="exit 0 even if some records failed")] = False,
+    allow_failures: Annotated[
+        bool, typer.Option("--allow-failures", help="exit 0 even if some records failed")
+    ] = False,
     restart: Annotated[bool, typer.Option("--restart", help="overwrite the output instead of resuming it")] = False,
-    timeout: Annotated[float | None, typer.Option(help="give up when a chunk has no result after this many seconds")] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="give up when a chunk has no result after this many seconds")
+    ] = None,
     expires: Annotated[
         str | None,
-        typer.Option(help="deadline: seconds from now, or a local date-time (2026-12-02T06:00); records not started by then are not computed and the run stops, resumable"),
+        typer.Option(
+            help="deadline: seconds from now, or a local date-time (2026-12-02T06:00); records not started by then "
+            "are not computed and the run stops, resumable"
+        ),
     ] = None,
     local: Annotated[
-        bool | None, typer.Option("--local/--no-local", help="embedded Redis and worker [default: when SWAPLESS_REDIS_URL is unset]")
+        bool | None,
+        typer.Option(
+            "--local/--no-local", help="embedded Redis and worker [default: when SWAPLESS_REDIS_URL is unset]"
+        ),
     ] = None,
-    progress: Annotated[str, typer.Option(help="auto (a bar on a terminal, else log lines), bar, log or none")] = "auto",
-    log_every: Annotated[float, typer.Option(min=0.1, help="seconds between progress lines when not on a terminal")] = 10.0,
+    progress: Annotated[
+        str, typer.Option(help="auto (a bar on a terminal, else log lines), bar, log or none")
+    ] = "auto",
+    log_every: Annotated[
+        float, typer.Option(min=0.1, help="seconds between progress lines when not on a terminal")
+    ] = 10.0,
     models: ModelsOption = None,
 ) -> None:
     """Classify every record of a JSONL/CSV file into a JSONL file, in input order; rerun to resume."""
@@ -206,7 +230,9 @@ def _ensure_demo_models(directory: Path) -> Path:
     if not models_file.exists() or "trained" not in _description(models_file, "sentiment"):
         from manager.demo.models import build_demo_models
 
-        err_console.print(f"building the demo models (tiny, offline; sentiment trained on the sample) in {directory} ...")
+        err_console.print(
+            f"building the demo models (tiny, offline; sentiment trained on the sample) in {directory} ..."
+        )
         build_demo_models(directory, trained=True)
     return models_file
 
@@ -260,7 +286,9 @@ def demo(
         if output.exists() and output.stat().st_size:
             with output.open(encoding="utf-8") as lines:
                 head = [next(lines, "").rstrip("\n") for _ in range(3)]
-            err_console.print("first lines of the output:\n  " + "\n  ".join(line for line in head if line), highlight=False)
+            err_console.print(
+                "first lines of the output:\n  " + "\n  ".join(line for line in head if line), highlight=False
+            )
             err_console.print(
                 f"demo done in {time.monotonic() - started:.1f} s: {source} classified into {output}. "
                 f"Next: swapless bulk {model} {source} -o out.jsonl  (with your own models.json and Redis)",

@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Self
 
 import redis
 
@@ -122,7 +122,7 @@ class LocalSwapless:
     def worker_log(self) -> Path:
         return (self.workdir or Path(".")) / "worker.log"
 
-    def __enter__(self) -> LocalSwapless:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -154,7 +154,7 @@ class LocalSwapless:
             "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", str(workdir),
             "--logfile", str(log), "--maxmemory-policy", "noeviction",
         ]
-        self.redis_proc = subprocess.Popen(  # noqa: S603 - a fixed command line
+        self.redis_proc = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads exist yet
         )
@@ -178,7 +178,7 @@ class LocalSwapless:
                "PYTHONUNBUFFERED": "1"}
         env["SWAPLESS_MODELS_FILE"] = str(self.base_settings.models_file)  # the command's --models, else the env's
         self._worker_log = self.worker_log.open("wb")
-        self.worker_proc = subprocess.Popen(  # noqa: S603 - our own worker command
+        self.worker_proc = subprocess.Popen(
             [sys.executable, "-m", "tasks.cli", "worker", "--loglevel", "INFO", *self.worker_args],
             env=env, stdin=subprocess.DEVNULL, stdout=self._worker_log, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509

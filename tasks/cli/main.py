@@ -1,5 +1,5 @@
-"""The ``swapless`` command line (typer): worker, submit, result, cancel, models, route, serve, status; bulk, demo and demo-models
-live in ``tasks.cli.bulk``. ``main`` turns any SwaplessError into one error line and exit status 2."""
+"""The ``swapless`` command line (typer): worker, submit, result, cancel, models, route, serve, status; bulk, demo and
+demo-models live in ``tasks.cli.bulk``. ``main`` turns any SwaplessError into one error line and exit status 2."""
 
 from __future__ import annotations
 
@@ -35,7 +35,9 @@ def worker(
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N [default: auto]")] = None,
     queue: Annotated[str | None, typer.Option(help="queue to consume [default: swapless]")] = None,
-    prefetch: Annotated[int | None, typer.Option(help="unacked jobs held, the scheduler's window [default: 1024]")] = None,
+    prefetch: Annotated[
+        int | None, typer.Option(help="unacked jobs held, the scheduler's window [default: 1024]")
+    ] = None,
     task_events: Annotated[
         bool | None, typer.Option("--task-events/--no-task-events", help="Celery task events for Flower [default: off]")
     ] = None,
@@ -48,7 +50,9 @@ def worker(
     metrics_port: Annotated[
         int | None, typer.Option(min=1, max=65535, help="serve Prometheus metrics on this port [default: off]")
     ] = None,
-    metrics_host: Annotated[str | None, typer.Option(help="address of the metrics endpoint [default: 127.0.0.1]")] = None,
+    metrics_host: Annotated[
+        str | None, typer.Option(help="address of the metrics endpoint [default: 127.0.0.1]")
+    ] = None,
 ) -> None:
     """Run the GPU worker: consume jobs, group them by model, run them through the model cache."""
     if memory_budget is not None:
@@ -95,7 +99,9 @@ def _read_input(value: str, file: Path | None) -> str:
 def submit(
     model: Annotated[str, typer.Argument(help="model id or alias (see `swapless models`)")],
     input: Annotated[str, typer.Argument(help="the text; for image models a base64 string (or use --file)")] = "",
-    file: Annotated[Path | None, typer.Option("--file", "-f", help="read the input from a file (images are base64-encoded)")] = None,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="read the input from a file (images are base64-encoded)")
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="wait for the result and print it")] = False,
     timeout: Annotated[float, typer.Option(help="seconds to wait with --wait")] = 60.0,
     models: ModelsOption = None,
@@ -152,7 +158,9 @@ def result(
     elif stored.state == "FAILURE":
         failed(stored.value)
     else:
-        sys.stdout.write(json.dumps({"job_id": job_id, "state": "PENDING", "note": "queued, running, or unknown id"}) + "\n")
+        sys.stdout.write(
+            json.dumps({"job_id": job_id, "state": "PENDING", "note": "queued, running, or unknown id"}) + "\n"
+        )
 
 
 @app.command()
@@ -189,7 +197,9 @@ def models(models: ModelsOption = None) -> None:
     for column in ("id", "aliases", "type", "framework", "name", "version", "description"):
         table.add_column(column, overflow="fold")
     for spec in store:
-        table.add_row(spec.id, ", ".join(spec.aliases), spec.type.value, spec.framework, spec.name, spec.version, spec.description)
+        table.add_row(
+            spec.id, ", ".join(spec.aliases), spec.type.value, spec.framework, spec.name, spec.version, spec.description
+        )
     console.print(table)
     if store.routes:
         console.print(_routes_table(store, settings))

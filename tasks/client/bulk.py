@@ -261,7 +261,7 @@ class BulkRun:
         if existing.records:
             last: Record | None = None
             count = 0
-            for last in itertools.islice(parsed, existing.records):
+            for last in itertools.islice(parsed, existing.records):  # noqa: B007 - the last one read is kept
                 count += 1
             if count < existing.records:
                 last = None

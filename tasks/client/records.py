@@ -78,7 +78,9 @@ class RecordReader:
         self.fmt = fmt or FORMATS.get(self.path.suffix.lower(), "")
         if self.fmt not in ("jsonl", "csv", "tsv"):
             known = ", ".join(sorted(FORMATS))
-            raise BulkFileError(str(path), f"unknown input format {self.path.suffix!r}: use {known}, or --format jsonl|csv|tsv")
+            raise BulkFileError(
+                str(path), f"unknown input format {self.path.suffix!r}: use {known}, or --format jsonl|csv|tsv"
+            )
         if self.fmt != "jsonl":
             with self._open_csv() as file:
                 header = next(csv.reader(file, delimiter=self._delimiter), [])

@@ -3,9 +3,9 @@ and read back (by the placer, the status and the gateway).
 
 Every worker publishes a ``Heartbeat`` (what its cache holds, its counters, its queue wait) as JSON under
 ``Keyspace.heartbeat(worker_id)`` (``hostname:pid``) every ``SWAPLESS_HEARTBEAT_INTERVAL_S`` seconds
-(``tasks.observe.beats`` publishes it). The key expires after ``TTL_INTERVALS`` intervals, so a worker that dies vanishes by
-itself; one that stops cleanly deletes it. A sorted set, ``Keyspace.heartbeats``, lists the worker ids, so readers
-never SCAN the database (which holds every result).
+(``tasks.observe.beats`` publishes it). The key expires after ``TTL_INTERVALS`` intervals, so a worker that dies
+vanishes by itself; one that stops cleanly deletes it. A sorted set, ``Keyspace.heartbeats``, lists the worker ids, so
+readers never SCAN the database (which holds every result).
 
 Readers come in pairs, one for ``redis.Redis`` and one for ``redis.asyncio`` (the gateway), around one parser.
 """

@@ -173,7 +173,7 @@ class Placer:
                 if self._failing:
                     logger.info("placement works again")
                 self._failing = False
-            except Exception as err:  # noqa: BLE001 - keep placing through a Redis outage
+            except Exception as err:  # keep placing through a Redis outage
                 self.health.failed(err, "placing models")
                 if not self._failing:
                     logger.warning("placement failed (%s); retrying every %.1f s", err, interval, exc_info=True)

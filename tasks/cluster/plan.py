@@ -8,10 +8,10 @@ are broken by a hash of (model, worker), so that the workers agree without talki
 
 The rules, in order:
 
-1. **Cold models** (waiting work, no holder), the most seconds of work (with the load) first, each to one worker: the one that would be done
-   soonest with it, counting in seconds the work it holds already (waiting jobs times their cost, plus the load
-   of each claimed model it has not loaded) and this model's load. A worker with a free slot, or an eviction
-   victim (a claimed model with no waiting work: it releases it), takes it as it is; one with neither pays a
+1. **Cold models** (waiting work, no holder), the most seconds of work (with the load) first, each to one worker:
+   the one that would be done soonest with it, counting in seconds the work it holds already (waiting jobs times their
+   cost, plus the load of each claimed model it has not loaded) and this model's load. A worker with a free slot, or an
+   eviction victim (a claimed model with no waiting work: it releases it), takes it as it is; one with neither pays a
    reload on top (it will swap models in its own cache, as one worker alone does). Ties go to a free slot, then
    to the victim idle longest, then to fewer claims.
 2. **Hot models** get one more copy per plan when their waiting work per copy passes ``copy_backlog_s`` and

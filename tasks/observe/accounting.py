@@ -85,21 +85,21 @@ class Observers:
         for observer in self.observers:
             try:
                 observer.on_group(model_id, jobs, outcomes, run_s)
-            except Exception:  # noqa: BLE001 - an observer must never cost a group its results
+            except Exception:  # an observer must never cost a group its results
                 logger.exception("observer %r failed on a group of %s", observer, model_id)
 
     def on_skipped(self, model_id: str, reason: str, jobs: int) -> None:
         for observer in self.observers:
             try:
                 observer.on_skipped(model_id, reason, jobs)
-            except Exception:  # noqa: BLE001 - as on_group
+            except Exception:  # as on_group
                 logger.exception("observer %r failed on %d %s job(s) of %s", observer, jobs, reason, model_id)
 
     def on_shadow(self, route_id: str, served: str, shadow: str, agreed: bool, jobs: int) -> None:
         for observer in self.observers:
             try:
                 observer.on_shadow(route_id, served, shadow, agreed, jobs)
-            except Exception:  # noqa: BLE001 - as on_group
+            except Exception:  # as on_group
                 logger.exception("observer %r failed on shadow jobs of %s", observer, route_id)
 
 
@@ -216,21 +216,21 @@ class GroupAccounting:
             report = self.report(model_id, jobs, outcomes, run_s)
             for listener in self.listeners:
                 listener(report)
-        except Exception:  # noqa: BLE001 - accounting must never cost a group its results
+        except Exception:  # accounting must never cost a group its results
             logger.exception("could not account for a group of %d job(s) on %s", len(jobs), model_id)
 
     def on_skipped(self, model_id: str, reason: str, jobs: int) -> None:
         for listener in self.skipped:
             try:
                 listener(model_id, reason, jobs)
-            except Exception:  # noqa: BLE001 - as on_group
+            except Exception:  # as on_group
                 logger.exception("could not account for %d %s job(s) of %s", jobs, reason, model_id)
 
     def on_shadow(self, route_id: str, served: str, shadow: str, agreed: bool, jobs: int) -> None:
         for listener in self.shadowed:
             try:
                 listener(route_id, served, shadow, agreed, jobs)
-            except Exception:  # noqa: BLE001 - as on_group
+            except Exception:  # as on_group
                 logger.exception("could not account for shadow jobs of %s", route_id)
 
     def report(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> GroupReport:

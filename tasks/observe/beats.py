@@ -153,7 +153,9 @@ class HeartbeatPublisher:
         is over ``maxmemory``, when the heartbeat has most to say; ``tasks.broker.connection.WRITE_FIRST_NOTE``)."""
         payload = self.build().model_dump_json()
         now = time.time()
-        self.client.eval(_BEAT, 2, self.key, self.index, payload, self.ttl_ms, self.worker_id, now, now - INDEX_FORGET_S)
+        self.client.eval(
+            _BEAT, 2, self.key, self.index, payload, self.ttl_ms, self.worker_id, now, now - INDEX_FORGET_S
+        )
 
     def start(self) -> None:
         if self._thread is None:

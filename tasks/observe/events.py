@@ -7,7 +7,8 @@ job when its group has run (an observer of the scheduler). A chunk message (``[m
 Celery task: it succeeds once all its items are done, or fails if any failed.
 
 Events go through the consumer's own event dispatcher (its publish is serialised by a lock, as for Celery's
-thread pool), and only when task events are on (``worker_send_task_events``: ``SWAPLESS_TASK_EVENTS`` / ``swapless worker --task-events``, off by default).
+thread pool), and only when task events are on (``worker_send_task_events``:
+``SWAPLESS_TASK_EVENTS`` / ``swapless worker --task-events``, off by default).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ says otherwise, from a private registry (so nothing else registered in the proce
     swapless_cache_misses_total{model}          counter    groups that had to load their model
     swapless_cache_evictions_total{model}       counter    times the model was unloaded to make room
     swapless_batch_size{model}                  histogram  jobs per group run on a model
-    swapless_job_queue_wait_seconds{model}      histogram  seconds from send (or receipt) to the start of the job's group
+    swapless_job_queue_wait_seconds{model}      histogram  seconds from send (or receipt) to the start of the job's
+                                                           group
     swapless_job_run_seconds{model}             histogram  seconds the job's group took (load included): a job's
                                                            result is ready when its group is done
     swapless_jobs_total{model,outcome}          counter    jobs run, outcome "success" or "failure"
@@ -107,11 +108,15 @@ class WorkerMetrics:
             "swapless_job_run_seconds", "Seconds a job's group took, model load included.",
             ["model"], buckets=_WAIT_BUCKETS_S, registry=r,
         )
-        self.jobs = Counter("swapless_jobs", "Jobs run, by outcome (success, failure).", ["model", "outcome"], registry=r)
+        self.jobs = Counter(
+            "swapless_jobs", "Jobs run, by outcome (success, failure).", ["model", "outcome"], registry=r
+        )
         self.errors = Counter("swapless_job_errors", "Failed jobs by error type.", ["model", "error"], registry=r)
         self.shadow = Counter(
-            "swapless_shadow_compared", "Shadow copies compared with the served job, by whether their top labels agree.",
-            ["route", "served", "shadow", "agree"], registry=r,
+            "swapless_shadow_compared",
+            "Shadow copies compared with the served job, by whether their top labels agree.",
+            ["route", "served", "shadow", "agree"],
+            registry=r,
         )
         self.not_run = Counter(
             "swapless_jobs_not_run", "Jobs answered without running, by reason (expired, cancelled).",

@@ -160,8 +160,9 @@ def render_memory(memory: RedisMemory) -> RenderableType:
     )
     queue_share = f" ({memory.queue_bytes / memory.used_bytes:.0%})" if memory.used_bytes else ""
     line = (
-        f"Redis memory {format_bytes(memory.used_bytes)} {limit} · queue and held jobs ~{format_bytes(memory.queue_bytes)}"
-        f"{queue_share} · stored results ~{memory.results} (~{format_bytes(memory.result_bytes)}) · {memory.keys} keys"
+        f"Redis memory {format_bytes(memory.used_bytes)} {limit} · "
+        f"queue and held jobs ~{format_bytes(memory.queue_bytes)}{queue_share} · "
+        f"stored results ~{memory.results} (~{format_bytes(memory.result_bytes)}) · {memory.keys} keys"
     )
     full = share is not None and share >= 0.95 and memory.policy == "noeviction"
     return Text(line + (" · FULL: producers get QueueFull" if full else ""), style="bold red" if full else "")

@@ -42,7 +42,9 @@ def revoke(state: Any, task_id: Any, terminate: bool = False, signal: str | None
     try:
         answers = ResultStore(state.app, retry_s=_RETRY_S).cancel(task_ids, JobCancelled, hold_s)
     except Exception as err:  # noqa: BLE001 - the consumer thread must outlive a Redis failure
-        logger.warning("could not store the cancel of %d revoked job(s) (%s); this worker skips them", len(task_ids), err)
+        logger.warning(
+            "could not store the cancel of %d revoked job(s) (%s); this worker skips them", len(task_ids), err
+        )
         return ok(f"tasks {task_ids} flagged as revoked on this worker")
     logger.info("revoked: %s", answers)
     return ok(", ".join(f"{job_id} {answer}" for job_id, answer in answers.items()))

@@ -56,7 +56,7 @@ def answer_malformed(results: ResultStore, message: Any, err: Exception) -> None
         problem = f"malformed job message: expected args [model_id, input] ({type(err).__name__}: {err})"
     try:
         results.store([(job_id, None, InputError("?", problem))])
-    except Exception:  # noqa: BLE001 - best effort: the message is dropped either way
+    except Exception:  # best effort: the message is dropped either way
         logger.warning("could not store the error of malformed message %s", job_id, exc_info=True)
 
 
@@ -138,7 +138,9 @@ class Intake:
             except ValueError as err:
                 self._drop(message, DecodeError(str(err)))
                 continue
-            if not (isinstance(body, list) and len(body) == 3 and isinstance(body[0], list) and isinstance(body[1], dict)):
+            if not (
+                isinstance(body, list) and len(body) == 3 and isinstance(body[0], list) and isinstance(body[1], dict)
+            ):
                 self._drop(message, TypeError(f"the body is {kind(body)}, not [args, kwargs, embed]"))
                 continue
             args, kwargs, _ = body

@@ -78,7 +78,10 @@ class WorkerReporting:
         self.sent_times = SentTimes(max_entries=remembered)
         self.events = TaskEvents(max_entries=remembered)
         self.observer = Observers(
-            [GroupAccounting(runtime.manager, listeners, self.sent_times, skipped=skipped, shadowed=shadowed), self.events]
+            [
+                GroupAccounting(runtime.manager, listeners, self.sent_times, skipped=skipped, shadowed=shadowed),
+                self.events,
+            ]
         )
 
     def _backlog(self) -> dict[str, int]:
@@ -90,7 +93,9 @@ class WorkerReporting:
                 WorkerMetrics,  # prometheus-client: only when asked for
             )
         except ImportError as err:
-            raise MetricsUnavailable(host, port, f"{err.name} is not installed: pip install prometheus-client") from None
+            raise MetricsUnavailable(
+                host, port, f"{err.name} is not installed: pip install prometheus-client"
+            ) from None
         metrics = WorkerMetrics(self.runtime.manager, self._backlog, claimed=lambda: list(self._claimed()))
         self._stop_metrics = metrics.serve(host, port)
         logger.info("metrics on http://%s:%d/metrics", host, port)

@@ -173,7 +173,7 @@ class BatchScheduler:
         try:
             if self._first is not None:
                 self._first()
-        except Exception:  # noqa: BLE001 - a failed warm-up only costs speed
+        except Exception:  # a failed warm-up only costs speed
             logger.exception("the warm start failed; going on without it")
         finally:
             self.ready.set()
@@ -197,7 +197,7 @@ class BatchScheduler:
                                len(group) + len(expired), err)
                 self._keep([*expired, *group])
                 time.sleep(1.0)
-            except Exception:  # noqa: BLE001 - the scheduler must outlive any one group
+            except Exception:  # the scheduler must outlive any one group
                 logger.exception("a group of %d job(s) failed to complete; putting them back on the queue",
                                  len(group) + len(expired))
                 self._give_back([*expired, *group])
@@ -340,9 +340,12 @@ class BatchScheduler:
             self.observer.on_group(model_id, batch, outcomes, elapsed)  # heartbeat, metrics, events; never raises
             failed = sum(1 for o in outcomes if not o.ok)
             logger.info("ran %d job(s) on %s in %.3f s (%d failed)", len(outcomes), model_id, elapsed, failed)
-        except Exception as err:  # noqa: BLE001 - a bug here must still give every job an answer
+        except Exception as err:  # a bug here must still give every job an answer
             logger.exception("internal error running %d job(s) on %s", len(batch), model_id)
-            outcomes = [Outcome(job, error=PredictionFailed(model_id, f"internal error in the worker: {err!r}")) for job in batch]
+            outcomes = [
+                Outcome(job, error=PredictionFailed(model_id, f"internal error in the worker: {err!r}"))
+                for job in batch
+            ]
         return outcomes
 
     def _cancel_revoked(self, results: ResultStore, group: Sequence[Job]) -> None:
@@ -370,7 +373,9 @@ class BatchScheduler:
         if not requests:
             return
         found = results.fetch(list(dict.fromkeys(request.id for request in requests)))
-        cancelled = sum(chunks[s.job_id][1] if s.job_id in chunks else 1 for s in found if isinstance(s.value, JobCancelled))
+        cancelled = sum(
+            chunks[s.job_id][1] if s.job_id in chunks else 1 for s in found if isinstance(s.value, JobCancelled)
+        )
         logger.info("%d message(s) of %s have a result already (%d job(s) cancelled); acking without running them",
                     len(requests), model_id, cancelled)
         self.ledger.finish(results, [(request, None, None) for request in requests], store=False, count=False)

@@ -74,7 +74,7 @@ class SwaplessBatches(Batches):
     _tick: Callable[[], None] | None = None
     _tick_hub: Any = None
 
-    def Strategy(self, task: Any, app: Any, consumer: Any) -> Callable[..., Any]:  # noqa: N802 - Celery's name
+    def Strategy(self, task: Any, app: Any, consumer: Any) -> Callable[..., Any]:  # Celery's name
         """Called by the consumer at each (re)connection: bind to the worker's context (its scheduler, bulk acks
         and intake on the consumer's thread) and refresh the held messages' visibility on its timer."""
         context: WorkerContext = consumer.controller.swapless
@@ -104,7 +104,7 @@ class SwaplessBatches(Batches):
                 handler(message, body, ack, reject, callbacks, **kwargs)
             except InvalidTaskError:
                 raise
-            except Exception as err:  # noqa: BLE001 - any parse failure of one message
+            except Exception as err:  # any parse failure of one message
                 context.answer_malformed(message, err)
                 raise InvalidTaskError(f"malformed job message: {err!r}") from err
 

@@ -171,5 +171,5 @@ class TritonConnection:
 def _close(client: httpclient.InferenceServerClient) -> None:
     try:
         client.close()
-    except Exception:  # noqa: BLE001 - closing a broken connection must not fail an unload
+    except Exception:  # closing a broken connection must not fail an unload
         logger.debug("closing a Triton client failed", exc_info=True)

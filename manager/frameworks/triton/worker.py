@@ -3,8 +3,8 @@
 The model lives in the server (``remote = True``, ``memory_bytes == 0``); the cache counts these workers in
 their own pool (``remote_max_models``). Nothing about a model is hard-coded: names, datatypes, shapes and
 ``max_batch_size`` come from the server's metadata and config, read by ``load()``. This module holds the
-worker's contract; the HTTP calls, retries and waits are in ``manager.frameworks.triton.client``, and the tensors (metadata,
-input shaping, output decoding) in ``manager.frameworks.triton.io``.
+worker's contract; the HTTP calls, retries and waits are in ``manager.frameworks.triton.client``, and the tensors
+(metadata, input shaping, output decoding) in ``manager.frameworks.triton.io``.
 
 - ``load()``: ``POST /v2/repository/models/{name}/load`` (the server runs with ``--model-control-mode=explicit``),
   then waits for readiness (at most ``load_timeout_s``) and reads metadata, config and the ``labels_file``.
