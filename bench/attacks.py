@@ -115,7 +115,9 @@ async def _loop(client: httpx.AsyncClient, deadline: float, seen: Counter[str], 
 
 
 def _bomb() -> tuple[bytes, str]:
-    inputs = [{"name": "TEXT", "datatype": "BYTES", "shape": [2_000_000], "parameters": {"binary_data_size": 8_000_000}}]
+    inputs = [
+        {"name": "TEXT", "datatype": "BYTES", "shape": [2_000_000], "parameters": {"binary_data_size": 8_000_000}}
+    ]
     header = json.dumps({"inputs": inputs}).encode()
     return gzip.compress(header + struct.pack("<I", 0) * 2_000_000), str(len(header))
 
@@ -135,7 +137,9 @@ async def attack(port: int, key: str, model: str, duration_s: float,
     nested = b"[" * 50_000 + b"]" * 50_000
     oversized = json.dumps({"model_id": model, "input": "x" * (30 * 1024 * 1024)}).encode()
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=auth, timeout=60, limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", headers=auth, timeout=60, limits=limits
+    ) as client:
         loops = {
             "smuggle": [smuggle(port, key, deadline, seen["smuggle"]) for _ in range(2)],
             "bomb": [_loop(client, deadline, seen["bomb"], "POST", f"/v2/models/{model}/infer", content=bomb,

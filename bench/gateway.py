@@ -22,6 +22,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import httpx
 import psutil
@@ -74,7 +75,7 @@ class Stack:
     prefix: str = field(default_factory=lambda: fresh_prefix("gateway"))
     port: int = field(default_factory=lambda: 18000 + int(time.time() * 1000) % 1000)
 
-    def __enter__(self) -> Stack:
+    def __enter__(self) -> Self:
         from manager.demo.tiny import write_models_file
 
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -213,7 +214,8 @@ def main() -> None:
             f"{args.repeats} repetitions, {args.duration:g} s of flood each, 2-core machine; the worker's model is "
             f"simulated)\n\n{table(reps) if reps else ''}\n")
     if args.per_attack:
-        text += f"\nEach attack alone (one run, {args.duration:g} s each):\n\n{per_attack(args.redis_url, args.duration)}\n"
+        text += (f"\nEach attack alone (one run, {args.duration:g} s each):\n\n"
+                 f"{per_attack(args.redis_url, args.duration)}\n")
     args.write.write_text(text)
     print(text)
 

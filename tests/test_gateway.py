@@ -97,12 +97,18 @@ def test_requests_are_checked_before_anything_is_queued(stack: Stack) -> None:
     too_big = {"model_id": "sentiment", "input": "a" * MAX_BODY_BYTES}
     declared = http.post("/jobs", json=too_big)
     assert declared.status_code == 413
-    assert declared.json()["detail"].endswith(f"is over the limit of {MAX_BODY_BYTES} bytes (SWAPLESS_GATEWAY_MAX_BODY_BYTES)")
+    assert declared.json()["detail"].endswith(
+        f"is over the limit of {MAX_BODY_BYTES} bytes (SWAPLESS_GATEWAY_MAX_BODY_BYTES)"
+    )
     chunks = [b'{"model_id": "sentiment", "input": "', b"a" * MAX_BODY_BYTES, b'"}']
     streamed = http.post("/jobs", content=iter(chunks), headers={"content-type": "application/json"})
     assert streamed.status_code == 413
     # a chunked body under the limit still goes through
-    small = http.post("/jobs", content=iter([b'{"model_id": "spam", ', b'"input": "hello"}']), headers={"content-type": "application/json"})
+    small = http.post(
+        "/jobs",
+        content=iter([b'{"model_id": "spam", ', b'"input": "hello"}']),
+        headers={"content-type": "application/json"},
+    )
     assert small.status_code == 202
 
 
@@ -112,7 +118,9 @@ def test_submit_then_read_the_result_or_the_error(stack: Stack) -> None:
     cut = base64.b64encode(base64.b64decode(image)[:60]).decode()  # a PNG header the gateway reads; its pixels cut off
     accepted = {
         "text": http.post("/jobs", json={"model_id": "sentiment", "input": "what a lovely day"}),
-        "image": http.post("/jobs", json={"model_id": "vision", "input": "data:image/png;base64," + image, "priority": "bulk"}),
+        "image": http.post(
+            "/jobs", json={"model_id": "vision", "input": "data:image/png;base64," + image, "priority": "bulk"}
+        ),
         "cut": http.post("/jobs", json={"model_id": "vision", "input": cut}),
     }
     assert {name: r.status_code for name, r in accepted.items()} == {"text": 202, "image": 202, "cut": 202}
@@ -141,10 +149,14 @@ def test_predict_waits_for_the_result_and_reports_failures(stack: Stack) -> None
     body = ok.json()
     assert set(body) == {"job_id", "model", "result"} and {r["label"] for r in body["result"]} == {"ham", "spam"}
     assert body["model"] == "spam"  # the model that served it
-    image = http.post("/predict", json={"model_id": "vision", "input": base64.b64encode(base64.b64decode(encode_image(2))).decode()})
+    image = http.post(
+        "/predict", json={"model_id": "vision", "input": base64.b64encode(base64.b64decode(encode_image(2))).decode()}
+    )
     assert image.status_code == 200 and len(image.json()["result"]) == 5
 
-    refused = http.post("/predict", json={"model_id": "vision", "input": base64.b64encode(b"GIF89a not really").decode()})
+    refused = http.post(
+        "/predict", json={"model_id": "vision", "input": base64.b64encode(b"GIF89a not really").decode()}
+    )
     assert refused.status_code == 422 and "not an image Pillow can read" in refused.json()["detail"][0]["msg"]
     cut = base64.b64encode(base64.b64decode(encode_image(3))[:60]).decode()  # the header passes; the pixels fail
     failed = http.post("/predict", json={"model_id": "vision", "input": cut})
@@ -161,7 +173,9 @@ def test_predict_times_out_with_the_job_id_then_polling_succeeds(stack: Stack) -
     async def scenario() -> tuple[list[httpx.Response], list[float]]:
         async with httpx.AsyncClient(base_url=stack.gateway.url, timeout=30) as client:
             waiting = [
-                asyncio.create_task(client.post("/predict", params={"timeout_s": 2.0}, json={"model_id": "topic", "input": t}))
+                asyncio.create_task(
+                    client.post("/predict", params={"timeout_s": 2.0}, json={"model_id": "topic", "input": t})
+                )
                 for t in texts
             ]
             await asyncio.sleep(0.5)
@@ -181,7 +195,9 @@ def test_predict_times_out_with_the_job_id_then_polling_succeeds(stack: Stack) -
     assert max(latencies) < 1.5, latencies
     assert [r.status_code for r in responses] == [504] * len(texts)
     first = responses[0].json()
-    assert first["detail"] == f"no result after 2 s; the job is still queued or running: poll GET /jobs/{first['job_id']}"
+    assert first["detail"] == (
+        f"no result after 2 s; the job is still queued or running: poll GET /jobs/{first['job_id']}"
+    )
     assert responses[0].headers["location"] == first["status_url"] == f"/jobs/{first['job_id']}"
     job_ids = [r.json()["job_id"] for r in responses]
     assert len(set(job_ids)) == len(texts)
@@ -202,7 +218,9 @@ def test_every_waiting_predict_shares_the_gateway_s_one_pub_sub_connection(stack
     async def scenario() -> tuple[list[dict[str, Any]], list[httpx.Response]]:
         async with httpx.AsyncClient(base_url=stack.gateway.url, timeout=60) as client:
             waiting = [
-                asyncio.create_task(client.post("/predict", params={"timeout_s": 30}, json={"model_id": "topic", "input": t}))
+                asyncio.create_task(
+                    client.post("/predict", params={"timeout_s": 30}, json={"model_id": "topic", "input": t})
+                )
                 for t in texts
             ]
             connections = await asyncio.to_thread(wait_for, subscribed, 20, what="30 waits subscribed")

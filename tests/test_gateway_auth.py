@@ -228,7 +228,8 @@ def test_a_limited_key_calls_its_models_only(guarded: TestClient) -> None:
                                       "for 'spam'"}
     assert call(guarded, "POST", "/predict", LIMITED, json={"model_id": "tone-v1", "input": "hi"}).status_code == 403
     # the same name twice: json.loads keeps the last, and the check reads what the route reads
-    twice = call(guarded, "POST", "/jobs", LIMITED, content=b'{"model_id": "sentiment", "model_id": "spam", "input": "x"}',
+    twice = call(guarded, "POST", "/jobs", LIMITED,
+                 content=b'{"model_id": "sentiment", "model_id": "spam", "input": "x"}',
                  headers={"content-type": "application/json"})
     assert twice.status_code == 403
     in_path = call(guarded, "POST", "/v2/models/spam/infer", LIMITED, content=b"{}")
@@ -258,7 +259,9 @@ def test_a_query_key_opens_the_status_paths_only_and_goes_no_further(guarded: Te
     assert call(guarded, "GET", "/status.json", params={"key": OTHER}).status_code == 401
     assert call(guarded, "GET", "/models", params={"key": FULL}).status_code == 401
     assert call(guarded, "GET", "/jobs/abc", params={"key": FULL}).status_code == 401
-    assert call(guarded, "POST", "/jobs", params={"key": FULL}, json={"model_id": "spam", "input": "x"}).status_code == 401
+    assert (
+        call(guarded, "POST", "/jobs", params={"key": FULL}, json={"model_id": "spam", "input": "x"}).status_code == 401
+    )
 
 
 def test_the_query_key_goes_no_further_than_the_check() -> None:
@@ -344,8 +347,10 @@ def test_serve_with_a_malformed_key_setting_exits_2_with_one_line_never_the_key(
     assert done.returncode == 2
     named = "SWAPLESS_API_KEYS entry 1" if where == "SWAPLESS_API_KEYS" else f"{keys_file} line 3"
     assert done.stderr.strip().splitlines() == [
-        f"error: {named}: an API key holds only letters, digits and - . _ ~ + / (= at the end), with no spaces; "
-        "write KEY or KEY:MODEL|MODEL; make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        (
+            f"error: {named}: an API key holds only letters, digits and - . _ ~ + / (= at the end), with no spaces; "
+            "write KEY or KEY:MODEL|MODEL; make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
     ]
     assert secret not in done.stderr + done.stdout and FULL not in done.stderr + done.stdout
 
@@ -367,7 +372,9 @@ def test_serve_binds_a_non_loopback_host_when_told_or_with_keys(
     if how == "SWAPLESS_API_KEYS":
         extra = {how: FULL}
     with private_env(redis_url, models_file, **extra) as env:
-        gateway = GatewayProcess(env, tmp_path / "gw.log", "--host", "0.0.0.0", *([how] if how.startswith("--") else []))
+        gateway = GatewayProcess(
+            env, tmp_path / "gw.log", "--host", "0.0.0.0", *([how] if how.startswith("--") else [])
+        )
         gateways.append(gateway)
         gateway.wait_ready()
     assert ("0.0.0.0", gateway.port) in listening_ports(gateway.proc.pid)
@@ -376,7 +383,9 @@ def test_serve_binds_a_non_loopback_host_when_told_or_with_keys(
 
 
 @pytest.mark.slow
-def test_a_real_gateway_with_keys(tmp_path: Path, redis_url: str, models_file: Path, gateways: list[GatewayProcess]) -> None:
+def test_a_real_gateway_with_keys(
+    tmp_path: Path, redis_url: str, models_file: Path, gateways: list[GatewayProcess]
+) -> None:
     """Against `swapless serve` (no worker: jobs are queued, not run), its access log at info level."""
     keys_file = tmp_path / "keys.txt"
     keys_file.write_text(f"# the gateway's keys\n{LIMITED}:sentiment|spam\n")
@@ -393,7 +402,9 @@ def test_a_real_gateway_with_keys(tmp_path: Path, redis_url: str, models_file: P
             assert http.get("/v2").status_code == 200
             assert http.post("/jobs", json={"model_id": "spam", "input": "hi"}).status_code == 401
             # keys that are no keys of the gateway's: refused, and never written to its log
-            assert http.post("/jobs", json={"model_id": "spam", "input": "hi"}, headers=with_key(OTHER)).status_code == 401
+            assert (
+                http.post("/jobs", json={"model_id": "spam", "input": "hi"}, headers=with_key(OTHER)).status_code == 401
+            )
             assert http.get("/status.json", params={"key": OTHER + "-query"}).status_code == 401
             accepted = http.post("/jobs", json={"model_id": "spam", "input": "hi"}, headers=with_key(LIMITED))
             assert accepted.status_code == 202
@@ -403,8 +414,13 @@ def test_a_real_gateway_with_keys(tmp_path: Path, redis_url: str, models_file: P
             # the body reaches the gateway's own checks untouched
             invalid = http.post("/jobs", json={"model_id": "spam", "input": 5}, headers=with_key(LIMITED))
             assert invalid.status_code == 422 and invalid.json()["detail"][0]["loc"] == ["body", "input"]
-            assert http.post("/predict", json={"model_id": "topic", "input": "hi"}, headers=with_key(LIMITED)).status_code == 403
-            assert http.post("/jobs", json={"model_id": "topic", "input": "hi"}, headers=with_key(FULL)).status_code == 202
+            assert (
+                http.post("/predict", json={"model_id": "topic", "input": "hi"}, headers=with_key(LIMITED)).status_code
+                == 403
+            )
+            assert (
+                http.post("/jobs", json={"model_id": "topic", "input": "hi"}, headers=with_key(FULL)).status_code == 202
+            )
             assert http.get("/v2/models/topic", headers=with_key(LIMITED)).status_code == 403
             assert http.get("/v2/models/spam", headers=with_key(LIMITED)).status_code == 200
             assert http.get("/status.json", params={"key": LIMITED}).status_code == 200

@@ -38,8 +38,8 @@ MAX_WAITS = 3
 ADMIN = "admin-key-" + "a" * 22
 #: keys limited to the text models and the by-type route, one per test (and a second where a test needs two)
 KEYS = {name: f"{name}-key-" + name[0] * 20 for name in (
-    "smuggle", "owner", "intruder", "rate", "rate2", "shared", "inflight", "waits", "route", "limits", "v2", "malformed",
-    "turns", "turns2", "turnwait",
+    "smuggle", "owner", "intruder", "rate", "rate2", "shared", "inflight", "waits", "route", "limits", "v2",
+    "malformed", "turns", "turns2", "turnwait",
 )}
 ACTIVE = 2  # requests of one key at work at once
 TURN_WAIT_S = 0.5
@@ -103,7 +103,9 @@ def frozen(stack: Stack) -> Any:
     return _Frozen()
 
 
-def raw(port: int, head: bytes, body: bytes = b"", *, then: bytes = b"", read_s: float = 5.0) -> tuple[int, dict[str, str], bytes, bool]:
+def raw(
+    port: int, head: bytes, body: bytes = b"", *, then: bytes = b"", read_s: float = 5.0
+) -> tuple[int, dict[str, str], bytes, bool]:
     """Send ``head`` and ``body`` on a fresh socket, then try ``then``; return the status, headers, body and whether
     the server closed the connection after answering."""
     with socket.create_connection(("127.0.0.1", port), timeout=read_s) as sock:
@@ -128,7 +130,9 @@ def raw(port: int, head: bytes, body: bytes = b"", *, then: bytes = b"", read_s:
             data += piece
             if b"\r\n\r\n" in data:
                 top, _, rest = data.partition(b"\r\n\r\n")
-                lengths = [line.split(b":", 1)[1] for line in top.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+                lengths = [
+                    line.split(b":", 1)[1] for line in top.split(b"\r\n") if line.lower().startswith(b"content-length:")
+                ]
                 if lengths and len(rest) >= int(lengths[0]):
                     sock.settimeout(2.0)
     top, _, rest = data.partition(b"\r\n\r\n")
@@ -173,7 +177,9 @@ def test_a_chunked_body_is_counted_as_it_arrives(stack: Stack) -> None:
 
 
 def test_no_key_is_401_before_any_of_the_body_is_read(stack: Stack) -> None:
-    head = request_head("POST", "/jobs", {"Content-Length": str(MAX_BODY_BYTES - 10), "Content-Type": "application/json"})
+    head = request_head(
+        "POST", "/jobs", {"Content-Length": str(MAX_BODY_BYTES - 10), "Content-Type": "application/json"}
+    )
     started = time.monotonic()
     status, headers, body, closed = raw(stack.gateway.port, head, b'{"model_id": "sentiment", "input": "')
     assert status == 401 and closed and time.monotonic() - started < 2.0  # answered with 256 KiB still to come
@@ -185,19 +191,23 @@ def test_no_key_is_401_before_any_of_the_body_is_read(stack: Stack) -> None:
 
 
 def test_a_body_that_takes_too_long_is_408(stack: Stack) -> None:
-    head = request_head("POST", "/jobs", {**bearer("smuggle"), "Content-Length": "100", "Content-Type": "application/json"})
+    head = request_head(
+        "POST", "/jobs", {**bearer("smuggle"), "Content-Length": "100", "Content-Type": "application/json"}
+    )
     started = time.monotonic()
     status, _, body, closed = raw(stack.gateway.port, head, b'{"model_id": ', read_s=10)
     assert status == 408 and closed and 0.9 < time.monotonic() - started < 8
-    assert json.loads(body) == {"detail": "the request body did not arrive within 1 s (SWAPLESS_GATEWAY_BODY_TIMEOUT_S): "
-                                          "send it at once"}
+    assert json.loads(body) == {"detail": "the request body did not arrive within 1 s "
+                                          "(SWAPLESS_GATEWAY_BODY_TIMEOUT_S): send it at once"}
 
 
 # -- 2. fan-out and size bounded before parsing -------------------------------------------------------------------
 
 
 def test_a_compressed_request_declaring_millions_of_elements_queues_nothing(stack: Stack) -> None:
-    inputs = [{"name": "TEXT", "datatype": "BYTES", "shape": [2_000_000], "parameters": {"binary_data_size": 8_000_000}}]
+    inputs = [
+        {"name": "TEXT", "datatype": "BYTES", "shape": [2_000_000], "parameters": {"binary_data_size": 8_000_000}}
+    ]
     header = json.dumps({"inputs": inputs}).encode()
     bomb = gzip.compress(header + struct.pack("<I", 0) * 2_000_000)  # 8 MB inflated: the header is read first
     assert len(bomb) < 20_000
@@ -225,7 +235,12 @@ def test_inputs_over_the_workers_limits_are_refused_at_the_gateway_for_models_an
         assert refused.status_code == 422
         assert refused.json()["detail"][0]["msg"] == ("bad input for model 'vision': image of 100x100 pixels is over "
                                                       "the limit of 5000 pixels (SWAPLESS_MAX_IMAGE_PIXELS)")
-    assert http.post("/jobs", json={"model_id": "classify", "input": encode_image(2)}, headers=bearer("limits")).status_code == 202
+    assert (
+        http.post(
+            "/jobs", json={"model_id": "classify", "input": encode_image(2)}, headers=bearer("limits")
+        ).status_code
+        == 202
+    )
 
 
 def test_a_route_never_has_a_worker_open_a_file_a_remote_caller_names(stack: Stack) -> None:
@@ -243,14 +258,19 @@ def test_a_route_never_has_a_worker_open_a_file_a_remote_caller_names(stack: Sta
 def test_a_job_is_read_and_cancelled_by_its_key_alone(stack: Stack) -> None:
     http = stack.http
     job_id = http.post("/jobs", json={"model_id": "spam", "input": "mine"}, headers=bearer("owner")).json()["job_id"]
-    done = wait_for(lambda: (r := http.get(f"/jobs/{job_id}", headers=bearer("owner"))).json()["state"] == "SUCCESS" and r,
-                    30, what="the owner's job")
+    done = wait_for(
+        lambda: (r := http.get(f"/jobs/{job_id}", headers=bearer("owner"))).json()["state"] == "SUCCESS" and r,
+        30,
+        what="the owner's job",
+    )
     assert done.json()["model"] == "spam"
     stranger = http.get(f"/jobs/{job_id}", headers=bearer("intruder"))
     never = http.get(f"/jobs/{uuid.uuid4()}", headers=bearer("intruder"))
     assert stranger.status_code == never.status_code == 404  # no oracle: the same answer as an id never submitted
-    assert stranger.json()["detail"] == f"no job {job_id} for this caller: use the job_id that POST /jobs returned to " \
-                                        "this key (records are kept until its result expires)"
+    assert stranger.json()["detail"] == (
+        f"no job {job_id} for this caller: use the job_id that POST /jobs returned to this key (records are kept "
+        "until its result expires)"
+    )
     assert http.delete(f"/jobs/{job_id}", headers=bearer("intruder")).status_code == 404
     assert http.get(f"/jobs/{job_id}", headers=bearer(ADMIN)).json()["state"] == "SUCCESS"  # an operator reads all
 
@@ -267,7 +287,9 @@ def test_cancelling_an_id_never_submitted_writes_nothing(stack: Stack) -> None:
 
 def test_an_expired_result_is_410_not_pending_forever(stack: Stack) -> None:
     http = stack.http
-    job_id = http.post("/jobs", json={"model_id": "topic", "input": "soon gone"}, headers=bearer("owner")).json()["job_id"]
+    job_id = http.post(
+        "/jobs", json={"model_id": "topic", "input": "soon gone"}, headers=bearer("owner")
+    ).json()["job_id"]
     wait_for(lambda: http.get(f"/jobs/{job_id}", headers=bearer("owner")).json()["state"] == "SUCCESS", 30, what="job")
     store = redis.Redis.from_url(stack.env["SWAPLESS_REDIS_URL"])
     prefix = stack.env["SWAPLESS_KEY_PREFIX"]
@@ -286,11 +308,12 @@ def test_a_cancel_holds_as_long_as_the_job_may_still_run(stack: Stack) -> None:
     with frozen(stack):
         later = http.post("/jobs", json={"model_id": "spam", "input": "in three days", "expires_s": 3 * 86400},
                           headers=bearer("owner")).json()["job_id"]
-        plain = http.post("/jobs", json={"model_id": "spam", "input": "no deadline"}, headers=bearer("owner")).json()["job_id"]
+        plain = http.post("/jobs", json={"model_id": "spam", "input": "no deadline"},
+                          headers=bearer("owner")).json()["job_id"]
         for job_id in (later, plain):
             assert http.delete(f"/jobs/{job_id}", headers=bearer("owner")).json()["status"] == "cancelled"
     assert 3 * 86400 < store.ttl(f"{prefix}celery-task-meta-{later}") <= 3 * 86400 + 3700
-    assert 7 * 86400 < store.ttl(f"{prefix}celery-task-meta-{plain}")  # SWAPLESS_CANCEL_HOLD_S, not one result TTL
+    assert store.ttl(f"{prefix}celery-task-meta-{plain}") > 7 * 86400  # SWAPLESS_CANCEL_HOLD_S, not one result TTL
     for job_id in (later, plain):
         assert http.get(f"/jobs/{job_id}", headers=bearer("owner")).json()["error"]["type"] == "JobCancelled"
 
@@ -309,7 +332,10 @@ def test_a_key_over_its_rate_gets_429_while_other_keys_are_served(stack: Stack) 
     elapsed = time.monotonic() - started
     codes = [a.status_code for a in answers]
     # a burst of 2 x RATE, then RATE per second (the window is a sliding estimate: a little slack)
-    assert set(codes) == {202, 429} and codes.count(202) <= 2 * RATE + RATE * elapsed + RATE / 2, (codes.count(202), elapsed)
+    assert set(codes) == {202, 429} and codes.count(202) <= 2 * RATE + RATE * elapsed + RATE / 2, (
+        codes.count(202),
+        elapsed,
+    )
     refused = next(a for a in answers if a.status_code == 429 and "RATE" in a.json()["detail"])
     assert 1 <= int(refused.headers["retry-after"]) <= 2
     assert refused.json()["detail"].startswith(f"this caller has sent more than {RATE} jobs/s (bursts of {2 * RATE}) "
@@ -317,7 +343,9 @@ def test_a_key_over_its_rate_gets_429_while_other_keys_are_served(stack: Stack) 
     assert send("rate2", 0).status_code == 202  # another key's budget is its own
     accepted = [a.json()["job_id"] for a in answers if a.status_code == 202]
     def all_done() -> bool:
-        return all(http.get(f"/jobs/{job_id}", headers=bearer("rate")).json()["state"] == "SUCCESS" for job_id in accepted)
+        return all(
+            http.get(f"/jobs/{job_id}", headers=bearer("rate")).json()["state"] == "SUCCESS" for job_id in accepted
+        )
 
     wait_for(all_done, 60, interval_s=0.5, what="every accepted job's result")  # nothing accepted is lost
 
@@ -372,7 +400,9 @@ def test_waits_past_the_gateway_cap_are_503(stack: Stack) -> None:
 
 def test_a_key_s_requests_take_turns_and_other_keys_are_served_meanwhile(stack: Stack) -> None:
     # two requests of one key hold its two turns: their bodies arrive slowly (a turn is held while its body is read)
-    head = request_head("POST", "/jobs", {**bearer("turns"), "Content-Length": "100", "Content-Type": "application/json"})
+    head = request_head(
+        "POST", "/jobs", {**bearer("turns"), "Content-Length": "100", "Content-Type": "application/json"}
+    )
     slow = [socket.create_connection(("127.0.0.1", stack.gateway.port), timeout=5) for _ in range(ACTIVE)]
     try:
         for sock in slow:
@@ -383,7 +413,9 @@ def test_a_key_s_requests_take_turns_and_other_keys_are_served_meanwhile(stack: 
                                 headers=bearer("turns"))
             time.sleep(0.1)
             started = time.monotonic()
-            other = stack.http.post("/jobs", json={"model_id": "sentiment", "input": "other key"}, headers=bearer("turns2"))
+            other = stack.http.post(
+                "/jobs", json={"model_id": "sentiment", "input": "other key"}, headers=bearer("turns2")
+            )
             other_s = time.monotonic() - started
             refused = third.result(10)
         assert other.status_code == 202 and other_s < TURN_WAIT_S  # not behind the busy key's queue
@@ -426,9 +458,15 @@ def test_malformed_infer_headers_are_400_with_a_message(stack: Stack, length: st
     body = json.dumps({"inputs": []}).encode()
     head = request_head("POST", "/v2/models/sentiment/infer", {
         **bearer("malformed"), "Content-Length": str(len(body)), "Inference-Header-Content-Length": length})
-    status, _, answer, _ = raw(stack.gateway.port, head.replace(length.encode("latin-1", "replace"), length.encode()), body)
+    status, _, answer, _ = raw(
+        stack.gateway.port, head.replace(length.encode("latin-1", "replace"), length.encode()), body
+    )
     error = json.loads(answer)["error"]
-    assert status == 400 and message in error and error.endswith("give the length in bytes of the JSON part, in ASCII digits")
+    assert (
+        status == 400
+        and message in error
+        and error.endswith("give the length in bytes of the JSON part, in ASCII digits")
+    )
 
 
 def test_deeply_nested_json_is_a_400_or_422_never_a_500(stack: Stack) -> None:

@@ -30,7 +30,7 @@ def test_turns_go_first_come_first_served_and_other_callers_do_not_wait() -> Non
         assert turns.active("a") == 1
         hold.set()
         await asyncio.gather(first, *queued)
-        assert turns.active("a") == 0 and not turns._lanes  # noqa: SLF001 - the lanes are gone
+        assert turns.active("a") == 0 and not turns._lanes  # the lanes are gone
         return order
 
     assert asyncio.run(scenario()) == ["a1", "b1", "a2", "a3"]

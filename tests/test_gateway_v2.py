@@ -89,7 +89,9 @@ def predict_all(stack: Stack, model_id: str, inputs: list[str]) -> list[list[dic
             return await asyncio.gather(*(predict(value) for value in inputs))
 
     responses = asyncio.run(run())
-    assert [r.status_code for r in responses] == [200] * len(inputs), [r.text for r in responses if r.status_code != 200][:2]
+    assert [r.status_code for r in responses] == [200] * len(inputs), (
+        [r.text for r in responses if r.status_code != 200][:2]
+    )
     return [r.json()["result"] for r in responses]
 
 
@@ -129,7 +131,9 @@ def test_server_and_model_metadata(stack: Stack) -> None:
     with pytest.raises(InferenceServerException) as missing:
         triton.get_model_metadata("sentiment", "2")
     assert missing.value.status() == "404"
-    assert missing.value.message() == "model 'sentiment' has no version '2': address version '1', or leave the version out"
+    assert missing.value.message() == (
+        "model 'sentiment' has no version '2': address version '1', or leave the version out"
+    )
     # the ready endpoints answer KServe clients too, which read the body
     assert stack.http.get("/v2/health/ready").json() == {"ready": True}
     assert stack.http.get("/v2/health/live").json() == {"live": True}
@@ -156,7 +160,10 @@ def test_json_inputs_and_outputs_and_the_outputs_asked_for(stack: Stack) -> None
              httpclient.InferRequestedOutput("SCORES", binary_data=True)]
     result = stack.triton.infer("spam", [texts_input(texts, binary=False)], outputs=mixed)
     by_name = {o["name"]: o for o in result.get_response()["outputs"]}
-    assert by_name["LABELS"]["data"][:2] in (["ham", "spam"], ["spam", "ham"]) and by_name["LABELS"]["shape"] == [3, TOP_K]
+    assert (
+        by_name["LABELS"]["data"][:2] in (["ham", "spam"], ["spam", "ham"])
+        and by_name["LABELS"]["shape"] == [3, TOP_K]
+    )
     assert by_name["SCORES"]["parameters"] == {"binary_data_size": 3 * TOP_K * 4} and "data" not in by_name["SCORES"]
     assert_same_predictions(result.as_numpy("LABELS"), result.as_numpy("SCORES"), expected)
 
@@ -192,7 +199,9 @@ def test_an_image_model_takes_encoded_image_bytes(stack: Stack) -> None:
     assert_same_predictions(result.as_numpy("LABELS"), result.as_numpy("SCORES"), expected)
     # in JSON an image is a base64 string
     as_json = stack.http.post("/v2/models/vision/infer", json={
-        "inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["data:image/png;base64," + images[0]]}],
+        "inputs": [
+            {"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["data:image/png;base64," + images[0]]}
+        ],
     })
     assert as_json.status_code == 200
     assert as_json.json()["outputs"][0]["data"] == [p["label"] for p in expected[0]]
@@ -227,18 +236,28 @@ def test_bad_requests_are_400_and_unknown_models_404(stack: Stack) -> None:
     )
     named = httpclient.InferInput("INPUT0", [1], "BYTES")
     named.set_data_from_numpy(np.array([b"hi"], dtype=np.object_))
-    assert refused("sentiment", [named]) == ("400", "bad input for model 'sentiment': unknown input 'INPUT0': the model takes 'TEXT'")
+    assert refused("sentiment", [named]) == (
+        "400", "bad input for model 'sentiment': unknown input 'INPUT0': the model takes 'TEXT'"
+    )
     assert refused("sentiment", [texts_input(["hello", "   "])]) == (
-        "400", "bad input for model 'sentiment': input 'TEXT' element 1 is empty text: send at least one non-blank character"
+        "400",
+        "bad input for model 'sentiment': input 'TEXT' element 1 is empty text: send at least one non-blank character",
     )
     assert refused("sentiment", [texts_input(["hi"])], outputs=[httpclient.InferRequestedOutput("PROBS")]) == (
         "400", "bad input for model 'sentiment': unknown output 'PROBS': the model gives 'LABELS' and 'SCORES'"
     )
     not_an_image = httpclient.InferInput("IMAGE", [2], "BYTES")
-    not_an_image.set_data_from_numpy(np.array([base64.b64decode(encode_image(1)), b"GIF89a not really"], dtype=np.object_))
+    not_an_image.set_data_from_numpy(
+        np.array([base64.b64decode(encode_image(1)), b"GIF89a not really"], dtype=np.object_)
+    )
     status, message = refused("vision", [not_an_image])
-    assert (status, message) == ("400", "bad input for model 'vision': input 'IMAGE' element 1: the bytes are not an "
-                                 "image Pillow can read (PNG, JPEG, WEBP, GIF, BMP)"), "refused before any is queued"
+    assert (status, message) == (
+        "400",
+        (
+            "bad input for model 'vision': input 'IMAGE' element 1: the bytes are not an "
+            "image Pillow can read (PNG, JPEG, WEBP, GIF, BMP)"
+        ),
+    ), "refused before any is queued"
     assert refused("nope", [texts_input(["hi"])]) == (
         "404", "unknown model 'nope' (known: classify, mood, sentiment, spam, topic, vision)"
     )
@@ -252,7 +271,9 @@ def test_bad_requests_are_400_and_unknown_models_404(stack: Stack) -> None:
     too_big = http.post("/v2/models/sentiment/infer", content=bomb, headers={"content-encoding": "gzip"})
     assert too_big.status_code == 413 and "once decompressed" in too_big.json()["error"]
     assert http.get("/v2/models/sentiment/config").json() == {
-        "error": "no endpoint GET /v2/models/sentiment/config: the Open Inference Protocol endpoints are listed at /docs"
+        "error": (
+            "no endpoint GET /v2/models/sentiment/config: the Open Inference Protocol endpoints are listed at /docs"
+        )
     }
     # the other endpoints keep their own error shape
     assert set(http.post("/jobs", json={"model_id": "nope", "input": "hi"}).json()) == {"detail", "known"}
@@ -270,7 +291,9 @@ def test_repository_index_says_what_is_loaded_and_every_model_takes_requests(sta
         ready = {entry["name"] for entry in index if entry["state"] == "READY"}
         return index if ready == {"spam", "topic"} else None
 
-    index = {entry["name"]: entry for entry in wait_for(settled, 15, what="the heartbeat to show spam and topic loaded")}
+    index = {
+        entry["name"]: entry for entry in wait_for(settled, 15, what="the heartbeat to show spam and topic loaded")
+    }
     assert list(index) == ["sentiment", "spam", "topic", "vision", "mood", "classify"]
     assert index["topic"]["version"] == "1" and index["topic"]["reason"].startswith("loaded on v2@")
     assert index["vision"] == {"name": "vision", "version": "1", "state": "UNAVAILABLE",
@@ -293,11 +316,17 @@ def test_no_result_in_time_is_504_naming_the_jobs(stack: Stack) -> None:
     finally:
         os.kill(stack.worker.proc.pid, signal.SIGCONT)
     assert caught.value.status() == "504"
-    assert caught.value.message().startswith("no result after 1 s for 2 of 2 jobs, still queued or running: poll GET /jobs/")
+    assert caught.value.message().startswith(
+        "no result after 1 s for 2 of 2 jobs, still queued or running: poll GET /jobs/"
+    )
     assert late.status_code == 504
     [job_id] = late.json()["job_ids"]
-    assert late.json()["error"] == f"no result after 0.5 s for 1 of 1 jobs, still queued or running: poll GET /jobs/{{job_id}} for {job_id}"
-    done = wait_for(lambda: (s := stack.http.get(f"/jobs/{job_id}").json())["state"] != "PENDING" and s, 60, what="the job")
+    assert late.json()["error"] == (
+        f"no result after 0.5 s for 1 of 1 jobs, still queued or running: poll GET /jobs/{{job_id}} for {job_id}"
+    )
+    done = wait_for(
+        lambda: (s := stack.http.get(f"/jobs/{job_id}").json())["state"] != "PENDING" and s, 60, what="the job"
+    )
     assert done["state"] == "SUCCESS" and len(done["result"]) == 4
 
 

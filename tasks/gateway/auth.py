@@ -45,7 +45,7 @@ _bearer = HTTPBearer(auto_error=False, description="a key of SWAPLESS_API_KEYS o
                      "gateway has keys)")
 
 
-class Need(str, Enum):
+class Need(str, Enum):  # noqa: UP042 - str() and format() give the member name; StrEnum would give the value
     """What a request must present."""
 
     NOTHING = "nothing"

@@ -187,7 +187,8 @@ def rest_router(plane: DataPlane) -> APIRouter:
             )
         workers = [
             WorkerView(
-                hostname=beat.hostname, worker_id=beat.worker_id, queue=beat.queue, heartbeat_age_s=round(beat.age_s(now), 3),
+                hostname=beat.hostname, worker_id=beat.worker_id, queue=beat.queue,
+                heartbeat_age_s=round(beat.age_s(now), 3),
                 loaded=[e.model_id for e in beat.loaded], used_bytes=beat.cache.used_bytes,
                 max_models=beat.cache.max_models, memory_budget_bytes=beat.cache.memory_budget_bytes,
                 jobs_done=beat.jobs_done, jobs_failed=beat.jobs_failed, backlog=beat.backlog,

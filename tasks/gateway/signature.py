@@ -208,4 +208,7 @@ def output_tensors(sig: Signature, results: list[Any]) -> dict[str, OutputTensor
         labels += [str(p["label"]) for p in row] + [""] * (k - len(row))
         scores += [float(p["score"]) for p in row] + [0.0] * (k - len(row))
     shape = (len(results), k)
-    return {"LABELS": OutputTensor("LABELS", "BYTES", shape, labels), "SCORES": OutputTensor("SCORES", "FP32", shape, scores)}
+    return {
+        "LABELS": OutputTensor("LABELS", "BYTES", shape, labels),
+        "SCORES": OutputTensor("SCORES", "FP32", shape, scores),
+    }

@@ -171,10 +171,14 @@ def _header(head: bytes, model_id: str, *, binary: bool) -> dict[str, Any]:
     try:
         raw = json.loads(head)
     except RecursionError:
-        raise InputError(model_id, "the request's JSON is nested too deeply: send an inference request object") from None
+        raise InputError(
+            model_id, "the request's JSON is nested too deeply: send an inference request object"
+        ) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         hint = f" (or set {HEADER_LENGTH} when binary data follows it)" if not binary else ""
-        raise InputError(model_id, f"the request is not valid JSON ({err}): send an inference request object{hint}")
+        raise InputError(
+            model_id, f"the request is not valid JSON ({err}): send an inference request object{hint}"
+        ) from None
     if not isinstance(raw, dict):
         raise InputError(model_id, f"the request is {kind(raw)}: send a JSON object with 'inputs'")
     return raw
@@ -223,7 +227,9 @@ def parse_request(body: bytes, header_length: str | None, model_id: str, max_ele
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise InputError(model_id, f"field {where!r}: {first['msg']}; send an Open Inference Protocol request")
+        raise InputError(
+            model_id, f"field {where!r}: {first['msg']}; send an Open Inference Protocol request"
+        ) from None
     inputs = []
     offset = 0
     for tensor in request.inputs:

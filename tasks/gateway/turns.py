@@ -63,7 +63,7 @@ class Turns:
     def active(self, owner: str) -> int:
         """How many of ``owner``'s requests hold a turn now."""
         lane = self._lanes.get(owner)
-        return 0 if lane is None else self.per_caller - lane.semaphore._value  # noqa: SLF001 - its own count
+        return 0 if lane is None else self.per_caller - lane.semaphore._value  # the semaphore's own count
 
     @asynccontextmanager
     async def turn(self, owner: str) -> AsyncIterator[None]:
