@@ -201,6 +201,40 @@ def test_a_body_that_takes_too_long_is_408(stack: Stack) -> None:
                                           "(SWAPLESS_GATEWAY_BODY_TIMEOUT_S): send it at once"}
 
 
+def test_a_job_body_larger_than_any_input_the_models_take_is_refused_before_it_is_read(
+    redis_url: str, secure_models: Path, tmp_path: Path
+) -> None:
+    # text models only, of at most 1000 characters: no one-job body needs more than 12 x 1000 + 64 KiB bytes
+    entries = [e for e in json.loads(secure_models.read_text())["models"] if e.get("type") == "text"]
+    (tmp_path / "text-only").mkdir()
+    text_only = write_models_file(tmp_path / "text-only", entries)
+    with private_env(redis_url, text_only, SWAPLESS_MAX_TEXT_CHARS="1000", **NO_KEYS) as env:
+        gateway = GatewayProcess(env, tmp_path / "text-only.log")
+        try:
+            gateway.wait_ready()
+            limit = 12 * 1000 + 64 * 1024
+            head = request_head("POST", "/jobs", {"Content-Length": str(limit + 1), "Content-Type": "application/json"})
+            started = time.monotonic()
+            status, _, body, closed = raw(gateway.port, head, b'{"model_id": "spam", "input": "')
+            assert status == 413 and closed and time.monotonic() - started < 2.0  # answered before the body came
+            assert json.loads(body)["detail"] == (
+                f"request body of {limit + 1} bytes is over the {limit} bytes that one job's input can take here "
+                "(SWAPLESS_MAX_TEXT_CHARS): send a smaller input")
+            chunked = request_head("POST", "/predict", {"Transfer-Encoding": "chunked",
+                                                        "Content-Type": "application/json"})
+            piece = b"a" * 32768
+            pieces = b"".join(f"{len(piece):x}\r\n".encode() + piece + b"\r\n" for _ in range(4))  # 128 KiB: over
+            status, _, body, closed = raw(gateway.port, chunked, pieces, then=pieces)
+            assert status == 413 and closed and "that one job's input can take here" in json.loads(body)["detail"]
+            with httpx.Client(base_url=gateway.url, timeout=30) as http:  # a body within it is taken
+                answer = http.post("/jobs", json={"model_id": "spam", "input": "\U0001F600" * 1000})
+                assert answer.status_code == 202, answer.text
+                v2 = http.post("/v2/models/spam/infer", content=b"{" + b" " * (limit + 10) + b"}")
+                assert v2.status_code == 400  # /v2 bodies carry many inputs: the gateway's own bound holds there
+        finally:
+            gateway.stop()
+
+
 # -- 2. fan-out and size bounded before parsing -------------------------------------------------------------------
 
 

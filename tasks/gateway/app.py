@@ -17,24 +17,26 @@ Run it with ``swapless serve`` (uvicorn), or ``uvicorn --factory tasks.gateway:c
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
 from config.settings import Settings, get_settings
+from manager.registry.specs import InputType
 from manager.registry.store import ModelStore
 from tasks.client import Client
 from tasks.gateway.auth import install_api_keys
 from tasks.gateway.errors import LogThrottle
-from tasks.gateway.framing import LOOPBACK_HOSTS, RequestGuard, host_name
+from tasks.gateway.framing import LOOPBACK_HOSTS, BodyLimit, RequestGuard, host_name
 from tasks.gateway.keys import KeyRing
 from tasks.gateway.plane import DataPlane
 from tasks.gateway.rest import rest_router
 from tasks.gateway.status_page import status_router
 from tasks.gateway.v2 import v2_router
 
-__all__ = ["allowed_hosts", "create_app"]
+__all__ = ["allowed_hosts", "create_app", "job_body_limit"]
 
 
 def allowed_hosts(settings: Settings, keys: KeyRing) -> frozenset[str] | None:
@@ -44,6 +46,26 @@ def allowed_hosts(settings: Settings, keys: KeyRing) -> frozenset[str] | None:
         return None if open_to_all else LOOPBACK_HOSTS
     names = [name.strip() for name in settings.gateway_allowed_hosts.split(",") if name.strip()]
     return None if "*" in names else frozenset(host_name(name) for name in names)
+
+
+#: A job request's JSON beside its input: the model id, a routing key, priority, deadline (generous).
+JOB_ENVELOPE_BYTES = 64 * 1024
+
+
+def job_body_limit(settings: Settings, store: ModelStore) -> BodyLimit:
+    """The largest body a one-job request (``POST /jobs``, ``/predict``) can need with these models: the largest
+    input any of them takes, JSON-encoded at its worst (a text character escaped as ``\\uXXXX\\uXXXX`` is 12
+    bytes, an image is base64), plus the envelope; never more than ``SWAPLESS_GATEWAY_MAX_BODY_BYTES``."""
+    types = {spec.type for spec in store}
+    sizes = [(0, "SWAPLESS_GATEWAY_MAX_BODY_BYTES")]
+    if InputType.TEXT in types:
+        sizes.append((12 * settings.max_text_chars, "SWAPLESS_MAX_TEXT_CHARS"))
+    if InputType.IMAGE in types:
+        sizes.append((4 * math.ceil(settings.max_image_bytes / 3), "SWAPLESS_MAX_IMAGE_BYTES"))
+    largest, setting = max(sizes)
+    if largest + JOB_ENVELOPE_BYTES >= settings.gateway_max_body_bytes:
+        return BodyLimit(settings.gateway_max_body_bytes, "SWAPLESS_GATEWAY_MAX_BODY_BYTES", "")
+    return BodyLimit(largest + JOB_ENVELOPE_BYTES, setting, "that one job's input can take here")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -80,7 +102,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # added first: inside the guard, so bodies are bounded already; it reads each route's declaration
     keys = install_api_keys(app, settings, store, [route for router in routers for route in router.routes])
     origins = frozenset(o.strip().lower().rstrip("/") for o in settings.gateway_allowed_origins.split(",") if o.strip())
+    one_job = job_body_limit(settings, store)
     app.add_middleware(RequestGuard, max_body_bytes=settings.gateway_max_body_bytes,
                        body_timeout_s=settings.gateway_body_timeout_s, allowed_hosts=allowed_hosts(settings, keys),
-                       allowed_origins=origins)
+                       allowed_origins=origins, body_limits={"/jobs": one_job, "/predict": one_job})
     return app

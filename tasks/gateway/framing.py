@@ -8,7 +8,8 @@
   (``SWAPLESS_GATEWAY_ALLOWED_ORIGINS``), so a page cannot drive a gateway with its visitor's network position;
 - **framing**: at most one ``Content-Length``, of ASCII digits, never together with ``Transfer-Encoding`` (a
   request smuggling vector: the declared length is not what the server reads), and no body declared over
-  ``SWAPLESS_GATEWAY_MAX_BODY_BYTES``;
+  ``SWAPLESS_GATEWAY_MAX_BODY_BYTES``, or over what its route can take (``POST /jobs`` and ``/predict``: one job,
+  so no more than the largest input the models take, ``body_limits``);
 
 and then hands the app a ``receive`` that counts the body's bytes as they arrive, in every framing, and bounds
 how long the body may take (``SWAPLESS_GATEWAY_BODY_TIMEOUT_S``). Past either bound it answers 413 or 408 itself
@@ -22,10 +23,11 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LOOPBACK_HOSTS", "ASGIApp", "Receive", "RequestGuard", "Scope", "Send", "reply"]
+__all__ = ["LOOPBACK_HOSTS", "ASGIApp", "BodyLimit", "Receive", "RequestGuard", "Scope", "Send", "reply"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -61,6 +63,22 @@ def host_name(value: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
+@dataclass(frozen=True)
+class BodyLimit:
+    """A bound on a request body: ``bytes``, the setting that sets it, and what the body carries (for the message:
+    ``"the largest job input here takes"``; empty: the gateway's own limit)."""
+
+    bytes: int
+    setting: str
+    what: str
+
+    def over(self) -> str:
+        """The end of the 413 message, after "request body [of N bytes]"."""
+        if not self.what:
+            return f"is over the limit of {self.bytes} bytes ({self.setting})"
+        return f"is over the {self.bytes} bytes {self.what} ({self.setting}): send a smaller input"
+
+
 class RequestGuard:
     """ASGI middleware: Host, Origin and framing checks, then a body bounded in bytes and time (module docstring).
 
@@ -71,12 +89,15 @@ class RequestGuard:
             waiting for its caller's turn, ``tasks.gateway.turns``, is not reading yet).
         allowed_hosts: host names answered to (lower case, no port); None: any.
         allowed_origins: origins (``scheme://host[:port]``) whose cross-origin requests are let through.
+        body_limits: per path of a ``POST``, a smaller bound for its body and the setting that sets it.
     """
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float,
-                 allowed_hosts: frozenset[str] | None, allowed_origins: frozenset[str]) -> None:
+                 allowed_hosts: frozenset[str] | None, allowed_origins: frozenset[str],
+                 body_limits: Mapping[str, BodyLimit] | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_limits = dict(body_limits or {})
         self.body_timeout_s = body_timeout_s
         self.allowed_hosts = allowed_hosts
         self.allowed_origins = allowed_origins
@@ -93,8 +114,16 @@ class RequestGuard:
             status, detail = refusal
             await reply(scope, send, status, detail, close=True)
             return
-        body = _BoundedBody(scope, receive, send, self.max_body_bytes, self.body_timeout_s)
+        limit = self._limit(scope)
+        body = _BoundedBody(scope, receive, send, limit, self.body_timeout_s)
         await self.app(scope, body.receive, body.send)
+
+    def _limit(self, scope: Scope) -> BodyLimit:
+        """The bound of this request's body: its route's, else ``SWAPLESS_GATEWAY_MAX_BODY_BYTES``."""
+        own = self.body_limits.get(scope.get("path", "")) if scope.get("method") == "POST" else None
+        if own is not None and own.bytes < self.max_body_bytes:
+            return own
+        return BodyLimit(self.max_body_bytes, "SWAPLESS_GATEWAY_MAX_BODY_BYTES", "")
 
     def _refusal(self, scope: Scope) -> tuple[int, str] | None:
         """The status and message of a request whose headers alone refuse it; None when they do not."""
@@ -132,9 +161,9 @@ class RequestGuard:
             if not _DIGITS.fullmatch(lengths[0].strip()):
                 return 400, "Content-Length is not a number of bytes: send the body's length in ASCII digits"
             declared = int(lengths[0])
-            if declared > self.max_body_bytes:
-                return 413, (f"request body of {declared} bytes is over the limit of {self.max_body_bytes} bytes "
-                             "(SWAPLESS_GATEWAY_MAX_BODY_BYTES)")
+            limit = self._limit(scope)
+            if declared > limit.bytes:
+                return 413, f"request body of {declared} bytes {limit.over()}"
         return None
 
 
@@ -142,9 +171,9 @@ class _BoundedBody:
     """One request's ``receive`` and ``send`` as the app gets them: the body counted and timed as it arrives; past a
     bound, the refusal is sent here and the app sees a disconnect, and whatever it sends afterwards is dropped."""
 
-    def __init__(self, scope: Scope, receive: Receive, send: Send, max_bytes: int, timeout_s: float) -> None:
+    def __init__(self, scope: Scope, receive: Receive, send: Send, limit: BodyLimit, timeout_s: float) -> None:
         self.scope, self._receive, self._send = scope, receive, send
-        self.max_bytes, self.timeout_s = max_bytes, timeout_s
+        self.limit, self.timeout_s = limit, timeout_s
         self.deadline: float | None = None  # set by the first read
         self.seen = 0
         self.complete = False
@@ -166,9 +195,8 @@ class _BoundedBody:
             return _DISCONNECT
         if message["type"] == "http.request":
             self.seen += len(message.get("body", b""))
-            if self.seen > self.max_bytes:
-                await self._refuse(413, f"request body is over the limit of {self.max_bytes} bytes "
-                                   "(SWAPLESS_GATEWAY_MAX_BODY_BYTES)")
+            if self.seen > self.limit.bytes:
+                await self._refuse(413, f"request body {self.limit.over()}")
                 return _DISCONNECT
             self.complete = not message.get("more_body", False)
         return message
