@@ -126,33 +126,41 @@ ATTACKS = ("smuggle", "bomb", "flood", "deletes", "slow", "unauthenticated", "ne
 
 
 async def attack(port: int, key: str, model: str, duration_s: float,
-                 only: tuple[str, ...] = ATTACKS) -> dict[str, Any]:
+                 only: tuple[str, ...] = ATTACKS, own_keys: bool = False) -> dict[str, Any]:
     """Run the attacks ``only`` names (all by default) for ``duration_s``; returns the statuses seen per attack and
-    the flood's accepted ids."""
+    the flood's accepted ids. ``own_keys``: each attack uses a key of its own, ``<key>-<attack>`` (so that no attack
+    is held back by another one's turns at the gateway); else all use ``key``."""
     deadline = time.monotonic() + duration_s
     seen: dict[str, Counter[str]] = {name: Counter() for name in ATTACKS}
     accepted: list[str] = []
-    auth = {"Authorization": f"Bearer {key}"}
+
+    def key_of(name: str) -> str:
+        return f"{key}-{name}" if own_keys else key
+
+    def auth(name: str, **extra: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key_of(name)}", **extra}
+
     bomb, header_length = _bomb()
     nested = b"[" * 50_000 + b"]" * 50_000
     oversized = json.dumps({"model_id": model, "input": "x" * (30 * 1024 * 1024)}).encode()
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", headers=auth, timeout=60, limits=limits
-    ) as client:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60, limits=limits) as client:
         loops = {
-            "smuggle": [smuggle(port, key, deadline, seen["smuggle"]) for _ in range(2)],
+            "smuggle": [smuggle(port, key_of("smuggle"), deadline, seen["smuggle"]) for _ in range(2)],
             "bomb": [_loop(client, deadline, seen["bomb"], "POST", f"/v2/models/{model}/infer", content=bomb,
-                           headers={"Content-Encoding": "gzip", "Inference-Header-Content-Length": header_length})
+                           headers=auth("bomb", **{"Content-Encoding": "gzip",
+                                                   "Inference-Header-Content-Length": header_length}))
                      for _ in range(2)],
-            "flood": [_loop(client, deadline, seen["flood"], "POST", "/jobs", accepted,
+            "flood": [_loop(client, deadline, seen["flood"], "POST", "/jobs", accepted, headers=auth("flood"),
                             json={"model_id": model, "input": "flood"}) for _ in range(4)],
-            "deletes": [_loop(client, deadline, seen["deletes"], "DELETE", "/jobs/{id}") for _ in range(2)],
-            "slow": [slow(port, key, deadline, seen["slow"]) for _ in range(100)],
+            "deletes": [_loop(client, deadline, seen["deletes"], "DELETE", "/jobs/{id}", headers=auth("deletes"))
+                        for _ in range(2)],
+            "slow": [slow(port, key_of("slow"), deadline, seen["slow"]) for _ in range(100)],
             "unauthenticated": [unauthenticated(port, deadline, seen["unauthenticated"]) for _ in range(2)],
-            "nested": [_loop(client, deadline, seen["nested"], "POST", f"/v2/models/{model}/infer", content=nested)],
+            "nested": [_loop(client, deadline, seen["nested"], "POST", f"/v2/models/{model}/infer", content=nested,
+                             headers=auth("nested"))],
             "oversized": [_loop(client, deadline, seen["oversized"], "POST", "/jobs", content=oversized,
-                                headers={"Content-Type": "application/json"})],
+                                headers=auth("oversized", **{"Content-Type": "application/json"}))],
         }
         for name, coroutines in loops.items():
             if name not in only:
@@ -166,6 +174,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--key", required=True)
+    parser.add_argument("--own-keys", action="store_true", help="each attack uses its own key, <key>-<attack>")
     parser.add_argument("--model", required=True)
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--out", type=Path, required=True)
@@ -174,7 +183,7 @@ def main() -> None:
     only = tuple(name.strip() for name in args.only.split(",") if name.strip())
     if unknown := set(only) - set(ATTACKS):
         parser.error(f"unknown attacks {sorted(unknown)}: choose from {', '.join(ATTACKS)}")
-    result = asyncio.run(attack(args.port, args.key, args.model, args.duration, only))
+    result = asyncio.run(attack(args.port, args.key, args.model, args.duration, only, args.own_keys))
     args.out.write_text(json.dumps(result))
 
 

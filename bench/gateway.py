@@ -6,7 +6,9 @@ Per repetition: a worker with one simulated model (``bench.simulated``: its pass
 is what is measured), a real ``swapless serve`` with API keys and its default limits, on the local Redis under a
 fresh prefix. A well-behaved key sends ``/predict`` one at a time: first with the gateway idle (the baseline, in the
 same run), then while ``bench.attacks`` runs every attack at once from another process (a smuggled body, gzip
-bombs, a submit flood, deletes of random ids, slow bodies, unauthenticated bodies, nested JSON, oversized inputs).
+bombs, a submit flood, deletes of random ids, slow bodies, unauthenticated bodies, nested JSON, oversized inputs),
+each attack with an API key of its own (``--one-attacker-key``: all with one key, which then takes turns with
+itself at the gateway: an easier case).
 Afterwards every job the gateway accepted (the flood's and the good key's) must have its result: lost = accepted -
 answered. The gateway's memory is read before and after the flood.
 
@@ -22,7 +24,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import Any, Self, cast
 
 import httpx
 import psutil
@@ -35,6 +37,8 @@ __all__ = ["main"]
 
 GOOD = "good-key-" + "g" * 24
 ATTACKER = "attacker-key-" + "a" * 20
+#: ``bench.attacks --own-keys``: each attack with a key of its own
+ATTACKER_KEYS = [f"{ATTACKER}-{name}" for name in ATTACKS]
 MODEL = "sim"
 #: The simulated model: a 2 ms pass plus 0.1 ms per input, a 50 ms load.
 MODEL_NAME = "load=0.05,batch=0.002,item=0.0001"
@@ -74,6 +78,7 @@ class Stack:
     workdir: Path
     prefix: str = field(default_factory=lambda: fresh_prefix("gateway"))
     port: int = field(default_factory=lambda: 18000 + int(time.time() * 1000) % 1000)
+    own_keys: bool = True  # each attack with its own key: none is held back by another's turns
 
     def __enter__(self) -> Self:
         from manager.demo.tiny import write_models_file
@@ -84,7 +89,7 @@ class Stack:
         env = {"SWAPLESS_REDIS_URL": self.redis_url, "SWAPLESS_KEY_PREFIX": self.prefix,
                "SWAPLESS_QUEUE": self.prefix + "jobs", "SWAPLESS_MODELS_FILE": str(models),
                "SWAPLESS_PLUGINS": "bench.simulated", "SWAPLESS_DEVICE": "cpu",
-               "SWAPLESS_API_KEYS": f"{GOOD}:{MODEL},{ATTACKER}:{MODEL}"}
+               "SWAPLESS_API_KEYS": ",".join(f"{key}:{MODEL}" for key in [GOOD, ATTACKER, *ATTACKER_KEYS])}
         self.client = redis.Redis.from_url(self.redis_url)
         self.worker = Process([python(), "-m", "tasks.cli", "worker", "--hostname", f"gw-bench-{self.prefix}@%h"],
                               env, self.workdir / "worker.log")
@@ -114,6 +119,10 @@ class Stack:
         cleanup(self.client, self.prefix)
         self.client.close()
 
+    def _redis_cpu_s(self) -> float:
+        info = cast(dict[str, Any], self.client.info("cpu"))
+        return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
     def gateway_process(self) -> psutil.Process:
         return psutil.Process(self.gateway.proc.pid)
 
@@ -121,24 +130,26 @@ class Stack:
         """The good key's latencies while ``bench.attacks`` runs (``only`` those attacks), and what it wrote."""
         out = self.workdir / f"attacks-{only or 'all'}.json"
         argv = [python(), "-m", "bench.attacks", "--port", str(self.port), "--key", ATTACKER, "--model", MODEL,
-                "--duration", str(duration_s), "--out", str(out)]
+                "--duration", str(duration_s), "--out", str(out), *(["--own-keys"] if self.own_keys else [])]
         attackers = subprocess.Popen(argv + (["--only", only] if only else []), cwd=REPO)
         processes = {"gateway": self.gateway_process(), "worker": psutil.Process(self.worker.proc.pid),
                      "attackers": psutil.Process(attackers.pid)}
         time.sleep(2)  # the flood under way
         before = {name: process.cpu_times() for name, process in processes.items()}
+        redis_before = self._redis_cpu_s()
         started = time.monotonic()
         flood = _predicts(self.http, duration_s - 4, 10_000, self.good_ids)
         elapsed = time.monotonic() - started
         after = {name: process.cpu_times() for name, process in processes.items()}
         self.cpu = {name: (after[name].user + after[name].system - before[name].user - before[name].system) / elapsed
                     for name in processes}
+        self.cpu["redis (the whole server)"] = (self._redis_cpu_s() - redis_before) / elapsed
         attackers.wait(duration_s + 120)
         return flood, json.loads(out.read_text())
 
 
-def run_once(redis_url: str, tag: str, duration_s: float) -> Rep:
-    with Stack(redis_url, OUT / "gateway" / tag) as stack:
+def run_once(redis_url: str, tag: str, duration_s: float, own_keys: bool = True) -> Rep:
+    with Stack(redis_url, OUT / "gateway" / tag, own_keys=own_keys) as stack:
         idle = _predicts(stack.http, 10, 300, stack.good_ids)
         rss_before = stack.gateway_process().memory_info().rss
         flood, attacked = stack.attack(duration_s)
@@ -200,19 +211,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of flood per repetition")
     parser.add_argument("--write", type=Path, default=REPO / "bench" / "GATEWAY.md")
+    parser.add_argument("--one-attacker-key", action="store_true",
+                        help="every attack with the same key (it then takes turns with itself), not a key each")
     parser.add_argument("--per-attack", action="store_true",
                         help="also run each attack alone: the gateway's CPU and the good key's p50 beside it")
     args = parser.parse_args()
     reps = []
     for n in range(args.repeats):
-        rep = run_once(args.redis_url, f"rep{n}", args.duration)
+        rep = run_once(args.redis_url, f"rep{n}", args.duration, not args.one_attacker_key)
         print(f"rep {n}: idle p50 {statistics.median(rep.idle_s) * 1000:.1f} ms, flood p50 "
               f"{statistics.median(rep.flood_s) * 1000:.1f} ms, lost {rep.accepted - rep.answered}, CPU "
               + ", ".join(f"{name} {cores:.2f}" for name, cores in rep.cpu.items()), flush=True)
         reps.append(rep)
     text = (f"# The gateway under hostile callers\n\n`python -m bench.gateway` ({time.strftime('%Y-%m-%d')}, "
-            f"{args.repeats} repetitions, {args.duration:g} s of flood each, 2-core machine; the worker's model is "
-            f"simulated)\n\n{table(reps) if reps else ''}\n")
+            f"{args.repeats} repetitions, {args.duration:g} s of flood each, 2-core machine, "
+            f"{'one key for every attack' if args.one_attacker_key else 'each attack with its own key'}; the worker's "
+            f"model is simulated)\n\n{table(reps) if reps else ''}\n")
     if args.per_attack:
         text += (f"\nEach attack alone (one run, {args.duration:g} s each):\n\n"
                  f"{per_attack(args.redis_url, args.duration)}\n")
