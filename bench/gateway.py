@@ -1,14 +1,14 @@
 """Benchmark: does ``swapless serve`` stay responsive to a well-behaved key while hostile callers flood it?
 
-    python -m bench.gateway              # 3 repetitions, about 3 minutes; writes bench/GATEWAY.md
+    python -m bench.gateway              # 2 x 3 repetitions, about 5 minutes; writes bench/GATEWAY.md
 
 Per repetition: a worker with one simulated model (``bench.simulated``: its passes sleep, so the gateway's own cost
 is what is measured), a real ``swapless serve`` with API keys and its default limits, on the local Redis under a
 fresh prefix. A well-behaved key sends ``/predict`` one at a time: first with the gateway idle (the baseline, in the
 same run), then while ``bench.attacks`` runs every attack at once from another process (a smuggled body, gzip
 bombs, a submit flood, deletes of random ids, slow bodies, unauthenticated bodies, nested JSON, oversized inputs),
-each attack with an API key of its own (``--one-attacker-key``: all with one key, which then takes turns with
-itself at the gateway: an easier case).
+once with each attack on an API key of its own, once with every attack on one key (which then takes turns with
+itself at the gateway: the easier case); ``--keys own`` or ``--keys one`` runs one of them.
 Afterwards every job the gateway accepted (the flood's and the good key's) must have its result: lost = accepted -
 answered. The gateway's memory is read before and after the flood.
 
@@ -184,7 +184,7 @@ def table(reps: list[Rep]) -> str:
     flood = [statistics.median(r.flood_s) * 1000 for r in reps]
     ratio = [f / i for f, i in zip(flood, idle, strict=True)]
     rows = [
-        "| measurement (simulated model: its passes sleep) | value, median [min–max] of 3 |",
+        f"| measurement (simulated model: its passes sleep) | value, median [min–max] of {len(reps)} |",
         "|---|---|",
         f"| good key /predict p50, gateway idle (baseline, ms) | {summary(idle)} |",
         f"| good key /predict p50, under the flood (ms) | {summary(flood)} |",
@@ -211,24 +211,31 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of flood per repetition")
     parser.add_argument("--write", type=Path, default=REPO / "bench" / "GATEWAY.md")
-    parser.add_argument("--one-attacker-key", action="store_true",
-                        help="every attack with the same key (it then takes turns with itself), not a key each")
+    parser.add_argument("--keys", default="own,one",
+                        help="own: each attack with a key of its own; one: every attack with one key (which then "
+                             "takes turns with itself at the gateway); both by default")
     parser.add_argument("--per-attack", action="store_true",
                         help="also run each attack alone: the gateway's CPU and the good key's p50 beside it")
     args = parser.parse_args()
-    reps = []
-    for n in range(args.repeats):
-        rep = run_once(args.redis_url, f"rep{n}", args.duration, not args.one_attacker_key)
-        print(f"rep {n}: idle p50 {statistics.median(rep.idle_s) * 1000:.1f} ms, flood p50 "
-              f"{statistics.median(rep.flood_s) * 1000:.1f} ms, lost {rep.accepted - rep.answered}, CPU "
-              + ", ".join(f"{name} {cores:.2f}" for name, cores in rep.cpu.items()), flush=True)
-        reps.append(rep)
+    modes = [mode.strip() for mode in args.keys.split(",") if mode.strip()]
+    if set(modes) - {"own", "one"}:
+        parser.error(f"--keys takes own and/or one, not {args.keys!r}")
     text = (f"# The gateway under hostile callers\n\n`python -m bench.gateway` ({time.strftime('%Y-%m-%d')}, "
-            f"{args.repeats} repetitions, {args.duration:g} s of flood each, 2-core machine, "
-            f"{'one key for every attack' if args.one_attacker_key else 'each attack with its own key'}; the worker's "
-            f"model is simulated)\n\n{table(reps) if reps else ''}\n")
+            f"{args.repeats} repetitions per table, {args.duration:g} s of flood each, 2-core machine; the worker's "
+            "model is simulated; the attackers and the worker share the gateway's two cores)\n")
+    for mode in modes:
+        reps = []
+        for n in range(args.repeats):
+            rep = run_once(args.redis_url, f"{mode}-rep{n}", args.duration, mode == "own")
+            print(f"{mode} keys, rep {n}: idle p50 {statistics.median(rep.idle_s) * 1000:.1f} ms, flood p50 "
+                  f"{statistics.median(rep.flood_s) * 1000:.1f} ms, lost {rep.accepted - rep.answered}, CPU "
+                  + ", ".join(f"{name} {cores:.2f}" for name, cores in rep.cpu.items()), flush=True)
+            reps.append(rep)
+        title = ("Each attack with an API key of its own" if mode == "own"
+                 else "Every attack with one API key (it takes turns with itself)")
+        text += f"\n## {title}\n\n{table(reps) if reps else ''}\n"
     if args.per_attack:
-        text += (f"\nEach attack alone (one run, {args.duration:g} s each):\n\n"
+        text += (f"\n## Each attack alone, with its own key (one run, {args.duration:g} s each)\n\n"
                  f"{per_attack(args.redis_url, args.duration)}\n")
     args.write.write_text(text)
     print(text)
