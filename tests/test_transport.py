@@ -205,6 +205,33 @@ def test_a_round_fetches_every_claimed_model_and_the_ingress_each_within_its_hol
     assert all(r.hlen(keyspace.model(m).held) == 0 for m in ("a", "b"))
 
 
+def test_acks_that_free_room_under_a_hold_limit_wake_the_waiting_fetch(
+    conn: Connection, r: redis.Redis, keyspace: Keyspace, claims: Claims
+) -> None:
+    """A model at its hold limit gets no fetch; the round waits (for up to the idle poll, 30 s here) and the acks
+    that free room ring the worker's wake bell: that model's next fetch follows at once, not after the poll."""
+    push_to_models(r, [ModelPush(keyspace.model("a"), 0, [_message(conn, {"n": i}) for i in range(6)])],
+                   bound=None, placement_bell=keyspace.placement_bell)
+    claims.models, claims.limit = ["a"], 4
+    channel = conn.channel()
+    channel.swapless_idle_poll_s = 30.0
+    got: list[Any] = []
+    consumer = conn.Consumer(Queue(QUEUE, Exchange(QUEUE), QUEUE), channel=channel, callbacks=[lambda b, m: got.append(m)])
+    consumer.consume()
+    drain(conn, lambda: len(got) >= 4, 5)
+    drain(conn, lambda: False, 0.5)  # at its limit: the channel waits now, its wake bell among the bells
+    assert len(got) == 4
+    started = time.monotonic()
+    got[0].ack()
+    got[1].ack()
+    drain(conn, lambda: len(got) >= 6, 10)
+    assert len(got) == 6 and time.monotonic() - started < 5
+    assert r.llen(keyspace.model("a").list_for(0)) == 0
+    for m in got[2:]:
+        m.ack()
+    assert r.exists(keyspace.wake(WORKER)) == 0  # the wait took the token
+
+
 def _message(conn: Connection, body: Any, priority: int = 0) -> str:
     """A kombu envelope of ``body`` as Swapless's producers push it to a model's list."""
     channel = conn.channel()

@@ -14,7 +14,10 @@ without running); one that names no model, or a chunk for a route, is delivered 
 An idle worker waits on the bells of its models and on the queue's placement bell (``BLPOP``, sent together with
 the fetch: Redis runs the fetch the moment the wait returns, so the job that wakes a worker comes back in the same
 round trip); the ingress and new claims are looked at every ``swapless_idle_poll_s`` (0.1 s by default). A worker
-with work in hand never waits.
+with work in hand never waits for a bell, with one exception: a model at its hold limit gets no fetch, and a round
+with nothing else to fetch waits. Its own wake bell (``Keyspace.wake``) is then among those it waits on, and the
+acks that free room for such a model ring it, so that model's next fetch follows its acks in the same moment
+instead of at the next idle poll: a worker streaming one model keeps its next group fetched while a group runs.
 
 Acks, rejects, restores and visibility refreshes go through the records' scripts (``tasks.broker.acks`` acks in
 bulk); a dead worker's records are put back by the cluster's recovery (``tasks.cluster.placer``), never by kombu's
@@ -40,8 +43,8 @@ from redis.exceptions import ResponseError
 
 from tasks.broker.connection import is_refused_write
 from tasks.broker.publish import ModelPush, push_to_models
-from tasks.broker.queues import ACK, FETCH, REFRESH, RESTORE, ChannelHooks
-from tasks.keyspace import JobLists, Keyspace
+from tasks.broker.queues import ACK, FETCH, REFRESH, RESTORE, WAKE, ChannelHooks
+from tasks.keyspace import INGRESS, JobLists, Keyspace
 
 __all__ = ["Channel", "HeldQoS", "Transport", "broker_connection"]
 
@@ -81,6 +84,7 @@ class HeldQoS(kombu_redis.QoS):
         grouped = self._forget(tags)
         for lists, group in grouped.items():
             client.execute_command("EVAL", ACK, 3, *lists.records, *group)
+        self.channel._wake_for(grouped, client)
         return _others(tags, grouped)
 
     def held_restore(self, tags: Sequence[str], client: Any) -> list[str]:
@@ -88,6 +92,7 @@ class HeldQoS(kombu_redis.QoS):
         grouped = self._forget(tags)
         for lists, group in grouped.items():
             client.execute_command("EVAL", RESTORE, 7, *lists.queue_and_records, *group)
+        self.channel._wake_for(grouped, client)
         return _others(tags, grouped)
 
     def held_refresh(self, tags: Sequence[str], client: Any, now: float) -> list[str]:
@@ -158,6 +163,8 @@ class Channel(kombu_redis.Channel):
     swapless_refused_pause_s = 0.5
     #: The worker's hooks (a transport option); None: kombu's own channel.
     swapless_hooks: ChannelHooks | None = None
+    #: Lifetime of a rung wake bell (a worker that dies waiting leaves it behind this long at most).
+    swapless_wake_ttl_ms = 60_000
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -169,11 +176,27 @@ class Channel(kombu_redis.Channel):
         self._sent: list[str] = []
         self._rotation = 0
         self._queue = ""
+        #: Models the last round had no room for (at their hold limit).
+        self._full: set[str] = set()
+        #: The wake bell the outstanding wait listens on while a model it had no room for waits; None: no wake due.
+        self._wake_key: str | None = None
 
     def _release(self, lists: JobLists, tags: Sequence[str]) -> None:
         for tag in tags:
             if self._held.pop(tag, None) is not None:
                 self._held_per_model[lists.name] -= 1
+
+    def _wake_for(self, released: dict[JobLists, list[str]], client: Any) -> None:
+        """Ring this worker's wake bell (once per wait) when ``released`` frees room for a model the waiting fetch
+        had none for: the wait returns and the next round fetches that model (module docstring)."""
+        key = self._wake_key
+        if key is None or not any(lists.name in self._full for lists in released):
+            return
+        self._wake_key = None
+        try:
+            client.execute_command("EVAL", WAKE, 1, key, self.swapless_wake_ttl_ms)
+        except ResponseError as err:
+            self._refused(err, "waking the fetch")  # the idle poll fetches it a little later
 
     def _keyspace(self, queue: str) -> Keyspace:
         return Keyspace(queue, self.global_keyprefix or "")
@@ -225,6 +248,9 @@ class Channel(kombu_redis.Channel):
         if self._mode == _WAIT:
             wait = min(timeout or self.swapless_idle_poll_s, self.swapless_idle_poll_s)
             bells = [keyspace.model(m).bell for m in hooks.affinity.claimed()]
+            if self._full:  # acks that free room ring this worker's own bell
+                self._wake_key = keyspace.wake(hooks.affinity.worker_id)
+                bells.append(self._wake_key)
             commands.insert(0, ("BLPOP", *bells, keyspace.placement_bell, wait))
         # An idle worker sends the wait and the fetch together: Redis runs the fetch the moment the wait returns (a
         # message came, or the idle poll ran out), so a job that wakes the worker is fetched in the same round trip.
@@ -246,9 +272,11 @@ class Channel(kombu_redis.Channel):
         now = repr(time.time())
         commands: list[tuple[Any, ...]] = []
         self._plan = []
+        self._full = set()
         for model_id in claimed:
             room = min(affinity.hold_limit(model_id) - self._held_per_model[model_id], credit, self.swapless_fetch_limit)
             if room <= 0:
+                self._full.add(model_id)
                 continue
             keys = keyspace.model(model_id)
             commands.append(("EVAL", FETCH, 7, *keys.queue_and_records, room, now, affinity.worker_id))
@@ -288,13 +316,17 @@ class Channel(kombu_redis.Channel):
             return bool(super()._brpop_read(**options))
         try:
             replies, refused = self._read_round()
+            woken = False
             if self._sent[0] == "BLPOP":
-                replies = replies[1:]  # the bell's
+                bell, replies = replies[0], replies[1:]
+                woken = bool(bell) and bytes_to_str(bell[0]).startswith(self._keyspace(self._queue).wake(""))
+                self._wake_key = None
             if refused is not None:
                 hooks.health.failed(refused, "fetching jobs")
                 time.sleep(self.swapless_refused_pause_s)
             if not self._deliver_round(hooks, replies):
-                self._mode = _WAIT  # nothing anywhere: wait for the next message
+                # nothing anywhere: wait for the next message; woken by acks: fetch the model they made room for
+                self._mode = _FETCH if woken else _WAIT
                 raise Empty()
             self._mode = _FETCH  # work is flowing: fetch again at once
             return True
@@ -309,18 +341,23 @@ class Channel(kombu_redis.Channel):
         delivered here."""
         fetched: list[dict[str, Any]] = []
         ingress: list[tuple[dict[str, Any], str]] = []
+        held, held_per_model = self._held, self._held_per_model
         for lists, reply in zip(self._plan, replies, strict=True):
-            for raw in reply or []:
+            if not reply:
+                continue
+            from_ingress = lists.name == INGRESS
+            count = 0
+            for raw in reply:
                 payload = self._payload(raw)
                 if payload is None:
                     continue
-                tag = payload["properties"]["delivery_tag"]
-                self._held[tag] = lists
-                self._held_per_model[lists.name] += 1
-                if lists.name == self._keyspace(self._queue).ingress_lists.name:
+                held[payload["properties"]["delivery_tag"]] = lists
+                count += 1
+                if from_ingress:
                     ingress.append((payload, bytes_to_str(raw)))
                 else:
                     fetched.append(payload)
+            held_per_model[lists.name] += count
         if ingress:
             fetched += self._move_ingress(hooks, ingress)
         self._deliver_all(hooks, fetched)
