@@ -258,6 +258,24 @@ def test_an_ingress_message_for_a_known_model_is_moved_to_its_lists_and_one_for_
     assert then.payload == {"model": "spam", "n": 1}
 
 
+def test_an_ingress_message_for_a_model_this_worker_holds_runs_here_within_its_hold_limit(
+    conn: Connection, r: redis.Redis, keyspace: Keyspace, claims: Claims
+) -> None:
+    claims.routes, claims.models, claims.limit = {"spam": "spam"}, ["spam"], 2
+    publish(conn, [{"model": "spam", "n": i} for i in range(3)])
+    got = consume(conn, 2, timeout=1.0)
+    assert sorted(m.payload["n"] for m in got) == [0, 1]  # delivered here, no push and second fetch
+    assert r.hlen(keyspace.ingress_lists.held) == 2  # recorded where they came from
+    # beyond the hold limit: moved to the model's lists, for whichever holder has room
+    assert [json.loads(base64.b64decode(json.loads(raw)["body"]))["n"]
+            for raw in r.lrange(keyspace.model("spam").list_for(0), 0, -1)] == [2]
+    channel = got[0].channel
+    assert channel._held_per_model["spam"] == 2
+    for m in got:
+        m.ack()
+    assert r.hlen(keyspace.ingress_lists.held) == 0 and channel._held_per_model["spam"] == 0
+
+
 def test_lower_priority_numbers_are_served_first(conn: Connection) -> None:
     publish(conn, [{"bulk": i} for i in range(3)], priority=6)
     publish(conn, [{"interactive": i} for i in range(3)], priority=0)

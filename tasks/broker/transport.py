@@ -7,9 +7,11 @@ pops up to ``n`` messages **and** records each, atomically: a message is in a li
 instant. A worker's channel, given its hooks (``ChannelHooks``, the transport option ``swapless_hooks``), fetches
 in one round trip from the lists of every model its placement has claimed (each bounded by the room that model has
 left under its ``hold_limit`` and by the prefetch credit) and from the ingress, kombu's own lists of the queue
-where a plain Celery producer pushes. An ingress message is moved to its model's lists (pushed there, then acked,
-in a second round trip: a crash in between leaves two copies, and the second finds its result stored and is acked
-without running); one that names no model, or a chunk for a route, is delivered here.
+where a plain Celery producer pushes. An ingress message for a model this worker holds, with room under its hold
+limit, is delivered here (recorded in the ingress's records, counted under the model's hold); one for another model
+is moved to its model's lists (pushed there, then acked, in a second round trip: a crash in between leaves two
+copies, and the second finds its result stored and is acked without running); one that names no model, or a chunk
+for a route, is delivered here.
 
 An idle worker waits on the bells of its models and on the queue's placement bell (``BLPOP``, sent together with
 the fetch: Redis runs the fetch the moment the wait returns, so the job that wakes a worker comes back in the same
@@ -72,11 +74,15 @@ class HeldQoS(kombu_redis.QoS):
     and restores run the records' scripts. Tags the channel does not hold (a channel without hooks) are kombu's."""
 
     channel: Channel
+    #: The holds the last ``_forget`` freed room in (models, the ingress).
+    _freed: set[str] = set()  # noqa: RUF012 - replaced, never changed in place
 
     def _forget(self, tags: Iterable[str]) -> dict[JobLists, list[str]]:
         grouped = _by_lists(tags, self.channel._held)
+        freed: set[str] = set()
         for lists, group in grouped.items():
-            self.channel._release(lists, group)
+            freed |= self.channel._release(lists, group)
+        self._freed = freed
         return grouped
 
     def held_ack(self, tags: Sequence[str], client: Any) -> list[str]:
@@ -84,7 +90,7 @@ class HeldQoS(kombu_redis.QoS):
         grouped = self._forget(tags)
         for lists, group in grouped.items():
             client.execute_command("EVAL", ACK, 3, *lists.records, *group)
-        self.channel._wake_for(grouped, client)
+        self.channel._wake_for(self._freed, client)
         return _others(tags, grouped)
 
     def held_restore(self, tags: Sequence[str], client: Any) -> list[str]:
@@ -92,7 +98,7 @@ class HeldQoS(kombu_redis.QoS):
         grouped = self._forget(tags)
         for lists, group in grouped.items():
             client.execute_command("EVAL", RESTORE, 7, *lists.queue_and_records, *group)
-        self.channel._wake_for(grouped, client)
+        self.channel._wake_for(self._freed, client)
         return _others(tags, grouped)
 
     def held_refresh(self, tags: Sequence[str], client: Any, now: float) -> list[str]:
@@ -172,6 +178,8 @@ class Channel(kombu_redis.Channel):
         #: delivery tag -> the lists it came from, while held
         self._held: dict[str, JobLists] = {}
         self._held_per_model: Counter[str] = Counter()
+        #: delivery tag -> the model it counts under, for ingress messages delivered here (recorded in the ingress's)
+        self._counted_as: dict[str, str] = {}
         self._plan: list[JobLists] = []
         self._sent: list[str] = []
         self._rotation = 0
@@ -181,16 +189,21 @@ class Channel(kombu_redis.Channel):
         #: The wake bell the outstanding wait listens on while a model it had no room for waits; None: no wake due.
         self._wake_key: str | None = None
 
-    def _release(self, lists: JobLists, tags: Sequence[str]) -> None:
+    def _release(self, lists: JobLists, tags: Sequence[str]) -> set[str]:
+        """Forget held messages; returns the names (models, the ingress) whose holds they counted under."""
+        freed = set()
         for tag in tags:
             if self._held.pop(tag, None) is not None:
-                self._held_per_model[lists.name] -= 1
+                name = self._counted_as.pop(tag, lists.name)
+                self._held_per_model[name] -= 1
+                freed.add(name)
+        return freed
 
-    def _wake_for(self, released: dict[JobLists, list[str]], client: Any) -> None:
-        """Ring this worker's wake bell (once per wait) when ``released`` frees room for a model the waiting fetch
-        had none for: the wait returns and the next round fetches that model (module docstring)."""
+    def _wake_for(self, freed: set[str], client: Any) -> None:
+        """Ring this worker's wake bell (once per wait) when acks freed room for a model (in ``freed``) the waiting
+        fetch had none for: the wait returns and the next round fetches that model (module docstring)."""
         key = self._wake_key
-        if key is None or not any(lists.name in self._full for lists in released):
+        if key is None or not freed & self._full:
             return
         self._wake_key = None
         try:
@@ -376,12 +389,23 @@ class Channel(kombu_redis.Channel):
     def _move_ingress(self, hooks: ChannelHooks, messages: Sequence[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
         """Push the ingress's messages to their models' lists and ack them there; returns those kept here."""
         keyspace = self._keyspace(self._queue)
+        affinity = hooks.affinity
+        claimed = set(affinity.claimed())
         pushes: dict[tuple[str, int], list[str]] = {}
         moved: list[str] = []
         kept: list[dict[str, Any]] = []
         for payload, raw in messages:
-            model_id = hooks.affinity.route(payload)
+            model_id = affinity.route(payload)
             if model_id is None:
+                kept.append(payload)
+                continue
+            if model_id in claimed and self._held_per_model[model_id] < affinity.hold_limit(model_id):
+                # This worker holds the model and has room for the job: it runs here, recorded where it came from
+                # (the ingress's records) and counted under the model's hold, with no second push and fetch.
+                tag = payload["properties"]["delivery_tag"]
+                self._counted_as[tag] = model_id
+                self._held_per_model[INGRESS] -= 1
+                self._held_per_model[model_id] += 1
                 kept.append(payload)
                 continue
             level = self._level(payload["properties"].get("priority"))
