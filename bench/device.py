@@ -10,8 +10,8 @@ gap between passes is the queue's too. Every row is simulated; no GPU is involve
 1. the device limit, in this process: the same model's passes back to back over the stream's inputs (sleep's own
    overshoot on this machine included), jobs/s;
 2. the rate Celery's ``send_task`` alone reaches from this process (to a queue no worker reads);
-3. a fresh ``swapless worker`` (``--no-warm-start``) fed a single-model stream by ``Client.submit_jobs``, then by
-   ``send_task``: jobs/s against the limit (send_task: against min(limit, send_task's rate)), and the worker's CPU
+3. a fresh ``swapless worker`` (``--no-warm-start``) fed a single-model stream by ``Client.submit_jobs`` (calls of
+   256 jobs, one after the other), then by ``send_task``: jobs/s against the limit (send_task: against min(limit, send_task's rate)), and the worker's CPU
    per job (all its threads, from ``/proc``);
 4. lone jobs on a zero-cost model of the same worker: submit to the result in the caller, p50;
 5. interactive jobs, one every 0.1 s, while a bulk backlog of the device model drains: their p50 in device passes
@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from bench.common import OUT, REPO, percentile, summary
+from bench.common import OUT, REPO, collect, percentile, summary
 from bench.systems import OVERLAP, Run, SimulatedSwapless, burst, overlap_bound_s, priority, simulated_models
 
-__all__ = ["DEVICE", "main"]
+__all__ = ["BATCH_S", "ITEM_S", "MAX_BATCH", "main"]
 
 #: The simulated device's pass: seconds per pass and per input, and its largest batch.
-DEVICE = {"batch_s": 0.005, "item_s": 0.0002, "max_batch": 64}
+BATCH_S, ITEM_S, MAX_BATCH = 0.005, 0.0002, 64
 
 
 @dataclass(frozen=True)
@@ -60,10 +60,10 @@ def device_models(directory: Path) -> Path:
     from manager.demo.tiny import write_models_file
 
     directory.mkdir(parents=True, exist_ok=True)
-    entries = [simulated_entry(m, 0.0, DEVICE["batch_s"], DEVICE["item_s"]) for m in ("dev", "dev-i")]
+    entries = [simulated_entry(m, 0.0, BATCH_S, ITEM_S) for m in ("dev", "dev-i")]
     entries.append(simulated_entry("zero", 0.0, 0.0, 0.0))
     for entry in entries:
-        entry["max_batch_size"] = DEVICE["max_batch"]
+        entry["max_batch_size"] = MAX_BATCH
     return write_models_file(directory, entries)
 
 
@@ -71,28 +71,53 @@ def device_limit(models_file: Path, jobs: int) -> tuple[float, float]:
     """(jobs/s of ``jobs`` inputs through the device model's passes back to back, median seconds of one full pass)."""
     from manager import ModelEngine, ModelStore, WorkerLimits
 
-    engine = ModelEngine(WorkerLimits(device="cpu", max_batch_size=DEVICE["max_batch"]))
+    engine = ModelEngine(WorkerLimits(device="cpu", max_batch_size=MAX_BATCH))
     worker = engine.build(ModelStore.from_file(models_file, engine.frameworks).get("dev"))
     worker.load()
     worker.tuner = None
     values = [worker.prepare(f"text {i}") for i in range(jobs)]
     started = time.perf_counter()
-    for start in range(0, jobs, DEVICE["max_batch"]):
-        worker.predict(values[start : start + DEVICE["max_batch"]])
+    for start in range(0, jobs, MAX_BATCH):
+        worker.predict(values[start : start + MAX_BATCH])
     rate = jobs / (time.perf_counter() - started)
     passes = []
     for _ in range(9):
         started = time.perf_counter()
-        worker.predict(values[: DEVICE["max_batch"]])
+        worker.predict(values[: MAX_BATCH])
         passes.append(time.perf_counter() - started)
     return rate, statistics.median(passes)
 
 
 class DeviceSwapless(SimulatedSwapless):
     name = "swapless (sim device)"
-    flags = ("--no-warm-start", "--max-models", "4")
+    flags = ("--no-warm-start", "--max-models", "4")  # type: ignore[assignment]  # the base's is one flag
     env: ClassVar[Mapping[str, str]] = {"SWAPLESS_PLUGINS": "bench.simulated", "OMP_NUM_THREADS": "1",
                                         "PYTHONPATH": str(REPO)}
+
+
+#: Jobs per ``submit_jobs`` call of the stream: the producer keeps sending while the worker runs the first jobs.
+STREAM_CHUNK = 256
+
+
+def stream(system: DeviceSwapless, jobs: list[tuple[str, str]], timeout_s: float = 600) -> Run:
+    """A stream: ``jobs`` sent as fast as the producer can (``submit_jobs`` in calls of ``STREAM_CHUNK`` jobs, or
+    ``send_task`` one by one), every job timed from the first send; jobs/s over the makespan, the worker's CPU."""
+    cpu_before = system.cpu_s()
+    started = time.time()
+    sent: list[str] = []
+    if system.producer == "submit_jobs":
+        for start in range(0, len(jobs), STREAM_CHUNK):
+            sent += [job.id for job in system.client.submit_jobs(jobs[start : start + STREAM_CHUNK])]
+    else:
+        sent = [job_id for _, job_id in system.submit(jobs)]
+    got = collect(system.redis, system.prefix, sent, timeout_s)
+    cpu = system.cpu_s() - cpu_before
+    if any(state != "SUCCESS" for state in got.states.values()):
+        raise RuntimeError(f"{system.name}: jobs failed; see {system.log}")
+    makespan = max(got.done_wall.values()) - started
+    latencies = [at - started for at in got.done_wall.values()]
+    return Run(len(jobs) / makespan, 0, percentile(latencies, 50), percentile(latencies, 99),
+               {"makespan_s": makespan, "cpu_ms_per_job": 1000 * cpu / len(jobs)})
 
 
 def send_task_rate(system: DeviceSwapless, jobs: int) -> float:
@@ -139,12 +164,12 @@ def main(argv: list[str] | None = None) -> None:
                 system.get_one(model_id, "warm up")
             send_rate = send_task_rate(system, sizes.send_task_jobs)
             add("send_task alone (jobs/s)", send_rate)
-            run = burst(system, [("dev", f"text {i}") for i in range(sizes.stream_jobs)], 600)
+            run = stream(system, [("dev", f"text {i}") for i in range(sizes.stream_jobs)])
             add("stream, submit_jobs (jobs/s)", run.jobs_per_s)
             add("stream, submit_jobs: vs limit", run.jobs_per_s / limit)
             add("stream, submit_jobs: worker CPU (ms/job)", run.extra["cpu_ms_per_job"])
             system.producer = "send_task"
-            run = burst(system, [("dev", f"text {i}") for i in range(sizes.send_task_jobs)], 600)
+            run = stream(system, [("dev", f"text {i}") for i in range(sizes.send_task_jobs)])
             system.producer = "submit_jobs"
             add("stream, send_task (jobs/s)", run.jobs_per_s)
             add("stream, send_task: vs min(limit, send_task alone)", run.jobs_per_s / min(limit, send_rate))
@@ -164,8 +189,8 @@ def main(argv: list[str] | None = None) -> None:
             import random
 
             rng = random.Random(rep)
-            jobs = [(f"o{m:02d}", f"text {m}.{i}") for m in range(OVERLAP["models"])
-                    for i in range(OVERLAP["jobs_per_model"])]
+            jobs = [(f"o{m:02d}", f"text {m}.{i}") for m in range(int(OVERLAP["models"]))
+                    for i in range(int(OVERLAP["jobs_per_model"]))]
             rng.shuffle(jobs)
             overlap = SimulatedSwapless(args.redis_url, files["overlap"], f"device-overlap-rep{rep}")
             overlap.env = {**overlap.env, "SWAPLESS_LOAD_AHEAD": "true", "PYTHONPATH": str(REPO)}  # type: ignore[misc]
@@ -201,14 +226,14 @@ def render(rows: dict[str, list[float]], args: argparse.Namespace, sizes: Sizes,
         "",
         f"Command: `{command}` on this machine (CPU only, 2 cores, shared); {repeats} repetition(s), median "
         f"[min–max]. **Every row is simulated** (`bench/simulated.py`): the device's forward pass sleeps "
-        f"{DEVICE['batch_s'] * 1000:g} ms + {DEVICE['item_s'] * 1000:g} ms per input, passes of up to "
-        f"{DEVICE['max_batch']}, leaving the CPU free as a GPU's work does; no GPU was used. Device limit: those passes "
+        f"{BATCH_S * 1000:g} ms + {ITEM_S * 1000:g} ms per input, passes of up to "
+        f"{MAX_BATCH}, leaving the CPU free as a GPU's work does; no GPU was used. Device limit: those passes "
         f"back to back in the benchmark's process over {sizes.stream_jobs} inputs. Stream: {sizes.stream_jobs} jobs "
-        f"by `Client.submit_jobs`, {sizes.send_task_jobs} by Celery's `send_task`, to one fresh `swapless worker "
+        f"by `Client.submit_jobs` in calls of {STREAM_CHUNK}, {sizes.send_task_jobs} by Celery's `send_task`, to one fresh `swapless worker "
         f"--no-warm-start`; worker CPU is user + system time of the worker process (all threads) per job. Lone: "
         f"{sizes.lone_jobs} jobs one at a time on a zero-cost model, submit to result in the caller. Interactive: "
         f"{sizes.interactive_jobs} jobs 0.1 s apart on a second device model while {sizes.bulk_jobs} bulk jobs "
-        f"drain, p50 in passes of {DEVICE['max_batch']}. Overlap: `bench.scheduler`'s overlap workload, load ahead on.",
+        f"drain, p50 in passes of {MAX_BATCH}. Overlap: `bench.scheduler`'s overlap workload, load ahead on.",
         "",
         "| measurement (simulated device) | median [min–max] |",
         "|---|---|",
@@ -217,10 +242,10 @@ def render(rows: dict[str, list[float]], args: argparse.Namespace, sizes: Sizes,
         lines.append(f"| {name} | {summary(values)} |")
     lines += ["", "Targets (medians):", ""]
     for name, goal, at_most in TARGETS:
-        values = rows.get(name)
-        if not values:
+        measured = rows.get(name)
+        if not measured:
             continue
-        value = statistics.median(values)
+        value = statistics.median(measured)
         met = value <= goal if at_most else value >= goal
         lines.append(f"- {name}: {value:.3g} ({'met' if met else 'NOT met'}; target {'≤' if at_most else '≥'} {goal:g})")
     return "\n".join(lines) + "\n"
