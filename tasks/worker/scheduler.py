@@ -246,9 +246,12 @@ class BatchScheduler:
         if not busy and not self._completions.unfinished_tasks and self._deferred is None:
             work(results)  # nothing to overlap: no hand-over in a lone job's path
             return
-        # Handed over once the next group's first round trip (``_run``'s ``prior``) is sent: the two would
-        # otherwise contend for the CPU at the moment the device waits for that group.
         self._hand_over_deferred()
+        if len(jobs) <= self.runtime.settings.max_batch_size:
+            self._completions.put((work, jobs))  # a slice or a few jobs: stored at once, beside the next pass
+            return
+        # A whole group: handed over once the next group's first round trip (``_run``'s ``prior``) is sent; storing
+        # it would otherwise contend for the CPU with that round trip, while the device waits for the group.
         self._deferred = (work, jobs)
 
     def _hand_over_deferred(self) -> None:
