@@ -181,6 +181,8 @@ class Channel(kombu_redis.Channel):
         #: delivery tag -> the model it counts under, for ingress messages delivered here (recorded in the ingress's)
         self._counted_as: dict[str, str] = {}
         self._plan: list[JobLists] = []
+        #: How many messages each fetch of the round asked for, in ``_plan``'s order.
+        self._asked: list[int] = []
         self._sent: list[str] = []
         self._rotation = 0
         self._queue = ""
@@ -285,6 +287,7 @@ class Channel(kombu_redis.Channel):
         now = repr(time.time())
         commands: list[tuple[Any, ...]] = []
         self._plan = []
+        self._asked = []
         self._full = set()
         for model_id in claimed:
             room = min(affinity.hold_limit(model_id) - self._held_per_model[model_id], credit, self.swapless_fetch_limit)
@@ -294,11 +297,13 @@ class Channel(kombu_redis.Channel):
             keys = keyspace.model(model_id)
             commands.append(("EVAL", FETCH, 7, *keys.queue_and_records, room, now, affinity.worker_id))
             self._plan.append(keys)
+            self._asked.append(room)
             credit = max(1, credit - room)
         ingress = keyspace.ingress_lists
         commands.append(("EVAL", FETCH, 7, *ingress.queue_and_records, min(credit, self.swapless_fetch_limit), now,
                          affinity.worker_id))
         self._plan.append(ingress)
+        self._asked.append(min(credit, self.swapless_fetch_limit))
         return commands
 
     def _read_round(self) -> tuple[list[Any], ResponseError | None]:
@@ -341,7 +346,11 @@ class Channel(kombu_redis.Channel):
                 # nothing anywhere: wait for the next message; woken by acks: fetch the model they made room for
                 self._mode = _FETCH if woken else _WAIT
                 raise Empty()
-            self._mode = _FETCH  # work is flowing: fetch again at once
+            # Work is flowing: fetch again at once, unless the round emptied every list it fetched from and the
+            # ingress had nothing: what comes next rings a bell (a lone job's worker then spends nothing on an
+            # empty round while its job runs).
+            drained = not replies[-1] and all(len(reply or ()) < asked for reply, asked in zip(replies, self._asked))
+            self._mode = _WAIT if drained else _FETCH
             return True
         finally:
             self._in_poll = None  # type: ignore[assignment]  # as kombu does
