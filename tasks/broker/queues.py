@@ -141,6 +141,9 @@ class Affinity(Protocol):
     def claimed(self) -> Sequence[str]:
         """The models whose lists this worker fetches from now."""
 
+    def wake(self) -> None:
+        """Place now: the placement bell rang (optional; the transport calls it when present)."""
+
     def route(self, payload: dict[str, Any]) -> str | None:
         """The model an ingress message (a plain Celery producer's) goes to, as its lists are named; None: keep it
         here (a chunk for a route, an unknown model, a malformed message: this worker runs or answers it)."""

@@ -20,6 +20,8 @@ with work in hand never waits for a bell, with one exception: a model at its hol
 with nothing else to fetch waits. Its own wake bell (``Keyspace.wake``) is then among those it waits on, and the
 acks that free room for such a model ring it, so that model's next fetch follows its acks in the same moment
 instead of at the next idle poll: a worker streaming one model keeps its next group fetched while a group runs.
+The placement rings it too when it claims new models (whose bells the outstanding wait does not listen to), and a
+wait that takes the placement bell has the placement run at once.
 
 Acks, rejects, restores and visibility refreshes go through the records' scripts (``tasks.broker.acks`` acks in
 bulk); a dead worker's records are put back by the cluster's recovery (``tasks.cluster.placer``), never by kombu's
@@ -263,10 +265,9 @@ class Channel(kombu_redis.Channel):
         if self._mode == _WAIT:
             wait = min(timeout or self.swapless_idle_poll_s, self.swapless_idle_poll_s)
             bells = [keyspace.model(m).bell for m in hooks.affinity.claimed()]
-            if self._full:  # acks that free room ring this worker's own bell
-                self._wake_key = keyspace.wake(hooks.affinity.worker_id)
-                bells.append(self._wake_key)
-            commands.insert(0, ("BLPOP", *bells, keyspace.placement_bell, wait))
+            wake = keyspace.wake(hooks.affinity.worker_id)  # rung by new claims, and by acks that free room
+            self._wake_key = wake if self._full else None
+            commands.insert(0, ("BLPOP", *bells, wake, keyspace.placement_bell, wait))
         # An idle worker sends the wait and the fetch together: Redis runs the fetch the moment the wait returns (a
         # message came, or the idle poll ran out), so a job that wakes the worker is fetched in the same round trip.
         conn = self.client.connection
@@ -337,8 +338,13 @@ class Channel(kombu_redis.Channel):
             woken = False
             if self._sent[0] == "BLPOP":
                 bell, replies = replies[0], replies[1:]
-                woken = bool(bell) and bytes_to_str(bell[0]).startswith(self._keyspace(self._queue).wake(""))
                 self._wake_key = None
+                if bell:
+                    keyspace = self._keyspace(self._queue)
+                    rung = bytes_to_str(bell[0])
+                    woken = rung.startswith(keyspace.wake(""))
+                    if rung == keyspace.placement_bell:  # jobs for a model no worker holds: place them now
+                        getattr(hooks.affinity, "wake", lambda: None)()
             if refused is not None:
                 hooks.health.failed(refused, "fetching jobs")
                 time.sleep(self.swapless_refused_pause_s)

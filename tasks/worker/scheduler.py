@@ -326,6 +326,8 @@ class BatchScheduler:
     def _run(self, results: ResultStore, group: Sequence[Job]) -> None:
         """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
         model_id = group[0].model_id
+        if self.runtime.settings.load_ahead and model_id in self.runtime.manager.loaded_ids():
+            self._load_ahead(model_id)  # loaded already: the next model's load starts before this group's reads
         self._cancel_revoked(results, group)
         # The first batch's attempts are counted in the same round trip as the reads (see _run_batch).
         size = self._slice(model_id, group)
