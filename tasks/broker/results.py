@@ -62,6 +62,28 @@ return 0
 """
 
 
+# What ``prior`` reads and counts for a group of single jobs, in one call. KEYS: per job its result and its attempt
+# counter. ARGV: the expiry, then k: the first k jobs are about to run. Per job: -1 it has a result; else the attempts
+# started before (0: none), and a job among the first k with none gets its first counted. The first write (EXPIRE)
+# takes no memory (see the module docstring).
+_PRIOR = """
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+local k = tonumber(ARGV[2])
+local found = {}
+for i = 1, #KEYS / 2 do
+  if redis.call('EXISTS', KEYS[2 * i - 1]) == 1 then
+    found[i] = -1
+  else
+    local count = tonumber(redis.call('GET', KEYS[2 * i]) or '0')
+    if count == 0 and i <= k then
+      redis.call('SET', KEYS[2 * i], 1, 'NX', 'EX', ARGV[1])
+    end
+    found[i] = count
+  end
+end
+return found
+"""
+
 # The same for many jobs in one call. KEYS: per job its result, attempt counter and record. ARGV: the expiry, then
 # each job's value. Returns per job 1 (stored) or 0 (a result was there). One call per group instead of one per job
 # (a pipeline of one script call per job costs the worker more to write and to read than the stores cost Redis).
@@ -336,6 +358,8 @@ class ResultStore:
         if not job_ids:
             return set(), {}
         lookup = list(job_ids if result_ids is None else result_ids)
+        if lookup == list(job_ids) and list(start) == list(job_ids[: len(start)]):
+            return self._prior_singles(lookup, len(start))
         started_under = [storage_id(job_id) for job_id in start]
 
         def read() -> list[Any]:
@@ -361,6 +385,20 @@ class ResultStore:
             if count is not None and job_id not in done
         }
         return done, started
+
+    def _prior_singles(self, job_ids: list[str], starting: int) -> tuple[set[str], dict[str, int]]:
+        """``prior`` for jobs that are their own results, the first ``starting`` about to run: one script call."""
+        keys: list[str] = []
+        for job_id in job_ids:
+            key = self.key(job_id)
+            keys += (key, self._attempts_key(key))
+
+        def read() -> list[int]:
+            return self.client.evalsha(self._sha(_PRIOR), len(keys), *keys, self.expires_s, starting)
+
+        found = self._retrying(read)
+        done = {job_id for job_id, count in zip(job_ids, found, strict=True) if int(count) < 0}
+        return done, {job_id: int(count) for job_id, count in zip(job_ids, found, strict=True) if int(count) > 0}
 
     def start(self, job_ids: Sequence[str]) -> set[str]:
         """Count one more started attempt of each job (cleared when its result is stored): one script call for the
