@@ -62,23 +62,30 @@ return 0
 """
 
 
-# What ``prior`` reads and counts for a group of single jobs, in one call. KEYS: per job its result and its attempt
-# counter. ARGV: the expiry, then k: the first k jobs are about to run. Per job: -1 it has a result; else the attempts
+# What ``prior`` reads and counts for a group of single jobs, in one call. KEYS: the jobs' results, then their attempt
+# counters, in the same order. ARGV: the expiry, then k: the first k jobs are about to run. Per job: -1 it has a result; else the attempts
 # started before (0: none), and a job among the first k with none gets its first counted. The first write (EXPIRE)
 # takes no memory (see the module docstring).
 _PRIOR = """
-redis.call('EXPIRE', KEYS[2], ARGV[1])
+local n = #KEYS / 2
+redis.call('EXPIRE', KEYS[n + 1], ARGV[1])
 local k = tonumber(ARGV[2])
 local found = {}
-for i = 1, #KEYS / 2 do
-  if redis.call('EXISTS', KEYS[2 * i - 1]) == 1 then
-    found[i] = -1
-  else
-    local count = tonumber(redis.call('GET', KEYS[2 * i]) or '0')
-    if count == 0 and i <= k then
-      redis.call('SET', KEYS[2 * i], 1, 'NX', 'EX', ARGV[1])
+for first = 1, n, 500 do
+  local last = math.min(first + 499, n)
+  local results = redis.call('MGET', unpack(KEYS, first, last))
+  local counts = redis.call('MGET', unpack(KEYS, n + first, n + last))
+  for j = 1, last - first + 1 do
+    local i = first + j - 1
+    if results[j] then
+      found[i] = -1
+    else
+      local count = tonumber(counts[j] or '0')
+      if count == 0 and i <= k then
+        redis.call('SET', KEYS[n + i], 1, 'NX', 'EX', ARGV[1])
+      end
+      found[i] = count
     end
-    found[i] = count
   end
 end
 return found
@@ -388,10 +395,8 @@ class ResultStore:
 
     def _prior_singles(self, job_ids: list[str], starting: int) -> tuple[set[str], dict[str, int]]:
         """``prior`` for jobs that are their own results, the first ``starting`` about to run: one script call."""
-        keys: list[str] = []
-        for job_id in job_ids:
-            key = self.key(job_id)
-            keys += (key, self._attempts_key(key))
+        results = [self.key(job_id) for job_id in job_ids]
+        keys = results + [self._attempts_key(key) for key in results]
 
         def read() -> list[int]:
             return self.client.evalsha(self._sha(_PRIOR), len(keys), *keys, self.expires_s, starting)
