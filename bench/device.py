@@ -204,9 +204,13 @@ def main(argv: list[str] | None = None) -> None:
     table = render(rows, args, sizes, repeats)
     print(table)
     write.parent.mkdir(parents=True, exist_ok=True)
-    write.write_text(table)
+    kept = write.read_text().partition(NOTES)[2] if write.exists() else ""
+    write.write_text(table + (f"\n{NOTES}{kept}" if kept else ""))
     print(f"written to {write}")
 
+
+#: The heading of the hand-written notes under the table (where the time goes); a new run keeps them.
+NOTES = "## Where the time goes"
 
 #: (row, target, at most?) of every target
 TARGETS = [
