@@ -8,8 +8,8 @@ messages in bulk (``tasks.worker.ledger``). While the backlog has more work, the
 handed to a second thread (``swapless-results``; at most three groups' results wait for it) so that it overlaps the
 next group's forward passes instead of leaving the device idle; an idle worker stores at once, on its own thread (no
 hand-over in a lone job's path). Results are stored in the order their groups ran. A job in flight when its worker
-died runs again as ``tasks.worker.attempts`` decides; at ``SWAPLESS_MAX_ATTEMPTS`` deaths it fails as a poison job. Nothing is acked
-before its result is stored.
+died runs again as ``tasks.worker.attempts`` decides; at ``SWAPLESS_MAX_ATTEMPTS`` deaths it fails as a poison job.
+Nothing is acked before its result is stored.
 
 A job with a deadline that has not started by then leaves the backlog before the next group is chosen and is
 answered ``JobExpired``: it costs neither a load nor a forward pass. A group with deadlines runs one forward pass at
