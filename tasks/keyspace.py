@@ -10,7 +10,8 @@
   names them (``<queue>``, ``<queue>\\x06\\x163``, ... per priority), with records of their own like a model's
   (``swapless:{queue/*ingress}:held`` ...): a worker moves what arrives there into its model's lists;
 - per **queue**: ``swapless:<queue>:placement-bell`` (rung when a model has no holder), ``:routes`` (run-time
-  route weights), ``:shadow`` (shadow agreement counts);
+  route weights), ``:shadow`` (shadow agreement counts), ``:wake:<worker id>`` (a worker's own bell, rung by its
+  acks when they free room a waiting fetch had none of);
 - per **deployment**: ``swapless:worker:<id>`` (a worker's heartbeat) and ``swapless:workers`` (their index),
   ``swapless:learned:<device>`` (what workers learned of each model), ``swapless:gateway:...`` (the gateway's
   per-caller limits and in-flight sets).
@@ -116,6 +117,11 @@ class Keyspace:
     def placement_bell(self) -> str:
         """Rung by a producer whose job's model no worker holds: wakes an idle worker to place it."""
         return self._queue_key("placement-bell")
+
+    def wake(self, worker_id: str) -> str:
+        """A worker's own bell: its acks ring it when they free room under a model's hold limit while its fetch
+        waits, so that the fetch that had no room for that model runs again at once."""
+        return self._queue_key(f"wake:{worker_id}")
 
     @property
     def routes(self) -> str:

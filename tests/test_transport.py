@@ -206,6 +206,34 @@ def test_a_round_fetches_every_claimed_model_and_the_ingress_each_within_its_hol
     assert all(r.hlen(keyspace.model(m).held) == 0 for m in ("a", "b"))
 
 
+def test_acks_that_free_room_under_a_hold_limit_wake_the_waiting_fetch(
+    conn: Connection, r: redis.Redis, keyspace: Keyspace, claims: Claims
+) -> None:
+    """A model at its hold limit gets no fetch; the round waits (for up to the idle poll, 30 s here) and the acks
+    that free room ring the worker's wake bell: that model's next fetch follows at once, not after the poll."""
+    push_to_models(r, [ModelPush(keyspace.model("a"), 0, [_message(conn, {"n": i}) for i in range(6)])],
+                   bound=None, placement_bell=keyspace.placement_bell)
+    claims.models, claims.limit = ["a"], 4
+    channel = conn.channel()
+    channel.swapless_idle_poll_s = 30.0
+    got: list[Any] = []
+    consumer = conn.Consumer(Queue(QUEUE, Exchange(QUEUE), QUEUE), channel=channel,
+                             callbacks=[lambda b, m: got.append(m)])
+    consumer.consume()
+    drain(conn, lambda: len(got) >= 4, 5)
+    drain(conn, lambda: False, 0.5)  # at its limit: the channel waits now, its wake bell among the bells
+    assert len(got) == 4
+    started = time.monotonic()
+    got[0].ack()
+    got[1].ack()
+    drain(conn, lambda: len(got) >= 6, 10)
+    assert len(got) == 6 and time.monotonic() - started < 5
+    assert r.llen(keyspace.model("a").list_for(0)) == 0
+    for m in got[2:]:
+        m.ack()
+    assert r.exists(keyspace.wake(WORKER)) == 0  # the wait took the token
+
+
 def _message(conn: Connection, body: Any, priority: int = 0) -> str:
     """A kombu envelope of ``body`` as Swapless's producers push it to a model's list."""
     channel = conn.channel()
@@ -230,6 +258,24 @@ def test_an_ingress_message_for_a_known_model_is_moved_to_its_lists_and_one_for_
     claims.models = ["spam"]
     [then] = consume(conn, 1, timeout=2.0)
     assert then.payload == {"model": "spam", "n": 1}
+
+
+def test_an_ingress_message_for_a_model_this_worker_holds_runs_here_within_its_hold_limit(
+    conn: Connection, r: redis.Redis, keyspace: Keyspace, claims: Claims
+) -> None:
+    claims.routes, claims.models, claims.limit = {"spam": "spam"}, ["spam"], 2
+    publish(conn, [{"model": "spam", "n": i} for i in range(3)])
+    got = consume(conn, 2, timeout=1.0)
+    assert sorted(m.payload["n"] for m in got) == [0, 1]  # delivered here, no push and second fetch
+    assert r.hlen(keyspace.ingress_lists.held) == 2  # recorded where they came from
+    # beyond the hold limit: moved to the model's lists, for whichever holder has room
+    assert [json.loads(base64.b64decode(json.loads(raw)["body"]))["n"]
+            for raw in r.lrange(keyspace.model("spam").list_for(0), 0, -1)] == [2]
+    channel = got[0].channel
+    assert channel._held_per_model["spam"] == 2
+    for m in got:
+        m.ack()
+    assert r.hlen(keyspace.ingress_lists.held) == 0 and channel._held_per_model["spam"] == 0
 
 
 def test_lower_priority_numbers_are_served_first(conn: Connection) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from tasks.broker.connection import RedisHealth
 
-__all__ = ["ACK", "FETCH", "RECOVER", "REFRESH", "RESTORE", "Affinity", "ChannelHooks", "Intake"]
+__all__ = ["ACK", "FETCH", "RECOVER", "REFRESH", "RESTORE", "WAKE", "Affinity", "ChannelHooks", "Intake"]
 
 #: KEYS: p0 p3 p6 p9 held owner seen. ARGV: most messages, the time, the worker's id.
 #: Returns the messages, highest priority first.
@@ -107,6 +107,15 @@ return restore(chosen)
 """
 
 #: KEYS: seen. ARGV: the time, then delivery tags. XX: an acked job is not added back.
+#: KEYS: a worker's wake bell. ARGV: its lifetime (ms). Leaves one token in it (a worker that died waiting leaves one
+#: short-lived key).
+WAKE = """
+redis.call('DEL', KEYS[1])
+redis.call('RPUSH', KEYS[1], '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
 REFRESH = """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(-inf')
 for i = 2, #ARGV, 500 do
@@ -131,6 +140,9 @@ class Affinity(Protocol):
 
     def claimed(self) -> Sequence[str]:
         """The models whose lists this worker fetches from now."""
+
+    def wake(self) -> None:
+        """Place now: the placement bell rang (optional; the transport calls it when present)."""
 
     def route(self, payload: dict[str, Any]) -> str | None:
         """The model an ingress message (a plain Celery producer's) goes to, as its lists are named; None: keep it

@@ -62,6 +62,62 @@ return 0
 """
 
 
+# What ``prior`` reads and counts for a group of single jobs, in one call. KEYS: the jobs' results, then their attempt
+# counters, in the same order. ARGV: the expiry, then k: the first k jobs are about to run. Per job: -1 it has a
+# result; else the attempts started before (0: none), and a job among the first k with none gets its first counted.
+# The first write (EXPIRE) takes no memory (see the module docstring).
+_PRIOR = """
+local n = #KEYS / 2
+redis.call('EXPIRE', KEYS[n + 1], ARGV[1])
+local k = tonumber(ARGV[2])
+local found = {}
+for first = 1, n, 500 do
+  local last = math.min(first + 499, n)
+  local results = redis.call('MGET', unpack(KEYS, first, last))
+  local counts = redis.call('MGET', unpack(KEYS, n + first, n + last))
+  for j = 1, last - first + 1 do
+    local i = first + j - 1
+    if results[j] then
+      found[i] = -1
+    else
+      local count = tonumber(counts[j] or '0')
+      if count == 0 and i <= k then
+        redis.call('SET', KEYS[n + i], 1, 'NX', 'EX', ARGV[1])
+      end
+      found[i] = count
+    end
+  end
+end
+return found
+"""
+
+# The same for many jobs in one call. KEYS: per job its result, attempt counter and record. ARGV: the expiry, then
+# each job's value. Returns per job 1 (stored) or 0 (a result was there). One call per group instead of one per job
+# (a pipeline of one script call per job costs the worker more to write and to read than the stores cost Redis).
+_STORE_MANY = """
+local expires = tonumber(ARGV[1])
+local stored = {}
+for i = 1, #KEYS / 3 do
+  local result = KEYS[3 * i - 2]
+  redis.call('DEL', KEYS[3 * i - 1])
+  if redis.call('EXISTS', KEYS[3 * i]) == 1 then
+    redis.call('HSET', KEYS[3 * i], 'done', 1)
+    redis.call('EXPIRE', KEYS[3 * i], 2 * expires)
+  end
+  if redis.call('SET', result, ARGV[i + 1], 'NX', 'EX', expires) then
+    redis.call('PUBLISH', result, ARGV[i + 1])
+    stored[i] = 1
+  else
+    stored[i] = 0
+  end
+end
+return stored
+"""
+
+#: Most jobs per call of ``_STORE_MANY`` (a bigger batch is several calls in one pipeline).
+STORE_PER_CALL = 256
+
+
 # KEYS: n attempt counters, then the n matching result keys (a chunk item's: its chunk's). ARGV: the expiry, then
 # the mode: "fresh" counts a first attempt (1) only on counters with no count yet (the reads before a group),
 # "count" adds one to every counter (a batch about to run). A job that has a result already (cancelled, or done by
@@ -231,14 +287,24 @@ class ResultStore:
         return self._retrying(lambda: self._store(items, models or {}))
 
     def _store(self, items: list[tuple[str, Any, SwaplessError | None]], models: Mapping[str, str]) -> list[bool]:
-        sha = self._sha(_SET_FIRST_WINS)
-        pipe = self.client.pipeline(transaction=False)
         done_at = datetime.now(UTC).isoformat()  # one instant for the batch, as Celery's app.now() gives
-        for job_id, result, error in items:
+        if len(items) == 1:
+            job_id, result, error = items[0]
             key = self.key(job_id)
             value = self._encode(job_id, result, error, done_at, models.get(job_id))
-            pipe.evalsha(sha, 3, key, self._attempts_key(key), self._record_key(key), value, self.expires_s)
-        return [bool(stored) for stored in pipe.execute()]
+            return [bool(self.client.evalsha(self._sha(_SET_FIRST_WINS), 3, key, self._attempts_key(key),
+                                             self._record_key(key), value, self.expires_s))]
+        sha = self._sha(_STORE_MANY)
+        pipe = self.client.pipeline(transaction=False)
+        for start in range(0, len(items), STORE_PER_CALL):
+            keys: list[str] = []
+            values: list[Any] = []
+            for job_id, result, error in items[start : start + STORE_PER_CALL]:
+                key = self.key(job_id)
+                keys += (key, self._attempts_key(key), self._record_key(key))
+                values.append(self._encode(job_id, result, error, done_at, models.get(job_id)))
+            pipe.evalsha(sha, len(keys), *keys, self.expires_s, *values)
+        return [bool(stored) for reply in pipe.execute() for stored in reply]
 
     def _encode(
         self, job_id: str, result: Any, error: SwaplessError | None, done_at: str, model: str | None = None
@@ -299,6 +365,8 @@ class ResultStore:
         if not job_ids:
             return set(), {}
         lookup = list(job_ids if result_ids is None else result_ids)
+        if lookup == list(job_ids) and list(start) == list(job_ids[: len(start)]):
+            return self._prior_singles(lookup, len(start))
         started_under = [storage_id(job_id) for job_id in start]
 
         def read() -> list[Any]:
@@ -324,6 +392,18 @@ class ResultStore:
             if count is not None and job_id not in done
         }
         return done, started
+
+    def _prior_singles(self, job_ids: list[str], starting: int) -> tuple[set[str], dict[str, int]]:
+        """``prior`` for jobs that are their own results, the first ``starting`` about to run: one script call."""
+        results = [self.key(job_id) for job_id in job_ids]
+        keys = results + [self._attempts_key(key) for key in results]
+
+        def read() -> list[int]:
+            return self.client.evalsha(self._sha(_PRIOR), len(keys), *keys, self.expires_s, starting)
+
+        found = self._retrying(read)
+        done = {job_id for job_id, count in zip(job_ids, found, strict=True) if int(count) < 0}
+        return done, {job_id: int(count) for job_id, count in zip(job_ids, found, strict=True) if int(count) > 0}
 
     def start(self, job_ids: Sequence[str]) -> set[str]:
         """Count one more started attempt of each job (cleared when its result is stored): one script call for the

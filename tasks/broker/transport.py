@@ -7,14 +7,21 @@ pops up to ``n`` messages **and** records each, atomically: a message is in a li
 instant. A worker's channel, given its hooks (``ChannelHooks``, the transport option ``swapless_hooks``), fetches
 in one round trip from the lists of every model its placement has claimed (each bounded by the room that model has
 left under its ``hold_limit`` and by the prefetch credit) and from the ingress, kombu's own lists of the queue
-where a plain Celery producer pushes. An ingress message is moved to its model's lists (pushed there, then acked,
-in a second round trip: a crash in between leaves two copies, and the second finds its result stored and is acked
-without running); one that names no model, or a chunk for a route, is delivered here.
+where a plain Celery producer pushes. An ingress message for a model this worker holds, with room under its hold
+limit, is delivered here (recorded in the ingress's records, counted under the model's hold); one for another model
+is moved to its model's lists (pushed there, then acked, in a second round trip: a crash in between leaves two
+copies, and the second finds its result stored and is acked without running); one that names no model, or a chunk
+for a route, is delivered here.
 
 An idle worker waits on the bells of its models and on the queue's placement bell (``BLPOP``, sent together with
 the fetch: Redis runs the fetch the moment the wait returns, so the job that wakes a worker comes back in the same
 round trip); the ingress and new claims are looked at every ``swapless_idle_poll_s`` (0.1 s by default). A worker
-with work in hand never waits.
+with work in hand never waits for a bell, with one exception: a model at its hold limit gets no fetch, and a round
+with nothing else to fetch waits. Its own wake bell (``Keyspace.wake``) is then among those it waits on, and the
+acks that free room for such a model ring it, so that model's next fetch follows its acks in the same moment
+instead of at the next idle poll: a worker streaming one model keeps its next group fetched while a group runs.
+The placement rings it too when it claims new models (whose bells the outstanding wait does not listen to), and a
+wait that takes the placement bell has the placement run at once.
 
 Acks, rejects, restores and visibility refreshes go through the records' scripts (``tasks.broker.acks`` acks in
 bulk); a dead worker's records are put back by the cluster's recovery (``tasks.cluster.placer``), never by kombu's
@@ -40,8 +47,8 @@ from redis.exceptions import ResponseError
 
 from tasks.broker.connection import is_refused_write
 from tasks.broker.publish import ModelPush, push_to_models
-from tasks.broker.queues import ACK, FETCH, REFRESH, RESTORE, ChannelHooks
-from tasks.keyspace import JobLists, Keyspace
+from tasks.broker.queues import ACK, FETCH, REFRESH, RESTORE, WAKE, ChannelHooks
+from tasks.keyspace import INGRESS, JobLists, Keyspace
 
 __all__ = ["Channel", "HeldQoS", "Transport", "broker_connection"]
 
@@ -69,11 +76,15 @@ class HeldQoS(kombu_redis.QoS):
     and restores run the records' scripts. Tags the channel does not hold (a channel without hooks) are kombu's."""
 
     channel: Channel
+    #: The holds the last ``_forget`` freed room in (models, the ingress).
+    _freed: set[str] = set()  # noqa: RUF012 - replaced, never changed in place
 
     def _forget(self, tags: Iterable[str]) -> dict[JobLists, list[str]]:
         grouped = _by_lists(tags, self.channel._held)
+        freed: set[str] = set()
         for lists, group in grouped.items():
-            self.channel._release(lists, group)
+            freed |= self.channel._release(lists, group)
+        self._freed = freed
         return grouped
 
     def held_ack(self, tags: Sequence[str], client: Any) -> list[str]:
@@ -81,6 +92,7 @@ class HeldQoS(kombu_redis.QoS):
         grouped = self._forget(tags)
         for lists, group in grouped.items():
             client.execute_command("EVAL", ACK, 3, *lists.records, *group)
+        self.channel._wake_for(self._freed, client)
         return _others(tags, grouped)
 
     def held_restore(self, tags: Sequence[str], client: Any) -> list[str]:
@@ -88,6 +100,7 @@ class HeldQoS(kombu_redis.QoS):
         grouped = self._forget(tags)
         for lists, group in grouped.items():
             client.execute_command("EVAL", RESTORE, 7, *lists.queue_and_records, *group)
+        self.channel._wake_for(self._freed, client)
         return _others(tags, grouped)
 
     def held_refresh(self, tags: Sequence[str], client: Any, now: float) -> list[str]:
@@ -159,6 +172,8 @@ class Channel(kombu_redis.Channel):
     swapless_refused_pause_s = 0.5
     #: The worker's hooks (a transport option); None: kombu's own channel.
     swapless_hooks: ChannelHooks | None = None
+    #: Lifetime of a rung wake bell (a worker that dies waiting leaves it behind this long at most).
+    swapless_wake_ttl_ms = 60_000
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -166,15 +181,40 @@ class Channel(kombu_redis.Channel):
         #: delivery tag -> the lists it came from, while held
         self._held: dict[str, JobLists] = {}
         self._held_per_model: Counter[str] = Counter()
+        #: delivery tag -> the model it counts under, for ingress messages delivered here (recorded in the ingress's)
+        self._counted_as: dict[str, str] = {}
         self._plan: list[JobLists] = []
+        #: How many messages each fetch of the round asked for, in ``_plan``'s order.
+        self._asked: list[int] = []
         self._sent: list[str] = []  # the commands of this channel's round in flight; empty: kombu's own BRPOP
         self._rotation = 0
         self._queue = ""
+        #: Models the last round had no room for (at their hold limit).
+        self._full: set[str] = set()
+        #: The wake bell the outstanding wait listens on while a model it had no room for waits; None: no wake due.
+        self._wake_key: str | None = None
 
-    def _release(self, lists: JobLists, tags: Sequence[str]) -> None:
+    def _release(self, lists: JobLists, tags: Sequence[str]) -> set[str]:
+        """Forget held messages; returns the names (models, the ingress) whose holds they counted under."""
+        freed = set()
         for tag in tags:
             if self._held.pop(tag, None) is not None:
-                self._held_per_model[lists.name] -= 1
+                name = self._counted_as.pop(tag, lists.name)
+                self._held_per_model[name] -= 1
+                freed.add(name)
+        return freed
+
+    def _wake_for(self, freed: set[str], client: Any) -> None:
+        """Ring this worker's wake bell (once per wait) when acks freed room for a model (in ``freed``) the waiting
+        fetch had none for: the wait returns and the next round fetches that model (module docstring)."""
+        key = self._wake_key
+        if key is None or not freed & self._full:
+            return
+        self._wake_key = None
+        try:
+            client.execute_command("EVAL", WAKE, 1, key, self.swapless_wake_ttl_ms)
+        except ResponseError as err:
+            self._refused(err, "waking the fetch")  # the idle poll fetches it a little later
 
     def _keyspace(self, queue: str) -> Keyspace:
         return Keyspace(queue, self.global_keyprefix or "")
@@ -226,7 +266,9 @@ class Channel(kombu_redis.Channel):
         if self._mode == _WAIT:
             wait = min(timeout or self.swapless_idle_poll_s, self.swapless_idle_poll_s)
             bells = [keyspace.model(m).bell for m in hooks.affinity.claimed()]
-            commands.insert(0, ("BLPOP", *bells, keyspace.placement_bell, wait))
+            wake = keyspace.wake(hooks.affinity.worker_id)  # rung by new claims, and by acks that free room
+            self._wake_key = wake if self._full else None
+            commands.insert(0, ("BLPOP", *bells, wake, keyspace.placement_bell, wait))
         # An idle worker sends the wait and the fetch together: Redis runs the fetch the moment the wait returns (a
         # message came, or the idle poll ran out), so a job that wakes the worker is fetched in the same round trip.
         conn = self.client.connection
@@ -247,20 +289,25 @@ class Channel(kombu_redis.Channel):
         now = repr(time.time())
         commands: list[tuple[Any, ...]] = []
         self._plan = []
+        self._asked = []
+        self._full = set()
         for model_id in claimed:
             room = min(
                 affinity.hold_limit(model_id) - self._held_per_model[model_id], credit, self.swapless_fetch_limit
             )
             if room <= 0:
+                self._full.add(model_id)
                 continue
             keys = keyspace.model(model_id)
             commands.append(("EVAL", FETCH, 7, *keys.queue_and_records, room, now, affinity.worker_id))
             self._plan.append(keys)
+            self._asked.append(room)
             credit = max(1, credit - room)
         ingress = keyspace.ingress_lists
         commands.append(("EVAL", FETCH, 7, *ingress.queue_and_records, min(credit, self.swapless_fetch_limit), now,
                          affinity.worker_id))
         self._plan.append(ingress)
+        self._asked.append(min(credit, self.swapless_fetch_limit))
         return commands
 
     def _read_round(self) -> tuple[list[Any], ResponseError | None]:
@@ -293,15 +340,30 @@ class Channel(kombu_redis.Channel):
             return bool(super()._brpop_read(**options))
         try:
             replies, refused = self._read_round()
+            woken = False
             if self._sent[0] == "BLPOP":
-                replies = replies[1:]  # the bell's
+                bell, replies = replies[0], replies[1:]
+                self._wake_key = None
+                if bell:
+                    keyspace = self._keyspace(self._queue)
+                    rung = bytes_to_str(bell[0])
+                    woken = rung.startswith(keyspace.wake(""))
+                    if rung == keyspace.placement_bell:  # jobs for a model no worker holds: place them now
+                        getattr(hooks.affinity, "wake", lambda: None)()
             if refused is not None:
                 hooks.health.failed(refused, "fetching jobs")
                 time.sleep(self.swapless_refused_pause_s)
             if not self._deliver_round(hooks, replies):
-                self._mode = _WAIT  # nothing anywhere: wait for the next message
+                # nothing anywhere: wait for the next message; woken by acks: fetch the model they made room for
+                self._mode = _FETCH if woken else _WAIT
                 raise Empty()
-            self._mode = _FETCH  # work is flowing: fetch again at once
+            # Work is flowing: fetch again at once, unless the round emptied every list it fetched from and the
+            # ingress had nothing: what comes next rings a bell (a lone job's worker then spends nothing on an
+            # empty round while its job runs).
+            drained = not replies[-1] and all(
+                len(reply or ()) < asked for reply, asked in zip(replies, self._asked, strict=True)
+            )
+            self._mode = _WAIT if drained else _FETCH
             return True
         finally:
             self._in_poll = None  # type: ignore[assignment]  # as kombu does
@@ -314,18 +376,23 @@ class Channel(kombu_redis.Channel):
         delivered here."""
         fetched: list[dict[str, Any]] = []
         ingress: list[tuple[dict[str, Any], str]] = []
+        held, held_per_model = self._held, self._held_per_model
         for lists, reply in zip(self._plan, replies, strict=True):
-            for raw in reply or []:
+            if not reply:
+                continue
+            from_ingress = lists.name == INGRESS
+            count = 0
+            for raw in reply:
                 payload = self._payload(raw)
                 if payload is None:
                     continue
-                tag = payload["properties"]["delivery_tag"]
-                self._held[tag] = lists
-                self._held_per_model[lists.name] += 1
-                if lists.name == self._keyspace(self._queue).ingress_lists.name:
+                held[payload["properties"]["delivery_tag"]] = lists
+                count += 1
+                if from_ingress:
                     ingress.append((payload, bytes_to_str(raw)))
                 else:
                     fetched.append(payload)
+            held_per_model[lists.name] += count
         if ingress:
             fetched += self._move_ingress(hooks, ingress)
         self._deliver_all(hooks, fetched)
@@ -346,12 +413,23 @@ class Channel(kombu_redis.Channel):
     ) -> list[dict[str, Any]]:
         """Push the ingress's messages to their models' lists and ack them there; returns those kept here."""
         keyspace = self._keyspace(self._queue)
+        affinity = hooks.affinity
+        claimed = set(affinity.claimed())
         pushes: dict[tuple[str, int], list[str]] = {}
         moved: list[str] = []
         kept: list[dict[str, Any]] = []
         for payload, raw in messages:
-            model_id = hooks.affinity.route(payload)
+            model_id = affinity.route(payload)
             if model_id is None:
+                kept.append(payload)
+                continue
+            if model_id in claimed and self._held_per_model[model_id] < affinity.hold_limit(model_id):
+                # This worker holds the model and has room for the job: it runs here, recorded where it came from
+                # (the ingress's records) and counted under the model's hold, with no second push and fetch.
+                tag = payload["properties"]["delivery_tag"]
+                self._counted_as[tag] = model_id
+                self._held_per_model[INGRESS] -= 1
+                self._held_per_model[model_id] += 1
                 kept.append(payload)
                 continue
             level = self._level(payload["properties"].get("priority"))

@@ -41,7 +41,7 @@ from config.settings import Settings
 from manager import ModelManager, ModelStore
 from manager.cache.lru import DEFAULT_LOAD_COST_S
 from tasks.broker.connection import RedisHealth
-from tasks.broker.queues import RECOVER
+from tasks.broker.queues import RECOVER, WAKE
 from tasks.broker.routes import Router
 from tasks.cluster.claims import CLAIM, RELEASE, RENEW
 from tasks.cluster.members import TTL_INTERVALS, Heartbeat, ModelActivity, read_heartbeats
@@ -119,6 +119,7 @@ class Placer:
         self._limits: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._poke = threading.Event()  # a tick now (the placement bell rang), not at the next interval
         self._thread: threading.Thread | None = None
         self._last_recover = 0.0
         self._failing = False
@@ -148,6 +149,7 @@ class Placer:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop placing and release every claim, so that other workers take this worker's models at once."""
         self._stop.set()
+        self._poke.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
         if not self.claims:
@@ -178,7 +180,13 @@ class Placer:
                 if not self._failing:
                     logger.warning("placement failed (%s); retrying every %.1f s", err, interval, exc_info=True)
                 self._failing = True
-            self._stop.wait(interval)
+            self._poke.wait(interval)
+            self._poke.clear()
+
+    def wake(self) -> None:
+        """Place now rather than at the next interval: the transport's wait took the placement bell (a producer
+        queued jobs for a model no worker holds)."""
+        self._poke.set()
 
     # -- one round -----------------------------------------------------------------------------------------
 
@@ -240,6 +248,8 @@ class Placer:
         with self._lock:
             before = set(self._claimed)
             self._claimed = [m for m in models if m in held]
+        if held - before:  # the consumer's wait does not listen to the new models' bells yet: it fetches again now
+            self.client.eval(WAKE, 1, self.keyspace.wake(self.worker_id), self.lease_ms)
         for model_id in before - held:
             self.on_release(model_id)
         if held != before:

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -157,8 +157,12 @@ class SentTimes:
         self._lock = threading.Lock()  # recorded in the consumer thread, taken in the scheduler thread
 
     def record(self, job_id: str, sent_at: float) -> None:
+        self.record_many([(job_id, sent_at)])
+
+    def record_many(self, stamps: Iterable[tuple[str, float]]) -> None:
+        """``record`` for many jobs at once (one fetch round's), under one acquisition of the lock."""
         with self._lock:
-            self._times[job_id] = sent_at
+            self._times.update(stamps)
             while len(self._times) > self.max_entries:
                 self._times.popitem(last=False)
 

@@ -169,7 +169,7 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
         answer_malformed(ResultStore(app, retry_s=5, health=health), message, err)
 
     # with task events on, every message goes through Celery's requests
-    intake = None if settings.task_events else Intake(scheduler.submit, reporting.sent_times.record, malformed)
+    intake = None if settings.task_events else Intake(scheduler.submit, reporting.sent_times.record_many, malformed)
     return WorkerContext(app, settings, keyspace, health, control, runtime, router, reporting, scheduler, placer,
                          intake, ChannelHooks(settings.queue, placer, intake, health), malformed)
 

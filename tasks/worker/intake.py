@@ -107,7 +107,8 @@ class Intake:
 
     Args:
         submit: the scheduler's ``submit``.
-        record_sent_at: told each job's send time (queue-wait accounting), when the producer stamped one.
+        record_sent_at: told the send times (queue-wait accounting) of the jobs of one hand-over whose producer
+            stamped one, as ``(job id, send time)`` pairs, at once.
         answer_malformed: answers a message whose body is not a job with its error (and is told which).
 
     ``bind`` gives it the consumer's ``call_soon`` at each connection (until then, acks and rejects run at once).
@@ -118,7 +119,7 @@ class Intake:
     def __init__(
         self,
         submit: Callable[[Sequence[Any]], None],
-        record_sent_at: Callable[[str, float], None],
+        record_sent_at: Callable[[list[tuple[str, float]]], None],
         answer_malformed: Callable[[Any, Exception], None],
     ) -> None:
         self.submit = submit
@@ -132,6 +133,7 @@ class Intake:
 
     def __call__(self, messages: Sequence[Any]) -> None:
         requests = []
+        stamps: list[tuple[str, float]] = []
         for message in messages:
             try:
                 body = json.loads(message.body)
@@ -147,8 +149,10 @@ class Intake:
             request = LeanRequest(message, args, kwargs, self.defer)
             sent_at = request.request_dict.get(SENT_AT_HEADER)
             if isinstance(sent_at, (int, float)):
-                self.record_sent_at(request.id, float(sent_at))
+                stamps.append((request.id, float(sent_at)))
             requests.append(request)
+        if stamps:
+            self.record_sent_at(stamps)
         if requests:
             self.submit(requests)
 

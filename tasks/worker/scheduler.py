@@ -4,9 +4,12 @@ The consumer thread hands every request to ``submit``, which decodes each once (
 puts its jobs in the backlog; the scheduler thread takes the next group the moment it is idle
 (``Backlog.next_group``: loaded models first, then the cold model with the most waiting work per second of load, a
 starved job first), runs it through the model cache, stores each job's result in one pipeline and acks the
-messages in bulk (``tasks.worker.ledger``). A job in flight when its worker died runs again as
-``tasks.worker.attempts`` decides; at ``SWAPLESS_MAX_ATTEMPTS`` deaths it fails as a poison job. Nothing is acked
-before its result is stored.
+messages in bulk (``tasks.worker.ledger``). While the backlog has more work, the storing and acking of a group is
+handed to a second thread (``swapless-results``; at most three groups' results wait for it) so that it overlaps the
+next group's forward passes instead of leaving the device idle; an idle worker stores at once, on its own thread (no
+hand-over in a lone job's path). Results are stored in the order their groups ran. A job in flight when its worker
+died runs again as ``tasks.worker.attempts`` decides; at ``SWAPLESS_MAX_ATTEMPTS`` deaths it fails as a poison job.
+Nothing is acked before its result is stored.
 
 A job with a deadline that has not started by then leaves the backlog before the next group is chosen and is
 answered ``JobExpired``: it costs neither a load nor a forward pass. A group with deadlines runs one forward pass at
@@ -21,7 +24,9 @@ cancelled chunk leave the backlog with it.
 
 from __future__ import annotations
 
+import functools
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -87,6 +92,12 @@ class BatchScheduler:
         #: Jobs of the running group whose attempt is counted already (scheduler thread only).
         self._started: set[str] = set()
         self._stopping = False
+        #: Completions (store, then ack) handed to the results thread, each with the jobs it answers; None stops it.
+        self._completions: queue.Queue[tuple[Callable[[ResultStore], None], Sequence[Job]] | None] = queue.Queue(
+            maxsize=1)
+        self._completer: threading.Thread | None = None
+        #: A completion waiting for the next group's first Redis round trip to be sent first (scheduler thread only).
+        self._deferred: tuple[Callable[[ResultStore], None], Sequence[Job]] | None = None
         self._thread: threading.Thread | None = None
         self._first: Callable[[], Any] | None = None
         #: Set once the scheduler thread is running and has done its ``first`` work (the warm start).
@@ -160,6 +171,10 @@ class BatchScheduler:
     def _take(self) -> tuple[list[tuple[Any, SwaplessError]], list[Job], list[Job]] | None:
         manager = self.runtime.manager
         with self._cond:
+            idle = not self._stopping and not self.ledger.has_rejected and not len(self.backlog)
+        if idle:
+            self._hand_over_deferred()  # nothing to run next: store now
+        with self._cond:
             while not self._stopping and not self.ledger.has_rejected and not len(self.backlog):
                 self._cond.wait()
             if self._stopping:
@@ -178,6 +193,16 @@ class BatchScheduler:
         finally:
             self.ready.set()
         results = self.results_factory()
+        self._completer = threading.Thread(target=self._complete_loop, name="swapless-results", daemon=True)
+        self._completer.start()
+        try:
+            self._schedule(results)
+        finally:
+            self._hand_over_deferred()
+            self._completions.put(None)  # what is handed over is stored and acked before the thread ends
+            self._completer.join()
+
+    def _schedule(self, results: ResultStore) -> None:
         while True:
             taken = self._take()
             if taken is None:
@@ -185,7 +210,8 @@ class BatchScheduler:
             rejected, expired, group = taken
             try:
                 if rejected:
-                    self.ledger.finish(results, [(request, None, err) for request, err in rejected])
+                    rejected_items = [(request, None, err) for request, err in rejected]
+                    self._finish(results, functools.partial(self._finish_rejected, rejected_items), ())
                 if expired:
                     self._expire(results, expired)
                 if group:
@@ -195,12 +221,68 @@ class BatchScheduler:
                 # try them again shortly; giving them back would need Redis too.
                 logger.warning("a group of %d job(s) hit a Redis error (%s); keeping them, retrying in 1 s",
                                len(group) + len(expired), err)
+                self._hand_over_deferred()
+                self._completions.join()  # what was handed over has its outcome (or is kept) first
                 self._keep([*expired, *group])
                 time.sleep(1.0)
             except Exception:  # the scheduler must outlive any one group
                 logger.exception("a group of %d job(s) failed to complete; putting them back on the queue",
                                  len(group) + len(expired))
+                self._hand_over_deferred()
+                self._completions.join()
                 self._give_back([*expired, *group])
+
+    def _finish_rejected(self, items: list[tuple[Any, None, SwaplessError]], results: ResultStore) -> None:
+        self.ledger.finish(results, items)
+
+    def _finish(self, results: ResultStore, work: Callable[[ResultStore], None], jobs: Sequence[Job]) -> None:
+        """Store and ack (``work``): on the results thread while the backlog has more to run (it overlaps the next
+        group), else here at once. Results are stored in the order their groups ran either way."""
+        if self._completer is None or threading.current_thread() is self._completer:
+            work(results)
+            return
+        with self._cond:
+            busy = bool(len(self.backlog)) or self.ledger.has_rejected
+        if not busy and not self._completions.unfinished_tasks and self._deferred is None:
+            work(results)  # nothing to overlap: no hand-over in a lone job's path
+            return
+        self._hand_over_deferred()
+        if len(jobs) <= self.runtime.settings.max_batch_size:
+            self._completions.put((work, jobs))  # a slice or a few jobs: stored at once, beside the next pass
+            return
+        # A whole group: handed over once the next group's first round trip (``_run``'s ``prior``) is sent; storing
+        # it would otherwise contend for the CPU with that round trip, while the device waits for the group.
+        self._deferred = (work, jobs)
+
+    def _hand_over_deferred(self) -> None:
+        """Give the results thread the completion ``_finish`` deferred, if any."""
+        if self._deferred is not None:
+            deferred, self._deferred = self._deferred, None
+            self._completions.put(deferred)  # waits while an earlier group is still being stored
+
+    def _complete_loop(self) -> None:
+        """The results thread: store and ack what the scheduler thread hands over, in order. A Redis failure keeps
+        the jobs without an outcome for another run, as the scheduler thread does."""
+        results = self.results_factory()
+        while True:
+            item = self._completions.get()
+            try:
+                if item is None:
+                    return
+                work, jobs = item
+                try:
+                    work(results)
+                except (RedisError, OperationalError) as err:
+                    logger.warning("storing the results of %d job(s) hit a Redis error (%s); keeping them, retrying "
+                                   "in 1 s", len(jobs), err)
+                    self._keep(jobs)
+                    time.sleep(1.0)
+                except Exception:  # the thread must outlive any one group
+                    logger.exception("storing the results of %d job(s) failed; putting them back on the queue",
+                                     len(jobs))
+                    self._give_back(jobs)
+            finally:
+                self._completions.task_done()
 
     def _expire(self, results: ResultStore, jobs: Sequence[Job]) -> None:
         """Answer jobs whose deadline passed before they started: ``JobExpired``, and never run."""
@@ -244,6 +326,8 @@ class BatchScheduler:
     def _run(self, results: ResultStore, group: Sequence[Job]) -> None:
         """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
         model_id = group[0].model_id
+        if self.runtime.settings.load_ahead and model_id in self.runtime.manager.loaded_ids():
+            self._load_ahead(model_id)  # loaded already: the next model's load starts before this group's reads
         self._cancel_revoked(results, group)
         # The first batch's attempts are counted in the same round trip as the reads (see _run_batch).
         size = self._slice(model_id, group)
@@ -252,6 +336,7 @@ class BatchScheduler:
             [job.id for job in group], list(dict.fromkeys(storage_id(job.id) for job in group)),
             start=[job.id for job in first],
         )
+        self._hand_over_deferred()  # the group before this one's results: stored while this one computes
         self._started = {job.id for job in first if job.id not in attempts and storage_id(job.id) not in done_before}
         if done_before:
             # Cancelled jobs, and redelivered copies of jobs that already have a final result: never run them.
@@ -280,7 +365,7 @@ class BatchScheduler:
         return size if len(jobs) > size else None
 
     def _run_sliced(self, results: ResultStore, model_id: str, jobs: Sequence[Job]) -> None:
-        """Run a group in slices, each slice's results stored (and its messages acked) as soon as it is done;
+        """Run a group in slices, each slice's results stored (and its messages acked) while the next computes;
         between slices, yield to interactive jobs (bulk groups) and expire jobs whose deadline passed (groups with
         deadlines).
 
@@ -322,6 +407,7 @@ class BatchScheduler:
         batch = [job for job in batch if self.ledger.live(job.id)]  # not of a chunk dropped since the group began
         # a Redis failure keeps the batch
         found = results.start([job.id for job in batch if job.id not in self._started])
+        self._hand_over_deferred()  # the previous batch's results: stored while this one computes
         self._started.difference_update(job.id for job in batch)
         if found:
             self._drop(results, model_id, found)
@@ -386,10 +472,17 @@ class BatchScheduler:
 
     def _complete(self, results: ResultStore, outcomes: list[Outcome]) -> None:
         outcomes = [o for o in outcomes if self.ledger.live(o.job.id)]  # a chunk dropped after some of its items ran
+        jobs = [o.job for o in outcomes]
         outcomes, chunks_done = self.chunks.collect(outcomes)  # items of chunks -> complete chunks
         served = {o.job.id: o.job.model_id for o in outcomes}
         answered = [(self.ledger.delivery(o.job.id), o) for o in outcomes]
-        self.ledger.finish(results, [(d.request, o.result, o.error) for d, o in answered] + chunks_done, models=served)
-        self.shadows.settle(results, answered)
-        if chunks_done:  # the items' attempt counters end with their chunk's stored result
-            results.clear_attempts([item_id(r.id, i) for r, value, _ in chunks_done for i in range(len(value))])
+        items = [(d.request, o.result, o.error) for d, o in answered] + chunks_done
+
+        def work(store: ResultStore) -> None:
+            self.ledger.finish(store, items, models=served)
+            self.shadows.settle(store, answered)
+            if chunks_done:  # the items' attempt counters end with their chunk's stored result
+                store.clear_attempts([item_id(r.id, i) for r, value, _ in chunks_done for i in range(len(value))])
+
+        if items:
+            self._finish(results, work, jobs)
