@@ -189,25 +189,10 @@ def start_worker(swapless_env: dict[str, str], tmp_path: Path) -> Iterator[Calla
 def module_env(redis_url: str, models_file: Path) -> Iterator[dict[str, str]]:
     """Like ``swapless_env``, for the tests of a module that share workers: one queue and key prefix for the whole
     module, set in this process until the module ends; its keys are deleted then."""
-    prefix = f"swapless-test-{uuid.uuid4().hex[:10]}:"
-    env = {
-        "SWAPLESS_REDIS_URL": redis_url,
-        "SWAPLESS_KEY_PREFIX": prefix,
-        "SWAPLESS_QUEUE": prefix + "jobs",
-        "SWAPLESS_MODELS_FILE": str(models_file),
-        "SWAPLESS_DEVICE": "cpu",
-    }
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        get_settings.cache_clear()
+    from tests.stack import private_env  # tests.stack imports this module
+
+    with private_env(redis_url, models_file) as env:
         yield env
-    get_settings.cache_clear()
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 @pytest.fixture(scope="module")
