@@ -137,9 +137,13 @@ def test_each_model_runs_on_one_worker_and_is_loaded_once(cluster: Cluster) -> N
     ran = cluster.ran()
     assert all(len(ran[m]) == 1 for m in MODELS), ran  # each model's 100 jobs on one worker
     assert {pid for pids in ran.values() for pid in pids} == {_pid_of(w) for w in workers}  # all three worked
-    holders = cluster.holders()  # every model is still claimed, by the one worker that ran it
+    # no model is claimed by a worker other than the one that ran it. A worker that took a third model while the
+    # others started gives one up once its work is done (a cache holds two): all three worked, so at most one did.
+    holders = cluster.holders()
     by_pid = {beat.pid: beat.worker_id for beat in cluster.beats()}
-    assert {m: holders.get(m) for m in MODELS} == {m: (by_pid[next(iter(ran[m]))],) for m in MODELS}, (holders, ran)
+    for m in MODELS:
+        assert holders.get(m) in (None, (by_pid[next(iter(ran[m]))],)), (m, holders, ran)
+    assert sum(1 for m in MODELS if holders.get(m)) >= len(MODELS) - 1, holders
     wait_for(lambda: _loads(cluster.beats()) == len(MODELS), 10, "the heartbeats to count the loads")
     assert max(cluster.runs().values()) == 1
 
