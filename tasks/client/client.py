@@ -102,7 +102,9 @@ class Client:
         self.app: Celery = make_app(self.settings)
         #: Every call of this client goes through it (one connection pool per URL in the process).
         self.redis = redis_client(self.settings.broker_url, connect_timeout_s=self.settings.connect_timeout_s)
-        self.results = ResultStore(self.app, client=self.redis)
+        #: A producer's writes (cancels, forgets) ride out a blip, but a Redis that is down is reported within the
+        #: connect timeout, not after the worker's minute of retries.
+        self.results = ResultStore(self.app, retry_s=self.settings.connect_timeout_s, client=self.redis)
         #: Routes and publishes this client's jobs.
         self.publisher = Publisher(self.settings, self.app, self.redis)
         #: Every wait of this client (``Job.get``, ``gather``, chunk streams): one pub/sub connection, opened by the
