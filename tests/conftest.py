@@ -247,12 +247,39 @@ def one_worker(module_faults: FaultEnv) -> Iterator[FaultEnv]:
     module_faults.end_test()
 
 
+#: Fault-scenario rows the test processes handed over (``pytest -n``: each runs its own share of the tests).
+_WORKER_ROWS: tuple[list[str], list[str]] = ([], [])
+
+
+def _local_rows() -> tuple[list[str], list[str]]:
+    faultkit = sys.modules.get("tests.faultkit")  # not even imported when no fault test ran
+    return faultkit.rows() if faultkit is not None else ([], [])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In a test process of ``pytest -n``: hand this process's fault-scenario rows to the controller."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["fault_rows"] = _local_rows()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """In the controller of ``pytest -n``: keep the fault-scenario rows of a test process that finished."""
+    scenario_rows, pressure_rows = getattr(node, "workeroutput", {}).get("fault_rows", ([], []))
+    _WORKER_ROWS[0].extend(scenario_rows)
+    _WORKER_ROWS[1].extend(pressure_rows)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """At the end of the run, one table of every fault scenario (``tests.faultkit.print_table``), shown for
-    passing runs too; nothing when no fault test ran (faultkit is not even imported then)."""
-    faultkit = sys.modules.get("tests.faultkit")
-    if faultkit is not None:
-        faultkit.print_table(terminalreporter)
+    passing runs too; nothing when no fault test ran."""
+    scenario_rows, pressure_rows = _local_rows()
+    scenario_rows, pressure_rows = scenario_rows + _WORKER_ROWS[0], pressure_rows + _WORKER_ROWS[1]
+    if scenario_rows or pressure_rows:
+        from tests.faultkit import print_table
+
+        print_table(terminalreporter, scenario_rows, pressure_rows)
 
 
 @pytest.fixture

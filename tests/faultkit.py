@@ -232,26 +232,31 @@ class PressureRow:
 PRESSURE: list[PressureRow] = []
 
 
-def table() -> str:
-    """The markdown tables of every scenario run so far."""
+def rows() -> tuple[list[str], list[str]]:
+    """The table rows of every delivery scenario and every memory-pressure scenario run so far in this process."""
+    return [s.row() for s in SCENARIOS], [s.row() for s in PRESSURE]
+
+
+def table(scenario_rows: list[str], pressure_rows: list[str]) -> str:
+    """The markdown tables of these scenario rows (``rows``, of this process or of every test process)."""
     parts = []
-    if SCENARIOS:
+    if scenario_rows:
         head = "| scenario | submitted | succeeded | failed as expected | lost | conflicting | recovery |\n"
         head += "|---|---|---|---|---|---|---|\n"
-        parts.append(head + "\n".join(s.row() for s in SCENARIOS))
-    if PRESSURE:
+        parts.append(head + "\n".join(scenario_rows))
+    if pressure_rows:
         head = "| Redis memory scenario | submitted | accepted | refused (error) | answered | lost | recovery |\n"
         head += "|---|---|---|---|---|---|---|\n"
-        parts.append(head + "\n".join(s.row() for s in PRESSURE))
+        parts.append(head + "\n".join(pressure_rows))
     return "\n\n".join(parts)
 
 
-def print_table(reporter: pytest.TerminalReporter) -> None:
-    """Print the table of every scenario run so far (nothing if none ran); also write it to the file named by
+def print_table(reporter: pytest.TerminalReporter, scenario_rows: list[str], pressure_rows: list[str]) -> None:
+    """Print the table of these scenario rows (nothing if there are none); also write it to the file named by
     ``SWAPLESS_FAULTS_REPORT`` when that is set."""
-    if not SCENARIOS and not PRESSURE:
+    if not scenario_rows and not pressure_rows:
         return
-    text = table()
+    text = table(scenario_rows, pressure_rows)
     reporter.write_line("")
     for line in text.splitlines():
         reporter.write_line(line)

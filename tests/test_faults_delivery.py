@@ -103,8 +103,11 @@ def test_sigkill_mid_batch_every_job_finishes_on_the_next_worker_within_the_boun
     in_batch_gate = faults.gate_text()
     in_batch = [in_batch_gate] + [f"batch-{i}" for i in range(20)]
     batch_jobs = [client.submit("echo", text) for text in in_batch]
+    # all fetched before the first gate opens, so that they make one batch (a loaded machine fetches late)
+    wait_for(lambda: faults.queued() == 0 and faults.unacked() == 1 + len(in_batch), 10, "the batch's fetch")
     held.open()
     faults.wait_executed(in_batch_gate)
+    assert all(faults.executions()[text] == 1 for text in in_batch), f"one batch: {faults.executions()}"
     # Buffered behind it: fetched by the worker, waiting in its backlog.
     buffered = [f"buffered-{i}" for i in range(60)]
     buffered_jobs = [client.submit("echo2", text) for text in buffered[:40]]
@@ -125,8 +128,8 @@ def test_sigkill_mid_batch_every_job_finishes_on_the_next_worker_within_the_boun
     scenario.count(stored, [held.expect] + [echoes(t) for t in in_batch + buffered])
     scenario.assert_complete(faults.snapshot)
     runs = faults.executions()
-    assert all(runs[text] == 2 for text in in_batch), "the batch in flight ran again, once"
-    assert all(runs[text] == 1 for text in buffered), "buffered jobs ran once"
+    assert {text: runs[text] for text in in_batch} == dict.fromkeys(in_batch, 2), "the batch in flight ran again, once"
+    assert {text: runs[text] for text in buffered} == dict.fromkeys(buffered, 1), "buffered jobs ran once"
     # The next worker's start (seconds on a loaded machine) and its first placement round: well before the 30 s
     # after which the visibility timeout would have brought them back.
     assert back_at - killed_at < 20, f"put back {back_at - killed_at:.1f} s after the kill"

@@ -28,7 +28,12 @@ LEARNED_TTL_S = 30 * 24 * 3600
 
 
 def device_label(device: str) -> str:
-    """The kind of device a worker computes on: what it learned applies to workers on the same kind."""
+    """The kind of device a worker computes on: what it learned applies to workers on the same kind.
+
+    A device named outright other than CUDA (``cpu``, ``mps``) is its own kind: a worker that serves no torch model
+    starts without importing torch (a second of CPU per start)."""
+    if device != "auto" and not device.startswith("cuda"):
+        return device.split(":", 1)[0]
     from manager.frameworks.torch_utils import resolve_device
 
     resolved = resolve_device(device)
