@@ -5,6 +5,12 @@ Every producer-side call into Redis (``Client``, ``swapless submit/result/bulk/s
 ``redis_client`` (a connect timeout of ``SWAPLESS_CONNECT_TIMEOUT_S``, one retry) and ``translate``: a Redis
 that is down is ``QueueUnavailable`` within seconds, one out of memory or at its queue bound is ``QueueFull``,
 each naming the URL without its password and saying what to do.
+
+A ``sentinel://host:26379;sentinel://host:26380`` URL (Celery's form) names Redis Sentinels instead of a Redis: the
+clients built for it ask the sentinels for the primary of ``SWAPLESS_REDIS_SENTINEL_MASTER`` at each connection
+(``SentinelOptions``), so after a failover their next connection reaches the new primary; each process logs one
+line when the primary it reaches moves (``PrimaryWatch``). A plain URL whose address moves to a promoted replica
+(a managed Redis) needs nothing more: its connections drop, and the next ones reach whoever holds the address.
 """
 
 from __future__ import annotations
@@ -15,24 +21,34 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aredis
+import redis.asyncio.sentinel as asentinel
+import redis.sentinel
 from kombu.exceptions import OperationalError
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from config.errors import QueueFull, QueueUnavailable, SwaplessError
+from config.errors import ConfigError, QueueFull, QueueUnavailable, SwaplessError
+from config.settings import Settings
 
 __all__ = [
     "WRITE_FIRST_NOTE",
+    "PrimaryWatch",
     "RedisHealth",
+    "ReplicaWait",
+    "ReplicasBehind",
+    "SentinelOptions",
+    "SentinelURL",
     "aping",
     "async_redis_client",
     "client_url",
     "is_refused_write",
+    "is_sentinel_url",
     "redact",
     "redis_client",
     "refusal",
@@ -59,7 +75,10 @@ def client_url(url: str) -> str:
 
 
 def redact(url: str) -> str:
-    """``url`` with its password (and ACL user's password) replaced by ``***``: safe to print and log."""
+    """``url`` with its password (and ACL user's password) replaced by ``***``: safe to print and log (each
+    sentinel's of a ``sentinel://...;sentinel://...`` URL)."""
+    if ";" in url:
+        return ";".join(redact(part) for part in url.split(";"))
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -74,6 +93,150 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+def is_sentinel_url(url: str) -> bool:
+    """Whether ``url`` names Redis Sentinels (``sentinel://``) rather than a Redis."""
+    return url.lower().startswith("sentinel://")
+
+
+#: The port of a sentinel whose URL names none.
+SENTINEL_PORT = 26379
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    """What a ``sentinel://[user:password@]host[:port][/db];sentinel://host[:port];...`` URL says: the sentinels'
+    addresses, and the database and credentials of the primary (from the first sentinel's URL that has them, as
+    Celery and kombu read it)."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelURL:
+        """Read a sentinel URL.
+
+        Raises:
+            ConfigError: a part is not a ``sentinel://host[:port]`` URL, or the database is not a number.
+        """
+        sentinels: list[tuple[str, int]] = []
+        db: int | None = None
+        username = password = None
+        for part in (p.strip() for p in url.split(";") if p.strip()):
+            try:
+                parts = urlsplit(part)
+                port = parts.port
+            except ValueError:
+                parts, port = None, None
+            if parts is None or parts.scheme.lower() != "sentinel" or not parts.hostname:
+                raise ConfigError("SWAPLESS_REDIS_URL", f"{redact(part)!r} is no sentinel://host:port URL; write "
+                                  "sentinel://host:26379;sentinel://host2:26379 (Celery's form)")
+            sentinels.append((parts.hostname, port or SENTINEL_PORT))
+            path = parts.path.strip("/")
+            if db is None and path:
+                if not path.isdigit():
+                    raise ConfigError("SWAPLESS_REDIS_URL", f"database {path!r} of {redact(part)!r} is not a number")
+                db = int(path)
+            if password is None and username is None and (parts.password is not None or parts.username):
+                username, password = parts.username or None, parts.password
+        if not sentinels:
+            raise ConfigError("SWAPLESS_REDIS_URL", "names no sentinel; write sentinel://host:26379;sentinel://...")
+        return cls(tuple(sentinels), db or 0, username, password)
+
+
+@dataclass(frozen=True)
+class SentinelOptions:
+    """How to reach the primary through the sentinels: its master name, and the sentinels' own credentials and TLS
+    (``SWAPLESS_REDIS_SENTINEL_*``)."""
+
+    master: str
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+
+    @classmethod
+    def of(cls, settings: Settings) -> SentinelOptions | None:
+        """The options ``settings`` give, or None without a master name (no sentinels)."""
+        if not settings.redis_sentinel_master:
+            return None
+        secret = settings.redis_sentinel_password
+        return cls(settings.redis_sentinel_master, settings.redis_sentinel_username,
+                   secret.get_secret_value() if secret is not None else None, settings.redis_sentinel_tls)
+
+    def sentinel_kwargs(self, connect_timeout_s: float, socket_timeout_s: float | None) -> dict[str, Any]:
+        """The keyword arguments of every connection to a sentinel."""
+        found: dict[str, Any] = {"socket_connect_timeout": connect_timeout_s, "socket_timeout": socket_timeout_s}
+        if self.username:
+            found["username"] = self.username
+        if self.password:
+            found["password"] = self.password
+        if self.tls:
+            found["ssl"] = True
+        return found
+
+
+class PrimaryWatch:
+    """The primary each master name was last found at, per process: one log line when it moves (a failover),
+    however many clients of the process find it. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._at: dict[str, tuple[str, int]] = {}
+
+    def found(self, master: str, address: tuple[str, int]) -> None:
+        """A client found ``master``'s primary at ``address``."""
+        address = (str(address[0]), int(address[1]))
+        with self._lock:
+            before = self._at.get(master)
+            self._at[master] = address
+        if before is None:
+            logger.info("Redis primary %r is at %s:%d (from Redis Sentinel)", master, *address)
+        elif before != address:
+            logger.warning("Redis primary %r moved from %s:%d to %s:%d (a failover); reconnected there", master,
+                           *before, *address)
+
+
+#: This process's watch (every Sentinel client of the process reports to it).
+PRIMARIES = PrimaryWatch()
+
+
+class WatchedSentinel(redis.sentinel.Sentinel):
+    """redis-py's Sentinel client, reporting each primary it finds to ``PRIMARIES``."""
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        address = super().discover_master(service_name)
+        PRIMARIES.found(service_name, address)
+        return address  # type: ignore[no-any-return]
+
+
+class WatchedAsyncSentinel(asentinel.Sentinel):
+    """``WatchedSentinel`` for asyncio clients."""
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        address = await super().discover_master(service_name)
+        PRIMARIES.found(service_name, address)
+        return address  # type: ignore[no-any-return]
+
+
+def _need_sentinel(url: str, sentinel: SentinelOptions | None) -> SentinelOptions:
+    if sentinel is None:
+        raise ConfigError("SWAPLESS_REDIS_SENTINEL_MASTER", f"{redact(url)!r} names sentinels: set "
+                          "SWAPLESS_REDIS_SENTINEL_MASTER to the name they know the primary by")
+    return sentinel
+
+
+def _master_kwargs(url: SentinelURL, sentinel: SentinelOptions) -> dict[str, Any]:
+    found: dict[str, Any] = {"db": url.db}
+    if url.username:
+        found["username"] = url.username
+    if url.password is not None:
+        found["password"] = url.password
+    if sentinel.tls:
+        found["ssl"] = True
+    return found
+
+
 def _options(connect_timeout_s: float, socket_timeout_s: float | None) -> dict[str, Any]:
     return {
         "socket_connect_timeout": connect_timeout_s,
@@ -83,24 +246,39 @@ def _options(connect_timeout_s: float, socket_timeout_s: float | None) -> dict[s
     }
 
 
-_pools: dict[tuple[str, float, float | None], redis.ConnectionPool] = {}
+_pools: dict[tuple[str, float, float | None, SentinelOptions | None], redis.ConnectionPool] = {}
 _pools_lock = threading.Lock()
 
 
-def redis_client(url: str, connect_timeout_s: float = 3.0, socket_timeout_s: float | None = 10.0) -> redis.Redis:
-    """A redis-py client for a broker URL (``redis://``, ``rediss://``, ``redis+socket://``) with bounded timeouts.
+def redis_client(
+    url: str, connect_timeout_s: float = 3.0, socket_timeout_s: float | None = 10.0, *,
+    sentinel: SentinelOptions | None = None,
+) -> redis.Redis:
+    """A redis-py client for a broker URL (``redis://``, ``rediss://``, ``redis+socket://``, or ``sentinel://``
+    with ``sentinel``: the primary the sentinels name) with bounded timeouts.
 
     Clients of one URL and timeouts share one connection pool for the life of the process (as Celery's backends
     do), so a producer that makes a ``Client`` per request opens no new connection per request, and no
     connection is left to the garbage collector. redis-py's pools reset themselves in a forked child.
+
+    Raises:
+        ConfigError: a sentinel URL without ``sentinel`` options, or one that cannot be read.
     """
-    key = (url, connect_timeout_s, socket_timeout_s)
+    key = (url, connect_timeout_s, socket_timeout_s, sentinel if is_sentinel_url(url) else None)
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None:
-            pool = _pools[key] = redis.ConnectionPool.from_url(
-                client_url(url), **_options(connect_timeout_s, socket_timeout_s)
-            )
+            options = _options(connect_timeout_s, socket_timeout_s)
+            if is_sentinel_url(url):
+                need = _need_sentinel(url, sentinel)
+                parsed = SentinelURL.parse(url)
+                manager = WatchedSentinel(list(parsed.sentinels),
+                                          sentinel_kwargs=need.sentinel_kwargs(connect_timeout_s, socket_timeout_s),
+                                          **options, **_master_kwargs(parsed, need))
+                pool = manager.master_for(need.master).connection_pool
+            else:
+                pool = redis.ConnectionPool.from_url(client_url(url), **options)
+            _pools[key] = pool
     return redis.Redis(connection_pool=pool)
 
 
@@ -110,12 +288,26 @@ def redis_client(url: str, connect_timeout_s: float = 3.0, socket_timeout_s: flo
 ASYNC_MAX_CONNECTIONS = 2000
 
 
-def async_redis_client(url: str, connect_timeout_s: float = 3.0, socket_timeout_s: float | None = 10.0) -> aredis.Redis:
-    """``redis_client`` for asyncio code (``ASYNC_MAX_CONNECTIONS`` connections at most)."""
+def async_redis_client(
+    url: str, connect_timeout_s: float = 3.0, socket_timeout_s: float | None = 10.0, *,
+    sentinel: SentinelOptions | None = None,
+) -> aredis.Redis:
+    """``redis_client`` for asyncio code (``ASYNC_MAX_CONNECTIONS`` connections at most).
+
+    Raises:
+        ConfigError: as ``redis_client``.
+    """
     from redis.asyncio.retry import Retry as AsyncRetry
 
     options = _options(connect_timeout_s, socket_timeout_s)
     options["retry"] = AsyncRetry(ExponentialBackoff(cap=0.5, base=0.05), retries=1)
+    if is_sentinel_url(url):
+        need = _need_sentinel(url, sentinel)
+        parsed = SentinelURL.parse(url)
+        manager = WatchedAsyncSentinel(list(parsed.sentinels),
+                                       sentinel_kwargs=need.sentinel_kwargs(connect_timeout_s, socket_timeout_s),
+                                       **options, **_master_kwargs(parsed, need))
+        return manager.master_for(need.master, max_connections=ASYNC_MAX_CONNECTIONS)
     return aredis.Redis.from_url(client_url(url), max_connections=ASYNC_MAX_CONNECTIONS, **options)
 
 
@@ -202,6 +394,49 @@ class RedisHealth:
         return f"Redis refusing writes: {problem}" if problem in ("OOM", "READONLY", "MISCONF") else f"Redis {problem}"
 
 
+class ReplicasBehind(redis.exceptions.RedisError):
+    """Fewer replicas than ``SWAPLESS_REDIS_MIN_REPLICAS`` confirmed a write within the timeout (``WAIT``): the
+    write is on the primary, and may be lost with it."""
+
+    def __init__(self, confirmed: int, wanted: int, timeout_s: float) -> None:
+        super().__init__(confirmed, wanted, timeout_s)
+        self.confirmed, self.wanted, self.timeout_s = confirmed, wanted, timeout_s
+
+    def __str__(self) -> str:
+        return (f"only {self.confirmed} of the {self.wanted} replica(s) SWAPLESS_REDIS_MIN_REPLICAS asks for "
+                f"confirmed the write within {self.timeout_s:g} s (SWAPLESS_REDIS_REPLICA_TIMEOUT_S)")
+
+
+@dataclass(frozen=True)
+class ReplicaWait:
+    """How many replicas must hold a write before it counts (``SWAPLESS_REDIS_MIN_REPLICAS``), and how long to wait
+    for them: a ``WAIT`` sent after the write on its connection (in the same pipeline)."""
+
+    count: int
+    timeout_s: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> ReplicaWait | None:
+        """The wait ``settings`` ask for; None: none (``SWAPLESS_REDIS_MIN_REPLICAS`` is 0)."""
+        if settings.redis_min_replicas <= 0:
+            return None
+        return cls(settings.redis_min_replicas, settings.redis_replica_timeout_s)
+
+    def command(self) -> tuple[str, int, int]:
+        """The ``WAIT`` to send after the write."""
+        return "WAIT", self.count, max(1, round(self.timeout_s * 1000))
+
+    def check(self, reply: Any) -> None:
+        """Raise unless ``reply``, the ``WAIT``'s, counts enough replicas.
+
+        Raises:
+            ReplicasBehind: too few replicas confirmed the write.
+        """
+        confirmed = int(reply)
+        if confirmed < self.count:
+            raise ReplicasBehind(confirmed, self.count, self.timeout_s)
+
+
 _ADVICE = {
     "OOM": "Redis is out of memory (maxmemory); wait for workers to drain the queue, read (or forget) stored "
     "results, or raise maxmemory, then send it again",
@@ -220,6 +455,9 @@ def translate(err: BaseException, url: str) -> BaseException:
         return QueueFull(where, _ADVICE[code])
     if code is not None:
         return QueueUnavailable(where, _ADVICE[code])
+    if isinstance(err, ReplicasBehind):
+        return QueueUnavailable(where, f"{err}; the job is on the primary only and may still run: send it again "
+                                "(or check the replicas, or lower SWAPLESS_REDIS_MIN_REPLICAS)")
     if isinstance(err, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
         return QueueUnavailable(where, f"{err}; check the user and password in SWAPLESS_REDIS_URL")
     if isinstance(err, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OperationalError, OSError)):

@@ -39,7 +39,7 @@ from config.settings import Settings, get_settings
 from manager.registry.specs import ModelSpec
 from manager.registry.store import ModelStore
 from tasks.app import make_app
-from tasks.broker.connection import redis_client, translated
+from tasks.broker.connection import SentinelOptions, redis_client, translated
 from tasks.broker.results import ResultStore, StoredResult
 from tasks.broker.routes import RouteOverrides
 from tasks.client.consumer import ResultConsumer
@@ -101,13 +101,14 @@ class Client:
         #: The Celery app whose result backend's encoding, key names and expiry the results follow.
         self.app: Celery = make_app(self.settings)
         #: Every call of this client goes through it (one connection pool per URL in the process).
-        self.redis = redis_client(self.settings.broker_url, connect_timeout_s=self.settings.connect_timeout_s)
+        self.redis = redis_client(self.settings.broker_url, connect_timeout_s=self.settings.connect_timeout_s,
+                                  sentinel=SentinelOptions.of(self.settings))
         self.results = ResultStore(self.app, client=self.redis)
         #: Routes and publishes this client's jobs.
         self.publisher = Publisher(self.settings, self.app, self.redis)
         #: Every wait of this client (``Job.get``, ``gather``, chunk streams): one pub/sub connection, opened by the
         #: first wait.
-        self.consumer = ResultConsumer(self.redis, self.results)
+        self.consumer = ResultConsumer(self.redis, self.results, failover_s=self.settings.failover_wait_s)
         # A client dropped without close() still lets go of what it opened (its app's connections, the consumer's
         # pub/sub connection and listener) instead of leaving their sockets to the garbage collector.
         self._release = weakref.finalize(self, _release, self.app, self.consumer)
