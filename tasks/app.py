@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from celery import Celery
 
 from config.settings import Settings, get_settings
-from tasks.broker.connection import SentinelOptions, is_sentinel_url
+from tasks.broker.sentinel import SentinelOptions, is_sentinel_url
 from tasks.broker.transport import broker_connection
 from tasks.protocol import (
     CHUNK_TASK,
@@ -96,8 +96,8 @@ def configure(app: Celery, s: Settings) -> None:
 
 
 def _result_backend(url: str) -> str:
-    """Celery's result backend for ``url``: Swapless's Sentinel backend for sentinel URLs (tasks.broker.backend)."""
-    return f"tasks.broker.backend:SentinelBackend+{url}" if is_sentinel_url(url) else url
+    """Celery's result backend for ``url``: Swapless's Sentinel backend for sentinel URLs (tasks.broker.failover)."""
+    return f"tasks.broker.failover:SentinelBackend+{url}" if is_sentinel_url(url) else url
 
 
 def _sentinel_options(s: Settings) -> dict[str, object]:

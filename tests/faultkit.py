@@ -28,8 +28,9 @@ import redis
 from celery import states
 
 from config.settings import get_settings
-from tasks.broker.connection import SentinelOptions, is_sentinel_url, redis_client
+from tasks.broker.connection import redis_client
 from tasks.broker.results import StoredResult
+from tasks.broker.sentinel import SentinelOptions, is_sentinel_url
 from tasks.client import Client, Job
 from tasks.keyspace import JobLists, Keyspace
 from tasks.protocol import PREDICT_TASK

@@ -161,7 +161,7 @@ def test_the_primary_killed_while_jobs_stream_in_loses_nothing_accepted_and_come
 
 
 def test_a_worker_acks_only_once_a_replica_holds_the_result(
-    faults: FaultEnv, private_redis: Callable[..., RedisServer]
+    private_redis: Callable[..., RedisServer], faults: FaultEnv
 ) -> None:
     primary = private_redis()
     replica = private_redis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)])
@@ -189,7 +189,7 @@ def test_a_worker_acks_only_once_a_replica_holds_the_result(
 
 
 def test_a_managed_redis_whose_address_moves_to_the_promoted_replica(
-    faults: FaultEnv, private_redis: Callable[..., RedisServer], tmp_path: Path
+    private_redis: Callable[..., RedisServer], faults: FaultEnv, tmp_path: Path
 ) -> None:
     """A managed service's failover: the primary dies and its address comes back serving the replica's data (here a
     new server on the same port, synced from the replica and promoted); plain ``redis://`` clients reconnect."""

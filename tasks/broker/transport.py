@@ -28,15 +28,15 @@ bulk); a dead worker's records are put back by the cluster's recovery (``tasks.c
 unacked sweep. A channel without hooks (a producer's, a tool's) is kombu's own. Key prefixes, TLS and reconnects
 are kombu's.
 
-``SentinelTransport`` is the same channel over kombu's Sentinel channel (``sentinel://`` URLs, the transport option
-``master_name``): each connection asks the sentinels for the primary, so after a failover Celery's consumer, which
-reconnects when its connection drops, fetches from the new primary. Its URLs are written ``swapless-sentinel://``
-for kombu: kombu reads each sentinel of a ``;`` list as a failover URL and takes the transport of the one it
-reconnects through from its scheme, so a plain ``sentinel://`` would bring kombu's own channel back after a
-reconnection, one that fetches from none of the models' lists. A message this worker fetched on the old
-primary is acked, restored and re-stamped by tag on whichever primary there is now; its record there (replicated
-before the crash) or its message in its list (when the fetch was not) is recovered by the cluster's ``RECOVER``
-if this worker no longer holds it.
+``tasks.broker.failover.SentinelTransport`` is the same channel over kombu's Sentinel channel (``sentinel://``
+URLs, the transport option ``master_name``): each connection asks the sentinels for the primary, so after a
+failover Celery's consumer, which reconnects when its connection drops, fetches from the new primary. Its URLs are
+written ``swapless-sentinel://`` for kombu: kombu reads each sentinel of a ``;`` list as a failover URL and takes
+the transport of the one it reconnects through from its scheme, so a plain ``sentinel://`` would bring kombu's own
+channel back after a reconnection, one that fetches from none of the models' lists. A message this worker fetched
+on the old primary is acked, restored and re-stamped by tag on whichever primary there is now; its record there
+(replicated before the crash) or its message in its list (when the fetch was not) is recovered by the cluster's
+``RECOVER`` if this worker no longer holds it.
 """
 
 from __future__ import annotations
@@ -53,16 +53,15 @@ from typing import Any
 from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.url import _parse_url
-from redis import Redis
 from redis.exceptions import ResponseError
 
-from tasks.broker.connection import WatchedSentinel, is_refused_write, is_sentinel_url
+from tasks.broker.connection import is_refused_write
 from tasks.broker.publish import ModelPush, push_to_models
 from tasks.broker.queues import ACK, FETCH, REFRESH, RESTORE, WAKE, ChannelHooks
+from tasks.broker.sentinel import is_sentinel_url
 from tasks.keyspace import INGRESS, JobLists, Keyspace
 
-__all__ = ["Channel", "HeldQoS", "SentinelChannel", "SentinelTransport", "Transport", "broker_connection"]
+__all__ = ["SENTINEL_SCHEME", "Channel", "HeldQoS", "Transport", "broker_connection"]
 
 logger = logging.getLogger(__name__)
 
@@ -494,50 +493,9 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
-class SentinelChannel(Channel, kombu_redis.SentinelChannel):
-    """:class:`Channel` over the primary Redis Sentinel names (kombu's ``SentinelChannel``), logging where it
-    finds it (``tasks.broker.connection.PrimaryWatch``)."""
-
-    from_transport_options = (  # type: ignore[assignment]
-        *Channel.from_transport_options,
-        "master_name",
-        "min_other_sentinels",
-        "sentinel_kwargs",
-        "sentinel_fanout_compat",
-    )
-
-    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
-        # kombu's own, with a Sentinel client that reports the primary it finds
-        params = self._connparams(asynchronous)
-        params.pop("host", None)
-        params.pop("port", None)
-        sentinels = []
-        for url in self.connection.client.alt:
-            parts = _parse_url(url)
-            if parts.scheme in ("sentinel", SENTINEL_SCHEME):
-                sentinels.append((parts.hostname, parts.port or self.connection.default_port))
-        manager = WatchedSentinel(sentinels, min_other_sentinels=getattr(self, "min_other_sentinels", 0),
-                                  sentinel_kwargs=getattr(self, "sentinel_kwargs", None), **params)
-        if asynchronous:
-            self._async_sentinel_manager = manager
-        else:
-            self._sentinel_manager = manager
-        master_name = getattr(self, "master_name", None)
-        if master_name is None:
-            raise ValueError("'master_name' transport option must be specified.")
-        credentials = {k: params[k] for k in ("username", "password") if k in params}
-        return manager.master_for(master_name, Redis, **credentials).connection_pool
-
-
-class SentinelTransport(kombu_redis.SentinelTransport):
-    """kombu's Sentinel transport with :class:`SentinelChannel`."""
-
-    Channel = SentinelChannel
-
-
 #: The scheme of each sentinel's broker URL (``sentinel://`` stays for the result backend): see the module docstring.
 SENTINEL_SCHEME = "swapless-sentinel"
-TRANSPORT_ALIASES.setdefault(SENTINEL_SCHEME, "tasks.broker.transport:SentinelTransport")
+TRANSPORT_ALIASES.setdefault(SENTINEL_SCHEME, "tasks.broker.failover:SentinelTransport")
 
 #: ``swapless+socket:///path`` (a Unix socket, local mode): kombu takes the transport from a ``+`` URL's prefix.
 TRANSPORT_ALIASES.setdefault("swapless", "tasks.broker.transport:Transport")

@@ -211,8 +211,9 @@ def _routes_table(store: Any, settings: Settings) -> Table:
     overrides: dict[str, dict[str, float]] = {}
     agreement: dict[tuple[str, str, str], tuple[int, int]] = {}
     if settings.redis_url is not None:
-        from tasks.broker.connection import SentinelOptions, redis_client
+        from tasks.broker.connection import redis_client
         from tasks.broker.routes import RouteOverrides, read_shadow
+        from tasks.broker.sentinel import SentinelOptions
         from tasks.keyspace import Keyspace
 
         try:
@@ -249,8 +250,9 @@ def reload(models: ModelsOption = None) -> None:
     The file is checked first: if it has an error, nothing changes and the error is printed. Weights set with
     `swapless route` are replaced by the file's."""
     from manager.registry.store import ModelStore
-    from tasks.broker.connection import SentinelOptions, redis_client
+    from tasks.broker.connection import redis_client
     from tasks.broker.routes import RouteOverrides
+    from tasks.broker.sentinel import SentinelOptions
     from tasks.keyspace import Keyspace
 
     settings = settings_with(models_file=models)
@@ -276,8 +278,9 @@ def route(
 
     `swapless route sentiment sentiment-v1=50 sentiment-v2=50`; `swapless route sentiment --clear`."""
     from manager.registry.store import ModelStore
-    from tasks.broker.connection import SentinelOptions, redis_client
+    from tasks.broker.connection import redis_client
     from tasks.broker.routes import RouteOverrides
+    from tasks.broker.sentinel import SentinelOptions
     from tasks.keyspace import Keyspace
 
     settings = settings_with(models_file=models)
@@ -388,7 +391,8 @@ def status(
     from rich.console import Group
 
     from manager.registry.store import ModelStore
-    from tasks.broker.connection import SentinelOptions, redis_client, translated
+    from tasks.broker.connection import redis_client, translated
+    from tasks.broker.sentinel import SentinelOptions
     from tasks.cluster.members import read_heartbeats
     from tasks.cluster.view import read_placement
     from tasks.keyspace import Keyspace

@@ -39,9 +39,10 @@ from config.settings import Settings, get_settings
 from manager.registry.specs import ModelSpec
 from manager.registry.store import ModelStore
 from tasks.app import make_app
-from tasks.broker.connection import SentinelOptions, redis_client, translated
+from tasks.broker.connection import redis_client, translated
 from tasks.broker.results import ResultStore, StoredResult
 from tasks.broker.routes import RouteOverrides
+from tasks.broker.sentinel import SentinelOptions
 from tasks.client.consumer import ResultConsumer
 from tasks.client.job import Job
 from tasks.client.publisher import Publisher, Routed

@@ -30,8 +30,9 @@ from config.settings import Settings
 from manager.frameworks.inputs import base64_image, image_header, text_input
 from manager.registry.specs import InputType, ModelSpec
 from manager.registry.store import ModelStore
-from tasks.broker.connection import SentinelOptions, async_redis_client
+from tasks.broker.connection import async_redis_client
 from tasks.broker.results import StoredResult
+from tasks.broker.sentinel import SentinelOptions
 from tasks.client import Client, Routed
 from tasks.client.aconsumer import AsyncResultConsumer
 from tasks.gateway.auth import Caller

@@ -22,7 +22,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from config.settings import Settings
 from manager.registry.store import ModelStore
-from tasks.broker.connection import SentinelOptions, redis_client
+from tasks.broker.connection import redis_client
+from tasks.broker.sentinel import SentinelOptions
 from tasks.gateway.auth import Need, needs
 from tasks.gateway.http import GuardedRoute
 from tasks.keyspace import Keyspace

@@ -37,10 +37,11 @@ from config.settings import Settings, get_settings
 from manager import ModelEngine
 from manager.batching.warmup import warm_start
 from tasks.broker.acks import AckQueue
-from tasks.broker.connection import RedisHealth, ReplicaWait, SentinelOptions, redis_client
+from tasks.broker.connection import RedisHealth, ReplicaWait, redis_client
 from tasks.broker.queues import ChannelHooks
 from tasks.broker.results import ResultStore
 from tasks.broker.routes import RouteOverrides, Router
+from tasks.broker.sentinel import SentinelOptions
 from tasks.cluster.placer import Placer
 from tasks.cluster.view import read_placement
 from tasks.keyspace import Keyspace
