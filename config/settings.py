@@ -6,6 +6,13 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 |---------------------------------|----------------------------|---------|
 | SWAPLESS_REDIS_URL              | unset                      | broker and result backend. Unset: the worker uses redis://127.0.0.1:6379/0; ``swapless submit``/``bulk`` start an embedded Redis (local mode) |
 | SWAPLESS_CONNECT_TIMEOUT_S      | 3 s                        | producers (client, CLI, gateway) give up connecting to Redis after this, once retried |
+| SWAPLESS_REDIS_SENTINEL_MASTER  | unset                      | the master name Redis Sentinel knows the primary by; required with a ``sentinel://host:26379;sentinel://host:26380`` SWAPLESS_REDIS_URL (Celery's form; the primary's own user and password go in the first sentinel's URL) |
+| SWAPLESS_REDIS_SENTINEL_USERNAME | unset                     | the ACL user the sentinels themselves ask for (unset: none, or the default user) |
+| SWAPLESS_REDIS_SENTINEL_PASSWORD | unset                     | the sentinels' own password (``requirepass`` of the sentinels; unset: none) |
+| SWAPLESS_REDIS_SENTINEL_TLS     | false                      | reach the sentinels, the primary and its replicas over TLS |
+| SWAPLESS_REDIS_FAILOVER_WAIT_S  | 15 s                      | with Sentinel: how long a wait for results (``Job.get``, ``gather``, the gateway's) rides out a primary that cannot be reached (a failover) before it fails ``QueueUnavailable`` |
+| SWAPLESS_REDIS_MIN_REPLICAS     | 0 replicas                 | a submit returns, and a worker acks a job, only once this many replicas hold the job or its result (``WAIT``); 0: Redis's asynchronous replication, nothing waited for |
+| SWAPLESS_REDIS_REPLICA_TIMEOUT_S | 1 s                       | the longest a write waits for SWAPLESS_REDIS_MIN_REPLICAS replicas: then a submit fails ``QueueUnavailable`` (retryable) and a worker stores the result again before it acks |
 | SWAPLESS_MODELS_FILE            | config/models.json         | the model registry |
 | SWAPLESS_QUEUE                  | swapless                   | Celery queue the jobs go through |
 | SWAPLESS_KEY_PREFIX             | unset                      | prefix for every Redis key (queues and results), to share one Redis |
@@ -117,6 +124,14 @@ class Settings(BaseSettings):
 
     redis_url: str | None = None
     connect_timeout_s: float = Field(3.0, gt=0)
+    redis_sentinel_master: str | None = None
+    redis_sentinel_username: str | None = None
+    #: A secret, so never shown in a repr.
+    redis_sentinel_password: SecretStr | None = None
+    redis_sentinel_tls: bool = False
+    redis_failover_wait_s: float = Field(15.0, ge=0)
+    redis_min_replicas: int = Field(0, ge=0)
+    redis_replica_timeout_s: float = Field(1.0, gt=0)
     models_file: Path = DEFAULT_MODELS_FILE
     queue: str = "swapless"
     key_prefix: str | None = None
@@ -203,10 +218,25 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_sentinel(self) -> Settings:
+        if self.redis_url and self.redis_url.lower().startswith("sentinel://") and not self.redis_sentinel_master:
+            raise ValueError(
+                "SWAPLESS_REDIS_URL names sentinels (sentinel://...): set SWAPLESS_REDIS_SENTINEL_MASTER to the name "
+                "they know the primary by (the name in their `sentinel monitor` line)"
+            )
+        return self
+
     @property
     def restore_sweep_s(self) -> int:
         """How often a worker looks for dead workers' jobs (kombu's unacked restore sweep)."""
         return max(1, round(self.visibility_refresh_s))
+
+    @property
+    def failover_wait_s(self) -> float:
+        """How long a wait rides out an unreachable primary: ``redis_failover_wait_s`` with Sentinel, else 0."""
+        sentinel = (self.redis_url or "").lower().startswith("sentinel://")
+        return self.redis_failover_wait_s if sentinel else 0.0
 
     @property
     def broker_url(self) -> str:

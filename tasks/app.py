@@ -7,11 +7,13 @@ the one with the tasks registered, is ``tasks.worker.task.app`` (``celery -A tas
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
 
 from celery import Celery
 
 from config.settings import Settings, get_settings
+from tasks.broker.sentinel import SentinelOptions, is_sentinel_url
 from tasks.broker.transport import broker_connection
 from tasks.protocol import (
     CHUNK_TASK,
@@ -38,12 +40,13 @@ def make_app(settings: Settings | None = None, include: Sequence[str] = ()) -> C
 def configure(app: Celery, s: Settings) -> None:
     """Apply ``s`` to ``app``'s configuration (the CLI calls this again after reading its flags)."""
     broker_url, broker_transport = broker_connection(s.broker_url)
+    prefix = {"global_keyprefix": s.key_prefix} if s.key_prefix else {}
     app.conf.update(
         # tasks.broker.transport: kombu's Redis transport with an atomic fetch (no job lost between BRPOP and its
         # unacked record) that takes many messages per round trip.
         broker_url=broker_url,
         broker_transport=broker_transport,
-        result_backend=s.broker_url,
+        result_backend=_result_backend(s.broker_url),
         # JSON only: a message with any other content type is rejected before anything is decoded.
         task_serializer="json",
         result_serializer="json",
@@ -70,9 +73,10 @@ def configure(app: Celery, s: Settings) -> None:
             "unacked_restore_throttle": 1,
             "queue_order_strategy": "priority",
             "priority_steps": list(PRIORITY_STEPS),
-            **({"global_keyprefix": s.key_prefix} if s.key_prefix else {}),
+            **prefix,
+            **_sentinel_options(s),
         },
-        result_backend_transport_options={"global_keyprefix": s.key_prefix} if s.key_prefix else {},
+        result_backend_transport_options={**prefix, **_sentinel_options(s)},
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         result_backend_always_retry=True,
@@ -86,4 +90,21 @@ def configure(app: Celery, s: Settings) -> None:
         # the Swapless settings themselves, for the worker's composition root (tasks.worker.context)
         swapless_settings=s,
     )
+    if is_sentinel_url(s.broker_url) and s.redis_sentinel_tls:
+        app.conf.update(broker_use_ssl={"ssl_cert_reqs": ssl.CERT_REQUIRED},
+                        redis_backend_use_ssl={"ssl_cert_reqs": ssl.CERT_REQUIRED})
+
+
+def _result_backend(url: str) -> str:
+    """Celery's result backend for ``url``: Swapless's Sentinel backend for sentinel URLs (tasks.broker.failover)."""
+    return f"tasks.broker.failover:SentinelBackend+{url}" if is_sentinel_url(url) else url
+
+
+def _sentinel_options(s: Settings) -> dict[str, object]:
+    """The transport options of kombu's and Celery's Sentinel clients (none without sentinels)."""
+    options = SentinelOptions.of(s)
+    if options is None or not is_sentinel_url(s.broker_url):
+        return {}
+    return {"master_name": options.master,
+            "sentinel_kwargs": options.sentinel_kwargs(s.connect_timeout_s, 10.0)}
 

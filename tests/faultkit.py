@@ -28,7 +28,9 @@ import redis
 from celery import states
 
 from config.settings import get_settings
+from tasks.broker.connection import redis_client
 from tasks.broker.results import StoredResult
+from tasks.broker.sentinel import SentinelOptions, is_sentinel_url
 from tasks.client import Client, Job
 from tasks.keyspace import JobLists, Keyspace
 from tasks.protocol import PREDICT_TASK
@@ -391,6 +393,8 @@ class FaultEnv:
 
     def broker(self) -> redis.Redis:
         url = os.environ.get("SWAPLESS_REDIS_URL") or self.base_env["SWAPLESS_REDIS_URL"]
+        if is_sentinel_url(url):  # the primary the sentinels name now
+            return redis_client(url, sentinel=SentinelOptions.of(get_settings()))
         return redis.Redis.from_url(url)
 
     def _job_lists(self) -> list[JobLists]:

@@ -5,6 +5,12 @@ Every producer-side call into Redis (``Client``, ``swapless submit/result/bulk/s
 ``redis_client`` (a connect timeout of ``SWAPLESS_CONNECT_TIMEOUT_S``, one retry) and ``translate``: a Redis
 that is down is ``QueueUnavailable`` within seconds, one out of memory or at its queue bound is ``QueueFull``,
 each naming the URL without its password and saying what to do.
+
+A ``sentinel://host:26379;sentinel://host:26380`` URL (Celery's form) names Redis Sentinels instead of a Redis: the
+clients built for it ask the sentinels for the primary of ``SWAPLESS_REDIS_SENTINEL_MASTER`` at each connection
+(``tasks.broker.sentinel``), so after a failover their next connection reaches the new primary; each process logs
+one line when the primary it reaches moves. A plain URL whose address moves to a promoted replica
+(a managed Redis) needs nothing more: its connections drop, and the next ones reach whoever holds the address.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -25,10 +32,16 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from config.errors import QueueFull, QueueUnavailable, SwaplessError
+from config.settings import Settings
+
+if TYPE_CHECKING:
+    from tasks.broker.sentinel import SentinelOptions
 
 __all__ = [
     "WRITE_FIRST_NOTE",
     "RedisHealth",
+    "ReplicaWait",
+    "ReplicasBehind",
     "aping",
     "async_redis_client",
     "client_url",
@@ -59,7 +72,10 @@ def client_url(url: str) -> str:
 
 
 def redact(url: str) -> str:
-    """``url`` with its password (and ACL user's password) replaced by ``***``: safe to print and log."""
+    """``url`` with its password (and ACL user's password) replaced by ``***``: safe to print and log (each
+    sentinel's of a ``sentinel://...;sentinel://...`` URL)."""
+    if ";" in url:
+        return ";".join(redact(part) for part in url.split(";"))
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -83,24 +99,41 @@ def _options(connect_timeout_s: float, socket_timeout_s: float | None) -> dict[s
     }
 
 
-_pools: dict[tuple[str, float, float | None], redis.ConnectionPool] = {}
+_pools: dict[tuple[str, float, float | None, SentinelOptions | None], redis.ConnectionPool] = {}
 _pools_lock = threading.Lock()
 
 
-def redis_client(url: str, connect_timeout_s: float = 3.0, socket_timeout_s: float | None = 10.0) -> redis.Redis:
-    """A redis-py client for a broker URL (``redis://``, ``rediss://``, ``redis+socket://``) with bounded timeouts.
+def redis_client(
+    url: str, connect_timeout_s: float = 3.0, socket_timeout_s: float | None = 10.0, *,
+    sentinel: SentinelOptions | None = None,
+) -> redis.Redis:
+    """A redis-py client for a broker URL (``redis://``, ``rediss://``, ``redis+socket://``, or ``sentinel://``
+    with ``sentinel``: the primary the sentinels name) with bounded timeouts.
 
     Clients of one URL and timeouts share one connection pool for the life of the process (as Celery's backends
     do), so a producer that makes a ``Client`` per request opens no new connection per request, and no
     connection is left to the garbage collector. redis-py's pools reset themselves in a forked child.
+
+    Raises:
+        ConfigError: a sentinel URL without ``sentinel`` options, or one that cannot be read.
     """
-    key = (url, connect_timeout_s, socket_timeout_s)
+    from tasks.broker.sentinel import SentinelURL, WatchedSentinel, is_sentinel_url, master_kwargs, need_sentinel
+
+    key = (url, connect_timeout_s, socket_timeout_s, sentinel if is_sentinel_url(url) else None)
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None:
-            pool = _pools[key] = redis.ConnectionPool.from_url(
-                client_url(url), **_options(connect_timeout_s, socket_timeout_s)
-            )
+            options = _options(connect_timeout_s, socket_timeout_s)
+            if is_sentinel_url(url):
+                need = need_sentinel(url, sentinel)
+                parsed = SentinelURL.parse(url)
+                manager = WatchedSentinel(list(parsed.sentinels),
+                                          sentinel_kwargs=need.sentinel_kwargs(connect_timeout_s, socket_timeout_s),
+                                          **options, **master_kwargs(parsed, need))
+                pool = manager.master_for(need.master).connection_pool
+            else:
+                pool = redis.ConnectionPool.from_url(client_url(url), **options)
+            _pools[key] = pool
     return redis.Redis(connection_pool=pool)
 
 
@@ -110,12 +143,28 @@ def redis_client(url: str, connect_timeout_s: float = 3.0, socket_timeout_s: flo
 ASYNC_MAX_CONNECTIONS = 2000
 
 
-def async_redis_client(url: str, connect_timeout_s: float = 3.0, socket_timeout_s: float | None = 10.0) -> aredis.Redis:
-    """``redis_client`` for asyncio code (``ASYNC_MAX_CONNECTIONS`` connections at most)."""
+def async_redis_client(
+    url: str, connect_timeout_s: float = 3.0, socket_timeout_s: float | None = 10.0, *,
+    sentinel: SentinelOptions | None = None,
+) -> aredis.Redis:
+    """``redis_client`` for asyncio code (``ASYNC_MAX_CONNECTIONS`` connections at most).
+
+    Raises:
+        ConfigError: as ``redis_client``.
+    """
     from redis.asyncio.retry import Retry as AsyncRetry
+
+    from tasks.broker.sentinel import SentinelURL, WatchedAsyncSentinel, is_sentinel_url, master_kwargs, need_sentinel
 
     options = _options(connect_timeout_s, socket_timeout_s)
     options["retry"] = AsyncRetry(ExponentialBackoff(cap=0.5, base=0.05), retries=1)
+    if is_sentinel_url(url):
+        need = need_sentinel(url, sentinel)
+        parsed = SentinelURL.parse(url)
+        manager = WatchedAsyncSentinel(list(parsed.sentinels),
+                                       sentinel_kwargs=need.sentinel_kwargs(connect_timeout_s, socket_timeout_s),
+                                       **options, **master_kwargs(parsed, need))
+        return manager.master_for(need.master, max_connections=ASYNC_MAX_CONNECTIONS)
     return aredis.Redis.from_url(client_url(url), max_connections=ASYNC_MAX_CONNECTIONS, **options)
 
 
@@ -202,6 +251,49 @@ class RedisHealth:
         return f"Redis refusing writes: {problem}" if problem in ("OOM", "READONLY", "MISCONF") else f"Redis {problem}"
 
 
+class ReplicasBehind(redis.exceptions.RedisError):
+    """Fewer replicas than ``SWAPLESS_REDIS_MIN_REPLICAS`` confirmed a write within the timeout (``WAIT``): the
+    write is on the primary, and may be lost with it."""
+
+    def __init__(self, confirmed: int, wanted: int, timeout_s: float) -> None:
+        super().__init__(confirmed, wanted, timeout_s)
+        self.confirmed, self.wanted, self.timeout_s = confirmed, wanted, timeout_s
+
+    def __str__(self) -> str:
+        return (f"only {self.confirmed} of the {self.wanted} replica(s) SWAPLESS_REDIS_MIN_REPLICAS asks for "
+                f"confirmed the write within {self.timeout_s:g} s (SWAPLESS_REDIS_REPLICA_TIMEOUT_S)")
+
+
+@dataclass(frozen=True)
+class ReplicaWait:
+    """How many replicas must hold a write before it counts (``SWAPLESS_REDIS_MIN_REPLICAS``), and how long to wait
+    for them: a ``WAIT`` sent after the write on its connection (in the same pipeline)."""
+
+    count: int
+    timeout_s: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> ReplicaWait | None:
+        """The wait ``settings`` ask for; None: none (``SWAPLESS_REDIS_MIN_REPLICAS`` is 0)."""
+        if settings.redis_min_replicas <= 0:
+            return None
+        return cls(settings.redis_min_replicas, settings.redis_replica_timeout_s)
+
+    def command(self) -> tuple[str, int, int]:
+        """The ``WAIT`` to send after the write."""
+        return "WAIT", self.count, max(1, round(self.timeout_s * 1000))
+
+    def check(self, reply: Any) -> None:
+        """Raise unless ``reply``, the ``WAIT``'s, counts enough replicas.
+
+        Raises:
+            ReplicasBehind: too few replicas confirmed the write.
+        """
+        confirmed = int(reply)
+        if confirmed < self.count:
+            raise ReplicasBehind(confirmed, self.count, self.timeout_s)
+
+
 _ADVICE = {
     "OOM": "Redis is out of memory (maxmemory); wait for workers to drain the queue, read (or forget) stored "
     "results, or raise maxmemory, then send it again",
@@ -220,6 +312,9 @@ def translate(err: BaseException, url: str) -> BaseException:
         return QueueFull(where, _ADVICE[code])
     if code is not None:
         return QueueUnavailable(where, _ADVICE[code])
+    if isinstance(err, ReplicasBehind):
+        return QueueUnavailable(where, f"{err}; the job is on the primary only and may still run: send it again "
+                                "(or check the replicas, or lower SWAPLESS_REDIS_MIN_REPLICAS)")
     if isinstance(err, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
         return QueueUnavailable(where, f"{err}; check the user and password in SWAPLESS_REDIS_URL")
     if isinstance(err, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OperationalError, OSError)):

@@ -6,6 +6,10 @@ the worker. ``build_messages`` makes the same messages a ``send_task`` to the pr
 properties and body; ``tests/test_publish.py`` compares them field by field) for a few microseconds each, and
 ``push`` sends them to the queue's priority list in one pipeline: each job is still its own message with its own
 id, acked, retried and answered alone. Chunk messages (``CHUNK_TASK``) are built the same way.
+
+With ``replicas`` (``SWAPLESS_REDIS_MIN_REPLICAS``) the pipeline ends with a ``WAIT`` for that many replicas, on the
+connection that wrote the messages: a push returns only once they hold the messages, else raises
+``ReplicasBehind`` (the producer's ``QueueUnavailable``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 
 from config.errors import InputError
+from tasks.broker.connection import ReplicaWait
 from tasks.keyspace import ModelKeys
 from tasks.protocol import PREDICT_TASK, SENT_AT_HEADER
 
@@ -127,6 +132,7 @@ def push(
     *,
     bound: int | None = None,
     counted: Sequence[str] = (),
+    replicas: ReplicaWait | None = None,
 ) -> tuple[bool, int] | None:
     """LPUSH ``messages`` to ``key`` in order (the first is consumed first), in one round trip.
 
@@ -137,14 +143,18 @@ def push(
         per_command: most messages per LPUSH.
         bound: most messages the queue may hold (``SWAPLESS_MAX_QUEUED``): all of ``messages`` are pushed, or none.
         counted: the queue's lists whose lengths count toward ``bound``.
+        replicas: how many replicas must hold the messages before this returns.
 
     Returns:
         None without a bound; with one, ``(pushed, queued)``: whether the messages were pushed (all of them, or
         none when they would pass the bound), and the messages the queue holds now.
+
+    Raises:
+        ReplicasBehind: the messages were pushed, and too few replicas confirmed them.
     """
     pipe = client.pipeline(transaction=False)
-    _push_commands(pipe, key, messages, per_command, bound, counted)
-    return _push_outcome(pipe.execute(), bound)
+    _push_commands(pipe, key, messages, per_command, bound, counted, replicas)
+    return _push_outcome(pipe.execute(), bound, replicas)
 
 
 async def apush(
@@ -155,23 +165,30 @@ async def apush(
     *,
     bound: int | None = None,
     counted: Sequence[str] = (),
+    replicas: ReplicaWait | None = None,
 ) -> tuple[bool, int] | None:
     """``push`` through an asyncio redis-py client."""
     pipe = client.pipeline(transaction=False)
-    _push_commands(pipe, key, messages, per_command, bound, counted)
-    return _push_outcome(await pipe.execute(), bound)
+    _push_commands(pipe, key, messages, per_command, bound, counted, replicas)
+    return _push_outcome(await pipe.execute(), bound, replicas)
 
 
 def _push_commands(pipe: Any, key: str, messages: Sequence[str], per_command: int, bound: int | None,
-                   counted: Sequence[str]) -> None:
+                   counted: Sequence[str], replicas: ReplicaWait | None) -> None:
     if bound is not None:
         pipe.eval(_PUSH_BOUNDED, 1 + len(counted), key, *counted, bound, *messages)
-        return
-    for start in range(0, len(messages), per_command):
-        pipe.lpush(key, *messages[start : start + per_command])
+    else:
+        for start in range(0, len(messages), per_command):
+            pipe.lpush(key, *messages[start : start + per_command])
+    if replicas is not None:
+        pipe.execute_command(*replicas.command())
 
 
-def _push_outcome(replies: list[Any], bound: int | None) -> tuple[bool, int] | None:
+def _push_outcome(replies: list[Any], bound: int | None, replicas: ReplicaWait | None) -> tuple[bool, int] | None:
+    if replicas is not None:
+        waited = replies.pop()
+        if bound is None or replies[0][0]:  # something was pushed: it must be on the replicas
+            replicas.check(waited)
     if bound is None:
         return None
     pushed, queued = replies[0]
@@ -206,7 +223,8 @@ class ModelPush:
 
 
 def push_to_models(
-    client: Any, pushes: Sequence[ModelPush], *, bound: int | None, placement_bell: str
+    client: Any, pushes: Sequence[ModelPush], *, bound: int | None, placement_bell: str,
+    replicas: ReplicaWait | None = None,
 ) -> list[tuple[bool, int]]:
     """Push each model's messages to its own list and ring its bell, every model in one round trip; ring the
     placement bell when a model has no live holder (a worker then claims it).
@@ -217,36 +235,54 @@ def push_to_models(
         bound: most messages one model's lists may hold (``SWAPLESS_MAX_QUEUED``); all of one model's messages are
             pushed, or none of them.
         placement_bell: the queue's placement bell.
+        replicas: how many replicas must hold the messages before this returns.
 
     Returns:
         per push, ``(pushed, queued)``: whether its messages were pushed, and the messages its model's lists hold.
+
+    Raises:
+        ReplicasBehind: messages were pushed, and too few replicas confirmed them (the bell is not rung).
     """
     pipe = client.pipeline(transaction=False)
-    _model_push_commands(pipe, pushes, bound)
-    replies = pipe.execute()
+    _model_push_commands(pipe, pushes, bound, replicas)
+    replies = _checked(pipe.execute(), replicas)
     if _unheld(replies):
         client.pipeline(transaction=False).lpush(placement_bell, "1").ltrim(placement_bell, 0, 0).execute()
     return _model_push_outcomes(replies)
 
 
 async def apush_to_models(
-    client: Any, pushes: Sequence[ModelPush], *, bound: int | None, placement_bell: str
+    client: Any, pushes: Sequence[ModelPush], *, bound: int | None, placement_bell: str,
+    replicas: ReplicaWait | None = None,
 ) -> list[tuple[bool, int]]:
     """``push_to_models`` through an asyncio redis-py client."""
     pipe = client.pipeline(transaction=False)
-    _model_push_commands(pipe, pushes, bound)
-    replies = await pipe.execute()
+    _model_push_commands(pipe, pushes, bound, replicas)
+    replies = _checked(await pipe.execute(), replicas)
     if _unheld(replies):
         await client.pipeline(transaction=False).lpush(placement_bell, "1").ltrim(placement_bell, 0, 0).execute()
     return _model_push_outcomes(replies)
 
 
-def _model_push_commands(pipe: Any, pushes: Sequence[ModelPush], bound: int | None) -> None:
+def _model_push_commands(pipe: Any, pushes: Sequence[ModelPush], bound: int | None,
+                         replicas: ReplicaWait | None) -> None:
     now_ms = int(time.time() * 1000)
     for one in pushes:
         keys = one.keys
         pipe.eval(_PUSH_MODEL, 7, keys.list_for(one.priority), *keys.lists, keys.bell, keys.holders,
                   -1 if bound is None else bound, now_ms, *one.messages)
+    if replicas is not None:
+        pipe.execute_command(*replicas.command())
+
+
+def _checked(replies: list[Any], replicas: ReplicaWait | None) -> list[Any]:
+    """The pushes' replies, the ``WAIT``'s checked (when anything was pushed) and left off."""
+    if replicas is None:
+        return replies
+    waited, replies = replies[-1], replies[:-1]
+    if any(pushed for pushed, _, _ in replies):
+        replicas.check(waited)
+    return replies
 
 
 def _unheld(replies: list[Any]) -> bool:

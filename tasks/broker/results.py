@@ -15,6 +15,13 @@ writes (``OOM`` over ``maxmemory``, ``READONLY`` during a failover), for ``retry
 as long as they last: the worker keeps the jobs in hand and stores their results the moment Redis takes them.
 Every script starts with a write that takes no memory, so that Redis over ``maxmemory`` lets it through
 (``tasks.broker.connection.WRITE_FIRST_NOTE``): storing a result is how a full Redis gets drained.
+
+With ``replicas`` (the worker's, from ``SWAPLESS_REDIS_MIN_REPLICAS``) a store returns only once that many replicas
+hold its results: its pipeline ends with a ``PUBLISH`` of nothing to ``REPLICATED_CHANNEL`` and a ``WAIT``. The
+publish is replicated like any write and moves the connection's replication offset past every write before it, so
+that a store retried on another connection, which finds its results already there and writes nothing, still waits
+for them. Too few replicas is retried like a refused write, so the worker acks a job (after its store) only once
+its result would survive the primary.
 """
 
 from __future__ import annotations
@@ -35,10 +42,10 @@ from redis.exceptions import ResponseError as RedisResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from config.errors import JobCancelled, JobFailed, SwaplessError
-from tasks.broker.connection import RedisHealth, is_refused_write
+from tasks.broker.connection import RedisHealth, ReplicasBehind, ReplicaWait, is_refused_write
 from tasks.protocol import storage_id
 
-__all__ = ["ALREADY_DONE", "CANCELLED", "TOO_LATE", "ResultStore", "StoredResult"]
+__all__ = ["ALREADY_DONE", "CANCELLED", "REPLICATED_CHANNEL", "TOO_LATE", "ResultStore", "StoredResult"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -113,6 +120,9 @@ for i = 1, #KEYS / 3 do
 end
 return stored
 """
+
+#: The channel a store publishes nothing to before its ``WAIT`` (see the module docstring); no one listens.
+REPLICATED_CHANNEL = "swapless-replicated"
 
 #: Most jobs per call of ``_STORE_MANY`` (a bigger batch is several calls in one pipeline).
 STORE_PER_CALL = 256
@@ -192,12 +202,15 @@ class ResultStore:
             they fail (the worker).
         client: the redis-py client to use (default: the backend's own).
         health: told about each failure and each success (the worker's ``worker_health``).
+        replicas: how many replicas must hold stored results before ``store`` returns (None: none waited for).
     """
 
     def __init__(
-        self, app: Celery, retry_s: float | None = 60.0, client: Any = None, health: RedisHealth | None = None
+        self, app: Celery, retry_s: float | None = 60.0, client: Any = None, health: RedisHealth | None = None,
+        replicas: ReplicaWait | None = None,
     ) -> None:
         self.app = app
+        self.replicas = replicas
         self.backend = app.backend
         self.client = client if client is not None else self.backend.client
         self.retry_s = retry_s
@@ -220,7 +233,7 @@ class ResultStore:
                 return done
             except NoScriptError:  # Redis restarted and lost its scripts: load ours again
                 self._shas.clear()
-            except (RedisConnectionError, RedisTimeoutError, RedisResponseError) as err:
+            except (RedisConnectionError, RedisTimeoutError, RedisResponseError, ReplicasBehind) as err:
                 if isinstance(err, RedisResponseError) and not is_refused_write(err):
                     raise
                 if deadline is not None and time.monotonic() + pause_s > deadline:
@@ -284,16 +297,28 @@ class ResultStore:
         items = list(outcomes)
         if not items:
             return []
-        return self._retrying(lambda: self._store(items, models or {}))
+        first: list[bool] = []  # a store retried for its replicas finds its own results there: the first answer counts
 
-    def _store(self, items: list[tuple[str, Any, SwaplessError | None]], models: Mapping[str, str]) -> list[bool]:
+        def write() -> list[bool]:
+            stored, waited = self._store(items, models or {})
+            first[:] = first or stored
+            if self.replicas is not None:
+                self.replicas.check(waited)
+            return first
+
+        return self._retrying(write)
+
+    def _store(
+        self, items: list[tuple[str, Any, SwaplessError | None]], models: Mapping[str, str]
+    ) -> tuple[list[bool], Any]:
+        """Per job whether this write stored it, and the ``WAIT``'s reply (None: no replicas waited for)."""
         done_at = datetime.now(UTC).isoformat()  # one instant for the batch, as Celery's app.now() gives
-        if len(items) == 1:
+        if len(items) == 1 and self.replicas is None:
             job_id, result, error = items[0]
             key = self.key(job_id)
             value = self._encode(job_id, result, error, done_at, models.get(job_id))
             return [bool(self.client.evalsha(self._sha(_SET_FIRST_WINS), 3, key, self._attempts_key(key),
-                                             self._record_key(key), value, self.expires_s))]
+                                             self._record_key(key), value, self.expires_s))], None
         sha = self._sha(_STORE_MANY)
         pipe = self.client.pipeline(transaction=False)
         for start in range(0, len(items), STORE_PER_CALL):
@@ -304,7 +329,16 @@ class ResultStore:
                 keys += (key, self._attempts_key(key), self._record_key(key))
                 values.append(self._encode(job_id, result, error, done_at, models.get(job_id)))
             pipe.evalsha(sha, len(keys), *keys, self.expires_s, *values)
-        return [bool(stored) for reply in pipe.execute() for stored in reply]
+        if self.replicas is None:
+            return [bool(stored) for reply in pipe.execute() for stored in reply], None
+        pipe.publish(self._replicated_channel, "")
+        pipe.execute_command(*self.replicas.command())
+        replies = pipe.execute()
+        return [bool(flag) for reply in replies[:-2] for flag in reply], replies[-1]
+
+    @property
+    def _replicated_channel(self) -> str:
+        return self.key("-").replace("celery-task-meta--", REPLICATED_CHANNEL, 1)
 
     def _encode(
         self, job_id: str, result: Any, error: SwaplessError | None, done_at: str, model: str | None = None

@@ -27,6 +27,16 @@ Acks, rejects, restores and visibility refreshes go through the records' scripts
 bulk); a dead worker's records are put back by the cluster's recovery (``tasks.cluster.placer``), never by kombu's
 unacked sweep. A channel without hooks (a producer's, a tool's) is kombu's own. Key prefixes, TLS and reconnects
 are kombu's.
+
+``tasks.broker.failover.SentinelTransport`` is the same channel over kombu's Sentinel channel (``sentinel://``
+URLs, the transport option ``master_name``): each connection asks the sentinels for the primary, so after a
+failover Celery's consumer, which reconnects when its connection drops, fetches from the new primary. Its URLs are
+written ``swapless-sentinel://`` for kombu: kombu reads each sentinel of a ``;`` list as a failover URL and takes
+the transport of the one it reconnects through from its scheme, so a plain ``sentinel://`` would bring kombu's own
+channel back after a reconnection, one that fetches from none of the models' lists. A message this worker fetched
+on the old primary is acked, restored and re-stamped by tag on whichever primary there is now; its record there
+(replicated before the crash) or its message in its list (when the fetch was not) is recovered by the cluster's
+``RECOVER`` if this worker no longer holds it.
 """
 
 from __future__ import annotations
@@ -48,9 +58,10 @@ from redis.exceptions import ResponseError
 from tasks.broker.connection import is_refused_write
 from tasks.broker.publish import ModelPush, push_to_models
 from tasks.broker.queues import ACK, FETCH, REFRESH, RESTORE, WAKE, ChannelHooks
+from tasks.broker.sentinel import is_sentinel_url
 from tasks.keyspace import INGRESS, JobLists, Keyspace
 
-__all__ = ["Channel", "HeldQoS", "Transport", "broker_connection"]
+__all__ = ["SENTINEL_SCHEME", "Channel", "HeldQoS", "Transport", "broker_connection"]
 
 logger = logging.getLogger(__name__)
 
@@ -482,6 +493,10 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
+#: The scheme of each sentinel's broker URL (``sentinel://`` stays for the result backend): see the module docstring.
+SENTINEL_SCHEME = "swapless-sentinel"
+TRANSPORT_ALIASES.setdefault(SENTINEL_SCHEME, "tasks.broker.failover:SentinelTransport")
+
 #: ``swapless+socket:///path`` (a Unix socket, local mode): kombu takes the transport from a ``+`` URL's prefix.
 TRANSPORT_ALIASES.setdefault("swapless", "tasks.broker.transport:Transport")
 
@@ -493,4 +508,10 @@ def broker_connection(url: str) -> tuple[str, str | None]:
         return url, "tasks.broker.transport:Transport"
     if scheme == "redis+socket":
         return "swapless+socket://" + url.split("://", 1)[1], None
+    if is_sentinel_url(url):
+        # kombu reads each sentinel's URL alone: each gets the primary's credentials, written once in Celery's form
+        rests = [part.split("://", 1)[1] for part in url.split(";") if part.strip()]
+        auth = next((rest.split("@", 1)[0] + "@" for rest in rests if "@" in rest.split("/", 1)[0]), "")
+        return ";".join(f"{SENTINEL_SCHEME}://" + (rest if "@" in rest.split("/", 1)[0] else auth + rest)
+                        for rest in rests), None
     return url, None

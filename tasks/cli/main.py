@@ -213,10 +213,12 @@ def _routes_table(store: Any, settings: Settings) -> Table:
     if settings.redis_url is not None:
         from tasks.broker.connection import redis_client
         from tasks.broker.routes import RouteOverrides, read_shadow
+        from tasks.broker.sentinel import SentinelOptions
         from tasks.keyspace import Keyspace
 
         try:
-            client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s)
+            client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+                                  sentinel=SentinelOptions.of(settings))
             overrides = RouteOverrides(client, Keyspace.of(settings)).get()
             agreement = read_shadow(client, Keyspace.of(settings))
         except Exception as err:  # noqa: BLE001 - the file's routes are still worth showing
@@ -250,6 +252,7 @@ def reload(models: ModelsOption = None) -> None:
     from manager.registry.store import ModelStore
     from tasks.broker.connection import redis_client
     from tasks.broker.routes import RouteOverrides
+    from tasks.broker.sentinel import SentinelOptions
     from tasks.keyspace import Keyspace
 
     settings = settings_with(models_file=models)
@@ -257,7 +260,8 @@ def reload(models: ModelsOption = None) -> None:
         store = ModelStore.from_file(settings.models_file)
     except SwaplessError as err:
         fail(f"{err}; nothing was reloaded: the running routes stay as they were")
-    overrides = RouteOverrides(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s),
+    overrides = RouteOverrides(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+                                            sentinel=SentinelOptions.of(settings)),
                                Keyspace.of(settings))
     overrides.reload(store)
     console.print(_routes_table(store, settings))
@@ -276,6 +280,7 @@ def route(
     from manager.registry.store import ModelStore
     from tasks.broker.connection import redis_client
     from tasks.broker.routes import RouteOverrides
+    from tasks.broker.sentinel import SentinelOptions
     from tasks.keyspace import Keyspace
 
     settings = settings_with(models_file=models)
@@ -291,7 +296,8 @@ def route(
             fail(ValueError(f"{item!r}: write each version as VERSION=WEIGHT, e.g. {target or 'v2'}=10"))
     if clear == bool(parsed):
         fail(ValueError("give VERSION=WEIGHT pairs, or --clear (not both)"))
-    overrides = RouteOverrides(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s),
+    overrides = RouteOverrides(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+                                            sentinel=SentinelOptions.of(settings)),
                                Keyspace.of(settings))
     if clear:
         overrides.clear(route_id)
@@ -386,6 +392,7 @@ def status(
 
     from manager.registry.store import ModelStore
     from tasks.broker.connection import redis_client, translated
+    from tasks.broker.sentinel import SentinelOptions
     from tasks.cluster.members import read_heartbeats
     from tasks.cluster.view import read_placement
     from tasks.keyspace import Keyspace
@@ -395,7 +402,8 @@ def status(
 
     settings = settings_with(queue=queue)
     keyspace = Keyspace.of(settings)
-    client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s)
+    client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+                          sentinel=SentinelOptions.of(settings))
     store = ModelStore.from_file(settings.models_file)
     model_ids = store.ids()
 

@@ -9,7 +9,8 @@ loop on one pub/sub connection. The gateway holds one for the whole process, how
 It works as the thread one does (see there, and ``tasks.client.subscriptions``): opened by the first wait, read by
 one task that hands each published result (decoded once) to the waits of its key; a wait subscribes before it first
 reads, reads once more when its subscriptions are confirmed, then on a publish, every ``POLL_S`` at most and at its
-deadline; a dropped connection is replaced, every key subscribed again and every wait reads once more. The event
+deadline; a dropped connection is replaced, every key subscribed again and every wait reads once more; with
+``failover_s`` a wait rides out a primary that cannot be reached for that long (a Sentinel failover). The event
 loop never waits on Redis: reads are awaited MGETs, and a read of many results is decoded in a worker thread.
 """
 
@@ -22,11 +23,12 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
+import redis
 import redis.asyncio as aredis
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
 from tasks.broker.results import ResultStore, StoredResult
-from tasks.client.consumer import POLL_S
+from tasks.client.consumer import POLL_S, Failover
 from tasks.client.reading import MGET_KEYS
 from tasks.client.subscriptions import Subscriptions, Waiter, batches, parse_reply
 
@@ -47,6 +49,7 @@ class AsyncWatch:
         self._consumer = consumer
         self._waiter = waiter
         self._event = event
+        self._failover = Failover(consumer.failover_s)
         self._next_read = 0.0
 
     async def wait(self, timeout_s: float) -> list[StoredResult]:
@@ -90,7 +93,11 @@ class AsyncWatch:
     async def _read(self) -> None:
         pending = self._waiter.pending()
         if pending:
-            self._waiter.apply(await self._consumer.read(pending))
+            try:
+                self._waiter.apply(await self._consumer.read(pending))
+                self._failover.ok()
+            except (redis.ConnectionError, redis.TimeoutError) as err:
+                self._failover.failed(err)
         self._next_read = time.monotonic() + self._consumer.poll_s
 
 
@@ -101,12 +108,16 @@ class AsyncResultConsumer:
         redis_client: the asyncio client whose pool lends the connection, and that reads results.
         results: where results are stored and how they are decoded.
         poll_s: longest time a wait goes without reading its results (``POLL_S``).
+        failover_s: how long a wait rides out reads that cannot reach Redis; 0: not at all.
     """
 
-    def __init__(self, redis_client: aredis.Redis, results: ResultStore, *, poll_s: float = POLL_S) -> None:
+    def __init__(
+        self, redis_client: aredis.Redis, results: ResultStore, *, poll_s: float = POLL_S, failover_s: float = 0.0
+    ) -> None:
         self.redis = redis_client
         self.results = results
         self.poll_s = poll_s
+        self.failover_s = failover_s
         self._table = Subscriptions()
         self._wanted = asyncio.Event()  # set while some key is wanted: the listener connects
         self._conn: AbstractConnection | None = None

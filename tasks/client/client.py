@@ -42,6 +42,7 @@ from tasks.app import make_app
 from tasks.broker.connection import redis_client, translated
 from tasks.broker.results import ResultStore, StoredResult
 from tasks.broker.routes import RouteOverrides
+from tasks.broker.sentinel import SentinelOptions
 from tasks.client.consumer import ResultConsumer
 from tasks.client.job import Job
 from tasks.client.publisher import Publisher, Routed
@@ -101,15 +102,19 @@ class Client:
         #: The Celery app whose result backend's encoding, key names and expiry the results follow.
         self.app: Celery = make_app(self.settings)
         #: Every call of this client goes through it (one connection pool per URL in the process).
-        self.redis = redis_client(self.settings.broker_url, connect_timeout_s=self.settings.connect_timeout_s)
-        #: A producer's writes (cancels, forgets) ride out a blip, but a Redis that is down is reported within the
-        #: connect timeout, not after the worker's minute of retries.
-        self.results = ResultStore(self.app, retry_s=self.settings.connect_timeout_s, client=self.redis)
+        self.redis = redis_client(self.settings.broker_url, connect_timeout_s=self.settings.connect_timeout_s,
+                                  sentinel=SentinelOptions.of(self.settings))
+        #: A producer's writes (cancels, forgets) ride out a blip (with Sentinel, a failover), but a Redis that is
+        #: down is reported within the connect timeout, not after the worker's minute of retries.
+        retry_s = self.settings.connect_timeout_s
+        if self.settings.redis_sentinel_master:
+            retry_s = max(retry_s, self.settings.redis_failover_wait_s)
+        self.results = ResultStore(self.app, retry_s=retry_s, client=self.redis)
         #: Routes and publishes this client's jobs.
         self.publisher = Publisher(self.settings, self.app, self.redis)
         #: Every wait of this client (``Job.get``, ``gather``, chunk streams): one pub/sub connection, opened by the
         #: first wait.
-        self.consumer = ResultConsumer(self.redis, self.results)
+        self.consumer = ResultConsumer(self.redis, self.results, failover_s=self.settings.failover_wait_s)
         # A client dropped without close() still lets go of what it opened (its app's connections, the consumer's
         # pub/sub connection and listener) instead of leaving their sockets to the garbage collector.
         self._release = weakref.finalize(self, _release, self.app, self.consumer)

@@ -21,6 +21,10 @@ When the connection drops (a Redis restart, ``CLIENT KILL``), the listener recon
 it was down. The consumer logs a reconnection at INFO and a failed attempt at DEBUG only: a wait's own reads
 report a Redis that is down (``QueueUnavailable``). The connection goes back to its pool at ``close``
 (``Client.close``); a wait after that opens it again.
+
+With ``failover_s`` (a client of Redis Sentinel: ``SWAPLESS_REDIS_FAILOVER_WAIT_S``) a wait rides out a primary that
+cannot be reached for that long, within its own timeout, reading again every ``POLL_S``: a failover (kill to
+promotion, a few seconds) ends no wait early, and each read after it goes to the new primary.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from tasks.broker.results import ResultStore, StoredResult
 from tasks.client.reading import read_stored
 from tasks.client.subscriptions import Subscriptions, Waiter, batches, parse_reply
 
-__all__ = ["POLL_S", "ResultConsumer", "Watch"]
+__all__ = ["POLL_S", "Failover", "ResultConsumer", "Watch"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +59,15 @@ class Watch:
     """A wait registered with a ``ResultConsumer`` (``ResultConsumer.watch``); ``wait`` on it as often as needed."""
 
     def __init__(
-        self, waiter: Waiter, event: threading.Event, lock: threading.RLock, results: ResultStore, poll_s: float
+        self, waiter: Waiter, event: threading.Event, lock: threading.RLock, results: ResultStore, poll_s: float,
+        failover_s: float = 0.0,
     ) -> None:
         self._waiter = waiter
         self._event = event
         self._lock = lock
         self._results = results
         self._poll_s = poll_s
+        self._failover = Failover(failover_s)
         self._next_read = 0.0
 
     def wait(self, timeout_s: float | None) -> list[StoredResult]:
@@ -101,8 +107,32 @@ class Watch:
     def _read(self) -> None:
         pending = self._waiter.pending()
         if pending:
-            self._waiter.apply(read_stored(self._results, pending))
+            try:
+                self._waiter.apply(read_stored(self._results, pending))
+                self._failover.ok()
+            except (redis.ConnectionError, redis.TimeoutError) as err:
+                self._failover.failed(err)
         self._next_read = time.monotonic() + self._poll_s
+
+
+class Failover:
+    """How long a wait's reads have failed to reach Redis, against how long it rides that out (``failover_s``)."""
+
+    def __init__(self, failover_s: float) -> None:
+        self.failover_s = failover_s
+        self._since: float | None = None
+
+    def ok(self) -> None:
+        self._since = None
+
+    def failed(self, err: BaseException) -> None:
+        """A read failed: raise ``err`` once reads have failed for ``failover_s``, else let the wait read again."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        if now - self._since >= self.failover_s:
+            raise err
+        logger.debug("a wait's read failed (%s); reading again (a failover takes seconds)", err)
 
 
 class ResultConsumer:
@@ -112,12 +142,16 @@ class ResultConsumer:
         redis_client: the client whose pool lends the connection (``Client.redis``).
         results: where results are stored, read and decoded (``Client.results``).
         poll_s: longest time a wait goes without reading its results (``POLL_S``).
+        failover_s: how long a wait rides out reads that cannot reach Redis (see the module docstring); 0: not at all.
     """
 
-    def __init__(self, redis_client: redis.Redis, results: ResultStore, *, poll_s: float = POLL_S) -> None:
+    def __init__(
+        self, redis_client: redis.Redis, results: ResultStore, *, poll_s: float = POLL_S, failover_s: float = 0.0
+    ) -> None:
         self.redis = redis_client
         self.results = results
         self.poll_s = poll_s
+        self.failover_s = failover_s
         self._lock = threading.RLock()  # reentrant: a client collected while its thread holds it still closes
         self._wanted = threading.Condition(self._lock)  # the listener, with no connection, waits for a key
         self._table = Subscriptions()
@@ -138,7 +172,7 @@ class ResultConsumer:
                 self._send("SUBSCRIBE", new)
                 self._wanted.notify()
         try:
-            yield Watch(waiter, event, self._lock, self.results, self.poll_s)
+            yield Watch(waiter, event, self._lock, self.results, self.poll_s, self.failover_s)
         finally:
             with self._lock:
                 self._send("UNSUBSCRIBE", self._table.remove(waiter))

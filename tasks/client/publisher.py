@@ -8,7 +8,8 @@
 - ``Publisher.publish`` (``apublish``): messages as addressed (single jobs or chunks), built as Celery's
   ``send_task`` would build them (``tasks.broker.publish``): to each model's own lists, ringing the placement bell
   (a model this producer cannot name: to the ingress, where a worker routes it); bounded by ``SWAPLESS_MAX_QUEUED``
-  (``QueueFull``, naming the ids queued nonetheless). Redis failures are ``QueueUnavailable`` / ``QueueFull``
+  (``QueueFull``, naming the ids queued nonetheless); with ``SWAPLESS_REDIS_MIN_REPLICAS``, only once that many
+  replicas hold them. Redis failures, and too few replicas, are ``QueueUnavailable`` / ``QueueFull``
   (``tasks.broker.connection.translated``).
 """
 
@@ -27,7 +28,7 @@ from celery import Celery
 from config.errors import QueueFull, SwaplessError
 from config.settings import Settings
 from manager.registry.store import ModelStore
-from tasks.broker.connection import redact, translated
+from tasks.broker.connection import ReplicaWait, redact, translated
 from tasks.broker.publish import ModelPush, apush, apush_to_models, build_messages, push, push_to_models
 from tasks.broker.routes import RouteOverrides
 from tasks.keyspace import Keyspace
@@ -97,6 +98,8 @@ class Publisher:
         self.app = app
         self.redis = redis_client
         self.keyspace = Keyspace.of(settings)
+        #: How many replicas must hold each message before a send returns (``SWAPLESS_REDIS_MIN_REPLICAS``).
+        self.replicas = ReplicaWait.of(settings)
         self._store: ModelStore | None = None
         self._routing_unavailable = False
         self._overrides: RouteOverrides | None = None
@@ -249,9 +252,11 @@ class Publisher:
         s, keyspace = self.settings, self.keyspace
         with translated(s.broker_url):
             outcomes = (push_to_models(self.redis, plan.pushes, bound=s.max_queued,
-                                       placement_bell=keyspace.placement_bell) if plan.pushes else [])
+                                       placement_bell=keyspace.placement_bell, replicas=self.replicas)
+                        if plan.pushes else [])
             shared = (push(self.redis, keyspace.ingress(level), plan.shared_messages, bound=s.max_queued,
-                           counted=list(keyspace.ingress_lists.lists)) if plan.shared else None)
+                           counted=list(keyspace.ingress_lists.lists), replicas=self.replicas)
+                      if plan.shared else None)
         return self._settle(plan, outcomes, shared)
 
     async def apublish(
@@ -270,9 +275,11 @@ class Publisher:
         s, keyspace = self.settings, self.keyspace
         with translated(s.broker_url):
             outcomes = (await apush_to_models(client, plan.pushes, bound=s.max_queued,
-                                              placement_bell=keyspace.placement_bell) if plan.pushes else [])
+                                              placement_bell=keyspace.placement_bell, replicas=self.replicas)
+                        if plan.pushes else [])
             shared = (await apush(client, keyspace.ingress(level), plan.shared_messages, bound=s.max_queued,
-                                  counted=list(keyspace.ingress_lists.lists)) if plan.shared else None)
+                                  counted=list(keyspace.ingress_lists.lists), replicas=self.replicas)
+                      if plan.shared else None)
         return self._settle(plan, outcomes, shared)
 
     def _plan(

@@ -32,6 +32,7 @@ from manager.registry.specs import InputType, ModelSpec
 from manager.registry.store import ModelStore
 from tasks.broker.connection import async_redis_client
 from tasks.broker.results import StoredResult
+from tasks.broker.sentinel import SentinelOptions
 from tasks.client import Client, Routed
 from tasks.client.aconsumer import AsyncResultConsumer
 from tasks.gateway.auth import Caller
@@ -97,10 +98,11 @@ class DataPlane:
 
     async def start(self) -> None:
         s = self.settings
-        self._redis = async_redis_client(s.broker_url, connect_timeout_s=s.connect_timeout_s)
+        self._redis = async_redis_client(s.broker_url, connect_timeout_s=s.connect_timeout_s,
+                                         sentinel=SentinelOptions.of(s))
         self._ledger = JobLedger(self._redis, self.client.results, self.keyspace, s.gateway_inflight_per_key)
         self._rate = RateLimit(self._redis, s.gateway_rate_per_key, self.keyspace)
-        self._consumer = AsyncResultConsumer(self._redis, self.client.results)
+        self._consumer = AsyncResultConsumer(self._redis, self.client.results, failover_s=s.failover_wait_s)
 
     async def stop(self) -> None:
         if self._consumer is not None:

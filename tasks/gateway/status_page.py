@@ -23,6 +23,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from config.settings import Settings
 from manager.registry.store import ModelStore
 from tasks.broker.connection import redis_client
+from tasks.broker.sentinel import SentinelOptions
 from tasks.gateway.auth import Need, needs
 from tasks.gateway.http import GuardedRoute
 from tasks.keyspace import Keyspace
@@ -66,7 +67,8 @@ def status_router(settings: Settings, store: ModelStore, redis: Callable[[], are
     html = page_html()
     headers = _page_headers(html)
     model_ids = store.ids()
-    sync = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s)  # connects when used
+    sync = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+                        sentinel=SentinelOptions.of(settings))  # connects when used
 
     @router.get("/", include_in_schema=False, **needs(Need.NOTHING))
     async def root(request: Request) -> RedirectResponse:

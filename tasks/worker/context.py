@@ -37,10 +37,11 @@ from config.settings import Settings, get_settings
 from manager import ModelEngine
 from manager.batching.warmup import warm_start
 from tasks.broker.acks import AckQueue
-from tasks.broker.connection import RedisHealth, redis_client
+from tasks.broker.connection import RedisHealth, ReplicaWait, redis_client
 from tasks.broker.queues import ChannelHooks
 from tasks.broker.results import ResultStore
 from tasks.broker.routes import RouteOverrides, Router
+from tasks.broker.sentinel import SentinelOptions
 from tasks.cluster.placer import Placer
 from tasks.cluster.view import read_placement
 from tasks.keyspace import Keyspace
@@ -110,7 +111,7 @@ class WorkerContext:
 
             self.scheduler.start(first=warm)  # on the thread that will run the jobs
             self.scheduler.ready.wait()
-        beats = redis_client(s.broker_url, connect_timeout_s=5, socket_timeout_s=5)
+        beats = redis_client(s.broker_url, connect_timeout_s=5, socket_timeout_s=5, sentinel=SentinelOptions.of(s))
         self.reporting.start(self.scheduler, beats, self.placer.claimed, after_beat)
         self.placer.start()  # claims once warm: a model is not held by a worker still warming up
         if s.routing == "placement":
@@ -150,14 +151,17 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
     """
     keyspace = Keyspace.of(settings)
     health = RedisHealth()
-    control = redis_client(settings.broker_url, connect_timeout_s=5, socket_timeout_s=10)
+    replicas = ReplicaWait.of(settings)
+    control = redis_client(settings.broker_url, connect_timeout_s=5, socket_timeout_s=10,
+                           sentinel=SentinelOptions.of(settings))
     runtime = build_runtime(settings, warm_up=True)
     router = Router(runtime.store, RouteOverrides(control, keyspace) if runtime.store.routes else None)
     reporting = WorkerReporting(runtime, keyspace, health, hostname)
     scheduler = BatchScheduler(
         runtime,
         router,
-        lambda: ResultStore(app, retry_s=None, health=health),  # keeps trying while Redis refuses
+        # keeps trying while Redis refuses, or too few replicas hold what it stored
+        lambda: ResultStore(app, retry_s=None, health=health, replicas=replicas),
         Shadows(keyspace, reporting.observer),
         acks=AckQueue(),
         observer=reporting.observer,
@@ -166,7 +170,7 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
                     reporting.worker_id, activity=reporting.stats.models, on_release=scheduler.hand_over)
 
     def malformed(message: Any, err: Exception) -> None:
-        answer_malformed(ResultStore(app, retry_s=5, health=health), message, err)
+        answer_malformed(ResultStore(app, retry_s=5, health=health, replicas=replicas), message, err)
 
     # with task events on, every message goes through Celery's requests
     intake = None if settings.task_events else Intake(scheduler.submit, reporting.sent_times.record_many, malformed)
