@@ -220,7 +220,8 @@ def test_bulk_waits_while_the_queue_is_full_and_says_so(
     faults.set(SWAPLESS_REDIS_URL=server.url(0), SWAPLESS_MAX_QUEUED="2")
     faults.worker()
     source = tmp_path / "in.jsonl"
-    source.write_text("".join(json.dumps({"text": f"record {i}"}) + "\n" for i in range(2000)))
+    # each chunk holds the worker 50 ms: the producer's eight chunks in flight outrun it on any machine
+    source.write_text("".join(json.dumps({"text": f"sleep:0.05:record {i}"}) + "\n" for i in range(2000)))
     out = tmp_path / "out.jsonl"
     started = time.monotonic()
     done = subprocess.run(

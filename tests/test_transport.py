@@ -377,4 +377,6 @@ def test_broker_urls_pick_this_transport_for_redis_and_leave_others_to_kombu() -
     assert broker_connection("rediss://:pw@h:6380/0?ssl_cert_reqs=required")[1] == "tasks.broker.transport:Transport"
     assert broker_connection("redis+socket:///tmp/r.sock") == ("swapless+socket:///tmp/r.sock", None)
     assert Connection("swapless+socket:///tmp/r.sock").get_transport_cls() is Transport
-    assert broker_connection("sentinel://h:26379") == ("sentinel://h:26379", None)
+    # a Sentinel URL goes to this transport's Sentinel channel (tests/test_sentinel_config.py has the details)
+    assert broker_connection("sentinel://h:26379") == ("swapless-sentinel://h:26379", None)
+    assert broker_connection("amqp://h:5672//") == ("amqp://h:5672//", None)
