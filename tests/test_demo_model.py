@@ -99,8 +99,7 @@ def test_training_fits_the_sample(trained: tuple[Path, TrainingReport]) -> None:
     directory, report = trained
     assert report.examples == 300
     assert report.train_accuracy >= 0.95
-    assert report.epochs >= 1
-    assert report.seconds < 20.0  # the 10 s budget stops new epochs; one epoch takes about a second
+    assert 1 <= report.epochs <= 12  # stopped on the accuracy or after a dozen epochs, never by the clock
     assert (directory / "model.safetensors").exists() and (directory / "vocab.txt").exists()
 
 
@@ -143,3 +142,11 @@ def test_training_rejects_unknown_or_mismatched_labels(tmp_path: Path) -> None:
         train_text_classifier(directory, [{"text": "good", "label": "ham"}], labels=["ham", "spam"])
     with pytest.raises(ValueError, match="no records"):
         train_text_classifier(directory, [], labels=SENTIMENT_LABELS)
+
+
+def test_a_seconds_budget_stops_new_epochs(tmp_path: Path) -> None:
+    """With a budget, the first epoch past it is the last (a zero budget: one epoch, however fast the machine; the
+    full sample takes three without one)."""
+    report = train_text_classifier(untrained_sentiment(tmp_path), sample_reviews(), labels=SENTIMENT_LABELS,
+                                   seconds_budget=0.0)
+    assert report.epochs == 1
