@@ -140,32 +140,33 @@ def test_producers_of_a_redis_that_refuses_writes_get_one_line_and_queue_nothing
     assert faults.queued() == 1
 
 
-def test_a_worker_whose_redis_fails_to_save_keeps_its_jobs_and_resumes_by_itself(
-    faults: FaultEnv, private_redis: Callable[..., RedisServer]
+@pytest.mark.parametrize("refusal", ["MISCONF", "READONLY"])
+def test_a_worker_whose_redis_refuses_writes_keeps_its_jobs_and_resumes_by_itself(
+    faults: FaultEnv, private_redis: Callable[..., RedisServer], refusal: str
 ) -> None:
-    # (The same with a read-only replica is not tested: a worker blocked waiting for jobs when Redis turns replica
-    # gets "UNBLOCKED force unblock from blocking operation", which it does not take for a refused write, and stops
-    # with "Unrecoverable error".)
-    scenario = Scenario("6. Redis cannot save (MISCONF), then can")
+    # READONLY: the Redis turns replica (a failover, a `REPLICAOF`) while the worker waits for jobs on it, which
+    # cuts that wait short with "UNBLOCKED ... instance state changed": the worker takes that for a refusal too
+    what = "cannot save (MISCONF)" if refusal == "MISCONF" else "turns replica (READONLY)"
+    scenario = Scenario(f"6. Redis {what}, then takes writes again")
     server = private_redis(extra_args=["--appendonly", "no", *protected_configs_allowed()])
     faults.set(SWAPLESS_REDIS_URL=server.url(0))
     worker = faults.worker()
     client = Client()
     held = gate(client, faults)  # a batch in hand: its result is written while Redis refuses writes
-    queued = [client.submit("echo", f"misconf-queued-{i}") for i in range(5)]
+    queued = [client.submit("echo", f"{refusal}-queued-{i}") for i in range(5)]
     admin = server.client()
-    _refuse_writes(admin, "MISCONF")
+    _refuse_writes(admin, refusal)
     held.open()  # the batch in hand ends; its result cannot be written yet
     wait_for(lambda: "ran 1 job(s) on hold" in worker.log(), 20, "the batch in hand to finish")
-    wait_for(lambda: "Redis refusing writes: MISCONF" in worker.log(), 20, "the worker to see the refusal")
+    wait_for(lambda: f"Redis refusing writes: {refusal}" in worker.log(), 20, "the worker to see the refusal")
     assert client.fetch([held.job.id])[0].state == "PENDING"
-    _take_writes(admin, "MISCONF", str(server.directory))
+    _take_writes(admin, refusal, str(server.directory))
     back_at = time.monotonic()
-    after = [client.submit("echo", f"misconf-after-{i}") for i in range(5)]
+    after = [client.submit("echo", f"{refusal}-after-{i}") for i in range(5)]
     stored, done_at = settle(client, [held.job, *queued, *after], 30)
     scenario.recovery_s = done_at - back_at
-    scenario.count(stored, [held.expect] + [echoes(f"misconf-queued-{i}") for i in range(5)]
-                   + [echoes(f"misconf-after-{i}") for i in range(5)])
+    scenario.count(stored, [held.expect] + [echoes(f"{refusal}-queued-{i}") for i in range(5)]
+                   + [echoes(f"{refusal}-after-{i}") for i in range(5)])
     scenario.assert_complete(faults.snapshot)
     assert faults.executions()[held.text] == 1, "its result was stored once it could be, never run again"
     assert worker.proc.poll() is None and "Unrecoverable error" not in worker.log()

@@ -186,6 +186,8 @@ def refusal(err: BaseException) -> str | None:
         return "READONLY"
     if isinstance(err, redis.exceptions.ResponseError):
         text = str(err)
+        if text.startswith("UNBLOCKED"):  # a blocking wait cut short: this Redis just turned replica (a failover)
+            return "READONLY"
         for code in ("OOM", "READONLY", "MISCONF"):
             if text.startswith(code) or f" {code} " in text or f"-{code} " in text:
                 return code
