@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 from config.errors import WebhookRefused
 from tasks.keyspace import Keyspace
 
-__all__ = ["Delivery", "WebhookQueue", "allowed_hosts", "check_target", "resolve_host"]
+__all__ = ["Delivery", "WebhookQueue", "allowed_hosts", "check_target", "read_webhooks", "resolve_host"]
 
 # KEYS: due, failed, then one key per delivery. ARGV: now, ttl, max pending, max failed, then id and record per
 # delivery. A delivery already waiting is left as it is; past the bound it is kept as failed instead.
@@ -275,3 +275,18 @@ class WebhookQueue:
             pipe.lrem(key, 1, raw)
         pipe.execute()
         return len(fresh)
+
+
+def read_webhooks(client: Any, keyspace: Keyspace, limit: int = 20) -> dict[str, Any]:
+    """The webhooks' standing for the status: ``{"pending": n, "failed": n, "recent_failed": [delivery, ...]}``
+    (the newest ``limit`` failed deliveries, without their payloads)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(keyspace.webhooks_due).llen(keyspace.webhooks_failed)
+    pipe.lrange(keyspace.webhooks_failed, 0, max(0, limit - 1))
+    pending, failed, raws = pipe.execute()
+    recent = []
+    for raw in raws:
+        d = Delivery.decode(raw)
+        recent.append({"id": d.id, "url": d.url, "attempts": d.attempts, "last_error": d.last_error,
+                       "failed_at": d.failed_at})
+    return {"pending": int(pending), "failed": int(failed), "recent_failed": recent}
