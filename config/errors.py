@@ -25,7 +25,8 @@ rebuilds the very same error, message included. Each message says what to do.
     ├── JobTimeout              no result within the timeout (also a TimeoutError)
     ├── BulkFileError           a bulk job's input or output file cannot be used; nothing was sent
     ├── LocalModeError          local mode's embedded Redis or worker did not start, or stopped
-    └── MetricsUnavailable      the worker's metrics endpoint cannot be opened
+    ├── MetricsUnavailable      the worker's metrics endpoint cannot be opened
+    └── WebhookRefused          a ``callback_url`` is not http(s), or its host is not allowed (also a ValueError)
 
 The HTTP gateway adds its own, for what only a network caller can do wrong (``tasks.gateway.errors``).
 """
@@ -58,6 +59,7 @@ __all__ = [
     "SwaplessError",
     "UnknownFramework",
     "UnknownModel",
+    "WebhookRefused",
 ]
 
 
@@ -360,3 +362,16 @@ class MetricsUnavailable(SwaplessError):
             f"cannot serve metrics on {self.host}:{self.port}: {self.problem}; "
             "pick another --metrics-port (SWAPLESS_METRICS_PORT)"
         )
+
+
+class WebhookRefused(SwaplessError, ValueError):
+    """A ``callback_url`` this deployment does not call back (``tasks.broker.webhooks.check_target``)."""
+
+    def __init__(self, url: str, problem: str) -> None:
+        super().__init__(url, problem)
+        self.url = url
+        self.problem = problem
+
+    @property
+    def message(self) -> str:
+        return f"callback_url {self.url!r} refused: {self.problem}"

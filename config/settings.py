@@ -66,6 +66,14 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_API_KEYS               | unset (no keys)            | API keys of the HTTP gateway, comma-separated; an entry ``KEY:MODELS`` may call only those models (the syntax: ``tasks.gateway.auth``). No keys at all: the gateway asks for none |
 | SWAPLESS_API_KEYS_FILE          | unset                      | a file of more API keys, one entry per line in the same syntax, ``#`` starting a comment |
 | SWAPLESS_GATEWAY_INSECURE_NO_AUTH | false                    | let ``swapless serve`` listen on a non-loopback address with no API key configured (``--insecure-no-auth``) |
+| SWAPLESS_CANVAS_QUEUE           | celery                     | queue of a Celery follow-up task (``link``, ``link_error``, a chain's next step, a chord's body) that names none and is not Swapless's own: this worker does not know the producer's routes, and ``celery`` is the queue a plain Celery worker consumes by default |
+| SWAPLESS_WEBHOOK_SECRET         | unset (webhooks not signed: not sent) | the Standard Webhooks signing secret (``whsec_`` and base64): every webhook is signed with it; without it a worker keeps the deliveries it cannot sign as failed (replay them once it is set) |
+| SWAPLESS_WEBHOOK_ALLOWED_HOSTS  | unset (public addresses only) | hosts a ``callback_url`` may name, comma-separated (``*.example.com`` covers subdomains); a listed host may resolve to any address. Unset: any host that resolves only to public addresses (never loopback, private, link-local or reserved ones) |
+| SWAPLESS_WEBHOOK_RETRY_S        | 86400 s (24 hours)         | how long a webhook delivery is retried (backoff from 1 s doubling to 10 minutes) before it is kept as failed |
+| SWAPLESS_WEBHOOK_TIMEOUT_S      | 10 s                       | how long one delivery attempt waits for the receiver's answer (a 2xx delivers it) |
+| SWAPLESS_WEBHOOK_CONCURRENCY    | 8 requests                 | webhook requests one worker's sender has in flight at once |
+| SWAPLESS_WEBHOOK_MAX_PENDING    | 100000 deliveries          | most deliveries waiting in one queue's delivery queue: beyond it a delivery is kept as failed at once (``swapless webhooks replay``) |
+| SWAPLESS_WEBHOOK_MAX_FAILED     | 10000 deliveries           | most failed deliveries kept (the oldest go first); each is kept SWAPLESS_WEBHOOK_RETRY_S after it failed |
 """
 
 from __future__ import annotations
@@ -191,6 +199,16 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = None
     #: ``swapless serve`` binds a non-loopback address without API keys only with this (``--insecure-no-auth``).
     gateway_insecure_no_auth: bool = False
+    #: Where Celery follow-ups that name no queue go (``tasks.worker.canvas``).
+    canvas_queue: str = Field("celery", min_length=1)
+    #: The Standard Webhooks signing secret; a secret, so never shown in a repr.
+    webhook_secret: SecretStr | None = None
+    webhook_allowed_hosts: str = ""
+    webhook_retry_s: float = Field(24 * 3600.0, gt=0)
+    webhook_timeout_s: float = Field(10.0, gt=0)
+    webhook_concurrency: int = Field(8, ge=1)
+    webhook_max_pending: int = Field(100_000, ge=1)
+    webhook_max_failed: int = Field(10_000, ge=1)
 
     @field_validator("memory_budget_bytes", mode="before")
     @classmethod

@@ -11,7 +11,9 @@
   (``swapless:{queue/*ingress}:held`` ...): a worker moves what arrives there into its model's lists;
 - per **queue**: ``swapless:<queue>:placement-bell`` (rung when a model has no holder), ``:routes`` (run-time
   route weights), ``:shadow`` (shadow agreement counts), ``:wake:<worker id>`` (a worker's own bell, rung by its
-  acks when they free room a waiting fetch had none of);
+  acks when they free room a waiting fetch had none of), and the webhooks' (``tasks.broker.webhooks``):
+  ``:webhooks:due`` (delivery ids by next attempt time), ``:webhook:<id>`` (one delivery), ``:webhooks:failed``
+  (deliveries that failed after their last retry);
 - per **deployment**: ``swapless:worker:<id>`` (a worker's heartbeat) and ``swapless:workers`` (their index),
   ``swapless:learned:<device>`` (what workers learned of each model), ``swapless:gateway:...`` (the gateway's
   per-caller limits and in-flight sets).
@@ -132,6 +134,20 @@ class Keyspace:
     def shadow_counts(self) -> str:
         """The hash of shadow agreement counts (``<route>|<served>|<shadow>|agree`` and ``...|total`` -> count)."""
         return self._queue_key("shadow")
+
+    @property
+    def webhooks_due(self) -> str:
+        """The sorted set of webhook deliveries waiting to be sent (score: the time of the next attempt)."""
+        return self._queue_key("webhooks:due")
+
+    def webhook(self, delivery_id: str) -> str:
+        """One webhook delivery (its target, payload and attempts), kept until it is delivered or failed."""
+        return self._queue_key(f"webhook:{delivery_id}")
+
+    @property
+    def webhooks_failed(self) -> str:
+        """The list of webhook deliveries that failed after their last retry, newest first."""
+        return self._queue_key("webhooks:failed")
 
     # -- per deployment ----------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from config import errors as _errors
 from config.errors import InputError, JobFailed, SwaplessError
 
 __all__ = [
+    "CALLBACK_URL_HEADER",
     "CHUNK_TASK",
     "KEYS_HEADER",
     "PREDICT_TASK",
@@ -59,6 +60,8 @@ PRIORITIES = {"interactive": PRIORITY_INTERACTIVE, "bulk": PRIORITY_BULK}
 PRIORITY_STEPS = (PRIORITY_INTERACTIVE, 3, PRIORITY_BULK, 9)
 #: Message header with the producer's wall-clock send time (epoch seconds): the worker measures queue wait from it.
 SENT_AT_HEADER = "swapless_sent_at"
+#: Header of a job (or chunk) whose final state is to be sent to this URL as a signed webhook (``callback_url``).
+CALLBACK_URL_HEADER = "swapless_callback_url"
 #: Header of a chunk sent to a route with sticky keys: one key (or null) per input, in order.
 KEYS_HEADER = "swapless_keys"
 #: Header of a shadow copy of a routed job: ``[served job id, route id]`` (``manager.registry.routing``).

@@ -393,6 +393,7 @@ def status(
     from manager.registry.store import ModelStore
     from tasks.broker.connection import redis_client, translated
     from tasks.broker.sentinel import SentinelOptions
+    from tasks.broker.webhooks import read_webhooks
     from tasks.cluster.members import read_heartbeats
     from tasks.cluster.view import read_placement
     from tasks.keyspace import Keyspace
@@ -413,7 +414,13 @@ def status(
             workers = read_heartbeats(client, keyspace)
             view = render_status(depth, workers, memory=read_redis_memory(client, keyspace, model_ids),
                                  places=read_placement(client, keyspace, model_ids))
-            return Group(view, _routes_table(store, settings)) if store.routes else view
+            hooks = read_webhooks(client, keyspace, limit=5)
+            parts: list[Any] = [view]
+            if store.routes:
+                parts.append(_routes_table(store, settings))
+            if hooks["pending"] or hooks["failed"]:
+                parts.append(_webhooks_text(hooks))
+            return Group(*parts) if len(parts) > 1 else view
 
     if as_json:
         from tasks.observe.status import read_status
@@ -442,6 +449,47 @@ def status(
                 refreshes += 1
         except KeyboardInterrupt:
             pass
+
+
+def _webhooks_text(hooks: dict[str, Any]) -> Any:
+    """The status's webhooks line, and the newest failed deliveries (``swapless webhooks --replay`` resends)."""
+    from rich.text import Text
+
+    lines = [f"webhooks: {hooks['pending']} waiting to be delivered, {hooks['failed']} failed after their last retry"
+             + (" (swapless webhooks --replay sends them again)" if hooks["failed"] else "")]
+    lines += [f"  {d['id']}  {d['url']}  {d['attempts']} attempt(s): {d['last_error']}" for d in hooks["recent_failed"]]
+    return Text("\n".join(lines))
+
+
+@app.command()
+def webhooks(
+    delivery_ids: Annotated[list[str] | None, typer.Argument(help="job ids of the failed deliveries to replay")] = None,
+    replay: Annotated[bool, typer.Option("--replay", help="queue failed deliveries again (all, or those given)")] = (
+        False),
+    queue: Annotated[str | None, typer.Option(help="queue whose webhooks to show [default: swapless]")] = None,
+) -> None:
+    """List the webhook deliveries that failed after their last retry (one JSON line each), or replay them.
+
+    With --replay, the failed deliveries (all, or the job ids given) are queued again with a fresh retry window;
+    prints how many. A worker's sender delivers them."""
+    from tasks.broker.connection import redis_client, translated
+    from tasks.broker.sentinel import SentinelOptions
+    from tasks.broker.webhooks import WebhookQueue
+
+    settings = settings_with(queue=queue)
+    client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+                          sentinel=SentinelOptions.of(settings))
+    hooks = WebhookQueue.of(client, settings)
+    with translated(settings.broker_url):
+        if replay:
+            sys.stdout.write(json.dumps({"replayed": hooks.replay(delivery_ids or None)}) + "\n")
+            return
+        _, failed = hooks.failed(limit=settings.webhook_max_failed)
+    for d in failed:
+        if delivery_ids and d.id not in delivery_ids:
+            continue
+        sys.stdout.write(json.dumps({"id": d.id, "url": d.url, "attempts": d.attempts, "last_error": d.last_error,
+                                     "failed_at": d.failed_at}) + "\n")
 
 
 _bulk.register(app)

@@ -43,6 +43,7 @@ from tasks.broker.connection import redis_client, translated
 from tasks.broker.results import ResultStore, StoredResult
 from tasks.broker.routes import RouteOverrides
 from tasks.broker.sentinel import SentinelOptions
+from tasks.broker.webhooks import allowed_hosts, check_target
 from tasks.client.consumer import ResultConsumer
 from tasks.client.job import Job
 from tasks.client.publisher import Publisher, Routed
@@ -54,6 +55,7 @@ from tasks.client.stream import (
     ChunkStream,
 )
 from tasks.protocol import (
+    CALLBACK_URL_HEADER,
     CHUNK_TASK,
     KEYS_HEADER,
     expires_header,
@@ -166,11 +168,11 @@ class Client:
 
     async def asend_routed(
         self, redis: Any, routed: Sequence[Routed], *, priority: str = "interactive",
-        expires: float | datetime | None = None,
+        expires: float | datetime | None = None, headers: Sequence[dict[str, Any]] | None = None,
     ) -> list[str]:
         """``send_routed`` through ``redis``, an asyncio redis-py client, on the caller's event loop (the
-        gateway's: no thread hand-off for a few jobs)."""
-        return await self.publisher.asend_routed(redis, routed, priority=priority, expires=expires)
+        gateway's: no thread hand-off for a few jobs). ``headers``: extra message headers per job."""
+        return await self.publisher.asend_routed(redis, routed, priority=priority, expires=expires, headers=headers)
 
     def models(self) -> list[ModelSpec]:
         """The models that exist (from the models file)."""
@@ -184,6 +186,7 @@ class Client:
         priority: str = "interactive",
         expires: float | datetime | None = None,
         key: str | None = None,
+        callback_url: str | None = None,
     ) -> Job:
         """Queue one job and return its handle at once.
 
@@ -196,16 +199,32 @@ class Client:
                 run (default: none, or the workers' ``SWAPLESS_*_EXPIRES_S``).
             key: a sticky key for a route (a user id, say): the same key always gets the same version while the
                 route's weights hold (default: the job's id, a fresh pick per job).
+            callback_url: where the job's final state is posted as a signed webhook once it is stored
+                (``tasks.worker.webhooks``; at least once, ``webhook-id`` the job's id).
 
         Raises:
             UnknownModel: ``validate`` is on and the id is not in the registry.
+            WebhookRefused: ``callback_url`` is not http(s) or names a host this deployment does not call back.
             ValueError: unknown ``priority``, an input JSON cannot encode, or ``expires`` is not in the future.
             QueueUnavailable: Redis cannot be reached (within ``SWAPLESS_CONNECT_TIMEOUT_S``, once retried).
             QueueFull: Redis refused the job (out of memory).
         """
         self._checked(model_id, priority)
+        headers = self._callback_headers(callback_url, 1)
         return Job(self, self.send_routed(self.route_jobs([(model_id, input)], [key]), priority=priority,
-                                          expires=expires)[0])
+                                          expires=expires, headers=headers)[0])
+
+    def _callback_headers(self, callback_url: str | None, count: int) -> list[dict[str, Any]] | None:
+        """The message headers of ``count`` jobs with ``callback_url`` (checked here: ``check_target`` without DNS,
+        which the worker's sender does before each attempt), or None without one.
+
+        Raises:
+            WebhookRefused: the URL is not http(s) or names a host the allow-list does not.
+        """
+        if callback_url is None:
+            return None
+        check_target(callback_url, allowed_hosts(self.settings.webhook_allowed_hosts))
+        return [{CALLBACK_URL_HEADER: callback_url} for _ in range(count)]
 
     def submit_jobs(
         self,
@@ -214,9 +233,10 @@ class Client:
         priority: str = "interactive",
         expires: float | datetime | None = None,
         keys: Sequence[str | None] | None = None,
+        callback_url: str | None = None,
     ) -> list[Job]:
         """Queue one job per ``(model_id, input)`` pair, any mix of models, in one round trip to Redis; ``keys``:
-        one sticky key per job (see ``submit``).
+        one sticky key per job (see ``submit``); ``callback_url``: each job's webhook (see ``submit``).
 
         Each job is its own message (its own id, result, retries), exactly as ``submit`` sends it. Jobs are consumed
         in the order given.
@@ -233,7 +253,8 @@ class Client:
             self._checked(model_id, priority)
         if keys is not None and len(keys) != len(pairs):
             raise ValueError(f"keys has {len(keys)} key(s) for {len(pairs)} job(s): give one per job (None for none)")
-        sent = self.send_routed(self.route_jobs(pairs, keys), priority=priority, expires=expires)
+        headers = self._callback_headers(callback_url, len(pairs))
+        sent = self.send_routed(self.route_jobs(pairs, keys), priority=priority, expires=expires, headers=headers)
         return [Job(self, job_id) for job_id in sent]
 
     def submit_many(
@@ -244,6 +265,7 @@ class Client:
         priority: str = "bulk",
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         expires: float | datetime | None = None,
+        callback_url: str | None = None,
     ) -> list[Job]:
         """Queue one job per input, sent as chunk messages of ``chunk_size`` inputs (bulk priority by default).
 
@@ -251,6 +273,7 @@ class Client:
         hold, use ``map``, which keeps a bounded number of chunks in flight.
 
         ``expires``: one deadline for every chunk (seconds from now, or a datetime), as ``submit``'s.
+        ``callback_url``: one webhook per chunk, its ``result`` the chunk's (one outcome per input, in order).
 
         Raises:
             UnknownModel: ``validate`` is on and the id is not in the registry.
@@ -260,9 +283,11 @@ class Client:
         level = self._checked(model_id, priority)
         header = expires_header(expires)  # fixed now, for every chunk
         deadline = datetime.fromisoformat(header) if header is not None else None
+        headers = self._callback_headers(callback_url, 1)
         jobs: list[Job] = []
         for batch in _batched(inputs, chunk_size):
-            chunk_id = self.publisher.publish(CHUNK_TASK, [(model_id, batch)], level, expires=deadline)[0]
+            chunk_id = self.publisher.publish(CHUNK_TASK, [(model_id, batch)], level, expires=deadline,
+                                              headers=headers)[0]
             jobs.extend(Job(self, item_id(chunk_id, index)) for index in range(len(batch)))
         return jobs
 
@@ -278,6 +303,7 @@ class Client:
         return_exceptions: bool = False,
         on_event: Callable[[ChunkEvent], None] | None = None,
         expires: float | datetime | None = None,
+        callback_url: str | None = None,
     ) -> Iterator[Any]:
         """Predict every input, yielding the predictions in input order as they finish.
 
@@ -295,6 +321,7 @@ class Client:
             on_event: called with a ``ChunkEvent`` per chunk sent and read (progress, instrumentation).
             expires: one deadline for the whole map (seconds from now, or a datetime): inputs not started by then
                 are answered ``JobExpired`` (and no chunk is sent after it: ``DeadlinePassed``).
+            callback_url: one webhook per chunk as it finishes (see ``submit_many``).
 
         Stopping early (``break``, an exception, Ctrl-C) cancels the chunks still in flight.
 
@@ -305,7 +332,7 @@ class Client:
             DeadlinePassed: ``expires`` passed before every chunk was sent.
         """
         stream = self.stream(model_id, priority, expires=expires, max_in_flight=max_in_flight, timeout_s=timeout,
-                             on_event=on_event)
+                             on_event=on_event, callback_url=callback_url)
         with translated(self.settings.broker_url):
             for _, outcomes in stream.run((None, batch) for batch in _batched(inputs, chunk_size)):
                 for ok, value in outcomes:
@@ -315,26 +342,32 @@ class Client:
                         raise value
 
     def stream(
-        self, model_id: str, priority: str = "bulk", *, expires: float | datetime | None = None, **options: Any
+        self, model_id: str, priority: str = "bulk", *, expires: float | datetime | None = None,
+        callback_url: str | None = None, **options: Any
     ) -> ChunkStream:
         """A ``ChunkStream`` for ``model_id`` (what ``map`` and bulk jobs run on); ``options`` are its own.
 
         Args:
             expires: one deadline for every chunk of the stream (seconds from now, or a datetime): a chunk not
                 started by then is answered ``JobExpired`` for each of its inputs.
+            callback_url: one webhook per chunk (see ``submit_many``).
 
         Raises:
             UnknownModel: ``validate`` is on and the id is not in the registry.
+            WebhookRefused: ``callback_url`` is not allowed (see ``submit``).
             ValueError: unknown ``priority``; a deadline not in the future.
         """
         level = self._checked(model_id, priority)
         header = expires_header(expires)  # fixed now: "by morning", not a window that moves with each chunk
         deadline = datetime.fromisoformat(header) if header is not None else None
+        callback = (self._callback_headers(callback_url, 1) or [{}])[0]
 
         def send(inputs: list[Any], keys: list[str | None] | None = None) -> str:
             if deadline is not None and deadline <= datetime.now(UTC):
                 raise DeadlinePassed(deadline.isoformat(timespec="seconds"))
-            headers = [{KEYS_HEADER: keys}] if keys is not None and any(k is not None for k in keys) else None
+            extra = {**callback, **({KEYS_HEADER: keys} if keys is not None and any(k is not None for k in keys)
+                                    else {})}
+            headers = [extra] if extra else None
             return self.publisher.publish(CHUNK_TASK, [(model_id, inputs)], level, headers=headers, expires=deadline)[0]
 
         return ChunkStream(send, self.results, self.consumer, **options)

@@ -37,6 +37,7 @@ from config.errors import (
     QueueUnavailable,
     SwaplessError,
     UnknownModel,
+    WebhookRefused,
 )
 from tasks.broker.connection import translate
 from tasks.gateway.quotas import GatewayBusy, OverLimit
@@ -191,7 +192,7 @@ def job_status(error: object, protocol: Literal["rest", "v2"]) -> int:
 def _status(err: SwaplessError, protocol: Literal["rest", "v2"]) -> int:
     if isinstance(err, (UnknownModel, UnknownVersion, UnknownJob)):
         return 404
-    if isinstance(err, InputError):
+    if isinstance(err, (InputError, WebhookRefused)):
         return 422 if protocol == "rest" else 400
     if isinstance(err, ModelForbidden):
         return 403

@@ -33,6 +33,7 @@ from manager.registry.store import ModelStore
 from tasks.broker.connection import async_redis_client
 from tasks.broker.results import StoredResult
 from tasks.broker.sentinel import SentinelOptions
+from tasks.broker.webhooks import allowed_hosts, check_target
 from tasks.client import Client, Routed
 from tasks.client.aconsumer import AsyncResultConsumer
 from tasks.gateway.auth import Caller
@@ -41,6 +42,7 @@ from tasks.gateway.ledger import JobLedger
 from tasks.gateway.quotas import OverLimit, RateLimit, WaitSlots
 from tasks.gateway.turns import give_back
 from tasks.keyspace import Keyspace
+from tasks.protocol import CALLBACK_URL_HEADER
 
 __all__ = ["Ask", "DataPlane", "check_input"]
 
@@ -154,18 +156,23 @@ class DataPlane:
 
     async def submit(
         self, caller: Caller, asks: Sequence[Ask], *, priority: str = "interactive", expires_s: float | None = None,
-        label: Callable[[int], str] | None = None,
+        label: Callable[[int], str] | None = None, callback_url: str | None = None,
     ) -> list[str]:
         """Queue ``asks`` as ``caller``'s jobs, all or none; returns their ids (see the module docstring).
-        ``label``: how an input's error names it (``input 'TEXT' element 3``).
+        ``label``: how an input's error names it (``input 'TEXT' element 3``); ``callback_url``: each job's webhook.
 
         Raises:
             ModelForbidden, UnknownModel, InputError: nothing is queued.
+            WebhookRefused: ``callback_url`` is not http(s) or its host is not allowed (nothing is queued).
             OverLimit: the caller is over its rate or in-flight limit (nothing is queued).
             QueueFull, QueueUnavailable: Redis refused the jobs or cannot be reached (nothing is queued).
         """
         for model_id in dict.fromkeys(a.model_id for a in asks):
             self.allow(caller, model_id)
+        headers = None
+        if callback_url is not None:
+            check_target(callback_url, allowed_hosts(self.settings.webhook_allowed_hosts))
+            headers = [{CALLBACK_URL_HEADER: callback_url} for _ in asks]
         large = len(asks) > 1 or any(isinstance(a.value, str) and len(a.value) > _OFF_LOOP_CHARS for a in asks)
         routed = await asyncio.to_thread(self._route, asks, label) if large else self._route(asks, label)
         if self._rate is None:
@@ -179,9 +186,11 @@ class DataPlane:
                             f"finished, and {len(ids)} more would pass the limit of {self.ledger.inflight_cap}", 1)
         try:
             if large:  # building many messages is CPU work: off the event loop
-                await asyncio.to_thread(self.client.send_routed, routed, priority=priority, expires=expires_s)
+                await asyncio.to_thread(self.client.send_routed, routed, priority=priority, expires=expires_s,
+                                        headers=headers)
             else:  # one message: on the loop, through its own Redis client (a thread hand-off costs more)
-                await self.client.asend_routed(self.redis, routed, priority=priority, expires=expires_s)
+                await self.client.asend_routed(self.redis, routed, priority=priority, expires=expires_s,
+                                               headers=headers)
         except BaseException:
             await self.ledger.release(caller.owner, ids)
             raise

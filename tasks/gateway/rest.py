@@ -84,7 +84,7 @@ def rest_router(plane: DataPlane) -> APIRouter:
 
     async def submit(request: Request, body: JobRequest) -> str:
         ids = await plane.submit(caller_of(request), [Ask(body.model_id, body.input, body.key)],
-                                 priority=body.priority, expires_s=body.expires_s)
+                                 priority=body.priority, expires_s=body.expires_s, callback_url=body.callback_url)
         return ids[0]
 
     @router.post("/jobs", status_code=202, response_model=JobAccepted, responses=rejections, **needs(Need.KEY))

@@ -41,6 +41,11 @@ class JobRequest(_Body):
         None, min_length=1, max_length=256,
         description="a sticky key for a route (a user id): the same key always gets the same version",
     )
+    callback_url: str | None = Field(
+        None, min_length=1, max_length=2048,
+        description="where the job's final state (result or error, the serving model, timings) is posted once it is "
+        "stored, signed per the Standard Webhooks spec; its host must be allowed (SWAPLESS_WEBHOOK_ALLOWED_HOSTS)",
+    )
 
 
 class ErrorInfo(_Body):

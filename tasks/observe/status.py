@@ -12,7 +12,8 @@ The shape::
      "redis": RedisMemory's fields,
      "models": [ModelPlacement's fields and "waiting", ...],
      "queue": QueueDepth's fields and "total",
-     "workers": [Heartbeat, ...]}
+     "workers": [Heartbeat, ...],
+     "webhooks": {"pending", "failed", "recent_failed": [{"id", "url", "attempts", "last_error", "failed_at"}]}}
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import redis
 import redis.asyncio as aredis
 
 from tasks.broker.routes import read_shadow
+from tasks.broker.webhooks import read_webhooks
 from tasks.cluster.members import Heartbeat, aread_heartbeats, read_heartbeats
 from tasks.cluster.view import ModelPlacement, aread_placement, read_placement
 from tasks.keyspace import Keyspace
@@ -46,6 +48,7 @@ def status_payload(
     memory: RedisMemory,
     shadow: Shadow,
     now: float,
+    webhooks: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The status as JSON-ready data (the module docstring shows its shape)."""
     return {
@@ -58,6 +61,7 @@ def status_payload(
         "models": [{**dataclasses.asdict(p), "waiting": p.waiting} for p in places],
         "queue": {**dataclasses.asdict(depth), "total": depth.total},
         "workers": [beat.model_dump() for beat in workers],
+        "webhooks": webhooks or {"pending": 0, "failed": 0, "recent_failed": []},
     }
 
 
@@ -79,6 +83,7 @@ def read_status(
         memory=read_redis_memory(client, keyspace, model_ids),
         shadow=read_shadow(client, keyspace),
         now=time.time(),
+        webhooks=read_webhooks(client, keyspace),
     )
 
 
@@ -91,11 +96,13 @@ async def aread_status(
 ) -> dict[str, Any]:
     """``read_status`` for asyncio code: ``client`` for the readers that have an asyncio twin, ``sync_client`` (in a
     worker thread, so the event loop never waits on Redis) for the others."""
-    depth, workers, places, memory, shadow = await asyncio.gather(
+    depth, workers, places, memory, shadow, webhooks = await asyncio.gather(
         aread_queue_depth(client, keyspace, model_ids, sample),
         aread_heartbeats(client, keyspace),
         aread_placement(client, keyspace, model_ids),
         asyncio.to_thread(read_redis_memory, sync_client, keyspace, model_ids),
         asyncio.to_thread(read_shadow, sync_client, keyspace),
+        asyncio.to_thread(read_webhooks, sync_client, keyspace),
     )
-    return status_payload(depth=depth, workers=workers, places=places, memory=memory, shadow=shadow, now=time.time())
+    return status_payload(depth=depth, workers=workers, places=places, memory=memory, shadow=shadow, now=time.time(),
+                          webhooks=webhooks)

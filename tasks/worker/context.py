@@ -8,14 +8,16 @@ worker (after its logging is set up, before the consumer connects) and attaches 
              ─► Runtime (registry, engine, cache) ─► Router (routes with their run-time weights)
              ─► WorkerReporting (heartbeat, metrics, events: the observer of every group)
              ─► BatchScheduler (decode once, backlog, groups, results, acks) and its Shadows
+             ─► Followups: Celery's canvas and the webhooks' intake (between a store and its ack)
+             ─► WebhookSender (its own thread: the webhook deliveries of the queue, signed)
              ─► Placer (claims, recovery: the transport's Affinity) and the Intake (the lean path)
              ─► ChannelHooks: what the transport's channels take, as the transport option ``swapless_hooks``
 
 Its ``start`` (before the consumer starts, which Celery starts last) seeds what earlier workers learned, runs the
-warm start on the scheduler's thread, starts the heartbeat and then placement (a model is not claimed by a worker
-still warming up). The consumer's ``FinishInHand`` step finishes the group in hand on a warm shutdown while the
-broker connection is still open; the worker step's ``stop`` stops the rest and unloads every model. The batch task
-binds to the context of the consumer that serves it (``tasks.worker.task``).
+warm start on the scheduler's thread, starts the heartbeat, the webhook sender and then placement (a model is not
+claimed by a worker still warming up). The consumer's ``FinishInHand`` step finishes the group in hand on a warm
+shutdown while the broker connection is still open; the worker step's ``stop`` stops the rest and unloads every
+model. The batch task binds to the context of the consumer that serves it (``tasks.worker.task``).
 """
 
 from __future__ import annotations
@@ -42,15 +44,19 @@ from tasks.broker.queues import ChannelHooks
 from tasks.broker.results import ResultStore
 from tasks.broker.routes import RouteOverrides, Router
 from tasks.broker.sentinel import SentinelOptions
+from tasks.broker.webhooks import WebhookQueue
 from tasks.cluster.placer import Placer
 from tasks.cluster.view import read_placement
 from tasks.keyspace import Keyspace
+from tasks.worker.canvas import Canvas
+from tasks.worker.followups import Followups
 from tasks.worker.intake import Intake, answer_malformed
 from tasks.worker.learned import LearnedStore, device_label
 from tasks.worker.reporting import WorkerReporting
 from tasks.worker.runtime import Runtime, build_runtime
 from tasks.worker.scheduler import BatchScheduler
 from tasks.worker.shadows import Shadows
+from tasks.worker.webhooks import WebhookIntake, WebhookSender
 
 __all__ = ["FinishInHand", "SwaplessWorker", "WorkerContext", "build_context", "settings_of"]
 
@@ -83,6 +89,7 @@ class WorkerContext:
     placer: Placer
     intake: Intake | None
     hooks: ChannelHooks
+    webhooks: WebhookSender
     #: answers a message that is not a job with its error (``tasks.worker.intake.answer_malformed``)
     answer_malformed: Callable[[Any, Exception], None]
 
@@ -113,6 +120,7 @@ class WorkerContext:
             self.scheduler.ready.wait()
         beats = redis_client(s.broker_url, connect_timeout_s=5, socket_timeout_s=5, sentinel=SentinelOptions.of(s))
         self.reporting.start(self.scheduler, beats, self.placer.claimed, after_beat)
+        self.webhooks.start()
         self.placer.start()  # claims once warm: a model is not held by a worker still warming up
         if s.routing == "placement":
             logger.info("placement: %s claims models of queue %s with the other workers", self.reporting.worker_id,
@@ -138,6 +146,7 @@ class WorkerContext:
         """Stop everything still running and unload every model. Safe after ``finish_in_hand``."""
         self.placer.stop()
         self.scheduler.stop()
+        self.webhooks.stop()
         self.reporting.stop()
         self.runtime.manager.close()
 
@@ -157,6 +166,11 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
     runtime = build_runtime(settings, warm_up=True)
     router = Router(runtime.store, RouteOverrides(control, keyspace) if runtime.store.routes else None)
     reporting = WorkerReporting(runtime, keyspace, health, hostname)
+    sending = redis_client(settings.broker_url, connect_timeout_s=5, socket_timeout_s=10,
+                           sentinel=SentinelOptions.of(settings))
+    sender = WebhookSender(WebhookQueue.of(sending, settings), settings)
+    followups = Followups(Canvas(app, settings.canvas_queue),
+                          WebhookIntake(WebhookQueue.of(control, settings), wake=sender.wake))
     scheduler = BatchScheduler(
         runtime,
         router,
@@ -165,6 +179,7 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
         Shadows(keyspace, reporting.observer),
         acks=AckQueue(),
         observer=reporting.observer,
+        followups=followups,
     )
     placer = Placer(settings, keyspace, runtime.store, runtime.manager, router, control, health,
                     reporting.worker_id, activity=reporting.stats.models, on_release=scheduler.hand_over)
@@ -175,7 +190,7 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
     # with task events on, every message goes through Celery's requests
     intake = None if settings.task_events else Intake(scheduler.submit, reporting.sent_times.record_many, malformed)
     return WorkerContext(app, settings, keyspace, health, control, runtime, router, reporting, scheduler, placer,
-                         intake, ChannelHooks(settings.queue, placer, intake, health), malformed)
+                         intake, ChannelHooks(settings.queue, placer, intake, health), sender, malformed)
 
 
 class SwaplessWorker(bootsteps.StartStopStep):

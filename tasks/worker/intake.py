@@ -67,18 +67,23 @@ class LeanRequest:
         message: the kombu message (acks and rejects go through it, on the consumer thread).
         args: the task's positional args.
         kwargs: its keyword args.
+        embed: the third part of the body, Celery's canvas fields (None: none).
         defer: runs a callable on the consumer thread (``Consumer.call_soon``): kombu channels are not thread-safe.
     """
 
-    __slots__ = ("acknowledged", "args", "defer", "delivery_info", "id", "kwargs", "message", "name", "request_dict")
+    __slots__ = ("acknowledged", "args", "defer", "delivery_info", "embed", "id", "kwargs", "message", "name",
+                 "request_dict")
 
-    def __init__(self, message: Any, args: Any, kwargs: Any, defer: Callable[[Callable[[], Any]], Any]) -> None:
+    def __init__(self, message: Any, args: Any, kwargs: Any, defer: Callable[[Callable[[], Any]], Any],
+                 embed: Any = None) -> None:
         headers = message.headers
         self.message = message
         self.id: str = headers["id"]
         self.name: str = headers["task"]
         self.args = args
         self.kwargs = kwargs
+        #: the message's embed (``callbacks``, ``errbacks``, ``chain``, ``chord``: ``tasks.worker.canvas``)
+        self.embed = embed
         self.request_dict: dict[str, Any] = headers
         info = dict(message.delivery_info or {})
         info.setdefault("priority", (message.properties or {}).get("priority"))
@@ -145,8 +150,8 @@ class Intake:
             ):
                 self._drop(message, TypeError(f"the body is {kind(body)}, not [args, kwargs, embed]"))
                 continue
-            args, kwargs, _ = body
-            request = LeanRequest(message, args, kwargs, self.defer)
+            args, kwargs, embed = body
+            request = LeanRequest(message, args, kwargs, self.defer, embed or None)
             sent_at = request.request_dict.get(SENT_AT_HEADER)
             if isinstance(sent_at, (int, float)):
                 stamps.append((request.id, float(sent_at)))

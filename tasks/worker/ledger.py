@@ -23,6 +23,7 @@ from tasks.broker.results import ResultStore
 from tasks.protocol import split_item_id
 from tasks.worker.chunks import ChunkAssembler
 from tasks.worker.delivery import Delivery
+from tasks.worker.followups import Followups
 
 __all__ = ["RequestLedger"]
 
@@ -34,12 +35,15 @@ class RequestLedger:
         lock: the scheduler's lock (an ``RLock`` or a ``Condition`` over one).
         acks: acks and requeues go through it.
         chunks: the chunks in progress.
+        followups: what is done between a store and its ack (Celery's canvas, webhooks); None: nothing.
     """
 
-    def __init__(self, lock: threading.Condition, acks: AckQueue, chunks: ChunkAssembler) -> None:
+    def __init__(self, lock: threading.Condition, acks: AckQueue, chunks: ChunkAssembler,
+                 followups: Followups | None = None) -> None:
         self._lock = lock
         self.acks = acks
         self.chunks = chunks
+        self.followups = followups
         self._deliveries: dict[str, Delivery] = {}
         self._duplicates: dict[str, list[Any]] = {}
         self._rejected: list[tuple[Any, SwaplessError]] = []
@@ -111,9 +115,12 @@ class RequestLedger:
         models: Mapping[str, str] | None = None,
     ) -> None:
         """End requests: store each ``(request, result, error)`` (unless ``store`` is off: a job with a result
-        already), then ack it and its copies; count it done or failed (unless ``count`` is off)."""
+        already), then send its follow-ups (``tasks.worker.followups``), then ack it and its copies; count it done
+        or failed (unless ``count`` is off)."""
         if store:
             results.store([(request.id, result, error) for request, result, error in items], models=models)
+            if self.followups is not None:
+                self.followups.stored(results, items, models)
         with self._lock:  # stored: the requests leave the ledger only now
             for request, _, _ in items:
                 self._deliveries.pop(request.id, None)

@@ -46,6 +46,7 @@ from tasks.protocol import deadline_text, item_id, split_item_id, storage_id
 from tasks.worker.attempts import plan_attempts
 from tasks.worker.chunks import ChunkAssembler
 from tasks.worker.delivery import decode
+from tasks.worker.followups import Followups
 from tasks.worker.ledger import RequestLedger
 from tasks.worker.runtime import Runtime
 from tasks.worker.shadows import Shadows
@@ -65,6 +66,7 @@ class BatchScheduler:
         shadows: keeps shadowed jobs' references and compares their shadows.
         acks: acks go through it, in bulk (the batch task binds it to the consumer's thread).
         observer: told about every group run (the worker's heartbeat, metrics and task events).
+        followups: what is done between a result's store and its ack (Celery's canvas, webhooks).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class BatchScheduler:
         *,
         acks: AckQueue | None = None,
         observer: SchedulerObserver = NULL_OBSERVER,
+        followups: Followups | None = None,
     ) -> None:
         self.runtime = runtime
         self.router = router
@@ -86,7 +89,7 @@ class BatchScheduler:
         self.backlog = Backlog(runtime.settings.max_wait_s)
         self._cond = threading.Condition()
         self.chunks = ChunkAssembler()  # chunk requests in progress, by chunk id
-        self.ledger = RequestLedger(self._cond, self.acks, self.chunks)
+        self.ledger = RequestLedger(self._cond, self.acks, self.chunks, followups)
         #: Seconds per job of each model's last forward pass on a loaded model (scheduler thread only).
         self._pass_s: dict[str, float] = {}
         #: Jobs of the running group whose attempt is counted already (scheduler thread only).
@@ -459,6 +462,8 @@ class BatchScheduler:
         if not requests:
             return
         found = results.fetch(list(dict.fromkeys(request.id for request in requests)))
+        if self.ledger.followups is not None:  # their worker may have died before it sent them
+            self.ledger.followups.found(results, requests, found)
         cancelled = sum(
             chunks[s.job_id][1] if s.job_id in chunks else 1 for s in found if isinstance(s.value, JobCancelled)
         )

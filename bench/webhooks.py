@@ -1,0 +1,109 @@
+"""What a webhook costs per job: a real ``swapless worker`` (one tiny BERT on the CPU) runs the same stream of jobs
+without and with a ``callback_url`` to a local receiver that answers 200 at once, three repetitions each, in one run.
+
+    python -m bench.webhooks [--jobs 2000] [--repeat 3]
+
+Prints, per repetition: the jobs' throughput (submit to the last result), the worker's CPU per job (psutil), and with
+webhooks the time until the last webhook arrived. Needs Redis (``SWAPLESS_REDIS_URL``, default 127.0.0.1:6379/0;
+the run's keys live under a fresh prefix and are deleted after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import psutil
+import redis
+
+from bench.common import OUT, Process, build_models, cleanup, fresh_prefix
+
+SECRET = "whsec_" + "YmVuY2gtd2ViaG9va3Mtc2VjcmV0LTMyLWJ5dGVzISE="
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = 0.0
+        self.lock = threading.Lock()
+
+
+def _receiver(counter: _Counter) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # http.server's name
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            with counter.lock:
+                counter.count += 1
+                counter.last = time.perf_counter()
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    url = os.environ.get("SWAPLESS_REDIS_URL", "redis://127.0.0.1:6379/0")
+    models = build_models(OUT / "webhook-models", text_models=[("mini", "bert", "mini")], image_models=())
+    prefix = fresh_prefix("webhooks")
+    env = {"SWAPLESS_REDIS_URL": url, "SWAPLESS_KEY_PREFIX": prefix, "SWAPLESS_QUEUE": prefix + "jobs",
+           "SWAPLESS_MODELS_FILE": str(models), "SWAPLESS_DEVICE": "cpu", "SWAPLESS_WARM_START": "false",
+           "SWAPLESS_WEBHOOK_SECRET": SECRET, "SWAPLESS_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1"}
+    os.environ.update(env)
+    counter = _Counter()
+    server = _receiver(counter)
+    hook = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    worker = Process([sys.executable, "-m", "tasks.cli", "worker"], env, OUT / "webhooks-worker.log")
+    from tasks.client import Client
+
+    rows: list[tuple[str, float, float, float | None]] = []
+    try:
+        worker.wait_for("ready.")
+        proc = psutil.Process(worker.proc.pid)
+        with Client() as client:
+            client.gather(client.submit_jobs([("mini", f"warm {i}") for i in range(64)]), timeout=120)
+            for rep in range(args.repeat):
+                for hooked in (False, True):
+                    jobs = [("mini", f"r{rep} {'h' if hooked else 'p'} {i}") for i in range(args.jobs)]
+                    before = counter.count
+                    cpu = sum(proc.cpu_times()[:2])
+                    started = time.perf_counter()
+                    sent = client.submit_jobs(jobs, callback_url=hook if hooked else None)
+                    client.gather(sent, timeout=600)
+                    took = time.perf_counter() - started
+                    cpu_ms = (sum(proc.cpu_times()[:2]) - cpu) * 1000 / args.jobs
+                    delivered_s = None
+                    if hooked:
+                        deadline = time.monotonic() + 600
+                        while counter.count - before < args.jobs and time.monotonic() < deadline:
+                            time.sleep(0.05)
+                        delivered_s = counter.last - started
+                    rows.append(("with callback_url" if hooked else "baseline", args.jobs / took, cpu_ms,
+                                 delivered_s))
+    finally:
+        worker.stop()
+        server.shutdown()
+        cleanup(redis.Redis.from_url(url), prefix)
+    print(f"\n{args.jobs} jobs per run, tiny BERT on the CPU, one worker, receiver on this machine\n")
+    print("| run | jobs/s | worker CPU ms/job | last webhook after (s) |")
+    print("|---|---|---|---|")
+    for name, rate, cpu_ms, delivered in rows:
+        print(f"| {name} | {rate:.0f} | {cpu_ms:.3f} | {'' if delivered is None else f'{delivered:.2f}'} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""What happens after a job's result is stored and before its message is acked: its Celery canvas follow-ups
+(``tasks.worker.canvas``) and its webhook's delivery, queued in Redis for the worker's sender
+(``tasks.worker.webhooks``).
+
+Both happen between the store and the ack, on the thread that stores (the results thread while more work waits),
+never on the forward pass's: a worker that dies in between has its jobs redelivered, and the worker that takes them
+finds their results stored, skips running them and calls ``found`` with those results before it acks them, so
+follow-ups are sent again rather than lost (at least once; a webhook keeps its ``webhook-id``, the job id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from celery import states
+
+from config.errors import SwaplessError
+from tasks.broker.results import ResultStore, StoredResult
+from tasks.worker.canvas import Canvas
+from tasks.worker.webhooks import WebhookIntake
+
+__all__ = ["Followups"]
+
+
+class Followups:
+    """The canvas and the webhooks of finished jobs (see the module docstring).
+
+    Args:
+        canvas: sends Celery follow-ups (None: a worker that does not).
+        webhooks: queues webhook deliveries (None: a worker that does not).
+    """
+
+    def __init__(self, canvas: Canvas | None, webhooks: WebhookIntake | None) -> None:
+        self.canvas = canvas
+        self.webhooks = webhooks
+
+    def stored(
+        self,
+        store: ResultStore,
+        items: Sequence[tuple[Any, Any, SwaplessError | None]],
+        models: Mapping[str, str] | None = None,
+    ) -> None:
+        """After ``items`` (``(request, result, error)``) were stored, before they are acked."""
+        if self.webhooks is not None:
+            self.webhooks.enqueue(items, models or {})
+        if self.canvas is not None:
+            self.canvas.fire(store, items)
+
+    def found(self, store: ResultStore, requests: Sequence[Any], results: Sequence[StoredResult]) -> None:
+        """Before acking redelivered ``requests`` whose final ``results`` were found stored (their worker may have
+        died before it sent their follow-ups)."""
+        by_id = {found.job_id: found for found in results}
+        items: list[tuple[Any, Any, Any]] = []
+        models: dict[str, str] = {}
+        for request in requests:
+            found = by_id.get(request.id)
+            if found is None or not found.ready:
+                continue
+            failed = found.state != states.SUCCESS
+            items.append((request, None if failed else found.value, found.value if failed else None))
+            if found.model is not None:
+                models[request.id] = found.model
+        if items:
+            self.stored(store, items, models)

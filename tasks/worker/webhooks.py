@@ -1,0 +1,255 @@
+"""Webhooks from the worker: each finished job whose message named a ``callback_url`` is queued for delivery in Redis
+(``WebhookIntake``, between its result's store and its ack), and the worker's sender thread (``WebhookSender``)
+posts each one, signed per the Standard Webhooks spec, retrying with backoff.
+
+The body (``Content-Type: application/json``), signed as sent::
+
+    {"type": "job.succeeded", "timestamp": "2025-01-01T12:00:00.123+00:00",
+     "data": {"job_id": "...", "state": "SUCCESS", "model": "sentiment-v2", "result": [{"label": ..., "score": ...}],
+              "error": null, "timings": {"sent_at": ..., "done_at": ..., "total_s": 0.012}}}
+
+``type`` is ``job.failed`` with ``error`` ``{"error": message, "type": "InputError", "args": [...]}`` and ``result``
+null; ``sent_at`` and ``total_s`` are null when the producer stamped no send time (a plain Celery producer). The
+headers: ``webhook-id`` (the job id: the same for every attempt and every resend), ``webhook-timestamp`` (epoch
+seconds of this attempt) and ``webhook-signature`` (``v1,<base64 HMAC-SHA256>`` with ``SWAPLESS_WEBHOOK_SECRET``;
+``standardwebhooks.Webhook(secret).verify(body, headers)`` checks it).
+
+The sender never runs on the forward pass's thread and never holds the scheduler's lock: a slow or dead receiver
+delays only other webhooks. It takes due deliveries from Redis (any worker's: a delivery belongs to the queue, not to
+the worker that queued it), posts up to ``SWAPLESS_WEBHOOK_CONCURRENCY`` at once, and settles each: a 2xx answer
+delivers it; anything else (an error status, a timeout, a refused connection) retries it after 1 s, doubling to 10
+minutes, until ``SWAPLESS_WEBHOOK_RETRY_S`` after it was queued; then, or at once for a target that is not allowed
+or with no secret to sign with, it is kept as failed (``swapless webhooks`` lists and replays them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from standardwebhooks import Webhook
+
+from config.errors import SwaplessError, WebhookRefused
+from config.settings import Settings
+from tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, check_target, resolve_host
+from tasks.protocol import CALLBACK_URL_HEADER, SENT_AT_HEADER, encode_outcome
+
+__all__ = ["WebhookIntake", "WebhookSender", "backoff_s", "job_payload"]
+
+logger = logging.getLogger(__name__)
+
+#: The first retry's delay and the longest, in seconds.
+FIRST_RETRY_S = 1.0
+MAX_RETRY_S = 600.0
+
+
+def backoff_s(attempts: int) -> float:
+    """Seconds before the next attempt after ``attempts`` failed ones: 1, 2, 4, ... up to 10 minutes."""
+    return min(MAX_RETRY_S, FIRST_RETRY_S * 2 ** max(0, attempts - 1))
+
+
+def _iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds")
+
+
+def job_payload(job_id: str, result: Any, error: BaseException | None, model: str | None, sent_at: float | None,
+                done_at: float) -> str:
+    """The webhook body of one finished job (see the module docstring)."""
+    data = {
+        "job_id": job_id,
+        "state": "SUCCESS" if error is None else "FAILURE",
+        "model": model,
+        "result": result if error is None else None,
+        "error": None if error is None else encode_outcome(None, error),
+        "timings": {"sent_at": None if sent_at is None else _iso(sent_at), "done_at": _iso(done_at),
+                    "total_s": None if sent_at is None else round(max(0.0, done_at - sent_at), 6)},
+    }
+    body = {"type": "job.succeeded" if error is None else "job.failed", "timestamp": _iso(done_at), "data": data}
+    try:
+        return json.dumps(body)
+    except (TypeError, ValueError):  # stored by the backend's own encoder (a datetime, a UUID): sent as text
+        return json.dumps(body, default=str)
+
+
+class WebhookIntake:
+    """Queues the webhooks of finished jobs whose messages name a ``callback_url`` (one round trip per group).
+
+    Args:
+        queue: the delivery queue.
+        wake: told that deliveries were queued (the sender in this process starts on them at once).
+    """
+
+    def __init__(self, queue: WebhookQueue, wake: Callable[[], None] = lambda: None) -> None:
+        self.queue = queue
+        self.wake = wake
+
+    def enqueue(self, items: Sequence[tuple[Any, Any, SwaplessError | BaseException | None]],
+                models: Mapping[str, str]) -> int:
+        """Queue a delivery for each ``(request, result, error)`` with a ``callback_url``; returns how many."""
+        deliveries = []
+        now = time.time()
+        for request, result, error in items:
+            headers = getattr(request, "request_dict", None) or {}
+            url = headers.get(CALLBACK_URL_HEADER)
+            if not isinstance(url, str) or not url:
+                continue
+            sent_at = headers.get(SENT_AT_HEADER)
+            sent = float(sent_at) if isinstance(sent_at, (int, float)) and not isinstance(sent_at, bool) else None
+            payload = job_payload(request.id, result, error, models.get(request.id), sent, now)
+            deliveries.append(Delivery(request.id, url, payload, created_s=now))
+        if not deliveries:
+            return 0
+        _, full = self.queue.enqueue(deliveries, now)
+        if full:
+            logger.warning("%d webhook(s) kept as failed: the delivery queue is full (SWAPLESS_WEBHOOK_MAX_PENDING)",
+                           full)
+        self.wake()
+        return len(deliveries)
+
+
+class WebhookSender:
+    """The worker's webhook sender thread (see the module docstring). Nothing starts until ``start``.
+
+    Args:
+        queue: the delivery queue.
+        settings: the secret, allow-list, timeout, concurrency and retry window.
+        transport: an httpx transport (tests); None: the network.
+        resolve: host -> addresses, for the target check (None: the system's resolver).
+    """
+
+    def __init__(self, queue: WebhookQueue, settings: Settings, transport: httpx.BaseTransport | None = None,
+                 resolve: Callable[[str], Sequence[str]] | None = None) -> None:
+        self.queue = queue
+        self.settings = settings
+        secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret is not None else None
+        self._signer = Webhook(secret) if secret else None
+        self._allowed = allowed_hosts(settings.webhook_allowed_hosts)
+        self._resolve = resolve or resolve_host
+        self._transport = transport
+        self._slots = threading.Semaphore(settings.webhook_concurrency)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._http: httpx.Client | None = None
+        self.delivered = 0
+        self.failed = 0
+
+    def wake(self) -> None:
+        """Look for due deliveries now (deliveries were just queued)."""
+        self._wake.set()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._http = httpx.Client(timeout=self.settings.webhook_timeout_s, follow_redirects=False,
+                                      transport=self._transport,
+                                      headers={"user-agent": "swapless-webhooks", "content-type": "application/json"})
+            self._pool = ThreadPoolExecutor(self.settings.webhook_concurrency, thread_name_prefix="swapless-webhook")
+            self._thread = threading.Thread(target=self._loop, name="swapless-webhooks", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop taking deliveries; attempts in flight get ``timeout_s`` to finish (an unsettled one is due again
+        when its lease ends)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._http is not None:
+            self._http.close()
+
+    # -- sender thread -------------------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        lease_s = self.settings.webhook_timeout_s + 30.0
+        while not self._stop.is_set():
+            free = 0
+            while self._slots.acquire(blocking=False):
+                free += 1
+            try:
+                taken = self.queue.claim(free, lease_s) if free else []
+            except Exception as err:  # noqa: BLE001 - Redis away: try again shortly
+                logger.warning("could not read the webhook queue (%s); trying again in 1 s", err)
+                taken = []
+                self._stop.wait(1.0)
+            for _ in range(free - len(taken)):
+                self._slots.release()
+            assert self._pool is not None
+            for delivery in taken:
+                self._pool.submit(self._attempt, delivery)
+            if taken and len(taken) == free:
+                self._slots.acquire()  # every slot busy: wait for one
+                self._slots.release()
+                continue
+            self._wake.wait(self._idle_s())
+            self._wake.clear()
+
+    def _idle_s(self) -> float:
+        """How long to wait before looking again: until the next delivery is due, at most 1 s."""
+        try:
+            due = self.queue.next_due_s()
+        except Exception:  # noqa: BLE001 - the loop retries
+            return 1.0
+        return 1.0 if due is None else min(1.0, max(0.01, due - time.time()))
+
+    def _attempt(self, delivery: Delivery) -> None:
+        try:
+            self._settle(delivery, self._post(delivery))
+        except Exception:  # a delivery whose settling failed is due again when its lease ends
+            logger.exception("could not settle webhook %s", delivery.id)
+        finally:
+            self._slots.release()
+            self._wake.set()
+
+    def _post(self, delivery: Delivery) -> tuple[bool, str | None]:
+        """(delivered, why not). ``why not`` with ``delivered`` False and a ``!`` first: never retry."""
+        if self._signer is None:
+            return False, "!SWAPLESS_WEBHOOK_SECRET is not set: the webhook cannot be signed (set it, then replay)"
+        try:
+            check_target(delivery.url, self._allowed, self._resolve)
+        except WebhookRefused as err:
+            return False, f"!{err}"
+        now = datetime.now(UTC)
+        headers = {
+            "webhook-id": delivery.id,
+            "webhook-timestamp": str(int(now.timestamp())),
+            "webhook-signature": self._signer.sign(delivery.id, now, delivery.payload),
+        }
+        assert self._http is not None
+        try:
+            response = self._http.post(delivery.url, content=delivery.payload.encode(), headers=headers)
+        except httpx.HTTPError as err:
+            return False, f"{type(err).__name__}: {err}"
+        if 200 <= response.status_code < 300:
+            return True, None
+        return False, f"the receiver answered {response.status_code}"
+
+    def _settle(self, delivery: Delivery, outcome: tuple[bool, str | None]) -> None:
+        ok, why = outcome
+        if ok:
+            self.queue.delivered(delivery)
+            self.delivered += 1
+            return
+        delivery.attempts += 1
+        final = why is not None and why.startswith("!")
+        delivery.last_error = (why or "")[1:] if final else why
+        now = time.time()
+        retry_at = now + backoff_s(delivery.attempts)
+        if final or retry_at > delivery.created_s + self.settings.webhook_retry_s:
+            self.queue.fail(delivery, now)
+            self.failed += 1
+            logger.warning("webhook %s to %s failed after %d attempt(s): %s; kept (swapless webhooks replay)",
+                           delivery.id, delivery.url, delivery.attempts, delivery.last_error)
+            return
+        logger.info("webhook %s to %s: %s; retrying in %.0f s", delivery.id, delivery.url, why,
+                    retry_at - now)
+        self.queue.retry(delivery, retry_at)

@@ -1,0 +1,216 @@
+"""Webhooks: the targets a callback_url may name, the delivery queue in Redis, and real workers posting signed
+webhooks to a real HTTP receiver that verifies them with the ``standardwebhooks`` library: through an outage of the
+receiver, beside a slow one, and after a worker killed between storing a result and queueing its webhook."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from pydantic import SecretStr
+
+from config.errors import WebhookRefused
+from config.settings import Settings, get_settings
+from tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, check_target
+from tasks.client import Client
+from tasks.keyspace import Keyspace
+from tasks.worker.webhooks import WebhookSender, backoff_s
+from tests.conftest import WorkerProcess
+from tests.webhook_receiver import SECRET, Receiver
+
+# -- targets -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed", "message"),
+    [
+        ("ftp://example.com/x", "", "http:// or https:// URL"),
+        ("http://127.0.0.1:9/x", "", "internal address (127.0.0.1)"),
+        ("http://localhost/x", "", "names this machine"),
+        ("http://[::1]/x", "", "internal address (::1)"),
+        ("http://10.1.2.3/x", "", "internal address (10.1.2.3)"),
+        ("http://169.254.169.254/latest", "", "internal address (169.254.169.254)"),
+        ("http://internal.corp/x", "", "internal address (192.168.1.5)"),
+        ("https://other.example/x", "hooks.example", "'other.example' is not in SWAPLESS_WEBHOOK_ALLOWED_HOSTS"),
+        ("https://user:pw@hooks.example/x", "hooks.example", "must not carry a user or password"),
+    ],
+)
+def test_a_target_that_is_not_allowed_is_refused_saying_why(url: str, allowed: str, message: str) -> None:
+    with pytest.raises(WebhookRefused, match="refused") as caught:
+        check_target(url, allowed_hosts(allowed), resolve=lambda host: ["192.168.1.5"])
+    assert message in str(caught.value)
+
+
+def test_allowed_targets_pass() -> None:
+    public = lambda host: ["93.184.216.34"]  # noqa: E731
+    assert check_target("https://hooks.example/x", frozenset(), public) == "hooks.example"
+    assert check_target("http://127.0.0.1:8080/x", allowed_hosts("127.0.0.1")) == "127.0.0.1"
+    assert check_target("https://a.hooks.example/x", allowed_hosts("*.hooks.example")) == "a.hooks.example"
+
+
+def test_backoff_doubles_to_ten_minutes() -> None:
+    assert [backoff_s(n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
+    assert backoff_s(30) == 600.0
+
+
+# -- the delivery queue ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def webhook_queue(redis_url: str, key_prefix: str) -> Iterator[WebhookQueue]:
+    client = redis.Redis.from_url(redis_url)
+    yield WebhookQueue(client, Keyspace("q", key_prefix), ttl_s=60, max_pending=3, max_failed=2)
+    client.close()
+
+
+def test_the_queue_is_bounded_and_deduplicated(webhook_queue: WebhookQueue) -> None:
+    now = time.time()
+    assert webhook_queue.enqueue([Delivery(f"j{i}", "http://x/", "{}") for i in range(3)], now) == (3, 0)
+    assert webhook_queue.enqueue([Delivery("j0", "http://x/", "{}")], now) == (0, 0)  # already waiting
+    assert webhook_queue.enqueue([Delivery("j9", "http://x/", "{}")], now) == (0, 1)  # over the bound: failed
+    count, failed = webhook_queue.failed()
+    assert count == 1 and failed[0].id == "j9" and "SWAPLESS_WEBHOOK_MAX_PENDING" in (failed[0].last_error or "")
+    assert webhook_queue.pending() == 3
+    ttl = webhook_queue.client.ttl(webhook_queue.keyspace.webhook("j0"))
+    assert 0 < ttl <= 120
+
+
+def test_claims_lease_deliveries_and_failures_can_be_replayed(webhook_queue: WebhookQueue) -> None:
+    now = time.time()
+    webhook_queue.enqueue([Delivery("a", "http://x/", "{}"), Delivery("b", "http://x/", "{}")], now)
+    taken = webhook_queue.claim(10, lease_s=30, now=now)
+    assert sorted(d.id for d in taken) == ["a", "b"]
+    assert webhook_queue.claim(10, lease_s=30, now=now + 1) == []  # leased
+    assert sorted(d.id for d in webhook_queue.claim(10, lease_s=30, now=now + 31)) == ["a", "b"]  # lease over
+    webhook_queue.delivered(taken[0])
+    webhook_queue.fail(taken[1])
+    assert webhook_queue.pending() == 0 and webhook_queue.failed()[0] == 1
+    assert webhook_queue.replay() == 1
+    assert webhook_queue.failed()[0] == 0 and webhook_queue.pending() == 1
+
+
+def test_the_sender_retries_then_keeps_the_delivery_as_failed(webhook_queue: WebhookQueue, settings: Settings) -> None:
+    calls: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return httpx.Response(503)
+
+    s = settings.model_copy(update={"webhook_secret": SecretStr(SECRET), "webhook_allowed_hosts": "hooks.test",
+                                    "webhook_retry_s": 1.5})
+    sender = WebhookSender(webhook_queue, s, transport=httpx.MockTransport(answer))
+    webhook_queue.enqueue([Delivery("job-1", "http://hooks.test/h", json.dumps({"x": 1}))])
+    sender.start()
+    try:
+        deadline = time.monotonic() + 10
+        while webhook_queue.failed()[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        sender.stop()
+    count, failed = webhook_queue.failed()
+    assert count == 1 and failed[0].attempts == 2 and failed[0].last_error == "the receiver answered 503"
+    assert [r.headers["webhook-id"] for r in calls] == ["job-1", "job-1"]
+    assert calls[0].headers["webhook-signature"].startswith("v1,")
+
+
+# -- real workers ------------------------------------------------------------------------------------------------
+
+HOOK_ENV = {"SWAPLESS_WEBHOOK_SECRET": SECRET, "SWAPLESS_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1"}
+
+
+@pytest.fixture
+def hook_env(swapless_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    for name, value in HOOK_ENV.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    return {**swapless_env, **HOOK_ENV}
+
+
+@pytest.fixture
+def client(hook_env: dict[str, str]) -> Iterator[Client]:
+    with Client() as c:
+        yield c
+
+
+def _delivery(client: Client, job_id: str) -> Delivery | None:
+    raw = client.redis.get(Keyspace.of(client.settings).webhook(job_id))
+    return Delivery.decode(raw) if raw is not None else None
+
+
+@pytest.mark.slow
+def test_webhooks_arrive_signed_and_survive_a_receiver_outage(
+    hook_env: dict[str, str], client: Client, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    start_worker()
+    receiver = Receiver()  # not listening yet: the receiver is down
+    job = client.submit("sentiment", "what a lovely day", callback_url=receiver.url)
+    bad = client.submit("sentiment", "", callback_url=receiver.url)  # fails its own job: InputError
+    result = job.get(timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the first attempt failed: the receiver was down
+        found = _delivery(client, job.id)
+        if found is not None and found.attempts >= 1:
+            break
+        time.sleep(0.05)
+    assert found is not None and found.attempts >= 1 and found.last_error
+    receiver.start()
+    try:
+        got = {headers["webhook-id"]: payload for headers, payload in receiver.wait_for(2, 30)}
+    finally:
+        receiver.stop()
+    assert receiver.rejected == 0  # every signature verified, with the same library
+    assert got[job.id]["type"] == "job.succeeded"
+    assert got[job.id]["data"]["result"] == result and got[job.id]["data"]["model"] == "sentiment"
+    assert got[job.id]["data"]["timings"]["total_s"] >= 0
+    assert got[bad.id]["type"] == "job.failed" and got[bad.id]["data"]["error"]["type"] == "InputError"
+    assert _delivery(client, job.id) is None  # delivered: off the queue
+
+
+@pytest.mark.slow
+def test_a_slow_receiver_leaves_the_worker_throughput_unchanged(
+    hook_env: dict[str, str], client: Client, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    start_worker(env={"SWAPLESS_WEBHOOK_CONCURRENCY": "2"})
+    receiver = Receiver(delay_s=1.0).start()  # 2 at a time, 1 s each: 200 webhooks take 100 s to deliver
+    try:
+        client.gather(client.submit_jobs([("spam", "warm-up")]), timeout=60)
+        n = 200
+        started = time.perf_counter()
+        client.gather(client.submit_jobs([("spam", f"plain {i}") for i in range(n)]), timeout=60)
+        plain_s = time.perf_counter() - started
+        started = time.perf_counter()
+        client.gather(client.submit_jobs([("spam", f"hooked {i}") for i in range(n)], callback_url=receiver.url),
+                      timeout=60)
+        hooked_s = time.perf_counter() - started
+        receiver.wait_for(2, 30)  # the sender is posting meanwhile
+    finally:
+        receiver.stop()
+    print(f"200 jobs: {plain_s:.2f} s without webhooks, {hooked_s:.2f} s with a 1 s receiver")
+    # the jobs finish long before their webhooks could (100 s): the sender never held the results up
+    assert hooked_s < max(3 * plain_s, plain_s + 2.0)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_between_storing_and_queueing_still_sends_the_webhook(
+    hook_env: dict[str, str], client: Client, start_worker: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
+    from tests.webhookhook import MARKER_ENV, TRIGGER
+
+    marker = tmp_path / "killed"
+    receiver = Receiver().start()
+    try:
+        doomed = start_worker(env={"SWAPLESS_PLUGINS": "tests.webhookhook", MARKER_ENV: str(marker)})
+        job = client.submit("spam", TRIGGER, callback_url=receiver.url)
+        assert doomed.proc.wait(60) != 0 and marker.exists()  # SIGKILLed after the store, before the webhook
+        assert client.fetch([job.id])[0].ready  # the result was stored
+        start_worker()  # a restart on this machine takes the dead worker's jobs back at once
+        (headers, payload), *more = receiver.wait_for(1, 60)
+    finally:
+        receiver.stop()
+    assert headers["webhook-id"] == job.id and payload["data"]["result"] == job.get(timeout=5)
+    assert all(h["webhook-id"] == job.id for h, _ in more)  # maybe twice: the same id
