@@ -267,7 +267,7 @@ def test_cancel_mid_run_keeps_what_is_done(deployment: Deployment, tmp_path: Pat
 def test_a_batch_survives_a_gateway_kill_and_a_worker_kill(deployment: Deployment, tmp_path: Path) -> None:
     gateway = deployment.gateways[-1]
     client = deployment.client(gateway)
-    total = 12_000
+    total = 4_000
     lines = [request_line(f"k{i}", "spam", f"message {i} of the night") for i in range(total)]
     batch = client.batches.create(input_file_id=_upload(client, tmp_path, lines).id, endpoint="/predict",
                                   completion_window="24h")
