@@ -278,7 +278,7 @@ class BatchDriver:
             if path.stat().st_size:
                 file_id = file_id_for(self.batch_id, kind)
                 self.files.put(path, file_id=file_id, filename=f"{self.batch_id}_{kind}.jsonl",
-                               purpose="batch_output", owner=owner)
+                               purpose="batch_output", owner=owner, move=True)
                 fields[field] = file_id
         self.store.update(self.batch_id, **fields)
         self._end(ending)

@@ -91,8 +91,10 @@ class FileStore:
         """Create the root (a directory) if it is missing."""
         self.fs.makedirs(self.root, exist_ok=True)
 
-    def put(self, local: Path, *, file_id: str, filename: str, purpose: str, owner: str, lines: int = 0) -> FileInfo:
-        """Store the local file ``local`` under ``file_id`` (replacing one of that id), then its sidecar.
+    def put(self, local: Path, *, file_id: str, filename: str, purpose: str, owner: str, lines: int = 0,
+            move: bool = False) -> FileInfo:
+        """Store the local file ``local`` under ``file_id`` (replacing one of that id), then its sidecar; ``move``:
+        ``local`` may be moved there rather than copied (a rename, when the store is a local directory).
 
         Raises:
             OSError: the store cannot be written.
@@ -102,7 +104,10 @@ class FileStore:
         size = local.stat().st_size
         info = FileInfo(file_id, size, now, filename, purpose, now + self.retention_s, owner, lines)
         partial = self._path(f".{file_id}.{secrets.token_hex(4)}.partial")
-        self.fs.put_file(str(local), partial)
+        if move and self.local:
+            os.replace(local, partial)
+        else:
+            self.fs.put_file(str(local), partial)
         self.fs.mv(partial, self._path(f"{file_id}.jsonl"))
         with self.fs.open(self._path(f"{file_id}.json"), "w") as sidecar:
             sidecar.write(json.dumps(asdict(info)))
