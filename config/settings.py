@@ -74,6 +74,16 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_WEBHOOK_CONCURRENCY    | 8 requests                 | webhook requests one worker's sender has in flight at once |
 | SWAPLESS_WEBHOOK_MAX_PENDING    | 100000 deliveries          | most deliveries waiting in one queue's delivery queue: beyond it a delivery is kept as failed at once (``swapless webhooks replay``) |
 | SWAPLESS_WEBHOOK_MAX_FAILED     | 10000 deliveries           | most failed deliveries kept (the oldest go first); each is kept SWAPLESS_WEBHOOK_RETRY_S after it failed |
+| SWAPLESS_BATCH_FILES_URL        | unset (~/.local/share/swapless/files) | where the batch API (``/v1/files``, ``/v1/batches``) keeps its files: a directory, or any fsspec URL (``s3://bucket/swapless``, ``gs://...``; the filesystem's own package must be installed) |
+| SWAPLESS_BATCH_WORK_DIR         | unset (see meaning)        | a local directory for the files a batch's driver writes while it runs (per-model inputs and outputs, fsynced per chunk: what a takeover resumes from); default: ``work/`` under a local SWAPLESS_BATCH_FILES_URL, else ~/.cache/swapless/batch-work. Share it between gateway hosts for a takeover on another host to resume rather than start the batch over |
+| SWAPLESS_BATCH_FILE_RETENTION_S | 2592000 s (30 days)        | a batch file (input, output, errors) is deleted this long after it was written |
+| SWAPLESS_BATCH_MAX_FILE_BYTES   | 209715200 bytes (200 MiB)  | larger uploads to ``POST /v1/files`` get 413 (counted as they arrive) |
+| SWAPLESS_BATCH_UPLOAD_TIMEOUT_S | 600 s                      | an upload to ``POST /v1/files`` that takes longer to arrive gets 408 (in place of SWAPLESS_GATEWAY_BODY_TIMEOUT_S) |
+| SWAPLESS_BATCH_MAX_LINES        | 100000 lines               | most requests one batch input file may hold; more get 400 naming the line |
+| SWAPLESS_BATCH_MAX_WINDOW_S     | 86400 s (24 h)             | the longest ``completion_window`` a batch may ask for (``24h``, ``90m``, ``30s``); lines not started by its end are answered expired |
+| SWAPLESS_BATCH_RUNNER           | true                       | ``swapless serve`` drives batches itself (a runner thread); false: only ``swapless batches`` processes do |
+| SWAPLESS_BATCH_MAX_ACTIVE       | 4 batches                  | batches one process drives at once; more wait for a free slot, in any process |
+| SWAPLESS_BATCH_LEASE_S          | 30 s                       | a driver's lease on a batch, renewed every third of it; a driver gone this long (killed) has its batch taken over by another runner, resuming from what it wrote |
 """
 
 from __future__ import annotations
@@ -209,6 +219,16 @@ class Settings(BaseSettings):
     webhook_concurrency: int = Field(8, ge=1)
     webhook_max_pending: int = Field(100_000, ge=1)
     webhook_max_failed: int = Field(10_000, ge=1)
+    batch_files_url: str | None = None
+    batch_work_dir: Path | None = None
+    batch_file_retention_s: int = Field(30 * 24 * 3600, ge=1)
+    batch_max_file_bytes: int = Field(200 * 1024 * 1024, ge=1024)
+    batch_upload_timeout_s: float = Field(600.0, gt=0)
+    batch_max_lines: int = Field(100_000, ge=1)
+    batch_max_window_s: int = Field(24 * 3600, ge=1)
+    batch_runner: bool = True
+    batch_max_active: int = Field(4, ge=1)
+    batch_lease_s: float = Field(30.0, ge=1.0)
 
     @field_validator("memory_budget_bytes", mode="before")
     @classmethod
@@ -219,7 +239,7 @@ class Settings(BaseSettings):
             return parse_bytes(value)
         raise ValueError(f"cannot read {value!r} as a size")
 
-    @field_validator("api_keys_file", "input_root", mode="before")
+    @field_validator("api_keys_file", "input_root", "batch_work_dir", "batch_files_url", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value

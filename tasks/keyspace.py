@@ -16,7 +16,9 @@
   (deliveries that failed after their last retry);
 - per **deployment**: ``swapless:worker:<id>`` (a worker's heartbeat) and ``swapless:workers`` (their index),
   ``swapless:learned:<device>`` (what workers learned of each model), ``swapless:gateway:...`` (the gateway's
-  per-caller limits and in-flight sets).
+  per-caller limits and in-flight sets), ``swapless:batch:<id>`` (a batch's state, a hash) with ``:lease`` (its
+  driver's lease), and ``swapless:batches`` / ``swapless:batches:active`` (every batch by creation time, and those
+  not final yet).
 
 Results and what lives beside them per job (attempts, the gateway's record, a shadowed job's reference) are the
 result backend's keys (``tasks.broker.results.ResultStore``).
@@ -172,3 +174,21 @@ class Keyspace:
     def gateway_rate(self) -> str:
         """What the gateway's rate limits' keys start with (the ``limits`` library adds the rest)."""
         return f"{self.prefix}swapless:gateway:rate"
+
+    def batch(self, batch_id: str) -> str:
+        """The hash of one batch's state (``tasks.gateway.batches.state``)."""
+        return f"{self.prefix}swapless:batch:{batch_id}"
+
+    def batch_lease(self, batch_id: str) -> str:
+        """The lease of the process driving one batch (its runner id, with a TTL it renews)."""
+        return f"{self.prefix}swapless:batch:{batch_id}:lease"
+
+    @property
+    def batches(self) -> str:
+        """The sorted set of every batch id (score: its creation time)."""
+        return f"{self.prefix}swapless:batches"
+
+    @property
+    def active_batches(self) -> str:
+        """The set of batch ids not in a final state yet: what runners look for work in."""
+        return f"{self.prefix}swapless:batches:active"

@@ -355,6 +355,31 @@ def serve(
     uvicorn.run(gateway, host=host, port=port, log_level=log_level.lower())
 
 
+@app.command()
+def batches(models: ModelsOption = None) -> None:
+    """Drive the batch API's batches (POST /v1/batches) without serving HTTP: any number of these and of `swapless
+    serve` may run on one Redis, each batch driven by one of them at a time (a lease); stop it with Ctrl-C or
+    SIGTERM, and its batches go on in the others, from where it left them."""
+    import signal
+    import threading
+
+    from manager.registry.store import ModelStore
+    from tasks.gateway.batches import BatchRunner
+
+    try:
+        settings = settings_with(models_file=models)
+        runner = BatchRunner(settings, ModelStore.from_file(settings.models_file))
+    except SwaplessError as err:
+        fail(err)
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    runner.start()
+    console.print(f"swapless batches: driving batches as {runner.runner_id}; Ctrl-C to stop")
+    stopping.wait()
+    runner.stop()
+
+
 def _large_buffers_back_to_the_os() -> None:
     """Have glibc's malloc map every buffer of 1 MiB or more on its own, so that a freed request body goes back to
     the system. By default the threshold grows to the largest buffer freed so far, and after a few 30 MiB bodies

@@ -67,6 +67,7 @@ class BulkJob:
             stops at the first of them with ``DeadlinePassed`` (a rerun with a later deadline resumes there).
         key_field: JSON field / CSV column with each record's sticky routing key (a route sends every record of a
             key to the same version); None: records are routed by their own item ids.
+        priority: the chunks' priority (``bulk``: they yield to interactive jobs).
     """
 
     model_id: str
@@ -82,6 +83,7 @@ class BulkJob:
     timeout_s: float | None = None
     expires: datetime | None = None
     key_field: str | None = None
+    priority: str = "bulk"
 
     def reader(self) -> RecordReader:
         """The input's reader (checks the file, its format and its columns; raises BulkFileError)."""
@@ -228,7 +230,7 @@ class BulkRun:
         if job.expires is not None and job.expires <= datetime.now(UTC):
             raise DeadlinePassed(job.expires.isoformat(timespec="seconds"))
         stream = self.client.stream(  # checks the model id: fail before touching the output
-            job.model_id, "bulk", expires=job.expires, max_in_flight=job.max_in_flight, timeout_s=job.timeout_s,
+            job.model_id, job.priority, expires=job.expires, max_in_flight=job.max_in_flight, timeout_s=job.timeout_s,
             on_event=self._event, watchdog=self.watchdog,
         )
         if job.restart and job.output_path.exists():

@@ -8,8 +8,10 @@
 - ``framing.RequestGuard``: Host and Origin checks, HTTP framing, the body bounded in bytes and time;
 - ``auth.Callers``: the API key (or, without keys, the client's address) as a ``Caller``, 401/403 from headers,
   then the request in one of its caller's turns (``turns.Turns``: 429 when none comes in time);
-- ``rest``, ``v2``, ``status_page``: the routes; ``http.GuardedRoute`` answers their errors (``errors.problem``);
-- ``plane.DataPlane``: what every route does with jobs (``quotas``, ``ledger``).
+- ``rest``, ``v2``, ``status_page``, ``batches`` (``/v1``): the routes; ``http.GuardedRoute`` answers their errors
+  (``errors.problem``);
+- ``plane.DataPlane``: what every route does with jobs (``quotas``, ``ledger``);
+- ``batches.BatchRunner``: drives batches in this process (``SWAPLESS_BATCH_RUNNER``), a thread per batch.
 
 Run it with ``swapless serve`` (uvicorn), or ``uvicorn --factory tasks.gateway:create_app``. The docs are at
 ``/docs`` (schema at ``/openapi.json``); ``/`` redirects to the status page.
@@ -17,6 +19,7 @@ Run it with ``swapless serve`` (uvicorn), or ``uvicorn --factory tasks.gateway:c
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,6 +31,8 @@ from manager.registry.specs import InputType
 from manager.registry.store import ModelStore
 from tasks.client import Client
 from tasks.gateway.auth import install_api_keys
+from tasks.gateway.batches import BatchRunner, batch_router
+from tasks.gateway.batches.routes import UPLOAD_ENVELOPE_BYTES
 from tasks.gateway.errors import LogThrottle
 from tasks.gateway.framing import LOOPBACK_HOSTS, BodyLimit, RequestGuard, host_name
 from tasks.gateway.keys import KeyRing
@@ -50,6 +55,8 @@ def allowed_hosts(settings: Settings, keys: KeyRing) -> frozenset[str] | None:
 
 #: A job request's JSON beside its input: the model id, a routing key, priority, deadline (generous).
 JOB_ENVELOPE_BYTES = 64 * 1024
+#: A batch line's JSON beside its body: custom_id, method, url.
+LINE_ENVELOPE_BYTES = 1024
 
 
 def job_body_limit(settings: Settings, store: ModelStore) -> BodyLimit:
@@ -79,13 +86,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     store = ModelStore.from_file(settings.models_file)
     plane = DataPlane(settings, store, Client(settings=settings, validate=False))
+    runner = BatchRunner(settings, store) if settings.batch_runner else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await plane.start()
+        if runner is not None:
+            runner.start()
         try:
             yield
         finally:
+            if runner is not None:
+                await asyncio.to_thread(runner.stop)
             await plane.stop()
 
     app = FastAPI(
@@ -96,14 +108,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.redis_url = settings.broker_url
     app.state.log = LogThrottle()
-    routers = [rest_router(plane), v2_router(plane), status_router(settings, store, lambda: plane.redis)]
+    one_job = job_body_limit(settings, store)
+    routers = [rest_router(plane), v2_router(plane), status_router(settings, store, lambda: plane.redis),
+               batch_router(settings, store, one_job.bytes + LINE_ENVELOPE_BYTES)]
     for router in routers:
         app.include_router(router)
     # added first: inside the guard, so bodies are bounded already; it reads each route's declaration
     keys = install_api_keys(app, settings, store, [route for router in routers for route in router.routes])
     origins = frozenset(o.strip().lower().rstrip("/") for o in settings.gateway_allowed_origins.split(",") if o.strip())
-    one_job = job_body_limit(settings, store)
+    batch_file = BodyLimit(settings.batch_max_file_bytes + UPLOAD_ENVELOPE_BYTES, "SWAPLESS_BATCH_MAX_FILE_BYTES",
+                           "a batch file may take", settings.batch_upload_timeout_s, "SWAPLESS_BATCH_UPLOAD_TIMEOUT_S")
     app.add_middleware(RequestGuard, max_body_bytes=settings.gateway_max_body_bytes,
                        body_timeout_s=settings.gateway_body_timeout_s, allowed_hosts=allowed_hosts(settings, keys),
-                       allowed_origins=origins, body_limits={"/jobs": one_job, "/predict": one_job})
+                       allowed_origins=origins,
+                       body_limits={"/jobs": one_job, "/predict": one_job, "/v1/files": batch_file})
     return app

@@ -6,6 +6,10 @@
     ├── ModelForbidden      the caller's key may not call that model (403)
     ├── BodyTooLarge        a compressed body is over the limit once decompressed (413)
     ├── TooManyElements     an Open Inference Protocol request declares more jobs than allowed (413; ``tensors``)
+    ├── UnknownFile         no batch file of that id for this caller (404; ``tasks.gateway.batches``)
+    ├── UnknownBatch        no batch of that id for this caller (404)
+    ├── BadBatchFile        an uploaded batch file is refused: the line and what is wrong with it (400)
+    ├── BadBatch            a batch cannot be created or changed as asked (400, or 409 for a finished one)
     ├── OverLimit           a caller is over its rate or in-flight limit (429; ``tasks.gateway.quotas``)
     └── GatewayBusy         the gateway holds as many waiting requests as it may (503; ``tasks.gateway.quotas``)
 
@@ -45,12 +49,16 @@ from tasks.gateway.signature import UnknownVersion
 from tasks.gateway.tensors import TooManyElements
 
 __all__ = [
+    "BadBatch",
+    "BadBatchFile",
     "BodyTooLarge",
     "LogThrottle",
     "ModelForbidden",
     "Problem",
     "ResultExpired",
     "TooManyElements",
+    "UnknownBatch",
+    "UnknownFile",
     "UnknownJob",
     "job_status",
     "problem",
@@ -111,6 +119,56 @@ class BodyTooLarge(SwaplessError):
     def message(self) -> str:
         return (f"the request body is over the limit of {self.max_bytes} bytes once decompressed "
                 "(SWAPLESS_GATEWAY_MAX_BODY_BYTES): send fewer inputs per request")
+
+
+class UnknownFile(SwaplessError):
+    """No batch file of this id that the caller may read (never uploaded, another caller's, deleted, expired)."""
+
+    def __init__(self, file_id: str) -> None:
+        super().__init__(file_id)
+        self.file_id = file_id
+
+    @property
+    def message(self) -> str:
+        return (f"no file {self.file_id} for this caller: use an id POST /v1/files or a batch returned to this key "
+                "(files are kept SWAPLESS_BATCH_FILE_RETENTION_S)")
+
+
+class UnknownBatch(SwaplessError):
+    """No batch of this id that the caller may read."""
+
+    def __init__(self, batch_id: str) -> None:
+        super().__init__(batch_id)
+        self.batch_id = batch_id
+
+    @property
+    def message(self) -> str:
+        return f"no batch {self.batch_id} for this caller: use an id POST /v1/batches returned to this key"
+
+
+class BadBatchFile(SwaplessError):
+    """An uploaded batch file is refused as a whole: ``line`` (1-based; 0: the file itself) and what is wrong."""
+
+    def __init__(self, line: int, problem: str) -> None:
+        super().__init__(line, problem)
+        self.line, self.problem = line, problem
+
+    @property
+    def message(self) -> str:
+        where = f"line {self.line}" if self.line else "the file"
+        return f"{where}: {self.problem}; nothing was kept: fix it and upload the file again"
+
+
+class BadBatch(SwaplessError):
+    """A batch request that cannot be done: ``conflict`` (409) when the batch's state forbids it, else 400."""
+
+    def __init__(self, detail: str, conflict: bool = False) -> None:
+        super().__init__(detail, conflict)
+        self.detail, self.conflict = detail, conflict
+
+    @property
+    def message(self) -> str:
+        return self.detail
 
 
 @dataclass(frozen=True)
@@ -190,8 +248,12 @@ def job_status(error: object, protocol: Literal["rest", "v2"]) -> int:
 
 
 def _status(err: SwaplessError, protocol: Literal["rest", "v2"]) -> int:
-    if isinstance(err, (UnknownModel, UnknownVersion, UnknownJob)):
+    if isinstance(err, (UnknownModel, UnknownVersion, UnknownJob, UnknownFile, UnknownBatch)):
         return 404
+    if isinstance(err, BadBatchFile):
+        return 400
+    if isinstance(err, BadBatch):
+        return 409 if err.conflict else 400
     if isinstance(err, (InputError, WebhookRefused)):
         return 422 if protocol == "rest" else 400
     if isinstance(err, ModelForbidden):

@@ -9,7 +9,8 @@
 - **framing**: at most one ``Content-Length``, of ASCII digits, never together with ``Transfer-Encoding`` (a
   request smuggling vector: the declared length is not what the server reads), and no body declared over
   ``SWAPLESS_GATEWAY_MAX_BODY_BYTES``, or over what its route can take (``POST /jobs`` and ``/predict``: one job,
-  so no more than the largest input the models take, ``body_limits``);
+  so no more than the largest input the models take; ``POST /v1/files``: a batch file, with a bound and a time of
+  its own; ``body_limits``);
 
 and then hands the app a ``receive`` that counts the body's bytes as they arrive, in every framing, and bounds
 how long the body may take (``SWAPLESS_GATEWAY_BODY_TIMEOUT_S``). Past either bound it answers 413 or 408 itself
@@ -66,11 +67,14 @@ def host_name(value: str) -> str:
 @dataclass(frozen=True)
 class BodyLimit:
     """A bound on a request body: ``bytes``, the setting that sets it, and what the body carries (for the message:
-    ``"the largest job input here takes"``; empty: the gateway's own limit)."""
+    ``"the largest job input here takes"``; empty: the gateway's own limit); ``timeout_s``, with its setting, a time
+    of its own for the body to arrive (None: the gateway's)."""
 
     bytes: int
     setting: str
     what: str
+    timeout_s: float | None = None
+    timeout_setting: str = ""
 
     def over(self) -> str:
         """The end of the 413 message, after "request body [of N bytes]"."""
@@ -84,12 +88,13 @@ class RequestGuard:
 
     Args:
         app: the application it guards.
-        max_body_bytes: the most bytes a request body may have.
+        max_body_bytes: the most bytes a request body may have, unless its path has a bound of its own.
         body_timeout_s: the most seconds a body may take to arrive, from when the app first reads it (a request
             waiting for its caller's turn, ``tasks.gateway.turns``, is not reading yet).
         allowed_hosts: host names answered to (lower case, no port); None: any.
         allowed_origins: origins (``scheme://host[:port]``) whose cross-origin requests are let through.
-        body_limits: per path of a ``POST``, a smaller bound for its body and the setting that sets it.
+        body_limits: per path of a ``POST``, a bound for its body and the setting that sets it (larger than
+            ``max_body_bytes`` only where the route streams its body to disk: a batch file upload).
     """
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float,
@@ -115,13 +120,15 @@ class RequestGuard:
             await reply(scope, send, status, detail, close=True)
             return
         limit = self._limit(scope)
-        body = _BoundedBody(scope, receive, send, limit, self.body_timeout_s)
+        timeout_s, setting = ((limit.timeout_s, limit.timeout_setting) if limit.timeout_s is not None
+                              else (self.body_timeout_s, "SWAPLESS_GATEWAY_BODY_TIMEOUT_S"))
+        body = _BoundedBody(scope, receive, send, limit, timeout_s, setting)
         await self.app(scope, body.receive, body.send)
 
     def _limit(self, scope: Scope) -> BodyLimit:
         """The bound of this request's body: its route's, else ``SWAPLESS_GATEWAY_MAX_BODY_BYTES``."""
         own = self.body_limits.get(scope.get("path", "")) if scope.get("method") == "POST" else None
-        if own is not None and own.bytes < self.max_body_bytes:
+        if own is not None:
             return own
         return BodyLimit(self.max_body_bytes, "SWAPLESS_GATEWAY_MAX_BODY_BYTES", "")
 
@@ -171,9 +178,10 @@ class _BoundedBody:
     """One request's ``receive`` and ``send`` as the app gets them: the body counted and timed as it arrives; past a
     bound, the refusal is sent here and the app sees a disconnect, and whatever it sends afterwards is dropped."""
 
-    def __init__(self, scope: Scope, receive: Receive, send: Send, limit: BodyLimit, timeout_s: float) -> None:
+    def __init__(self, scope: Scope, receive: Receive, send: Send, limit: BodyLimit, timeout_s: float,
+                 timeout_setting: str) -> None:
         self.scope, self._receive, self._send = scope, receive, send
-        self.limit, self.timeout_s = limit, timeout_s
+        self.limit, self.timeout_s, self.timeout_setting = limit, timeout_s, timeout_setting
         self.deadline: float | None = None  # set by the first read
         self.seen = 0
         self.complete = False
@@ -191,7 +199,7 @@ class _BoundedBody:
             message = await asyncio.wait_for(self._receive(), max(0.0, self.deadline - time.monotonic()))
         except TimeoutError:
             await self._refuse(408, f"the request body did not arrive within {self.timeout_s:g} s "
-                               "(SWAPLESS_GATEWAY_BODY_TIMEOUT_S): send it at once")
+                               f"({self.timeout_setting}): send it at once")
             return _DISCONNECT
         if message["type"] == "http.request":
             self.seen += len(message.get("body", b""))

@@ -1,0 +1,342 @@
+"""Driving one batch to its end on the bulk machinery (``tasks.client.bulk``): ``BatchDriver.run``.
+
+1. **validating**: the input file is read once, line by line; a line the batch's key may not send (403), for an
+   unknown model (404) or with an input its model would refuse (422) is failed at once (``prefailed.jsonl``);
+   the others are written to one bulk input per (model, priority) in the work directory; ``plan.json``, written
+   last, says what the groups are. A driver that finds ``plan.json`` (a takeover) skips this step.
+2. **in_progress**: each group runs as a ``BulkRun`` (chunks at its priority, ``max_in_flight`` of them, backpressure
+   and routes as ``swapless bulk``), with the completion window's end as the chunks' deadline, its output fsynced
+   per chunk; a takeover resumes each group from its output, so no request is written twice and none is skipped.
+   The counts in Redis follow each chunk. Between waits the driver renews its lease and looks for a cancel.
+3. **finalizing**: the groups' outputs become the output file (the requests that succeeded) and the error file
+   (those that failed; on expiry, also those never started), in the file store; then the final status.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from config.errors import DeadlinePassed, InputError
+from config.settings import Settings
+from manager.registry.store import ModelStore
+from tasks.client.bulk import BulkJob, BulkRun, ChunkSource
+from tasks.client.progress import NullProgress
+from tasks.gateway.auth import Caller
+from tasks.gateway.batches.files import FileStore
+from tasks.gateway.batches.lines import error_line, output_line, parse_line
+from tasks.gateway.batches.state import BatchStatus, BatchStore
+from tasks.gateway.errors import BadBatchFile
+from tasks.gateway.keys import KeyRule
+from tasks.gateway.plane import check_input
+
+__all__ = ["BatchDriver", "LeaseLost", "Stopped", "file_id_for"]
+
+logger = logging.getLogger(__name__)
+
+_CANCEL_CHECK_S = 0.5
+_EXPIRED = "the batch's completion window ended before this request was started"
+
+
+class LeaseLost(Exception):
+    """This process no longer holds the batch's lease: another runner drives it now."""
+
+
+class Stopped(Exception):
+    """This process is stopping: the batch is left for the next runner, which resumes it."""
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def file_id_for(batch_id: str, kind: str) -> str:
+    """The id of a batch's output or error file: fixed per batch, so a finalizing redone replaces, never adds."""
+    return "file-" + hashlib.blake2b(f"{batch_id}\0{kind}".encode(), digest_size=12).hexdigest()
+
+
+@dataclass(frozen=True)
+class _Group:
+    model: str
+    priority: str
+    index: int
+
+    @property
+    def input_name(self) -> str:
+        return f"in-{self.index}.jsonl"
+
+    @property
+    def output_name(self) -> str:
+        return f"out-{self.index}.jsonl"
+
+
+class _Counts(NullProgress):
+    """A bulk run's progress, as the batch's counts in Redis (the earlier groups' added)."""
+
+    def __init__(self, driver: BatchDriver, ok: int, failed: int) -> None:
+        self.driver, self.ok, self.failed = driver, ok, failed
+
+    def update(self, records: int, failed: int) -> None:
+        self.driver.store.update(self.driver.batch_id, completed=self.ok + records - failed,
+                                 failed=self.failed + failed)
+        self.driver.check()
+
+
+class BatchDriver:
+    """Drives one batch whose lease ``runner_id`` holds (see the module docstring).
+
+    Args:
+        batch_id: the batch.
+        store: the batches' state.
+        files: the file store.
+        client: the producer the chunks go through.
+        models: the models file.
+        settings: the process's settings (window bounds, input limits, lease).
+        work_dir: this batch's work directory.
+        runner_id: the lease holder's id.
+        stop: set when the process stops.
+        max_in_flight: chunks in flight per group.
+    """
+
+    def __init__(self, batch_id: str, store: BatchStore, files: FileStore, client: ChunkSource, models: ModelStore,
+                 settings: Settings, work_dir: Path, runner_id: str, stop: threading.Event,
+                 max_in_flight: int = 8) -> None:
+        self.batch_id, self.store, self.files, self.client = batch_id, store, files, client
+        self.models, self.settings, self.work, self.runner_id = models, settings, work_dir, runner_id
+        self.stop, self.max_in_flight = stop, max_in_flight
+        self._renewed = self._looked = time.monotonic()
+
+    def check(self) -> None:
+        """Renew the lease every third of it, and look for a cancel (called between waits and after each chunk).
+
+        Raises:
+            LeaseLost, Stopped: stop driving now (the batch's output so far stays for the next driver).
+        """
+        now = time.monotonic()
+        if self.stop.is_set():
+            raise Stopped
+        if now - self._renewed >= self.settings.batch_lease_s / 3:
+            if not self.store.renew_lease(self.batch_id, self.runner_id, self.settings.batch_lease_s):
+                raise LeaseLost
+            self._renewed = now
+        if now - self._looked >= _CANCEL_CHECK_S:
+            self._looked = now
+            batch = self.store.get(self.batch_id)
+            if batch is None or batch.get("status") == BatchStatus.CANCELLING.value:
+                raise _Cancelled
+
+    def run(self) -> None:
+        """Drive the batch from where it stands to a final status.
+
+        Raises:
+            LeaseLost, Stopped: as ``check``.
+        """
+        batch = self.store.get(self.batch_id)
+        if batch is None:
+            return
+        self.work.mkdir(parents=True, exist_ok=True)
+        try:
+            if batch["status"] == BatchStatus.CANCELLING.value:
+                raise _Cancelled
+            groups = self._plan(batch)
+            self.store.set_status(self.batch_id, BatchStatus.IN_PROGRESS)
+            ending = self._run_groups(groups, datetime.fromtimestamp(int(batch["expires_at"]), UTC))
+        except _Cancelled:
+            ending = BatchStatus.CANCELLED
+            groups = self._groups() or []
+        except _InputGone as gone:
+            self.store.update(self.batch_id, errors=json.dumps([{"code": "input_file_missing", "message": str(gone),
+                                                                  "param": "input_file_id", "line": None}]))
+            self._end(BatchStatus.FAILED)
+            return
+        self._finalize(groups, ending)
+
+    # -- validating --------------------------------------------------------------------------------------------
+
+    def _groups(self) -> list[_Group] | None:
+        try:
+            plan = json.loads((self.work / "plan.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return [_Group(g["model"], g["priority"], i) for i, g in enumerate(plan["groups"])]
+
+    def _plan(self, batch: dict[str, str]) -> list[_Group]:
+        found = self._groups()
+        if found is not None:
+            return found
+        caller = _caller(batch)
+        groups: dict[tuple[str, str], tuple[_Group, IO[bytes]]] = {}
+        total = 0
+        prefailed = (self.work / "prefailed.jsonl").open("wb")
+        try:
+            for number, raw in self._input_lines(batch["input_file_id"]):
+                total += 1
+                if total % 1000 == 0:
+                    self.check()
+                custom_id, model, priority, value, key, refusal = self._decide(raw, number, caller)
+                if refusal is not None:
+                    prefailed.write(_bulk_failure(custom_id, *refusal))
+                    continue
+                if (model, priority) not in groups:
+                    group = _Group(model, priority, len(groups))
+                    groups[model, priority] = (group, (self.work / group.input_name).open("wb"))
+                record = {"custom_id": custom_id, "input": value, "key": key}
+                groups[model, priority][1].write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+        finally:
+            for file in [prefailed, *(out for _, out in groups.values())]:
+                file.flush()
+                os.fsync(file.fileno())
+                file.close()
+        ordered = [group for group, _ in groups.values()]
+        plan = {"total": total, "groups": [{"model": g.model, "priority": g.priority} for g in ordered]}
+        (self.work / "plan.tmp").write_text(json.dumps(plan))
+        os.replace(self.work / "plan.tmp", self.work / "plan.json")
+        failed = _count_lines(self.work / "prefailed.jsonl")
+        self.store.update(self.batch_id, total=total, failed=failed, completed=0)
+        return ordered
+
+    def _input_lines(self, file_id: str) -> Iterator[tuple[int, bytes]]:
+        try:
+            source = self.files.open(file_id)
+        except FileNotFoundError:
+            raise _InputGone(f"the input file {file_id} is gone (deleted, or past its retention)") from None
+        with source:
+            for number, line in enumerate(source, start=1):
+                if line.strip():
+                    yield number, line
+
+    def _decide(self, raw: bytes, number: int, caller: Caller) -> tuple[str, str, str, Any, str | None,
+                                                                      tuple[str, str, int] | None]:
+        """A line's custom id, model, priority, input and key, and why it fails at once (type, message, status)."""
+        try:
+            line = parse_line(raw, number)
+        except BadBatchFile as err:
+            return f"line-{number}", "", "", None, None, ("BadBatchFile", str(err), 400)
+        job = line.job
+        model = job.model_id
+        refusal: tuple[str, str, int] | None = None
+        if not caller.may_call(self.models, model):
+            refusal = ("ModelForbidden", caller.refusal(model), 403)
+        elif not self.models.is_route(model) and model not in self.models:
+            known = ", ".join(self.models.ids())
+            refusal = ("UnknownModel", f"unknown model {model!r} (known: {known})", 404)
+        elif not self.models.is_route(model):
+            model = self.models.resolve(model)
+            try:
+                check_input(self.models.get(model), job.input, self.settings)
+            except InputError as err:
+                refusal = ("InputError", str(err), 422)
+        return line.custom_id, model, job.priority, job.input, job.key, refusal
+
+    # -- in progress -------------------------------------------------------------------------------------------
+
+    def _run_groups(self, groups: list[_Group], deadline: datetime) -> BatchStatus:
+        ok = 0
+        failed = _count_lines(self.work / "prefailed.jsonl")
+        for group in groups:
+            job = BulkJob(group.model, self.work / group.input_name, self.work / group.output_name, field="input",
+                          id_field="custom_id", key_field="key", fmt="jsonl", priority=group.priority,
+                          max_in_flight=self.max_in_flight, expires=deadline)
+            run = BulkRun(job, self.client, progress=_Counts(self, ok, failed), watchdog=self.check)
+            try:
+                summary = run.run()
+            except DeadlinePassed:
+                return BatchStatus.EXPIRED
+            ok += summary.ok
+            failed += summary.failed
+        return BatchStatus.COMPLETED
+
+    # -- finalizing --------------------------------------------------------------------------------------------
+
+    def _finalize(self, groups: list[_Group], ending: BatchStatus) -> None:
+        if ending is not BatchStatus.CANCELLED:
+            self.store.set_status(self.batch_id, BatchStatus.FINALIZING)
+        out_path, err_path = self.work / "output.jsonl", self.work / "errors.jsonl"
+        ok = failed = 0
+        with out_path.open("w", encoding="utf-8") as out, err_path.open("w", encoding="utf-8") as errors:
+            for custom_id, success, value, type_name, status in self._outcomes(groups, ending):
+                if success:
+                    out.write(output_line(self.batch_id, custom_id, type_name, value))
+                    ok += 1
+                else:
+                    errors.write(error_line(self.batch_id, custom_id, type_name, str(value), status))
+                    failed += 1
+        batch = self.store.get(self.batch_id) or {}
+        owner = batch.get("owner", "")
+        fields: dict[str, Any] = {"completed": ok, "failed": failed}
+        for path, kind, field in ((out_path, "output", "output_file_id"), (err_path, "errors", "error_file_id")):
+            if path.stat().st_size:
+                file_id = file_id_for(self.batch_id, kind)
+                self.files.put(path, file_id=file_id, filename=f"{self.batch_id}_{kind}.jsonl",
+                               purpose="batch_output", owner=owner, move=True)
+                fields[field] = file_id
+        self.store.update(self.batch_id, **fields)
+        self._end(ending)
+
+    def _end(self, ending: BatchStatus) -> None:
+        self.store.set_status(self.batch_id, ending)
+        shutil.rmtree(self.work, ignore_errors=True)
+        logger.info("batch %s %s", self.batch_id, ending.value)
+
+    def _outcomes(self, groups: list[_Group], ending: BatchStatus) -> Iterator[tuple[str, bool, Any, str, int | None]]:
+        """``(custom_id, ok, result or message, model or error type, status)`` of every request with an outcome."""
+        for bulk in _read_jsonl(self.work / "prefailed.jsonl"):
+            yield bulk["key"], False, bulk["error"], bulk["type"], bulk.get("status")
+        for group in groups:
+            done = 0
+            for bulk in _read_jsonl(self.work / group.output_name):
+                done += 1
+                if bulk["ok"]:
+                    yield bulk["key"], True, bulk["result"], group.model, None
+                else:
+                    yield bulk["key"], False, bulk["error"], bulk["type"], None
+            if ending is BatchStatus.EXPIRED:
+                for index, record in enumerate(_read_jsonl(self.work / group.input_name)):
+                    if index >= done:
+                        yield record["custom_id"], False, _EXPIRED, "JobExpired", None
+
+
+class _InputGone(Exception):
+    pass
+
+
+def _caller(batch: dict[str, str]) -> Caller:
+    """The batch's creator as the gateway knew it (its key's models, as recorded with the batch)."""
+    models = json.loads(batch["models"]) if batch.get("models") else None
+    if models is None:
+        return Caller(batch.get("owner", ""), admin=True)
+    names = tuple(json.loads(batch.get("model_names") or "[]"))
+    return Caller(batch.get("owner", ""), admin=False, rule=KeyRule(b"", frozenset(models), names))
+
+
+def _bulk_failure(custom_id: str, type_name: str, message: str, status: int) -> bytes:
+    record = {"ok": False, "key": custom_id, "error": message, "type": type_name, "status": status}
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    try:
+        with path.open("rb") as file:
+            for line in file:
+                if line.endswith(b"\n"):  # a partial last line (a crash mid-write) is not an outcome
+                    yield json.loads(line)
+    except FileNotFoundError:
+        return
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as file:
+            return sum(1 for _ in file)
+    except FileNotFoundError:
+        return 0

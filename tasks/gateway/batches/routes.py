@@ -1,0 +1,215 @@
+"""The batch API under ``/v1``, in the shape of OpenAI's Files and Batch APIs (the ``openai`` client works unchanged
+with ``OpenAI(base_url="http://host:8000/v1", api_key=KEY)``):
+
+    POST   /v1/files                  multipart (purpose=batch, file): checked line by line as it streams in
+    GET    /v1/files                  this key's files, newest first (``purpose``, ``after``, ``limit``)
+    GET    /v1/files/{id}             a file object
+    GET    /v1/files/{id}/content     its bytes, streamed
+    DELETE /v1/files/{id}
+    POST   /v1/batches                {input_file_id, endpoint: "/predict", completion_window: "24h", metadata}
+    GET    /v1/batches                this key's batches, newest first, paged (``after``, ``limit``)
+    GET    /v1/batches/{id}           a batch object: status, request_counts, file ids, timestamps
+    POST   /v1/batches/{id}/cancel    cancelling -> cancelled: what is done is kept, the rest is not run
+
+A key sees only the files and batches it made (an operator's key sees all). Lines a limited key may not send are
+failed one by one (403 in the error file) rather than refusing the file: the file is the same for any key, and the
+batch's other lines still run, as OpenAI answers a bad request inside a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from config.settings import Settings
+from manager.registry.store import ModelStore
+from tasks.broker.connection import redis_client
+from tasks.broker.sentinel import SentinelOptions
+from tasks.gateway.auth import Caller, Need, needs
+from tasks.gateway.batches.files import FileInfo, FileStore, new_file_id
+from tasks.gateway.batches.lines import ENDPOINT, LineChecker
+from tasks.gateway.batches.runner import work_root
+from tasks.gateway.batches.state import FINAL, BatchStatus, BatchStore, new_batch_id, public_batch
+from tasks.gateway.batches.upload import LineWriter, MultipartReader, boundary_of
+from tasks.gateway.errors import BadBatch, BadBatchFile, UnknownBatch, UnknownFile
+from tasks.gateway.http import GuardedRoute
+from tasks.keyspace import Keyspace
+
+__all__ = ["BatchRequest", "batch_router", "parse_window"]
+
+#: Bytes of an upload's envelope beside its file (the multipart headers, the purpose field).
+UPLOAD_ENVELOPE_BYTES = 64 * 1024
+_WINDOW = re.compile(r"([0-9]{1,7})([smh])")
+_ID = r"^[A-Za-z0-9_-]{1,128}$"
+
+
+class BatchRequest(BaseModel):
+    """``POST /v1/batches``'s body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_file_id: str = Field(min_length=1, max_length=128, pattern=_ID)
+    endpoint: Literal["/predict"]
+    completion_window: str = Field("24h", max_length=16, description="24h, or a shorter 90m or 30s")
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+
+
+def parse_window(text: str, max_s: int) -> int:
+    """A completion window (``24h``, ``90m``, ``30s``) in seconds.
+
+    Raises:
+        BadBatch: not one, or over ``SWAPLESS_BATCH_MAX_WINDOW_S``.
+    """
+    found = _WINDOW.fullmatch(text)
+    if found is None:
+        raise BadBatch(f"completion_window must be a duration like 24h, 90m or 30s, not {text!r}")
+    seconds = int(found.group(1)) * {"s": 1, "m": 60, "h": 3600}[found.group(2)]
+    if not 0 < seconds <= max_s:
+        raise BadBatch(f"completion_window {text!r} is not between 1 s and {max_s} s (SWAPLESS_BATCH_MAX_WINDOW_S)")
+    return seconds
+
+
+def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) -> APIRouter:
+    """The ``/v1`` routes.
+
+    Args:
+        settings: the deployment's settings.
+        models: the models file.
+        max_line_bytes: the longest line of an input file (one ``/predict`` body's bound).
+    """
+    router = APIRouter(prefix="/v1", route_class=GuardedRoute)
+    files = FileStore.of(settings)
+    store = BatchStore(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+                                    sentinel=SentinelOptions.of(settings)), Keyspace.of(settings))
+    uploads = work_root(settings, files) / "uploads"
+
+    def caller_of(request: Request) -> Caller:
+        caller: Caller = request.state.caller
+        return caller
+
+    async def own_file(caller: Caller, file_id: str) -> FileInfo:
+        info = await asyncio.to_thread(files.info, file_id)
+        if info is None or (info.owner != caller.owner and not caller.admin):
+            raise UnknownFile(file_id)
+        return info
+
+    async def own_batch(caller: Caller, batch_id: str) -> dict[str, str]:
+        batch = await asyncio.to_thread(store.get, batch_id)
+        if batch is None or (batch.get("owner") != caller.owner and not caller.admin):
+            raise UnknownBatch(batch_id)
+        return batch
+
+    @router.post("/files", **needs(Need.KEY))
+    async def upload_file(request: Request) -> dict[str, Any]:
+        """Upload a batch input file (multipart: ``purpose=batch`` and ``file``), checked line by line as it comes:
+        a bad line refuses the file with its line number (400)."""
+        caller = caller_of(request)
+        boundary = boundary_of(request.headers.get("content-type", ""))
+        if request.headers.get("content-encoding", "identity").lower() != "identity":
+            raise BadBatchFile(0, "send the file uncompressed (no Content-Encoding)")
+        uploads.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=uploads, suffix=".jsonl") as spool:
+            checker = LineChecker(settings.batch_max_lines, max_line_bytes)
+            upload = await MultipartReader(boundary, "file", LineWriter(spool, checker)).read(request.stream())
+            purpose = upload.fields.get("purpose")
+            if purpose != "batch":
+                raise BadBatchFile(0, f"purpose must be 'batch', not {purpose!r}")
+            if checker.lines == 0:
+                raise BadBatchFile(0, "the file holds no request: one JSON line per request")
+            spool.flush()
+            info = await asyncio.to_thread(files.put, Path(spool.name), file_id=new_file_id(),
+                                           filename=(upload.filename or "input.jsonl")[:256], purpose="batch",
+                                           owner=caller.owner, lines=checker.lines)
+        return info.public()
+
+    @router.get("/files", **needs(Need.KEY))
+    async def list_files(request: Request, purpose: str | None = Query(None, max_length=32),
+                         after: str | None = Query(None, pattern=_ID),
+                         limit: int = Query(10_000, ge=1, le=10_000)) -> dict[str, Any]:
+        """This key's files, newest first."""
+        caller = caller_of(request)
+        found = [info for info in await asyncio.to_thread(files.list)
+                 if (caller.admin or info.owner == caller.owner) and (purpose is None or info.purpose == purpose)]
+        if after is not None:
+            ids = [info.id for info in found]
+            found = found[ids.index(after) + 1 :] if after in ids else []
+        page = found[:limit]
+        return {"object": "list", "data": [info.public() for info in page], "has_more": len(found) > limit,
+                "first_id": page[0].id if page else None, "last_id": page[-1].id if page else None}
+
+    @router.get("/files/{file_id}", **needs(Need.KEY))
+    async def get_file(request: Request, file_id: str) -> dict[str, Any]:
+        """A file object."""
+        return (await own_file(caller_of(request), file_id)).public()
+
+    @router.get("/files/{file_id}/content", **needs(Need.KEY))
+    async def file_content(request: Request, file_id: str) -> StreamingResponse:
+        """A file's bytes (JSON Lines), streamed."""
+        info = await own_file(caller_of(request), file_id)
+        return StreamingResponse(files.chunks(info.id), media_type="application/jsonl",
+                                 headers={"Content-Length": str(info.bytes)})
+
+    @router.delete("/files/{file_id}", **needs(Need.KEY))
+    async def delete_file(request: Request, file_id: str) -> dict[str, Any]:
+        """Delete a file."""
+        info = await own_file(caller_of(request), file_id)
+        await asyncio.to_thread(files.delete, info.id)
+        return {"id": info.id, "object": "file", "deleted": True}
+
+    @router.post("/batches", **needs(Need.KEY))
+    async def create_batch(request: Request, body: BatchRequest) -> dict[str, Any]:
+        """Create a batch over an uploaded file: it is validated, run at its lines' priority (bulk by default) and
+        finalized into an output file and an error file."""
+        caller = caller_of(request)
+        info = await own_file(caller, body.input_file_id)
+        if info.purpose != "batch":
+            raise BadBatch(f"file {info.id} is a {info.purpose} file, not an input: upload one with purpose=batch")
+        window_s = parse_window(body.completion_window, settings.batch_max_window_s)
+        rule = caller.rule
+        batch_id = new_batch_id()
+        fields: dict[str, Any] = {
+            "owner": caller.owner, "input_file_id": info.id, "endpoint": ENDPOINT,
+            "completion_window": body.completion_window, "expires_at": int(time.time()) + window_s,
+            "total": info.lines, "completed": 0, "failed": 0, "metadata": body.metadata,
+            "models": sorted(rule.models) if rule is not None and rule.models is not None else None,
+            "model_names": list(rule.names) if rule is not None else None,
+        }
+        await asyncio.to_thread(store.create, batch_id, fields)
+        return public_batch(await own_batch(caller, batch_id), batch_id)
+
+    @router.get("/batches", **needs(Need.KEY))
+    async def list_batches(request: Request, after: str | None = Query(None, pattern=_ID),
+                           limit: int = Query(20, ge=1, le=100)) -> dict[str, Any]:
+        """This key's batches, newest first, ``limit`` a page; the next page is ``after`` the page's ``last_id``."""
+        caller = caller_of(request)
+        found, more = await asyncio.to_thread(store.page, after, limit, None if caller.admin else caller.owner)
+        data = [public_batch(batch, batch["id"]) for batch in found]
+        return {"object": "list", "data": data, "has_more": more,
+                "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+
+    @router.get("/batches/{batch_id}", **needs(Need.KEY))
+    async def get_batch(request: Request, batch_id: str) -> dict[str, Any]:
+        """A batch object: its status, request counts, file ids and timestamps."""
+        return public_batch(await own_batch(caller_of(request), batch_id), batch_id)
+
+    @router.post("/batches/{batch_id}/cancel", **needs(Need.KEY))
+    async def cancel_batch(request: Request, batch_id: str) -> dict[str, Any]:
+        """Cancel a batch: ``cancelling`` until its driver stops it, then ``cancelled``, with the requests done so
+        far in its output and error files and counts. A finished batch answers 409."""
+        caller = caller_of(request)
+        await own_batch(caller, batch_id)
+        now = await asyncio.to_thread(store.set_status, batch_id, BatchStatus.CANCELLING)
+        if now in FINAL and now is not BatchStatus.CANCELLED:
+            raise BadBatch(f"batch {batch_id} is {now.value if now else 'gone'}: only a batch not finished yet can "
+                           "be cancelled", conflict=True)
+        return public_batch(await own_batch(caller, batch_id), batch_id)
+
+    return router

@@ -1,0 +1,135 @@
+"""``BatchRunner``: finds batches that no process drives and drives them, a thread per batch.
+
+One runs in every ``swapless serve`` (``SWAPLESS_BATCH_RUNNER``) and in every ``swapless batches``; any number may
+run against one Redis. Each poll (a third of ``SWAPLESS_BATCH_LEASE_S``, at most 1 s) the runner reads the active
+batches, and for each one it does not drive yet, while it has a free slot (``SWAPLESS_BATCH_MAX_ACTIVE``), tries
+to take its lease: the one runner that gets it drives the batch (``driver.BatchDriver``) until the batch is final,
+the lease is lost, or the runner stops. A runner that stops cleanly gives its leases up at once (the chunks it had
+in flight are cancelled, and the next runner sends them again); one that is killed leaves them to expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+
+from config.settings import Settings
+from manager.registry.store import ModelStore
+from tasks.broker.connection import redis_client
+from tasks.broker.sentinel import SentinelOptions
+from tasks.client import Client
+from tasks.gateway.batches.driver import BatchDriver, LeaseLost, Stopped
+from tasks.gateway.batches.files import FileStore
+from tasks.gateway.batches.state import BatchStore
+from tasks.keyspace import Keyspace
+
+__all__ = ["BatchRunner", "work_root"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two purges of the files past their retention.
+PURGE_EVERY_S = 3600.0
+
+
+def work_root(settings: Settings, files: FileStore) -> Path:
+    """Where drivers keep their work files (``SWAPLESS_BATCH_WORK_DIR``; see config/settings.py)."""
+    if settings.batch_work_dir is not None:
+        return settings.batch_work_dir
+    if files.local:
+        return Path(files.root) / "work"
+    return Path.home() / ".cache" / "swapless" / "batch-work"
+
+
+class BatchRunner:
+    """Drives batches (see the module docstring). ``start`` starts its thread; ``stop`` ends it and its drivers.
+
+    Args:
+        settings: the process's settings.
+        models: the models file.
+    """
+
+    def __init__(self, settings: Settings, models: ModelStore) -> None:
+        self.settings = settings
+        self.models = models
+        self.runner_id = f"{socket.gethostname()}:{secrets.token_hex(4)}"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._driving: dict[str, threading.Thread] = {}
+        self._client: Client | None = None
+
+    def start(self) -> None:
+        s = self.settings
+        self.files = FileStore.of(s)
+        self.store = BatchStore(redis_client(s.broker_url, connect_timeout_s=s.connect_timeout_s,
+                                             sentinel=SentinelOptions.of(s)), Keyspace.of(s))
+        self._client = Client(settings=s, validate=False)
+        self._thread = threading.Thread(target=self._loop, name="swapless-batches", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop polling and every driver (each gives its lease up), waiting ``timeout_s`` at most."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s
+        for thread in [self._thread, *self._driving.values()]:
+            if thread is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        if self._client is not None:
+            self._client.close()
+
+    def driving(self) -> list[str]:
+        """The batches this runner drives now."""
+        return sorted(self._driving)
+
+    def _loop(self) -> None:
+        poll_s = min(1.0, self.settings.batch_lease_s / 3)
+        purged = 0.0
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() - purged >= PURGE_EVERY_S:
+                    purged = time.monotonic()
+                    self.files.purge()
+                self.tick()
+            except Exception:  # Redis or the file store away: try again at the next poll
+                logger.exception("the batch runner could not look for batches; trying again")
+            self._stop.wait(poll_s)
+
+    def tick(self) -> None:
+        """Take the lease of each active batch nobody drives, while this runner has a free slot."""
+        for batch_id, thread in list(self._driving.items()):
+            if not thread.is_alive():
+                del self._driving[batch_id]
+        for batch_id in self.store.active():
+            if len(self._driving) >= self.settings.batch_max_active:
+                return
+            if batch_id in self._driving:
+                continue
+            if self.store.get(batch_id) is None:
+                self.store.forget_active(batch_id)
+                continue
+            if self.store.take_lease(batch_id, self.runner_id, self.settings.batch_lease_s):
+                thread = threading.Thread(target=self._drive, args=(batch_id,), name=f"swapless-{batch_id}",
+                                          daemon=True)
+                self._driving[batch_id] = thread
+                thread.start()
+
+    def _drive(self, batch_id: str) -> None:
+        if self._client is None:
+            raise RuntimeError("BatchRunner.start makes its client before any batch is driven")
+        driver = BatchDriver(batch_id, self.store, self.files, self._client, self.models, self.settings,
+                             work_root(self.settings, self.files) / batch_id, self.runner_id, self._stop)
+        try:
+            driver.run()
+        except LeaseLost:
+            logger.warning("batch %s: lease lost (this process was too slow to renew it); another runner drives it",
+                           batch_id)
+            return
+        except Stopped:
+            logger.info("batch %s: left to the next runner (this one stops); it resumes from the output so far",
+                        batch_id)
+        except Exception:  # Redis away, the queue full for long: the next poll takes it up again
+            logger.exception("batch %s stopped by an error; it resumes at the next poll", batch_id)
+        self.store.release_lease(batch_id, self.runner_id)

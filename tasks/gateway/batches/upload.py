@@ -1,0 +1,174 @@
+"""``POST /v1/files``'s body: ``multipart/form-data`` parsed as it streams, the file written to disk line by line.
+
+The body is never held whole: ``MultipartReader`` takes the body's blocks as they arrive, finds the parts by their
+boundary, keeps the small fields (``purpose``, at most ``_FIELD_BYTES``), and hands the ``file`` part's bytes to
+``LineWriter``, which checks each line (``lines.LineChecker``) before it writes it. The first bad line stops the
+upload with its line number; the request guard (``tasks.gateway.framing``) bounds the body's bytes and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import IO
+
+from tasks.gateway.batches.lines import LineChecker
+from tasks.gateway.errors import BadBatchFile
+
+__all__ = ["LineWriter", "MultipartReader", "Upload", "boundary_of"]
+
+_FIELD_BYTES = 1024
+_HEADER_BYTES = 16 * 1024
+_BOUNDARY = re.compile(r'boundary=(?:"([^"]{1,70})"|([^\s;"]{1,70}))', re.IGNORECASE)
+_NAME = re.compile(r'\bname="([^"]*)"', re.IGNORECASE)
+_FILENAME = re.compile(r'\bfilename="([^"]*)"', re.IGNORECASE)
+
+
+def boundary_of(content_type: str) -> bytes:
+    """The multipart boundary of a ``Content-Type`` header.
+
+    Raises:
+        BadBatchFile: not ``multipart/form-data`` with a boundary.
+    """
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise BadBatchFile(0, "send the file as multipart/form-data with the fields purpose and file")
+    found = _BOUNDARY.search(content_type)
+    if found is None:
+        raise BadBatchFile(0, "the multipart Content-Type has no boundary")
+    return (found.group(1) or found.group(2)).encode("latin-1")
+
+
+class LineWriter:
+    """Writes a file's bytes to ``out`` one checked line at a time (``checker`` raises on a bad one)."""
+
+    def __init__(self, out: IO[bytes], checker: LineChecker) -> None:
+        self.out = out
+        self.checker = checker
+        self._pending = bytearray()
+        self.bytes = 0
+
+    def feed(self, data: bytes) -> None:
+        self._pending += data
+        start = 0
+        while (end := self._pending.find(b"\n", start)) != -1:
+            self._line(bytes(self._pending[start : end + 1]))
+            start = end + 1
+        del self._pending[:start]
+        if len(self._pending) > self.checker.max_line_bytes:
+            self.checker.check(bytes(self._pending))  # too long, and not even ended: refused now
+
+    def close(self) -> None:
+        if self._pending:
+            self._line(bytes(self._pending) + b"\n")
+            self._pending.clear()
+
+    def _line(self, line: bytes) -> None:
+        self.checker.check(line)
+        self.out.write(line)
+        self.bytes += len(line)
+
+
+@dataclass
+class Upload:
+    """What a multipart upload held: its small fields and the file part's name (its bytes went to the writer)."""
+
+    fields: dict[str, str]
+    filename: str | None = None
+
+
+class MultipartReader:
+    """A ``multipart/form-data`` body parsed as it streams (see the module docstring).
+
+    Args:
+        boundary: the body's boundary (``boundary_of``).
+        file_field: the part whose bytes go to ``writer``.
+        writer: where that part's bytes go.
+    """
+
+    def __init__(self, boundary: bytes, file_field: str, writer: LineWriter) -> None:
+        self.delimiter = b"\r\n--" + boundary
+        self.file_field = file_field
+        self.writer = writer
+
+    async def read(self, blocks: AsyncIterator[bytes]) -> Upload:
+        """Parse the body's ``blocks``.
+
+        Raises:
+            BadBatchFile: the body is not well-formed multipart, a field is too long, or the file has a bad line.
+        """
+        upload = Upload({})
+        buffer = bytearray(b"\r\n")  # the first boundary has no CRLF of its own before it
+        state = "preamble"
+        name: str | None = None
+        field = bytearray()
+        async for block in blocks:
+            buffer += block
+            while True:
+                if state == "preamble":
+                    at = buffer.find(self.delimiter)
+                    if at == -1:
+                        if len(buffer) > _HEADER_BYTES:
+                            raise BadBatchFile(0, "the multipart body does not start with its boundary")
+                        break
+                    del buffer[: at + len(self.delimiter)]
+                    state = "after"
+                elif state == "after":
+                    if len(buffer) < 2:
+                        break
+                    if buffer[:2] == b"--":
+                        return self._done(upload)
+                    if buffer[:2] != b"\r\n":
+                        raise BadBatchFile(0, "the multipart body is malformed after a boundary")
+                    del buffer[:2]
+                    state = "headers"
+                elif state == "headers":
+                    end = buffer.find(b"\r\n\r\n")
+                    if end == -1:
+                        if len(buffer) > _HEADER_BYTES:
+                            raise BadBatchFile(0, "a multipart part's headers are too long")
+                        break
+                    headers = bytes(buffer[:end]).decode("utf-8", "replace")
+                    del buffer[: end + 4]
+                    name, filename = self._disposition(headers)
+                    if name == self.file_field:
+                        upload.filename = filename or "upload.jsonl"
+                    field.clear()
+                    state = "data"
+                else:  # data
+                    at = buffer.find(self.delimiter)
+                    keep = len(buffer) if at != -1 else max(0, len(buffer) - len(self.delimiter))
+                    await self._data(name, bytes(buffer[: at if at != -1 else keep]), field)
+                    if at == -1:
+                        del buffer[:keep]
+                        break
+                    del buffer[: at + len(self.delimiter)]
+                    if name is not None and name != self.file_field:
+                        upload.fields[name] = field.decode("utf-8", "replace")
+                    state = "after"
+        raise BadBatchFile(0, "the multipart body ended before its closing boundary: send the whole file")
+
+    def _done(self, upload: Upload) -> Upload:
+        if upload.filename is None:
+            raise BadBatchFile(0, f"the upload has no {self.file_field!r} part: send the JSONL file as that field")
+        self.writer.close()
+        return upload
+
+    async def _data(self, name: str | None, data: bytes, field: bytearray) -> None:
+        if name == self.file_field:
+            if data:  # checking lines is CPU work: off the event loop
+                await asyncio.to_thread(self.writer.feed, data)
+            return
+        field += data
+        if len(field) > _FIELD_BYTES:
+            raise BadBatchFile(0, f"the form field {name!r} is over {_FIELD_BYTES} bytes")
+
+    @staticmethod
+    def _disposition(headers: str) -> tuple[str | None, str | None]:
+        for line in headers.split("\r\n"):
+            if line.lower().startswith("content-disposition:"):
+                name = _NAME.search(line)
+                filename = _FILENAME.search(line)
+                return (name.group(1) if name else None), (filename.group(1) if filename else None)
+        return None, None
