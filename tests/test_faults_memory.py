@@ -217,11 +217,11 @@ def test_bulk_waits_while_the_queue_is_full_and_says_so(
 ) -> None:
     row = PressureRow("swapless bulk, 2,000 records, SWAPLESS_MAX_QUEUED=2")
     server = _full_redis(private_redis, "200mb")
-    faults.set(SWAPLESS_REDIS_URL=server.url(0), SWAPLESS_MAX_QUEUED="2")
+    # the worker holds two chunks at most, so the producer's eight in flight leave six queued against a bound of 2
+    faults.set(SWAPLESS_REDIS_URL=server.url(0), SWAPLESS_MAX_QUEUED="2", SWAPLESS_PREFETCH_PER_MODEL="2")
     faults.worker()
     source = tmp_path / "in.jsonl"
-    # each chunk holds the worker 50 ms: the producer's eight chunks in flight outrun it on any machine
-    source.write_text("".join(json.dumps({"text": f"sleep:0.05:record {i}"}) + "\n" for i in range(2000)))
+    source.write_text("".join(json.dumps({"text": f"sleep:0.01:record {i}"}) + "\n" for i in range(2000)))
     out = tmp_path / "out.jsonl"
     started = time.monotonic()
     done = subprocess.run(

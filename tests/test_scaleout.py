@@ -176,15 +176,17 @@ def test_a_cold_model_is_claimed_by_one_worker_under_a_burst_from_many_producers
 def test_a_killed_worker_s_models_and_jobs_move_within_the_heartbeat_ttl(cluster: Cluster) -> None:
     # The first worker runs as if on another machine: the second cannot see its process die, only its heartbeat
     # expire (1.5 s after the last one); the visibility timeout (60 s) plays no part.
-    first = cluster.worker(elsewhere=True)
-    second = cluster.worker()
+    first = cluster.worker(elsewhere=True, SWAPLESS_MAX_BATCH_SIZE="8")
+    second = cluster.worker(SWAPLESS_MAX_BATCH_SIZE="8")
     wait_for(lambda: len(cluster.beats()) == 2, 10, "both heartbeats")
     client = Client()
-    # slow jobs: each batch of a model sleeps 0.1 s, so both workers still hold work when one dies
-    jobs = client.submit_jobs([(m, f"sleep:0.1:{m}-{i}") for i in range(60) for m in MODELS[:4]])
+    # slow jobs: batches of 8 that sleep 0.2 s, about 1.5 s of work per model, so both workers still hold work
+    # when one dies
+    jobs = client.submit_jobs([(m, f"sleep:0.2:{m}-{i}") for i in range(60) for m in MODELS[:4]])
     pids = {_pid_of(first), _pid_of(second)}
     wait_for(lambda: {pid for ran in cluster.ran().values() for pid in ran} == pids, 30, "both workers to run jobs")
     victim = cluster.worker_id(first)
+    assert cluster.held_by(victim) > 0, "the worker to kill holds jobs"
     heartbeat_key = next(iter(cluster.redis.scan_iter(match=f"{cluster.env['SWAPLESS_KEY_PREFIX']}*worker*elsewhere*")))
     first.proc.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
@@ -199,7 +201,7 @@ def test_a_killed_worker_s_models_and_jobs_move_within_the_heartbeat_ttl(cluster
     assert claims_gone_at < expires_at + 2.5, (claims_gone_at - killed_at, expires_at - killed_at)
     stored, _ = settle(client, jobs, 60)
     assert all(s.state == "SUCCESS" for s in stored)  # nothing lost
-    assert set(cluster.runs()) == {f"sleep:0.1:{m}-{i}" for i in range(60) for m in MODELS[:4]}
+    assert set(cluster.runs()) == {f"sleep:0.2:{m}-{i}" for i in range(60) for m in MODELS[:4]}
 
 
 def test_a_stopping_worker_releases_its_claims_at_once_and_hands_its_waiting_jobs_over(cluster: Cluster) -> None:

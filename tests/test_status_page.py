@@ -171,7 +171,7 @@ def test_status_json_is_what_swapless_status_json_prints(stack: Stack) -> None:
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
     data = served.json()
-    assert sorted(data) == sorted(printed) == ["models", "now", "queue", "redis", "shadow", "workers"]
+    assert sorted(data) == sorted(printed) == ["models", "now", "queue", "redis", "shadow", "webhooks", "workers"]
     assert [m["model_id"] for m in data["models"]] == [m["model_id"] for m in printed["models"]]
     assert data["queue"] == printed["queue"]
     [beat], [printed_beat] = data["workers"], printed["workers"]
