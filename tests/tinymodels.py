@@ -12,9 +12,11 @@ Fixtures (import them into a test module, or list this module in ``pytest_plugin
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from manager.demo.models import IMAGE_MODEL_ID, TEXT_MODELS, build_demo_models
 from manager.demo.tiny import (
@@ -43,9 +45,16 @@ __all__ = [
 
 @pytest.fixture(scope="session")
 def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory with three tiny text classifiers, a mobilenet_v2 and a ``models.json`` listing them."""
-    root = tmp_path_factory.mktemp("tiny-models")
-    build_demo_models(root)
+    """A directory with three tiny text classifiers, a mobilenet_v2 and a ``models.json`` listing them.
+
+    Built once per run: the test processes of ``pytest -n`` share it (the first builds it under a file lock, the
+    others wait and read it), and no test writes into it."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    root = shared / "tiny-models"
+    with FileLock(str(root) + ".lock"):
+        if not (root / "models.json").exists():
+            build_demo_models(root)  # models.json is written last
     return root
 
 
