@@ -99,11 +99,14 @@ def settings(swapless_env: dict[str, str]) -> Settings:
 class CliProcess:
     """A real `swapless <command>` process in its own session, with its log in a file."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, wrapper: Sequence[str] = ()) -> None:
+    def __init__(
+        self, argv: list[str], env: dict[str, str], log_path: Path, wrapper: Sequence[str] = (),
+        module: str = "tasks.cli",
+    ) -> None:
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
-            [*wrapper, sys.executable, "-m", "tasks.cli", *argv],
+            [*wrapper, sys.executable, "-m", module, *argv],
             cwd=REPO,
             env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
             stdout=self._log,
@@ -116,6 +119,17 @@ class CliProcess:
 
     def count(self, text: str) -> int:
         return self.log().count(text)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Wait for the ``ready.`` line a worker (Swapless's or a plain Celery one) logs once it consumes."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if "ready." in self.log():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            time.sleep(0.1)
+        raise AssertionError(f"worker not ready after {timeout_s} s:\n{self.log()[-4000:]}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
         if self.proc.poll() is None:
@@ -135,15 +149,6 @@ class WorkerProcess(CliProcess):
     def __init__(self, args: list[str], env: dict[str, str], log_path: Path, wrapper: Sequence[str] = ()) -> None:
         super().__init__(["worker", *args], env, log_path, wrapper)
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if "ready." in self.log():
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
-            time.sleep(0.1)
-        raise AssertionError(f"worker not ready after {timeout_s} s:\n{self.log()[-4000:]}")
 
 
 class Workers:

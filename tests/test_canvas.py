@@ -5,11 +5,6 @@ paths (the lean default and ``--task-events``)."""
 from __future__ import annotations
 
 import gc
-import os
-import signal
-import subprocess
-import sys
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,48 +15,20 @@ from celery import Celery, chain, chord, group
 
 from tasks.protocol import CHUNK_TASK, PREDICT_TASK
 from tests.canvas_app import make_app
-from tests.conftest import REPO, WorkerProcess
+from tests.conftest import CliProcess, WorkerProcess
 
 pytestmark = pytest.mark.slow
 
 WAIT_S = 60
 
 
-class CeleryWorker:
+class CeleryWorker(CliProcess):
     """A real plain ``celery -A tests.canvas_app worker`` on one queue, its log in a file."""
 
     def __init__(self, env: dict[str, str], queue: str, log_path: Path) -> None:
-        self.log_path = log_path
-        self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.canvas_app", "worker", "-Q", queue, "--pool", "solo",
-             "--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-            cwd=REPO, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if "ready." in self.log():
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError(f"celery worker exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            time.sleep(0.1)
-        raise AssertionError(f"celery worker not ready after {timeout_s} s:\n{self.log()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
+        super().__init__(["-A", "tests.canvas_app", "worker", "-Q", queue, "--pool", "solo", "--loglevel=INFO",
+                          "--without-gossip", "--without-mingle", "--without-heartbeat"], env, log_path,
+                         module="celery")
 
 
 @pytest.fixture
