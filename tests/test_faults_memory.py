@@ -24,6 +24,7 @@ import pytest
 
 from config.errors import QueueFull
 from tasks.client import Client, Job
+from tasks.client.stream import ChunkEvent
 from tasks.keyspace import Keyspace
 from tests.conftest import REPO
 from tests.faultkit import FaultEnv, PressureRow, gate, settle, wait_for
@@ -210,6 +211,45 @@ def test_a_queue_bound_refuses_before_the_wall(faults: FaultEnv, private_redis: 
     started = time.monotonic()
     faults.worker()
     _answered(client, row, accepted, started)
+
+
+def test_map_sends_a_refused_chunk_again_until_room_appears_or_raises_at_once_without_a_wait(
+    faults: FaultEnv, private_redis: Callable[..., RedisServer]
+) -> None:
+    row = PressureRow("Client.map, SWAPLESS_MAX_QUEUED=2, worker started on the first refusal")
+    server = _full_redis(private_redis, "200mb")
+    faults.set(SWAPLESS_REDIS_URL=server.url(0), SWAPLESS_MAX_QUEUED="2")
+    client = Client()
+    lists = list(Keyspace(faults.queue, faults.key_prefix).model("echo").lists)
+
+    def queued() -> int:
+        with server.client() as admin:
+            return sum(admin.llen(key) for key in lists)
+
+    with pytest.raises(QueueFull, match=r"model 'echo' has 2 messages queued, its bound is 2"):
+        list(client.map("echo", [f"at once {i}" for i in range(6)], chunk_size=2, max_in_flight=3, refused_wait_s=0))
+    assert queued() == 2  # two chunks were sent before the bound; nothing of the refused third is queued
+    with server.client() as admin:
+        for key in lists:
+            admin.delete(key)
+
+    refusals: list[str] = []
+
+    def on_event(event: ChunkEvent) -> None:
+        if event.kind == "refused":
+            refusals.append(event.detail)
+            if len(refusals) == 1:
+                faults.worker()  # room appears: the worker drains the lists and the refused chunk goes out
+
+    inputs = [f"later {i}" for i in range(12)]
+    started = time.monotonic()
+    answers = list(client.map("echo", inputs, chunk_size=2, max_in_flight=4, refused_wait_s=120, on_event=on_event))
+    row.submitted = row.accepted = row.answered = len(answers)
+    row.refused["QueueFull, sent again"] = len(refusals)
+    row.recovery_s = time.monotonic() - started
+    assert refusals and "its bound is 2 (SWAPLESS_MAX_QUEUED)" in refusals[0]
+    assert [answer["echo"] for answer in answers] == inputs
+    assert queued() == 0
 
 
 def test_bulk_waits_while_the_queue_is_full_and_says_so(

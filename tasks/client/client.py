@@ -51,6 +51,7 @@ from tasks.client.reading import read_results
 from tasks.client.stream import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_REFUSED_WAIT_S,
     ChunkEvent,
     ChunkStream,
 )
@@ -304,6 +305,7 @@ class Client:
         on_event: Callable[[ChunkEvent], None] | None = None,
         expires: float | datetime | None = None,
         callback_url: str | None = None,
+        refused_wait_s: float = DEFAULT_REFUSED_WAIT_S,
     ) -> Iterator[Any]:
         """Predict every input, yielding the predictions in input order as they finish.
 
@@ -322,6 +324,9 @@ class Client:
             expires: one deadline for the whole map (seconds from now, or a datetime): inputs not started by then
                 are answered ``JobExpired`` (and no chunk is sent after it: ``DeadlinePassed``).
             callback_url: one webhook per chunk as it finishes (see ``submit_many``).
+            refused_wait_s: how long a chunk the queue refuses (``QueueFull``: Redis out of memory, or the model's
+                lists at SWAPLESS_MAX_QUEUED) is sent again, with a growing pause, before ``map`` raises it
+                (``on_event`` gets a ``refused`` event each time); 0 raises at the first refusal.
 
         Stopping early (``break``, an exception, Ctrl-C) cancels the chunks still in flight.
 
@@ -330,9 +335,10 @@ class Client:
                 ``return_exceptions``.
             JobTimeout: a chunk had no result within ``timeout``.
             DeadlinePassed: ``expires`` passed before every chunk was sent.
+            QueueFull: the queue refused a chunk for ``refused_wait_s``; nothing of that chunk was queued.
         """
         stream = self.stream(model_id, priority, expires=expires, max_in_flight=max_in_flight, timeout_s=timeout,
-                             on_event=on_event, callback_url=callback_url)
+                             on_event=on_event, callback_url=callback_url, refused_wait_s=refused_wait_s)
         with translated(self.settings.broker_url):
             for _, outcomes in stream.run((None, batch) for batch in _batched(inputs, chunk_size)):
                 for ok, value in outcomes:
