@@ -104,7 +104,7 @@ def test_the_sender_retries_then_keeps_the_delivery_as_failed(webhook_queue: Web
 
     s = settings.model_copy(update={"webhook_secret": SecretStr(SECRET), "webhook_allowed_hosts": "hooks.test",
                                     "webhook_retry_s": 1.5})
-    sender = WebhookSender(webhook_queue, s, transport=httpx.MockTransport(answer))
+    sender = WebhookSender(webhook_queue, s, transport=httpx.MockTransport(answer), resolve=lambda host: ["10.0.0.7"])
     webhook_queue.enqueue([Delivery("job-1", "http://hooks.test/h", json.dumps({"x": 1}))])
     sender.start()
     try:
@@ -117,6 +117,82 @@ def test_the_sender_retries_then_keeps_the_delivery_as_failed(webhook_queue: Web
     assert count == 1 and failed[0].attempts == 2 and failed[0].last_error == "the receiver answered 503"
     assert [r.headers["webhook-id"] for r in calls] == ["job-1", "job-1"]
     assert calls[0].headers["webhook-signature"].startswith("v1,")
+
+
+def _send_once(webhook_queue: WebhookQueue, settings: Settings, url: str,
+               resolve: Callable[[str], list[str]], allowed: str = "") -> tuple[list[httpx.Request], int]:
+    """One delivery to ``url`` through a sender whose lookups ``resolve`` answers: (the requests it made, the
+    deliveries kept as failed)."""
+    calls: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return httpx.Response(204)
+
+    s = settings.model_copy(update={"webhook_secret": SecretStr(SECRET), "webhook_allowed_hosts": allowed})
+    sender = WebhookSender(webhook_queue, s, transport=httpx.MockTransport(answer), resolve=resolve)
+    webhook_queue.enqueue([Delivery("job-pin", url, "{}")])
+    sender.start()
+    try:
+        wait_for(lambda: webhook_queue.pending() == 0, 10, "the delivery to be settled")
+    finally:
+        sender.stop()
+    return calls, webhook_queue.failed()[0]
+
+
+def test_the_sender_connects_to_the_address_it_checked_under_the_host_s_own_name(
+    webhook_queue: WebhookQueue, settings: Settings
+) -> None:
+    calls, failed = _send_once(webhook_queue, settings, "https://hooks.example:8443/in?x=1",
+                               lambda host: ["93.184.216.34"])
+    [request] = calls
+    assert failed == 0
+    assert str(request.url) == "https://93.184.216.34:8443/in?x=1"
+    assert request.headers["host"] == "hooks.example:8443"
+    assert request.extensions["sni_hostname"] == "hooks.example"  # the certificate is checked against the name
+
+
+def test_a_name_that_rebinds_to_an_internal_address_after_the_check_is_not_followed(
+    webhook_queue: WebhookQueue, settings: Settings
+) -> None:
+    answers = iter([["93.184.216.34"], ["127.0.0.1"], ["127.0.0.1"]])  # public when checked, then this machine
+    looked_up: list[str] = []
+
+    def rebinding(host: str) -> list[str]:
+        looked_up.append(host)
+        return next(answers)
+
+    calls, failed = _send_once(webhook_queue, settings, "http://rebind.example/hook", rebinding)
+    assert looked_up == ["rebind.example"]  # one lookup: the address checked is the address connected to
+    assert [request.url.host for request in calls] == ["93.184.216.34"] and failed == 0
+
+
+def test_an_allow_listed_name_is_pinned_too_and_an_internal_answer_is_refused_without_the_list(
+    webhook_queue: WebhookQueue, settings: Settings
+) -> None:
+    calls, failed = _send_once(webhook_queue, settings, "http://hooks.internal/h", lambda host: ["10.0.0.7"],
+                               allowed="hooks.internal")
+    assert [(r.url.host, r.headers["host"]) for r in calls] == [("10.0.0.7", "hooks.internal")] and failed == 0
+    calls, failed = _send_once(webhook_queue, settings, "http://hooks.internal/h", lambda host: ["10.0.0.7"])
+    assert calls == [] and failed == 1
+    assert "internal address (10.0.0.7)" in (webhook_queue.failed()[1][0].last_error or "")
+
+
+def test_a_pinned_delivery_reaches_a_real_receiver_under_its_name_and_verifies(
+    webhook_queue: WebhookQueue, settings: Settings
+) -> None:
+    receiver = Receiver().start()
+    s = settings.model_copy(update={"webhook_secret": SecretStr(SECRET), "webhook_allowed_hosts": "localhost"})
+    sender = WebhookSender(webhook_queue, s, resolve=lambda host: ["127.0.0.1"])  # the network, one lookup
+    webhook_queue.enqueue([Delivery("job-real", f"http://localhost:{receiver.port}/hook", json.dumps({"ok": 1}))])
+    sender.start()
+    try:
+        [(headers, payload)] = receiver.wait_for(1, 10)
+    finally:
+        sender.stop()
+        receiver.stop()
+    assert headers["host"] == f"localhost:{receiver.port}" and headers["webhook-id"] == "job-real"
+    assert payload == {"ok": 1} and receiver.rejected == 0
 
 
 # -- real workers ------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from config.errors import WebhookRefused
 from tasks.keyspace import Keyspace
@@ -151,11 +151,52 @@ def check_target(
             addresses = resolve(host)
         except OSError as err:
             raise WebhookRefused(url, f"host {host!r} does not resolve ({err})") from None
+    _refuse_internal(url, host, addresses)
+    return host
+
+
+def _refuse_internal(url: str, host: str, addresses: Sequence[str]) -> None:
     private = [a for a in addresses if not _public(a)]
     if private:
         raise WebhookRefused(url, f"host {host!r} is at an internal address ({private[0]}); list the host in "
                                   "SWAPLESS_WEBHOOK_ALLOWED_HOSTS to allow it")
-    return host
+
+
+def connect_address(url: str, allowed: frozenset[str], resolve: Callable[[str], Sequence[str]]) -> str:
+    """The one address a sender connects to for ``url``, checked as ``check_target`` checks it and looked up once:
+    the connection goes to the address that was checked, so a name that resolves to an internal address a moment
+    after the check (DNS rebinding) is never followed. An allow-listed host may be internal; it is pinned too.
+
+    Raises:
+        WebhookRefused: as ``check_target``.
+        OSError: the host does not resolve now (a sender tries again later).
+    """
+    host = check_target(url, allowed)  # what needs no lookup: scheme, user, allow-list, literal and local names
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    addresses = list(resolve(host))
+    if not addresses:
+        raise OSError(f"host {host!r} has no address")
+    if not allowed:
+        _refuse_internal(url, host, addresses)
+    return addresses[0]
+
+
+def pinned(url: str, address: str) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """``url`` sent to ``address``: (the URL to connect to, its ``Host`` header, the request's TLS server name),
+    so the receiver sees its own name and a certificate is checked against it."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        ipaddress.ip_address(host)
+        return url, {}, {}  # a literal address needs no pinning
+    except ValueError:
+        pass
+    at = f"[{address}]" if ":" in address else address
+    netloc = f"{at}:{parts.port}" if parts.port is not None else at
+    return urlunsplit(parts._replace(netloc=netloc)), {"Host": parts.netloc}, {"sni_hostname": host}
 
 
 def resolve_host(host: str) -> list[str]:

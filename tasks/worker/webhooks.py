@@ -38,7 +38,7 @@ from standardwebhooks import Webhook
 
 from config.errors import SwaplessError, WebhookRefused
 from config.settings import Settings
-from tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, check_target, resolve_host
+from tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, connect_address, pinned, resolve_host
 from tasks.protocol import CALLBACK_URL_HEADER, SENT_AT_HEADER, encode_outcome
 
 __all__ = ["WebhookIntake", "WebhookSender", "backoff_s", "job_payload"]
@@ -215,18 +215,23 @@ class WebhookSender:
         if self._signer is None:
             return False, "!SWAPLESS_WEBHOOK_SECRET is not set: the webhook cannot be signed (set it, then replay)"
         try:
-            check_target(delivery.url, self._allowed, self._resolve)
+            address = connect_address(delivery.url, self._allowed, self._resolve)
         except WebhookRefused as err:
             return False, f"!{err}"
+        except OSError as err:
+            return False, f"the host does not resolve ({err})"
+        target, host_header, extensions = pinned(delivery.url, address)
         now = datetime.now(UTC)
         headers = {
             "webhook-id": delivery.id,
             "webhook-timestamp": str(int(now.timestamp())),
             "webhook-signature": self._signer.sign(delivery.id, now, delivery.payload),
+            **host_header,
         }
         assert self._http is not None
         try:
-            response = self._http.post(delivery.url, content=delivery.payload.encode(), headers=headers)
+            response = self._http.post(target, content=delivery.payload.encode(), headers=headers,
+                                       extensions=extensions)
         except httpx.HTTPError as err:
             return False, f"{type(err).__name__}: {err}"
         if 200 <= response.status_code < 300:
