@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from config.errors import InputError
+from tasks.broker.webhooks import Delivery, WebhookQueue
 from tasks.client import Client
 from tests.stack import Stack as GatewayStack
 from tests.stack import run_cli, wait_for, worker_and_gateway
@@ -207,6 +208,27 @@ def test_the_page_shows_the_workers_their_models_and_the_job_counts(
                  if "data-model" in row.attrs}
     assert stack.hostname in placement["sentiment"]["holders"]
     assert "Redis memory" in page.find(id="redis").text
+
+
+def test_the_page_lists_a_webhook_the_worker_could_not_deliver(chromium: str, stack: Stack, tmp_path: Path) -> None:
+    """A delivery queued as a job's result would queue it; this worker has no signing secret, so its sender keeps
+    it as failed at once, and the page says so with what to run."""
+    with Client() as client:
+        WebhookQueue.of(client.redis, client.settings).enqueue(
+            [Delivery("page-hook-job", "http://127.0.0.1:9/hook", "{}")])
+
+    def failed() -> dict[str, Any] | None:
+        hooks = stack.http.get("/status.json").json()["webhooks"]
+        return hooks if hooks["failed"] and hooks["pending"] == 0 else None
+
+    wait_for(failed, 30, what="the worker's sender to keep the delivery as failed")
+    page = parse(browse(chromium, f"{stack.gateway.url}/status?key={KEY}", tmp_path / "profile", "--dump-dom").stdout)
+    box = page.find(id="webhooks")
+    assert box.find(data_field="webhooks").text == (
+        "0 waiting to be delivered, 1 failed after their last retry (swapless webhooks --replay sends them again)")
+    row = cells(box.find("tr", data_webhook="page-hook-job"))
+    assert row["url"] == "http://127.0.0.1:9/hook" and row["attempts"] == "1"
+    assert "SWAPLESS_WEBHOOK_SECRET is not set" in row["last_error"]
 
 
 def test_the_key_stays_out_of_the_logs_and_the_data_requests(chromium: str, stack: Stack, tmp_path: Path) -> None:
