@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from tests.conftest import REPO
+from tests.webhook_receiver import SECRET, Receiver
 
 pytestmark = pytest.mark.slow
 
@@ -246,3 +247,47 @@ def test_no_local_refuses_local_mode_and_uses_the_default_redis(local_env: dict[
         if left:
             default.delete(*left)
         default.close()
+
+
+def test_a_local_run_sends_one_signed_webhook_when_it_ends(local_env: dict[str, str], tmp_path: Path) -> None:
+    receiver = Receiver().start()
+    env = {**local_env, "SWAPLESS_WEBHOOK_SECRET": SECRET, "SWAPLESS_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1"}
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": f"a fine day {i}"}) + "\n" for i in range(30)) + '{"text": ""}\n')
+    out = tmp_path / "out.jsonl"
+    try:
+        cli = Cli(["bulk", "sentiment", str(source), "-o", str(out), "--chunk-size", "8", "--allow-failures",
+                   "--callback-url", receiver.url], env, tmp_path / "log")
+        status, _, log = cli.finish()
+        [(headers, payload)] = receiver.wait_for(1, 5)
+    finally:
+        receiver.stop()
+    assert status == 0, log
+    assert receiver.rejected == 0 and headers["webhook-id"].startswith("bulk-")
+    assert f"bulk: the run's webhook ({headers['webhook-id']}) was delivered to {receiver.url}" in log
+    assert payload["type"] == "bulk.completed"
+    data = payload["data"]
+    assert (data["model"], data["output"], data["records"], data["ok"], data["failed"]) == (
+        "sentiment", str(out), 31, 30, 1)
+    assert data["complete"] is True and data["stopped"] is None and data["this_run"] == 31
+    cli.assert_nothing_left()
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed", "says"),
+    [("http://10.0.0.1/hook", "", "internal address (10.0.0.1)"),
+     ("https://other.example/hook", "hooks.example", "'other.example' is not in SWAPLESS_WEBHOOK_ALLOWED_HOSTS")],
+)
+def test_a_callback_url_the_workers_would_refuse_stops_the_run_before_it_starts(
+    local_env: dict[str, str], tmp_path: Path, url: str, allowed: str, says: str
+) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "never sent"}\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", "bulk", "sentiment", str(source), "-o", str(tmp_path / "out.jsonl"),
+         "--callback-url", url], cwd=REPO, env={**local_env, "SWAPLESS_WEBHOOK_ALLOWED_HOSTS": allowed},
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1 and "local mode" not in done.stderr
+    assert not (tmp_path / "out.jsonl").exists()

@@ -83,9 +83,11 @@ def _local_env(input_path: Path | None) -> dict[str, str]:
 
 
 def _run_bulk(
-    job: BulkJob, settings: Settings, *, local: bool, progress: str | None, log_every_s: float, allow_failures: bool
+    job: BulkJob, settings: Settings, *, local: bool, progress: str | None, log_every_s: float, allow_failures: bool,
+    callback_url: str | None = None,
 ) -> None:
-    """Run a BulkJob from the command line (in local mode or against the configured Redis) and exit with its status."""
+    """Run a BulkJob from the command line (in local mode or against the configured Redis) and exit with its status;
+    with ``callback_url``, queue the run's webhook once it ends (``tasks.cli.run_webhook``)."""
     from config.errors import BulkFileError, ConfigError, UnknownModel
     from tasks.cli.local import LocalSwapless
     from tasks.client import Client
@@ -119,8 +121,12 @@ def _run_bulk(
                 summary = runner.run()
             except (BulkFileError, ConfigError, UnknownModel) as err:
                 fail(err)  # nothing was sent
+            except (KeyboardInterrupt, Exception) as err:  # noqa: BLE001 - reported below, after the webhook
+                stopped_by = err
             finally:
                 summary = runner.summary
+            if callback_url is not None and summary is not None:
+                _send_run_webhook(client, callback_url, job, summary, stopped_by, local=local)
     except typer.Exit:
         raise
     except KeyboardInterrupt as err:
@@ -139,6 +145,23 @@ def _run_bulk(
     _print_summary(job, summary)
     if summary is not None and summary.failed and not allow_failures:
         raise typer.Exit(1)
+
+
+def _send_run_webhook(
+    client: Any, url: str, job: BulkJob, summary: BulkSummary, stopped_by: BaseException | None, *, local: bool
+) -> None:
+    from tasks.cli.run_webhook import queue_run_webhook
+
+    stopped = None
+    if isinstance(stopped_by, KeyboardInterrupt):
+        stopped = "interrupted"
+    elif stopped_by is not None:
+        stopped = f"stopped by an error: {translate(stopped_by, client.settings.broker_url)}"
+    try:
+        err_console.print(queue_run_webhook(client, url, job, summary, stopped, local=local), highlight=False)
+    except Exception as err:  # noqa: BLE001 - Redis gone: the run's own outcome is reported next
+        err_console.print(f"bulk: the run's webhook to {url} could not be queued: "
+                          f"{translate(err, client.settings.broker_url)}", highlight=False)
 
 
 def _print_summary(job: BulkJob, summary: BulkSummary | None, stopped: str | None = None) -> None:
@@ -202,14 +225,24 @@ def bulk(
     log_every: Annotated[
         float, typer.Option(min=0.1, help="seconds between progress lines when not on a terminal")
     ] = 10.0,
+    callback_url: Annotated[
+        str | None,
+        typer.Option(help="a URL that gets one signed webhook when the run ends (see SWAPLESS_WEBHOOK_SECRET)"),
+    ] = None,
     models: ModelsOption = None,
 ) -> None:
     """Classify every record of a JSONL/CSV file into a JSONL file, in input order; rerun to resume."""
+    from tasks.cli.run_webhook import check_callback_url
     from tasks.client.bulk import BulkJob
 
     settings = settings_with(models_file=models)
     if progress not in ("auto", "bar", "log", "none"):
         fail(ValueError(f"--progress must be auto, bar, log or none, not {progress!r}"))
+    if callback_url is not None:
+        try:
+            check_callback_url(callback_url, settings.webhook_allowed_hosts)
+        except SwaplessError as err:
+            fail(err)
     try:
         deadline = parse_deadline(expires) if expires is not None else None
     except ValueError as err:
@@ -220,7 +253,7 @@ def bulk(
     )
     use_local = local if local is not None else settings.redis_url is None
     _run_bulk(job, settings, local=use_local, progress=None if progress == "auto" else progress,
-              log_every_s=log_every, allow_failures=allow_failures)
+              log_every_s=log_every, allow_failures=allow_failures, callback_url=callback_url)
 
 
 def _ensure_demo_models(directory: Path) -> Path:
