@@ -292,3 +292,50 @@ def test_a_worker_killed_between_storing_and_queueing_still_sends_the_webhook(
         receiver.stop()
     assert headers["webhook-id"] == job.id and payload["data"]["result"] == job.get(timeout=5)
     assert all(h["webhook-id"] == job.id for h, _ in more)  # maybe twice: the same id
+
+
+@pytest.mark.slow
+def test_map_sends_one_webhook_per_chunk(
+    hook_env: dict[str, str], client: Client, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    start_worker()
+    receiver = Receiver().start()
+    try:
+        texts = [f"mapped {i}" for i in range(7)]
+        answers = list(client.map("spam", texts, chunk_size=3, callback_url=receiver.url))
+        got = receiver.wait_for(3, 30)
+    finally:
+        receiver.stop()
+    assert len(answers) == 7 and receiver.rejected == 0
+    assert len({headers["webhook-id"] for headers, _ in got}) == 3  # one per chunk, each its own id
+    sizes = sorted(len(payload["data"]["result"]) for _, payload in got)
+    assert sizes == [1, 3, 3] and all(payload["type"] == "job.succeeded" for _, payload in got)
+
+
+@pytest.mark.slow
+def test_the_gateway_takes_a_callback_url_and_refuses_one_the_workers_would_refuse(
+    redis_url: str, models_file: Path, tmp_path: Path
+) -> None:
+    from tests.stack import worker_and_gateway
+
+    receiver = Receiver().start()
+    try:
+        with (
+            worker_and_gateway(redis_url, models_file, tmp_path, "hooks@%h", **HOOK_ENV) as (_, _, gateway),
+            httpx.Client(base_url=gateway.url, timeout=60) as http,
+        ):
+            queued = http.post("/jobs", json={"model_id": "spam", "input": "hooked", "callback_url": receiver.url})
+            answered = http.post("/predict", json={"model_id": "spam", "input": "hooked too",
+                                                   "callback_url": receiver.url})
+            assert (queued.status_code, answered.status_code) == (202, 200), (queued.text, answered.text)
+            got = {headers["webhook-id"]: payload for headers, payload in receiver.wait_for(2, 30)}
+            assert queued.json()["job_id"] in got and answered.json()["job_id"] in got
+            for url, says in [("http://10.0.0.1/hook", "is not in SWAPLESS_WEBHOOK_ALLOWED_HOSTS"),
+                              ("ftp://127.0.0.1/hook", "http:// or https:// URL")]:
+                for path in ("/jobs", "/predict"):
+                    refused = http.post(path, json={"model_id": "spam", "input": "x", "callback_url": url})
+                    assert refused.status_code == 422, refused.text
+                    assert says in refused.json()["detail"] and "Traceback" not in refused.text
+    finally:
+        receiver.stop()
+    assert receiver.rejected == 0 and len(receiver.received) == 2  # nothing of a refused job was sent
