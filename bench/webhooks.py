@@ -1,17 +1,21 @@
-"""What a webhook costs per job: a real ``swapless worker`` (one tiny BERT on the CPU) runs the same stream of jobs
-without and with a ``callback_url`` to a local receiver that answers 200 at once, three repetitions each, in one run.
+"""What a webhook costs per job: a real ``swapless worker`` runs the same stream of jobs without and with a
+``callback_url`` to a local receiver that answers 200 at once, alternating, three repetitions each, in one run.
 
-    python -m bench.webhooks [--jobs 2000] [--repeat 3]
+    python -m bench.webhooks [--jobs 2000] [--repeat 3] [--model zero|bert]
 
-Prints, per repetition: the jobs' throughput (submit to the last result), the worker's CPU per job (psutil), and with
-webhooks the time until the last webhook arrived. Needs Redis (``SWAPLESS_REDIS_URL``, default 127.0.0.1:6379/0;
-the run's keys live under a fresh prefix and are deleted after).
+``zero`` (the default) is a simulated model whose load and forward pass cost nothing (``bench.simulated``): what is
+left is the queue's own work per job, so the webhook's share (queueing the delivery, signing, the POST from the
+sender thread) shows. ``bert`` is a tiny BERT on the CPU, whose cost swamps the webhook's. Prints per repetition the
+jobs' throughput (submit to the last result), the worker's CPU per job (psutil, its sender thread included) and,
+with webhooks, the time until the last webhook arrived; then the medians and the difference per job. Needs Redis
+(``SWAPLESS_REDIS_URL``, default 127.0.0.1:6379/0; the run's keys live under a fresh prefix and are deleted after).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import threading
 import time
@@ -56,13 +60,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--model", choices=("zero", "bert"), default="zero")
     args = parser.parse_args()
     url = os.environ.get("SWAPLESS_REDIS_URL", "redis://127.0.0.1:6379/0")
-    models = build_models(OUT / "webhook-models", text_models=[("mini", "bert", "mini")], image_models=())
+    if args.model == "bert":
+        models = build_models(OUT / "webhook-models", text_models=[("mini", "bert", "mini")], image_models=())
+        described = "tiny BERT on the CPU"
+    else:
+        from bench.simulated import simulated_entry
+        from manager.demo.tiny import write_models_file
+
+        (OUT / "webhook-zero").mkdir(parents=True, exist_ok=True)
+        models = write_models_file(OUT / "webhook-zero", [simulated_entry("mini", 0.0, 0.0, 0.0)])
+        described = "simulated model that costs nothing"
     prefix = fresh_prefix("webhooks")
     env = {"SWAPLESS_REDIS_URL": url, "SWAPLESS_KEY_PREFIX": prefix, "SWAPLESS_QUEUE": prefix + "jobs",
            "SWAPLESS_MODELS_FILE": str(models), "SWAPLESS_DEVICE": "cpu", "SWAPLESS_WARM_START": "false",
-           "SWAPLESS_WEBHOOK_SECRET": SECRET, "SWAPLESS_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1"}
+           "SWAPLESS_WEBHOOK_SECRET": SECRET, "SWAPLESS_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
+           "SWAPLESS_PLUGINS": "bench.simulated"}
     os.environ.update(env)
     counter = _Counter()
     server = _receiver(counter)
@@ -98,11 +113,19 @@ def main() -> None:
         worker.stop()
         server.shutdown()
         cleanup(redis.Redis.from_url(url), prefix)
-    print(f"\n{args.jobs} jobs per run, tiny BERT on the CPU, one worker, receiver on this machine\n")
+    print(f"\n{args.jobs} jobs per run, {described}, one worker, receiver on this machine\n")
     print("| run | jobs/s | worker CPU ms/job | last webhook after (s) |")
     print("|---|---|---|---|")
     for name, rate, cpu_ms, delivered in rows:
         print(f"| {name} | {rate:.0f} | {cpu_ms:.3f} | {'' if delivered is None else f'{delivered:.2f}'} |")
+    medians = {name: (statistics.median(r[1] for r in rows if r[0] == name),
+                      statistics.median(r[2] for r in rows if r[0] == name))
+               for name in ("baseline", "with callback_url")}
+    (base_rate, base_cpu), (hook_rate, hook_cpu) = medians["baseline"], medians["with callback_url"]
+    print(f"| median, baseline | {base_rate:.0f} | {base_cpu:.3f} | |")
+    print(f"| median, with callback_url | {hook_rate:.0f} | {hook_cpu:.3f} | |")
+    print(f"\na webhook costs {hook_cpu - base_cpu:+.3f} ms of worker CPU per job; "
+          f"throughput {hook_rate / base_rate:.2f} of the baseline's")
 
 
 if __name__ == "__main__":
