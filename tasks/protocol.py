@@ -6,7 +6,9 @@ Plain data and pure functions: importing this module builds no Celery app and co
 
 A job is a Celery protocol-2 message to ``PREDICT_TASK`` with args ``[model_id, input]``; a chunk is one to
 ``CHUNK_TASK`` with args ``[model_id, [input, ...]]``, whose items have the ids ``"<chunk id>:<index>"`` and whose
-one stored result is a list of ``encode_outcome`` dicts in input order::
+one stored result is a list of ``encode_outcome`` dicts in input order. The model id may instead be the keyword
+``model_id``, with the input the one positional arg (``args=[input], kwargs={"model_id": m}``): that is how a Celery
+chain's next step gets the previous step's result as its input (``normal_args``)::
 
     [{"ok": <prediction>}, {"error": "bad input for model 'sentiment': empty text ...", "type": "InputError",
       "args": ["sentiment", "empty text ..."]}, ...]
@@ -40,6 +42,7 @@ __all__ = [
     "is_urgent",
     "item_id",
     "message_args",
+    "normal_args",
     "priority_level",
     "read_payload",
     "split_item_id",
@@ -86,17 +89,33 @@ def is_urgent(level: int | None) -> bool:
     return level is None or level < PRIORITY_BULK
 
 
+def normal_args(args: Any, kwargs: Any) -> list[Any] | None:
+    """``[model_id, value]`` from a job's or chunk's args and kwargs: ``args=[model_id, value]`` and no kwargs, or
+    ``kwargs={"model_id": m}`` with ``args=[value]`` (a chain's next step: Celery puts the previous result first)
+    or ``kwargs={"model_id": m, "input": value}``; None for any other shape."""
+    if not isinstance(args, (list, tuple)):
+        return None
+    if not kwargs:
+        return list(args) if len(args) == 2 else None
+    if not isinstance(kwargs, dict) or set(kwargs) - {"model_id", "input"} or "model_id" not in kwargs:
+        return None
+    if "input" in kwargs:
+        return [kwargs["model_id"], kwargs["input"]] if not args else None
+    return [kwargs["model_id"], args[0]] if len(args) == 1 else None
+
+
 def message_args(message: dict[str, Any]) -> list[Any] | None:
     """The task args of a kombu message as it lies in Redis (``{"body": base64 of [args, kwargs, embed], ...}``):
-    ``[model_id, input]`` for a job, ``[model_id, [input, ...]]`` for a chunk; None when they cannot be read."""
+    ``[model_id, input]`` for a job, ``[model_id, [input, ...]]`` for a chunk (``normal_args``); None when they
+    cannot be read."""
     try:
         body = message["body"]
         if message.get("properties", {}).get("body_encoding") == "base64":
             body = base64.b64decode(body)
-        args = json.loads(body)[0]
+        args, kwargs = json.loads(body)[:2]
     except (ValueError, KeyError, IndexError, TypeError, AttributeError, binascii.Error):
         return None
-    return args if isinstance(args, list) and len(args) == 2 else None
+    return normal_args(args, kwargs)
 
 
 def item_id(chunk_id: str, index: int) -> str:
@@ -127,11 +146,13 @@ def read_payload(request: Any, kind: str, expected: str) -> tuple[str, Any, bool
         expected: the args' shape, for the message (``[model_id, input]``).
 
     Raises:
-        InputError: the args are not two values, there are kwargs, or the model id is not a string.
+        InputError: the args are neither ``expected`` nor ``[value]`` with the keyword ``model_id``
+            (``normal_args``), or the model id is not a string.
     """
-    args = request.args
-    if not isinstance(args, (list, tuple)) or len(args) != 2 or request.kwargs:
-        raise InputError("?", f"malformed {kind} payload: expected args {expected} and no kwargs")
+    args = normal_args(request.args, request.kwargs)
+    if args is None:
+        raise InputError("?", f"malformed {kind} payload: expected args {expected} and no kwargs, or args [value] "
+                              "and the keyword model_id")
     model_id, value = args
     if not isinstance(model_id, str):
         raise InputError("?", f"malformed {kind} payload: model id must be a string, not {type(model_id).__name__}")

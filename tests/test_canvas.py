@@ -53,6 +53,11 @@ def _sig(plain: Celery, name: str, *args: Any, **options: Any) -> Any:
     return plain.signature(name, args=list(args), **options)
 
 
+def _next(plain: Celery, model_id: str) -> Any:
+    """A ``swapless.predict`` step whose input is the result of the step before it."""
+    return plain.signature(PREDICT_TASK, kwargs={"model_id": model_id})
+
+
 @pytest.mark.parametrize("intake", ["lean", "task-events"])
 def test_chain_chord_link_and_link_error_run_against_a_real_swapless_worker(
     intake: str, canvas_env: dict[str, str], start_worker: Callable[..., WorkerProcess], post_worker: CeleryWorker
@@ -89,6 +94,9 @@ def _run_every_shape(plain: Celery) -> None:
     errback = _sig(plain, "post.failed").freeze()
     failing = predict("no-such-model", "x").apply_async(link_error=_sig(plain, "post.failed", task_id=errback.id))
     broken_chain = chain(predict("no-such-model", "y"), _sig(plain, "post.top")).apply_async()
+    # a Swapless step fed by the step before it: the model id as a keyword, the previous result as the input
+    fed = chain(predict("sentiment", "fed forward"), _sig(plain, "post.top"), _next(plain, "spam")).apply_async()
+    misfed = chain(predict("sentiment", "a list is not a text"), _next(plain, "spam")).apply_async()
     chunk_link = _sig(plain, "post.chunk_top").freeze()
     _sig(plain, CHUNK_TASK, "spam", ["one", "two", "three"]).apply_async(
         link=_sig(plain, "post.chunk_top", task_id=chunk_link.id))
@@ -106,3 +114,7 @@ def _run_every_shape(plain: Celery) -> None:
     broken_chain.get(timeout=WAIT_S, propagate=False)
     assert broken_chain.state == "FAILURE" and "no-such-model" in str(broken_chain.result)
     assert len(plain.AsyncResult(chunk_link.id).get(timeout=WAIT_S)) == 3
+    assert fed.get(timeout=WAIT_S)[0]["label"] in {"ham", "spam"}
+    assert fed.parent.get(timeout=WAIT_S) in {"POSITIVE", "NEGATIVE"}  # what the spam step classified
+    misfed.get(timeout=WAIT_S, propagate=False)
+    assert misfed.state == "FAILURE" and "this is a text model; send a string" in str(misfed.result), misfed.result
