@@ -8,8 +8,9 @@
    and routes as ``swapless bulk``), with the completion window's end as the chunks' deadline, its output fsynced
    per chunk; a takeover resumes each group from its output, so no request is written twice and none is skipped.
    The counts in Redis follow each chunk. Between waits the driver renews its lease and looks for a cancel.
-3. **finalizing**: the groups' outputs become the output file (the requests that succeeded) and the error file
-   (those that failed; on expiry, also those never started), in the file store; then the final status.
+3. **finalizing**: the output file (the requests that succeeded) and the error file (those that failed; on expiry,
+   also those never started), written in OpenAI's shape as each chunk came in, get their last lines and go to the
+   file store; then the final status.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ from typing import IO, Any
 
 from config.errors import DeadlinePassed, InputError
 from config.settings import Settings
+from manager.registry.specs import ModelSpec
 from manager.registry.store import ModelStore
 from tasks.client.bulk import BulkJob, BulkRun, ChunkSource
 from tasks.client.progress import NullProgress
 from tasks.gateway.auth import Caller
 from tasks.gateway.batches.files import FileStore
-from tasks.gateway.batches.lines import error_line, output_line, parse_line
+from tasks.gateway.batches.lines import parse_line
+from tasks.gateway.batches.shaping import Shaper
 from tasks.gateway.batches.state import BatchStatus, BatchStore
 from tasks.gateway.errors import BadBatchFile
 from tasks.gateway.keys import KeyRule
@@ -45,7 +48,6 @@ __all__ = ["BatchDriver", "LeaseLost", "Stopped", "file_id_for"]
 logger = logging.getLogger(__name__)
 
 _CANCEL_CHECK_S = 0.5
-_EXPIRED = "the batch's completion window ended before this request was started"
 
 
 class LeaseLost(Exception):
@@ -81,14 +83,16 @@ class _Group:
 
 
 class _Counts(NullProgress):
-    """A bulk run's progress, as the batch's counts in Redis (the earlier groups' added)."""
+    """A bulk run's progress, as the batch's counts in Redis (the earlier groups' added); each chunk's lines are
+    written in OpenAI's shape as they come (``Shaper``), while the next chunks compute."""
 
-    def __init__(self, driver: BatchDriver, ok: int, failed: int) -> None:
-        self.driver, self.ok, self.failed = driver, ok, failed
+    def __init__(self, driver: BatchDriver, ok: int, failed: int, shaper: Shaper, group: _Group) -> None:
+        self.driver, self.ok, self.failed, self.shaper, self.group = driver, ok, failed, shaper, group
 
     def update(self, records: int, failed: int) -> None:
         self.driver.store.update(self.driver.batch_id, completed=self.ok + records - failed,
                                  failed=self.failed + failed)
+        self.shaper.catch_up(self.group.index, self.group.model, self.group.output_name)
         self.driver.check()
 
 
@@ -115,6 +119,8 @@ class BatchDriver:
         self.models, self.settings, self.work, self.runner_id = models, settings, work_dir, runner_id
         self.stop, self.max_in_flight = stop, max_in_flight
         self._renewed = self._looked = time.monotonic()
+        self._shaper = Shaper(batch_id, work_dir)
+        self._decided: dict[str, tuple[str, tuple[str, str, int] | None, ModelSpec | None]] = {}
 
     def check(self) -> None:
         """Renew the lease every third of it, and look for a cancel (called between waits and after each chunk).
@@ -223,31 +229,46 @@ class BatchDriver:
         except BadBatchFile as err:
             return f"line-{number}", "", "", None, None, ("BadBatchFile", str(err), 400)
         job = line.job
-        model = job.model_id
-        refusal: tuple[str, str, int] | None = None
-        if not caller.may_call(self.models, model):
-            refusal = ("ModelForbidden", caller.refusal(model), 403)
-        elif not self.models.is_route(model) and model not in self.models:
-            known = ", ".join(self.models.ids())
-            refusal = ("UnknownModel", f"unknown model {model!r} (known: {known})", 404)
-        elif not self.models.is_route(model):
-            model = self.models.resolve(model)
+        model, refusal, spec = self._model(job.model_id, caller)
+        if refusal is None and spec is not None:
             try:
-                check_input(self.models.get(model), job.input, self.settings)
+                check_input(spec, job.input, self.settings)
             except InputError as err:
                 refusal = ("InputError", str(err), 422)
         return line.custom_id, model, job.priority, job.input, job.key, refusal
+
+    def _model(self, name: str, caller: Caller) -> tuple[str, tuple[str, str, int] | None, ModelSpec | None]:
+        """What a line naming model ``name`` runs on: (the model or route, why every such line fails, the spec its
+        inputs are checked against: None for a route). Decided once per name for the whole file."""
+        known = self._decided.get(name)
+        if known is not None:
+            return known
+        decided: tuple[str, tuple[str, str, int] | None, ModelSpec | None]
+        if not caller.may_call(self.models, name):
+            decided = (name, ("ModelForbidden", caller.refusal(name), 403), None)
+        elif self.models.is_route(name):
+            decided = (name, None, None)
+        elif name not in self.models:
+            listed = ", ".join(self.models.ids())
+            decided = (name, ("UnknownModel", f"unknown model {name!r} (known: {listed})", 404), None)
+        else:
+            resolved = self.models.resolve(name)
+            decided = (resolved, None, self.models.get(resolved))
+        self._decided[name] = decided
+        return decided
 
     # -- in progress -------------------------------------------------------------------------------------------
 
     def _run_groups(self, groups: list[_Group], deadline: datetime) -> BatchStatus:
         ok = 0
         failed = _count_lines(self.work / "prefailed.jsonl")
+        self._shaper.start()
         for group in groups:
             job = BulkJob(group.model, self.work / group.input_name, self.work / group.output_name, field="input",
                           id_field="custom_id", key_field="key", fmt="jsonl", priority=group.priority,
                           max_in_flight=self.max_in_flight, expires=deadline)
-            run = BulkRun(job, self.client, progress=_Counts(self, ok, failed), watchdog=self.check)
+            progress = _Counts(self, ok, failed, self._shaper, group)
+            run = BulkRun(job, self.client, progress=progress, watchdog=self.check)
             try:
                 summary = run.run()
             except DeadlinePassed:
@@ -261,20 +282,20 @@ class BatchDriver:
     def _finalize(self, groups: list[_Group], ending: BatchStatus) -> None:
         if ending is not BatchStatus.CANCELLED:
             self.store.set_status(self.batch_id, BatchStatus.FINALIZING)
-        out_path, err_path = self.work / "output.jsonl", self.work / "errors.jsonl"
-        ok = failed = 0
-        with out_path.open("w", encoding="utf-8") as out, err_path.open("w", encoding="utf-8") as errors:
-            for custom_id, success, value, type_name, status in self._outcomes(groups, ending):
-                if success:
-                    out.write(output_line(self.batch_id, custom_id, type_name, value))
-                    ok += 1
-                else:
-                    errors.write(error_line(self.batch_id, custom_id, type_name, str(value), status))
-                    failed += 1
+        shaper = self._shaper
+        try:
+            shaper.ensure_started()
+            for group in groups:
+                done = shaper.catch_up(group.index, group.model, group.output_name)
+                if ending is BatchStatus.EXPIRED:
+                    shaper.expired(group.input_name, done)
+        finally:
+            shaper.close()
         batch = self.store.get(self.batch_id) or {}
         owner = batch.get("owner", "")
-        fields: dict[str, Any] = {"completed": ok, "failed": failed}
-        for path, kind, field in ((out_path, "output", "output_file_id"), (err_path, "errors", "error_file_id")):
+        fields: dict[str, Any] = {"completed": shaper.ok, "failed": shaper.failed}
+        for path, kind, field in ((shaper.out_path, "output", "output_file_id"),
+                                  (shaper.err_path, "errors", "error_file_id")):
             if path.stat().st_size:
                 file_id = file_id_for(self.batch_id, kind)
                 self.files.put(path, file_id=file_id, filename=f"{self.batch_id}_{kind}.jsonl",
@@ -287,23 +308,6 @@ class BatchDriver:
         self.store.set_status(self.batch_id, ending)
         shutil.rmtree(self.work, ignore_errors=True)
         logger.info("batch %s %s", self.batch_id, ending.value)
-
-    def _outcomes(self, groups: list[_Group], ending: BatchStatus) -> Iterator[tuple[str, bool, Any, str, int | None]]:
-        """``(custom_id, ok, result or message, model or error type, status)`` of every request with an outcome."""
-        for bulk in _read_jsonl(self.work / "prefailed.jsonl"):
-            yield bulk["key"], False, bulk["error"], bulk["type"], bulk.get("status")
-        for group in groups:
-            done = 0
-            for bulk in _read_jsonl(self.work / group.output_name):
-                done += 1
-                if bulk["ok"]:
-                    yield bulk["key"], True, bulk["result"], group.model, None
-                else:
-                    yield bulk["key"], False, bulk["error"], bulk["type"], None
-            if ending is BatchStatus.EXPIRED:
-                for index, record in enumerate(_read_jsonl(self.work / group.input_name)):
-                    if index >= done:
-                        yield record["custom_id"], False, _EXPIRED, "JobExpired", None
 
 
 class _InputGone(Exception):
@@ -322,16 +326,6 @@ def _caller(batch: dict[str, str]) -> Caller:
 def _bulk_failure(custom_id: str, type_name: str, message: str, status: int) -> bytes:
     record = {"ok": False, "key": custom_id, "error": message, "type": type_name, "status": status}
     return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
-
-
-def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    try:
-        with path.open("rb") as file:
-            for line in file:
-                if line.endswith(b"\n"):  # a partial last line (a crash mid-write) is not an outcome
-                    yield json.loads(line)
-    except FileNotFoundError:
-        return
 
 
 def _count_lines(path: Path) -> int:
