@@ -83,6 +83,7 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_BATCH_MAX_WINDOW_S     | 86400 s (24 h)             | the longest ``completion_window`` a batch may ask for (``24h``, ``90m``, ``30s``); lines not started by its end are answered expired |
 | SWAPLESS_BATCH_RUNNER           | true                       | ``swapless serve`` drives batches itself (a runner thread); false: only ``swapless batches`` processes do |
 | SWAPLESS_BATCH_MAX_ACTIVE       | 4 batches                  | batches one process drives at once; more wait for a free slot, in any process |
+| SWAPLESS_BATCH_WEBHOOK_URL      | unset                      | where every batch's end is posted (`batch.completed`, `batch.failed`, `batch.expired`, `batch.cancelled`), signed as job webhooks are, unless the batch names its own `callback_url` |
 | SWAPLESS_BATCH_LEASE_S          | 30 s                       | a driver's lease on a batch, renewed every third of it; a driver gone this long (killed) has its batch taken over by another runner, resuming from what it wrote |
 """
 
@@ -229,6 +230,7 @@ class Settings(BaseSettings):
     batch_runner: bool = True
     batch_max_active: int = Field(4, ge=1)
     batch_lease_s: float = Field(30.0, ge=1.0)
+    batch_webhook_url: str | None = None
 
     @field_validator("memory_budget_bytes", mode="before")
     @classmethod

@@ -21,6 +21,7 @@ from tasks.gateway.batches.upload import LineWriter, MultipartReader, boundary_o
 from tasks.gateway.errors import BadBatch, BadBatchFile
 from tests.conftest import WorkerProcess
 from tests.stack import GatewayProcess, private_env, wait_for
+from tests.webhook_receiver import SECRET, Receiver
 
 FULL = "batch-full-key-" + "f" * 20
 LIMITED = "batch-spam-key-" + "s" * 20
@@ -155,7 +156,8 @@ class Deployment:
 def deployment(redis_url: str, models_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     root = tmp_path_factory.mktemp("batches")
     extra = {"SWAPLESS_API_KEYS": f"{FULL},{LIMITED}:spam", "SWAPLESS_BATCH_FILES_URL": str(root / "files"),
-             "SWAPLESS_BATCH_LEASE_S": "3"}
+             "SWAPLESS_BATCH_LEASE_S": "3", "SWAPLESS_WEBHOOK_SECRET": SECRET,
+             "SWAPLESS_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1"}
     with private_env(redis_url, models_file, **extra) as env:
         deployment = Deployment(env, root)
         try:
@@ -286,3 +288,40 @@ def test_a_batch_survives_a_gateway_kill_and_a_worker_kill(deployment: Deploymen
     ids = [line["custom_id"] for line in _lines(client, done.output_file_id)]
     assert len(ids) == total and set(ids) == {f"k{i}" for i in range(total)}  # no duplicate, none missing
     assert time.time() - done.created_at < 300
+
+
+@pytest.mark.slow
+def test_a_batch_past_its_window_expires_and_its_end_is_posted_signed(deployment: Deployment, tmp_path: Path) -> None:
+    from openai import UnprocessableEntityError
+
+    client = deployment.client(deployment.gateways[-1])
+    receiver = Receiver().start()
+    try:
+        small = [request_line(f"w{i}", "spam", f"hooked {i}") for i in range(20)]
+        done_batch = client.batches.create(input_file_id=_upload(client, tmp_path, small).id, endpoint="/predict",
+                                           completion_window="1h", extra_body={"callback_url": receiver.url},
+                                           metadata={"run": "hooked"})
+        total = 20_000
+        lines = [request_line(f"e{i}", "sentiment", f"a long enough review, number {i}") for i in range(total)]
+        expiring = client.batches.create(input_file_id=_upload(client, tmp_path, lines).id, endpoint="/predict",
+                                         completion_window="3s", extra_body={"callback_url": receiver.url})
+        done, expired = _wait_final(client, done_batch.id), _wait_final(client, expiring.id)
+        events = {payload["data"]["id"]: (headers, payload) for headers, payload in receiver.wait_for(2, 30)}
+        with pytest.raises(UnprocessableEntityError) as refused:
+            client.batches.create(input_file_id=_upload(client, tmp_path, small).id, endpoint="/predict",
+                                  completion_window="1h", extra_body={"callback_url": "http://10.0.0.1/hook"})
+    finally:
+        receiver.stop()
+    assert done.status == "completed" and expired.status == "expired", (done, expired)
+    counts = expired.request_counts
+    assert counts.total == total and counts.completed + counts.failed == total and counts.failed > 0
+    errors = _lines(client, expired.error_file_id)
+    assert len(errors) == counts.failed and {line["error"]["code"] for line in errors} == {"JobExpired"}
+    assert len(_lines(client, expired.output_file_id)) == counts.completed
+    assert receiver.rejected == 0  # every event verified with the same library
+    headers, event = events[done.id]
+    assert event["object"] == "event" and event["type"] == "batch.completed" and headers["webhook-id"] == event["id"]
+    assert event["data"]["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
+    assert event["data"]["output_file_id"] == done.output_file_id and event["data"]["metadata"] == {"run": "hooked"}
+    assert events[expired.id][1]["type"] == "batch.expired"
+    assert "SWAPLESS_WEBHOOK_ALLOWED_HOSTS" in str(refused.value.body)

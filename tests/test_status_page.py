@@ -130,7 +130,8 @@ def stack(redis_url: str, models_file: Path, tmp_path_factory: pytest.TempPathFa
     plain client: the gateway refuses it), 1 expired
     and 1 cancelled (sent while the worker was frozen)."""
     logs = tmp_path_factory.mktemp("status-page")
-    extra = {"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5", "SWAPLESS_API_KEYS": f"{KEY},{SPAM_ONLY}:spam"}
+    extra = {"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5", "SWAPLESS_API_KEYS": f"{KEY},{SPAM_ONLY}:spam",
+             "SWAPLESS_BATCH_FILES_URL": str(logs / "files")}
     with (
         worker_and_gateway(redis_url, models_file, logs, "page@%h", "--log-level", "info", **extra) as (
             env,
@@ -172,7 +173,8 @@ def test_status_json_is_what_swapless_status_json_prints(stack: Stack) -> None:
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
     data = served.json()
-    assert sorted(data) == sorted(printed) == ["models", "now", "queue", "redis", "shadow", "webhooks", "workers"]
+    assert sorted(data) == sorted(printed) == ["batches", "models", "now", "queue", "redis", "shadow",
+                                                              "webhooks", "workers"]
     assert [m["model_id"] for m in data["models"]] == [m["model_id"] for m in printed["models"]]
     assert data["queue"] == printed["queue"]
     [beat], [printed_beat] = data["workers"], printed["workers"]
@@ -229,6 +231,34 @@ def test_the_page_lists_a_webhook_the_worker_could_not_deliver(chromium: str, st
     row = cells(box.find("tr", data_webhook="page-hook-job"))
     assert row["url"] == "http://127.0.0.1:9/hook" and row["attempts"] == "1"
     assert "SWAPLESS_WEBHOOK_SECRET is not set" in row["last_error"]
+
+
+def test_the_page_and_swapless_status_list_a_batch_with_its_progress(
+    chromium: str, stack: Stack, tmp_path: Path
+) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=stack.gateway.url + "/v1", api_key=KEY, max_retries=0, timeout=30)
+    source = tmp_path / "batch.jsonl"
+    source.write_text("".join(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/predict",
+                                          "body": {"model_id": "spam", "input": f"batch {i}"}}) + "\n"
+                              for i in range(12)))
+    with source.open("rb") as file:
+        upload = client.files.create(file=file, purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/predict", completion_window="1h",
+                                  metadata={"secret": "never on the page"})
+    wait_for(lambda: client.batches.retrieve(batch.id).status == "completed", 60, what="the batch to complete")
+    [listed] = [b for b in stack.http.get("/status.json").json()["batches"]["batches"] if b["id"] == batch.id]
+    assert (listed["status"], listed["total"], listed["completed"], listed["failed"]) == ("completed", 12, 12, 0)
+    assert "metadata" not in listed and "owner" not in listed
+    page = parse(browse(chromium, f"{stack.gateway.url}/status?key={KEY}", tmp_path / "profile", "--dump-dom").stdout)
+    row = cells(page.find(id="batches").find("tr", data_batch=batch.id))
+    assert (row["status"], row["progress"], row["completed"], row["failed"]) == (
+        "completed", "12/12 (100 %)", "12", "0")
+    assert "never on the page" not in str(page.find(id="batches").text)
+    printed = run_cli("status", env=stack.env)
+    assert printed.returncode == 0, printed.stderr
+    assert f"{batch.id}  completed  12/12 (12 completed, 0 failed)" in printed.stdout
 
 
 def test_the_key_stays_out_of_the_logs_and_the_data_requests(chromium: str, stack: Stack, tmp_path: Path) -> None:

@@ -422,6 +422,7 @@ def status(
     from tasks.cluster.members import read_heartbeats
     from tasks.cluster.view import read_placement
     from tasks.keyspace import Keyspace
+    from tasks.observe.batches import read_batches
     from tasks.observe.memory import read_redis_memory
     from tasks.observe.queue import read_queue_depth
     from tasks.observe.view import render_status
@@ -440,9 +441,12 @@ def status(
             view = render_status(depth, workers, memory=read_redis_memory(client, keyspace, model_ids),
                                  places=read_placement(client, keyspace, model_ids))
             hooks = read_webhooks(client, keyspace, limit=5)
+            batches = read_batches(client, keyspace)
             parts: list[Any] = [view]
             if store.routes:
                 parts.append(_routes_table(store, settings))
+            if batches["batches"]:
+                parts.append(_batches_text(batches))
             if hooks["pending"] or hooks["failed"]:
                 parts.append(_webhooks_text(hooks))
             return Group(*parts) if len(parts) > 1 else view
@@ -474,6 +478,18 @@ def status(
                 refreshes += 1
         except KeyboardInterrupt:
             pass
+
+
+def _batches_text(standing: dict[str, Any]) -> Any:
+    """The status's batches: those not finished, then the newest finished ones, with their progress."""
+    from rich.text import Text
+
+    lines = [f"batches: {standing['active']} not finished"]
+    for b in standing["batches"]:
+        done = b["completed"] + b["failed"]
+        lines.append(f"  {b['id']}  {b['status']}  {done}/{b['total']} ({b['completed']} completed, "
+                     f"{b['failed']} failed)")
+    return Text("\n".join(lines))
 
 
 def _webhooks_text(hooks: dict[str, Any]) -> Any:

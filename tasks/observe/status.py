@@ -3,7 +3,7 @@ serves (the status page draws it).
 
 One builder over plain readings (``status_payload``) and a pair of readers around it, as elsewhere in this package:
 ``read_status`` for ``redis.Redis``, ``aread_status`` for asyncio code (the readers that exist only for
-``redis.Redis``, Redis's memory and the shadow agreement, run in a worker thread there).
+``redis.Redis``, Redis's memory, the shadow agreement, the webhooks and the batches, run in a worker thread there).
 
 The shape::
 
@@ -13,7 +13,9 @@ The shape::
      "models": [ModelPlacement's fields and "waiting", ...],
      "queue": QueueDepth's fields and "total",
      "workers": [Heartbeat, ...],
-     "webhooks": {"pending", "failed", "recent_failed": [{"id", "url", "attempts", "last_error", "failed_at"}]}}
+     "webhooks": {"pending", "failed", "recent_failed": [{"id", "url", "attempts", "last_error", "failed_at"}]},
+     "batches": {"active", "batches": [{"id", "status", "total", "completed", "failed", "created_at",
+                                         "expires_at"}, ...]}}
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tasks.broker.webhooks import read_webhooks
 from tasks.cluster.members import Heartbeat, aread_heartbeats, read_heartbeats
 from tasks.cluster.view import ModelPlacement, aread_placement, read_placement
 from tasks.keyspace import Keyspace
+from tasks.observe.batches import read_batches
 from tasks.observe.memory import RedisMemory, read_redis_memory
 from tasks.observe.queue import DEFAULT_SAMPLE, QueueDepth, aread_queue_depth, read_queue_depth
 
@@ -49,6 +52,7 @@ def status_payload(
     shadow: Shadow,
     now: float,
     webhooks: dict[str, Any] | None = None,
+    batches: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The status as JSON-ready data (the module docstring shows its shape)."""
     return {
@@ -62,6 +66,7 @@ def status_payload(
         "queue": {**dataclasses.asdict(depth), "total": depth.total},
         "workers": [beat.model_dump() for beat in workers],
         "webhooks": webhooks or {"pending": 0, "failed": 0, "recent_failed": []},
+        "batches": batches or {"active": 0, "batches": []},
     }
 
 
@@ -84,6 +89,7 @@ def read_status(
         shadow=read_shadow(client, keyspace),
         now=time.time(),
         webhooks=read_webhooks(client, keyspace),
+        batches=read_batches(client, keyspace),
     )
 
 
@@ -96,13 +102,13 @@ async def aread_status(
 ) -> dict[str, Any]:
     """``read_status`` for asyncio code: ``client`` for the readers that have an asyncio twin, ``sync_client`` (in a
     worker thread, so the event loop never waits on Redis) for the others."""
-    depth, workers, places, memory, shadow, webhooks = await asyncio.gather(
+    depth, workers, places, memory, shadow, (webhooks, batches) = await asyncio.gather(
         aread_queue_depth(client, keyspace, model_ids, sample),
         aread_heartbeats(client, keyspace),
         aread_placement(client, keyspace, model_ids),
         asyncio.to_thread(read_redis_memory, sync_client, keyspace, model_ids),
         asyncio.to_thread(read_shadow, sync_client, keyspace),
-        asyncio.to_thread(read_webhooks, sync_client, keyspace),
+        asyncio.to_thread(lambda: (read_webhooks(sync_client, keyspace), read_batches(sync_client, keyspace))),
     )
     return status_payload(depth=depth, workers=workers, places=places, memory=memory, shadow=shadow, now=time.time(),
-                          webhooks=webhooks)
+                          webhooks=webhooks, batches=batches)

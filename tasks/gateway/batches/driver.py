@@ -32,13 +32,14 @@ from config.errors import DeadlinePassed, InputError
 from config.settings import Settings
 from manager.registry.specs import ModelSpec
 from manager.registry.store import ModelStore
+from tasks.broker.webhooks import Delivery, WebhookQueue
 from tasks.client.bulk import BulkJob, BulkRun, ChunkSource
 from tasks.client.progress import NullProgress
 from tasks.gateway.auth import Caller
 from tasks.gateway.batches.files import FileStore
 from tasks.gateway.batches.lines import parse_line
 from tasks.gateway.batches.shaping import Shaper
-from tasks.gateway.batches.state import BatchStatus, BatchStore
+from tasks.gateway.batches.state import BatchStatus, BatchStore, public_batch
 from tasks.gateway.errors import BadBatchFile
 from tasks.gateway.keys import KeyRule
 from tasks.gateway.plane import check_input
@@ -308,6 +309,25 @@ class BatchDriver:
         self.store.set_status(self.batch_id, ending)
         shutil.rmtree(self.work, ignore_errors=True)
         logger.info("batch %s %s", self.batch_id, ending.value)
+        self._announce(ending)
+
+    def _announce(self, ending: BatchStatus) -> None:
+        """Queue the batch's end webhook for the workers' senders (its ``callback_url``, else
+        SWAPLESS_BATCH_WEBHOOK_URL); one id per batch and ending, so a redone ending is not sent twice."""
+        batch = self.store.get(self.batch_id) or {}
+        url = batch.get("callback_url") or self.settings.batch_webhook_url
+        if not url:
+            return
+        event_id = "evt_" + hashlib.blake2b(f"{self.batch_id}\0{ending.value}".encode(), digest_size=12).hexdigest()
+        public = public_batch(batch, self.batch_id)
+        data = {name: public[name] for name in ("id", "status", "request_counts", "output_file_id", "error_file_id",
+                                                 "metadata")}
+        payload = json.dumps({"object": "event", "id": event_id, "type": f"batch.{ending.value}",
+                              "created_at": int(time.time()), "data": data})
+        try:
+            WebhookQueue.of(self.store.redis, self.settings).enqueue([Delivery(event_id, url, payload)])
+        except Exception:  # the batch's end stands; its webhook is what is lost, and the log says so
+            logger.exception("could not queue the end webhook of batch %s", self.batch_id)
 
 
 class _InputGone(Exception):

@@ -33,6 +33,7 @@ from config.settings import Settings
 from manager.registry.store import ModelStore
 from tasks.broker.connection import redis_client
 from tasks.broker.sentinel import SentinelOptions
+from tasks.broker.webhooks import allowed_hosts, check_target
 from tasks.gateway.auth import Caller, Need, needs
 from tasks.gateway.batches.files import FileInfo, FileStore, new_file_id
 from tasks.gateway.batches.lines import ENDPOINT, LineChecker
@@ -60,6 +61,8 @@ class BatchRequest(BaseModel):
     endpoint: Literal["/predict"]
     completion_window: str = Field("24h", max_length=16, description="24h, or a shorter 90m or 30s")
     metadata: dict[str, str] | None = Field(None, max_length=16)
+    callback_url: str | None = Field(None, max_length=2048,
+                                     description="where the batch's end is posted (openai: extra_body)")
 
 
 def parse_window(text: str, max_s: int) -> int:
@@ -173,12 +176,15 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
         if info.purpose != "batch":
             raise BadBatch(f"file {info.id} is a {info.purpose} file, not an input: upload one with purpose=batch")
         window_s = parse_window(body.completion_window, settings.batch_max_window_s)
+        if body.callback_url is not None:
+            check_target(body.callback_url, allowed_hosts(settings.webhook_allowed_hosts))
         rule = caller.rule
         batch_id = new_batch_id()
         fields: dict[str, Any] = {
             "owner": caller.owner, "input_file_id": info.id, "endpoint": ENDPOINT,
             "completion_window": body.completion_window, "expires_at": int(time.time()) + window_s,
             "total": info.lines, "completed": 0, "failed": 0, "metadata": body.metadata,
+            "callback_url": body.callback_url,
             "models": sorted(rule.models) if rule is not None and rule.models is not None else None,
             "model_names": list(rule.names) if rule is not None else None,
         }

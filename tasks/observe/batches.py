@@ -1,0 +1,37 @@
+"""The batches' standing for the status: every batch not final yet and the newest finished ones, with their
+progress, read from the batch API's hashes in Redis (``tasks.gateway.batches.state`` writes them).
+
+What any valid key's status shows of a batch is its progress only: its id, status, counts and times; never its
+owner, metadata or files (those stay behind the owner's own ``GET /v1/batches/{id}``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.keyspace import Keyspace
+
+__all__ = ["read_batches"]
+
+#: Most batches not final yet that the status lists (the newest of them).
+MAX_ACTIVE = 50
+_FIELDS = ("status", "total", "completed", "failed", "created_at", "expires_at")
+
+
+def read_batches(client: Any, keyspace: Keyspace, finished: int = 5) -> dict[str, Any]:
+    """``{"active": n, "batches": [{"id", "status", "total", "completed", "failed", "created_at", "expires_at"}]}``:
+    the batches not final yet (newest first, at most ``MAX_ACTIVE``), then the newest ``finished`` others."""
+    active = sorted((m.decode() for m in client.smembers(keyspace.active_batches)), reverse=True)
+    recent = [m.decode() for m in client.zrevrange(keyspace.batches, 0, finished + len(active) - 1)]
+    ids = active[:MAX_ACTIVE] + [b for b in recent if b not in set(active)][:finished]
+    pipe = client.pipeline(transaction=False)
+    for batch_id in ids:
+        pipe.hmget(keyspace.batch(batch_id), _FIELDS)
+    rows = []
+    for batch_id, values in zip(ids, pipe.execute() if ids else [], strict=True):
+        fields = dict(zip(_FIELDS, (v.decode() if v is not None else None for v in values), strict=True))
+        if fields["status"] is None:  # deleted since it was listed
+            continue
+        rows.append({"id": batch_id, "status": fields["status"],
+                     **{name: int(float(fields[name] or 0)) for name in _FIELDS[1:]}})
+    return {"active": len(active), "batches": rows}
