@@ -249,7 +249,7 @@ def render(results: dict[str, list[dict[str, Result]]], seconds: float) -> str:
         "# The host tier: swap-ins that copy instead of loading",
         "",
         (f"`python -m bench.tiers` ({len(next(iter(results.values())))} repetitions, {seconds:.0f} s; medians, ranges "
-        "in brackets; both workers of a row measured in the same run). *sim* rows are simulated "
+        "in parentheses; both workers of a row measured in the same run). *sim* rows are simulated "
         "(`bench/simulated.py`: the load from disk sleeps 2 s, a move between host memory and the device 0.2 s, a "
         "forward pass 20 ms + 1 ms per input); *real* rows run tiny real torch models on this CPU, where device and "
         "host are the same memory (the copy back is free; what the tier saves there is the load from disk)."),
