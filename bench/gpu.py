@@ -14,7 +14,10 @@ device:
    says not);
 2. the in-process limit (``bench.scheduler.measure_limit``): one load per model plus its jobs at its best batch
    size; and the stream model's CPU per job in this process at that size;
-3. a fresh ``swapless worker --warm-start`` (``--max-models 2``, passes up to 64 inputs, as the limit's sizes) on
+3. per model, through a cache of one with a host tier (``bench.gpu_probe.probe_tiers``): a swap-in from disk (a
+   load), from host memory (a copy back, from pinned memory on CUDA) and while resident (a hit), the move to host
+   memory, and ``torch.cuda.memory_allocated()`` after each move;
+4. a fresh ``swapless worker --warm-start`` (``--max-models 2``, passes up to 64 inputs, as the limit's sizes) on
    the device: a mixed burst (jobs for every model at once, so it must swap), then a stream of jobs for one warm
    model; its jobs/s, model loads and CPU per job (all threads, from ``/proc``), and the device memory it took.
 
@@ -46,6 +49,7 @@ from bench.gpu_probe import (
     compute_cpu_ms_per_job,
     device_info,
     probe_loads,
+    probe_tiers,
 )
 from bench.gpu_table import Plan, Results, render
 from bench.systems import Run, Swapless, burst
@@ -163,6 +167,7 @@ def run(plan: Plan, info: DeviceInfo, args: argparse.Namespace) -> Results:
         stream = [(plan.stream_model, value) for value in values]
         phase = time.monotonic()
         results.probes += probe_loads(models_file, info, seed=rep)
+        results.tier_probes += probe_tiers(models_file, info)
         run_limit(results, models_file, jobs, stream)
         print(f"  in-process probes and limits: {time.monotonic() - phase:.1f} s", flush=True)
         phase = time.monotonic()

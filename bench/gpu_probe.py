@@ -151,6 +151,69 @@ def probe_loads(models_file: Path, info: DeviceInfo, seed: int = 0) -> list[Load
     return [cycle(spec) for spec in store]
 
 
+@dataclass(frozen=True)
+class TierProbe:
+    """One model brought onto the device from each tier, through the cache (``ModelManager`` with a host tier).
+
+    Attributes:
+        model_id: the model.
+        disk_s: a miss with the model only on disk: its load from its saved files.
+        resident_s: a hit: ``use`` of the model while it is on the device.
+        to_host_s: its move to host memory once evicted (pinned on CUDA).
+        host_s: a miss with the model in the host tier: the copy back to the device.
+        after_load, after_to_host, after_swap_in: ``torch.cuda.memory_allocated()`` after each step (None on CPU).
+        before: allocated before the load.
+    """
+
+    model_id: str
+    disk_s: float
+    resident_s: float
+    to_host_s: float
+    host_s: float
+    before: int | None
+    after_load: int | None
+    after_to_host: int | None
+    after_swap_in: int | None
+
+
+def probe_tiers(models_file: Path, info: DeviceInfo) -> list[TierProbe]:
+    """For each model of ``models_file`` in turn, through a cache of one model with a host tier: a load from disk, a
+    hit, an eviction (a move to host memory), a swap-in from host memory; the CUDA allocator after each step. One
+    unmeasured round per framework first (one-off costs, as ``probe_loads``)."""
+    from manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
+
+    engine = ModelEngine(WorkerLimits(device=info.device))
+    store = ModelStore.from_file(models_file, engine.frameworks)
+    engine.warm_up(spec.framework for spec in store)
+
+    def cycle(model_id: str) -> TierProbe:
+        manager = ModelManager(store, engine, max_models=1, host_max_models=1, host_memory_budget_bytes=1 << 50)
+
+        def timed_use() -> float:
+            started = time.perf_counter()
+            with manager.use(model_id):
+                return time.perf_counter() - started
+
+        try:
+            before = allocated_bytes(info)
+            disk_s = timed_use()
+            after_load = allocated_bytes(info)
+            resident_s = timed_use()
+            manager.evict(model_id)  # into the host tier: the move is carried out before evict returns
+            to_host_s = manager.stats.swap_out_s_total
+            after_to_host = allocated_bytes(info)
+            host_s = timed_use()
+            after_swap_in = allocated_bytes(info)
+        finally:
+            manager.close()
+        return TierProbe(model_id, disk_s, resident_s, to_host_s, host_s, before, after_load, after_to_host,
+                         after_swap_in)
+
+    for first in {spec.framework: spec for spec in reversed(list(store))}.values():
+        cycle(first.id)
+    return [cycle(model_id) for model_id in store.ids()]
+
+
 def compute_cpu_ms_per_job(
     models_file: Path, info: DeviceInfo, model_id: str, values: list[str], batch_size: int
 ) -> float:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import OUT, build_models, summary
-from bench.gpu_probe import UNLOAD_TOLERANCE_BYTES, DeviceInfo, LoadProbe
+from bench.gpu_probe import UNLOAD_TOLERANCE_BYTES, DeviceInfo, LoadProbe, TierProbe
 from bench.systems import Run
 
 __all__ = ["Plan", "Results", "render"]
@@ -65,6 +65,7 @@ class Results:
     #: (workload, system) -> runs; systems ``swapless`` and ``limit``
     runs: dict[tuple[str, str], list[Run]] = field(default_factory=dict)
     probes: list[LoadProbe] = field(default_factory=list)
+    tier_probes: list[TierProbe] = field(default_factory=list)
     #: model -> the worker's load times (its log), warm start included
     worker_loads: dict[str, list[float]] = field(default_factory=dict)
     compute_cpu_ms: list[float] = field(default_factory=list)
@@ -178,6 +179,28 @@ def _memory(results: Results) -> list[str]:
     return ["| figure | device | value |", "|---|---|---|"] + [f"| {name} | {dev} | {value} |" for name, value in rows]
 
 
+def _tiers(results: Results) -> list[str]:
+    """Per model: a swap-in from disk, from the host tier, and a hit, and the device memory after the moves."""
+    dev = results.info.label
+    lines = [("| model | device | from disk s | from host memory s | resident (hit) s | move to host s | allocated "
+              "after load MB | after the move to host MB | after the swap-in MB | host tier gives the device back |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for model_id in results.plan.model_ids:
+        probes = [p for p in results.tier_probes if p.model_id == model_id]
+        if not probes:
+            continue
+        back = [p.after_to_host - p.before for p in probes if p.after_to_host is not None and p.before is not None]
+        verdict = NO_CUDA if not back else (
+            f"{'yes' if max(back) <= UNLOAD_TOLERANCE_BYTES else 'NO'} (worst {max(back) / MB:+.1f} MB)")
+        lines.append(
+            f"| {model_id} | {dev} | {summary([p.disk_s for p in probes])} | {summary([p.host_s for p in probes])} | "
+            f"{summary([p.resident_s for p in probes])} | {summary([p.to_host_s for p in probes])} | "
+            f"{_mb([p.after_load for p in probes])} | {_mb([p.after_to_host for p in probes])} | "
+            f"{_mb([p.after_swap_in for p in probes])} | {verdict} |"
+        )
+    return lines
+
+
 def render(results: Results, command: str, max_batch: int, stream_sample: int) -> str:
     """The whole Markdown report of one run.
 
@@ -224,6 +247,15 @@ def render(results: Results, command: str, max_batch: int, stream_sample: int) -
         *_per_model(results),
         "",
         *_memory(results),
+        "",
+        (
+            "The cache's tiers, per model, through a `ModelManager` of one model with a host tier "
+            "(`manager.cache.host`): a `use` with the model only on disk (a load), a `use` while it is resident (a "
+            "hit), its eviction into host memory (pinned on CUDA), and a `use` from there (a copy back); "
+            "`torch.cuda.memory_allocated()` after each step."
+        ),
+        "",
+        *_tiers(results),
         "",
         f"Best batch sizes in-process: {sizes}.",
     ]

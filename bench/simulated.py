@@ -1,9 +1,10 @@
 """A simulated framework for the scale-out benchmark: models whose load and forward pass *sleep* like a GPU's.
 
 Registered as framework ``simulated`` when a worker imports it (``SWAPLESS_PLUGINS=bench.simulated``). A model's
-``name`` gives its costs, in seconds: ``load=2.0,batch=0.02,item=0.001`` loads in 2 s, and a forward pass of n
-inputs takes 0.02 + 0.001 n s. Sleeping uses no CPU, as a GPU's work does not, so how the queue scales with the
-number of workers can be measured on a 2-core machine. Every input succeeds with one label.
+``name`` gives its costs, in seconds: ``load=2.0,batch=0.02,item=0.001,host=0.2`` loads in 2 s (from disk), a forward
+pass of n inputs takes 0.02 + 0.001 n s, and a move between the device and host memory (the cache's host tier, either
+way) takes 0.2 s (``host`` unset: a tenth of ``load``). Sleeping uses no CPU, as a GPU's work does not, so how the
+queue scales with the number of workers can be measured on a 2-core machine. Every input succeeds with one label.
 
 With ``SIMULATED_LOG`` set, every input that reaches a forward pass is appended to that file, one per line (the
 overload benchmark reads from it which jobs reached the model).
@@ -31,7 +32,7 @@ def costs(name: str) -> dict[str, float]:
     Raises:
         ConfigError: the name is not of that form.
     """
-    found = {"load": 1.0, "batch": 0.01, "item": 0.001}
+    found = {"load": 1.0, "batch": 0.01, "item": 0.001, "host": -1.0}
     for part in filter(None, name.split(",")):
         key, sep, value = part.partition("=")
         try:
@@ -39,15 +40,20 @@ def costs(name: str) -> dict[str, float]:
                 raise ValueError(part)
             found[key] = float(value)
         except ValueError:
-            raise ConfigError(f"simulated model {name!r}", "write its costs as load=S,batch=S,item=S") from None
+            raise ConfigError(f"simulated model {name!r}", "write its costs as load=S,batch=S,item=S,host=S") from None
+    if found["host"] < 0:
+        found["host"] = found["load"] / 10
     return found
 
 
-def simulated_entry(model_id: str, load_s: float, batch_s: float, item_s: float) -> dict[str, Any]:
-    """A models-file entry for a simulated model."""
+def simulated_entry(
+    model_id: str, load_s: float, batch_s: float, item_s: float, host_s: float | None = None
+) -> dict[str, Any]:
+    """A models-file entry for a simulated model (``host_s``: a move to host memory or back; None: load_s / 10)."""
+    host = "" if host_s is None else f",host={host_s:g}"
     return {
         "id": model_id,
-        "name": f"load={load_s:g},batch={batch_s:g},item={item_s:g}",
+        "name": f"load={load_s:g},batch={batch_s:g},item={item_s:g}{host}",
         "type": "text",
         "framework": "simulated",
         "description": "simulated GPU model (sleeps)",
@@ -56,7 +62,10 @@ def simulated_entry(model_id: str, load_s: float, batch_s: float, item_s: float)
 
 
 class SimulatedWorker(ModelWorker, framework="simulated"):
-    """Sleeps for its load and for each forward pass (see the module docstring)."""
+    """Sleeps for its load, for each forward pass and for each move to host memory and back (see the module
+    docstring)."""
+
+    host_tier = True
 
     def load(self) -> None:
         time.sleep(costs(self.spec.name)["load"])
@@ -76,6 +85,12 @@ class SimulatedWorker(ModelWorker, framework="simulated"):
             time.sleep(cost["batch"] + cost["item"] * len(chunk))
             out.extend([{"label": "ok", "score": 1.0}] for _ in chunk)
         return out
+
+    def to_host(self) -> None:
+        time.sleep(costs(self.spec.name)["host"])
+
+    def to_device(self) -> None:
+        time.sleep(costs(self.spec.name)["host"])
 
     def unload(self) -> None:
         self.memory_bytes = 0

@@ -18,6 +18,8 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_KEY_PREFIX             | unset                      | prefix for every Redis key (queues and results), to share one Redis |
 | SWAPLESS_MAX_MODELS             | 2                          | local models loaded at once (count limit of the LRU cache) |
 | SWAPLESS_MEMORY_BUDGET_BYTES    | unset (no byte limit)      | bytes of loaded local models: ``4GiB``, ``512MB`` or a plain number |
+| SWAPLESS_HOST_MEMORY_BUDGET_BYTES | 0 (no host tier)          | bytes of models kept built in host memory once evicted from the device (the host tier): their next use is a copy back, not a load from disk; ``16GiB`` or a plain number; 0: evicted models are unloaded |
+| SWAPLESS_HOST_MAX_MODELS        | 16 models                  | most models kept in the host tier at once (with a host budget above 0; 0 turns the tier off too) |
 | SWAPLESS_TRITON_MAX_MODELS      | 4                          | Triton models kept loaded on their servers |
 | SWAPLESS_DEVICE                 | auto                       | ``auto`` (cuda if available, else cpu), ``cpu``, ``cuda``, ``cuda:1`` |
 | SWAPLESS_MAX_BATCH_SIZE         | 32 inputs                  | largest forward pass unless the model entry says otherwise; the best size below it is measured |
@@ -156,6 +158,10 @@ class Settings(BaseSettings):
     key_prefix: str | None = None
     max_models: int = Field(2, ge=1)
     memory_budget_bytes: int | None = None
+    #: The host tier (manager.cache.host); off unless given bytes: host RAM is the process's and the machine's, and
+    #: on a CPU-only machine it is the same memory as the "device", so no default can be safe for every machine.
+    host_memory_budget_bytes: int = Field(0, ge=0)
+    host_max_models: int = Field(16, ge=0)
     triton_max_models: int = Field(4, ge=1)
     device: str = "auto"
     max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, ge=1)
@@ -237,6 +243,15 @@ class Settings(BaseSettings):
     def _parse_budget(cls, value: object) -> int | None:
         if value is None or value == "":
             return None
+        if isinstance(value, (str, int, float)):
+            return parse_bytes(value)
+        raise ValueError(f"cannot read {value!r} as a size")
+
+    @field_validator("host_memory_budget_bytes", mode="before")
+    @classmethod
+    def _parse_host_budget(cls, value: object) -> int:
+        if value is None or value == "":
+            return 0
         if isinstance(value, (str, int, float)):
             return parse_bytes(value)
         raise ValueError(f"cannot read {value!r} as a size")

@@ -2,7 +2,9 @@
 
 ``name`` carries the fake's behaviour: ``"size=<bytes>"`` sets the memory it reports after load. Inputs are
 strings; ``predict`` returns ``{"echo": text, "model": id}``; the text ``"boom"`` raises inside a forward
-pass (a poison input), ``"oom"`` raises an out-of-memory error when batched with others.
+pass (a poison input), ``"oom"`` raises an out-of-memory error when batched with others. It has a host tier: a
+move to host memory and back is counted (``to_host`` / ``to_device``), and ``predict`` refuses to run while the model
+is in host memory.
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ class FakeWorker(ModelWorker, framework="fake"):
     load_gates: ClassVar[dict[str, Any]] = {}
     #: loads of a model listed here raise torch's out-of-memory error this many times first
     oom_loads: ClassVar[Counter[str]] = Counter()
+    host_tier = True
+    to_host_moves: ClassVar[Counter[str]] = Counter()
+    to_device_moves: ClassVar[Counter[str]] = Counter()
+    #: moves of a model listed here raise an out-of-memory error this many times first (to host, to the device)
+    oom_to_host: ClassVar[Counter[str]] = Counter()
+    oom_to_device: ClassVar[Counter[str]] = Counter()
+    #: moves to host of a model listed here fail with another error
+    fail_to_host: ClassVar[set[str]] = set()
 
     def load(self) -> None:
         gate = FakeWorker.load_gates.get(self.spec.id)
@@ -45,9 +55,31 @@ class FakeWorker(ModelWorker, framework="fake"):
         size = self.spec.name.removeprefix("size=")
         self.memory_bytes = int(size) if size.isdigit() else 100
         self.loaded = True
+        self.on_host = False
+
+    def to_host(self) -> None:
+        assert getattr(self, "loaded", False) and not self.on_host, "to_host of a model not on the device"
+        if FakeWorker.oom_to_host[self.spec.id] > 0:
+            FakeWorker.oom_to_host[self.spec.id] -= 1
+            raise MemoryError("cannot allocate pinned host memory")
+        if self.spec.id in FakeWorker.fail_to_host:
+            raise RuntimeError("host copy failed")
+        FakeWorker.to_host_moves[self.spec.id] += 1
+        self.on_host = True
+
+    def to_device(self) -> None:
+        assert getattr(self, "loaded", False) and self.on_host, "to_device of a model not in host memory"
+        if FakeWorker.oom_to_device[self.spec.id] > 0:
+            FakeWorker.oom_to_device[self.spec.id] -= 1
+            import torch
+
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        FakeWorker.to_device_moves[self.spec.id] += 1
+        self.on_host = False
 
     def predict(self, batch: Sequence[Any]) -> list[Any]:
         assert getattr(self, "loaded", False), "predict before load"
+        assert not self.on_host, "predict while the model is in host memory"
         FakeWorker.batches.append((self.spec.id, len(batch)))
         if "boom" in batch:
             raise RuntimeError("forward pass exploded")
@@ -68,6 +100,11 @@ class FakeWorker(ModelWorker, framework="fake"):
         cls.fail_load.clear()
         cls.load_gates.clear()
         cls.oom_loads.clear()
+        cls.to_host_moves.clear()
+        cls.to_device_moves.clear()
+        cls.oom_to_host.clear()
+        cls.oom_to_device.clear()
+        cls.fail_to_host.clear()
 
 
 def write_fake_models(directory: Path, sizes: dict[str, int]) -> Path:

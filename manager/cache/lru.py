@@ -13,6 +13,12 @@ load instead of starting another.
 Local loads run one at a time (remote loads, on a server, do not): two at once on one device only share its
 bandwidth, and libraries with lazy imports are not thread-safe on first use (two transformers loads in two threads
 can fail with "cannot import name AutoModelForSequenceClassification").
+
+Two tiers, with a host tier (``host_max_models`` and ``host_memory_budget_bytes`` above 0; ``manager.cache.host``):
+a model evicted from the device moves to host memory, kept built, when it fits there, and its next ``use`` is a
+copy back to the device rather than a load from disk; the host tier has its own LRU and drops to disk. Without
+it (the default), an evicted model is unloaded. ``load_cost_s`` prices each model by its tier: 0 on the device,
+its measured swap-in from host memory, else its measured load from disk.
 """
 
 from __future__ import annotations
@@ -22,63 +28,20 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from contextlib import contextmanager
 
 from config.errors import ModelLoadError, ModelTooLarge, SwaplessError
+from manager.cache.costs import LoadCosts
+from manager.cache.entries import DEFAULT_LOAD_COST_S, CacheStats, LoadedModel, Loading, Tier, is_out_of_memory
 from manager.cache.eviction import Cached, choose_victims
+from manager.cache.host import HostEntry, HostTier
 from manager.frameworks.worker import ModelWorker
 from manager.registry.specs import ModelSpec
 from manager.registry.store import ModelStore
 
-__all__ = ["CacheStats", "LoadedModel", "ModelManager"]
+__all__ = ["DEFAULT_LOAD_COST_S", "CacheStats", "LoadedModel", "ModelManager", "Tier"]
 
 logger = logging.getLogger(__name__)
-
-#: Seconds a model is assumed to take to load before it has been loaded once (used by the scheduler).
-DEFAULT_LOAD_COST_S = 1.0
-
-
-@dataclass
-class LoadedModel:
-    """One cache entry."""
-
-    model_id: str
-    worker: ModelWorker
-    size_bytes: int
-    load_s: float
-    remote: bool
-    pins: int = 0
-    hits: int = 0
-    loaded_at: float = field(default_factory=time.time)
-
-
-@dataclass
-class _Loading:
-    """A load in progress: the room it has reserved, and when it is over (``entry``: None if it failed)."""
-
-    size_bytes: int
-    remote: bool
-    done: threading.Event = field(default_factory=threading.Event)
-    entry: LoadedModel | None = None
-
-
-@dataclass
-class CacheStats:
-    """Counters since the cache was made."""
-
-    hits: int = 0
-    misses: int = 0
-    loads: int = 0
-    evictions: int = 0
-    load_failures: int = 0
-    #: loads started ahead of their model's group (``load_ahead``), and how many of them a group then used
-    loads_ahead: int = 0
-    load_seconds: dict[str, list[float]] = field(default_factory=dict)
-
-
-def _is_out_of_memory(err: BaseException) -> bool:
-    return isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"
 
 
 class ModelManager:
@@ -91,6 +54,8 @@ class ModelManager:
         memory_budget_bytes: bytes of loaded local models at once (None: no byte limit).
         remote_max_models: remote (Triton) models kept loaded on their servers at once.
         pin_wait_s: how long a load waits for a pinned model to be released before it fails.
+        host_max_models: models kept built in host memory once evicted from the device (0: no host tier).
+        host_memory_budget_bytes: bytes of models kept in host memory (0: no host tier).
     """
 
     def __init__(
@@ -102,6 +67,8 @@ class ModelManager:
         memory_budget_bytes: int | None = None,
         remote_max_models: int = 4,
         pin_wait_s: float = 600.0,
+        host_max_models: int = 0,
+        host_memory_budget_bytes: int = 0,
     ) -> None:
         if max_models < 1 or remote_max_models < 1:
             raise ValueError("max_models and remote_max_models must be at least 1")
@@ -113,12 +80,12 @@ class ModelManager:
         self.pin_wait_s = pin_wait_s
         self.stats = CacheStats()
         self._entries: OrderedDict[str, LoadedModel] = OrderedDict()  # least recently used first
-        self._sizes: dict[str, int] = {}
-        self._load_costs: dict[str, float] = {}
-        self._loading: dict[str, _Loading] = {}
+        self._costs = LoadCosts()
+        self._loading: dict[str, Loading] = {}
         self._local_load_lock = threading.Lock()
         self._closed = False
         self._cond = threading.Condition(threading.RLock())
+        self.host = HostTier(host_max_models, host_memory_budget_bytes, self._cond, self.stats, self._unload)
 
     # -- queries -----------------------------------------------------------------------------------------
 
@@ -135,9 +102,17 @@ class ModelManager:
         """Copies of the cache entries, least recently used first."""
         with self._cond:
             return [
-                LoadedModel(e.model_id, e.worker, e.size_bytes, e.load_s, e.remote, e.pins, e.hits, e.loaded_at)
+                LoadedModel(e.model_id, e.worker, e.size_bytes, e.load_s, e.remote, e.pins, e.hits, e.loaded_at,
+                            e.from_host)
                 for e in self._entries.values()
             ]
+
+    def tier(self, model_id: str) -> Tier:
+        """Where ``model_id`` is now (a model being loaded counts as on disk until its load is done)."""
+        with self._cond:
+            if model_id in self._entries:
+                return Tier.DEVICE
+            return Tier.HOST if self.host.get(model_id) is not None else Tier.DISK
 
     def used_bytes(self) -> int:
         """Bytes held by loaded local models."""
@@ -150,12 +125,12 @@ class ModelManager:
             return list(self._loading)
 
     def load_cost_s(self, model_id: str) -> float:
-        """Expected seconds to load ``model_id``: 0 when loaded or being loaded, the last measured load time, else
-        a default."""
+        """Expected seconds to bring ``model_id`` onto the device (``LoadCosts.cost_s``): 0 when loaded or being
+        loaded, a swap-in's from the host tier, else a load's from disk."""
         with self._cond:
-            if model_id in self._entries or model_id in self._loading:
+            if model_id in self._loading:
                 return 0.0
-            return self._load_costs.get(model_id, DEFAULT_LOAD_COST_S)
+            return self._costs.cost_s(model_id, self.tier(model_id))
 
     # -- use ---------------------------------------------------------------------------------------------
 
@@ -193,17 +168,33 @@ class ModelManager:
                     self.stats.hits += 1
                     return entry
                 loading = self._loading.get(model_id)
-                if loading is None:
+                host = self.host.get(model_id)
+                if loading is None and host is not None and not host.ready:
+                    moving = host.moved  # on its way to host memory (queued, perhaps): swapped in once there
+                    settle = True
+                elif loading is None:
                     self.stats.misses += 1
                     spec = self.store.get(model_id)
-                    worker = self.factory(spec)
+                    host = self.host.take(model_id)
+                    worker = host.entry.worker if host is not None else self.factory(spec)
                     remote = worker.remote
-                    self._make_room(model_id, self._sizes.get(model_id, 0), remote, waiting)
-                    loading = self._loading[model_id] = _Loading(self._sizes.get(model_id, 0), remote)
+                    size = host.size_bytes if host is not None else self._costs.sizes.get(model_id, 0)
+                    try:
+                        self._make_room(model_id, size, remote, waiting)
+                    except SwaplessError:
+                        if host is not None:
+                            self._unload(host.entry)
+                        raise
+                    loading = self._loading[model_id] = Loading(size, remote)
                     break
-            loading.done.wait()  # loaded ahead, or for another thread: used as it is, or loaded anew if that failed
+                else:
+                    moving = loading.done  # loaded ahead, or for another thread: used as it is, or loaded anew
+                    settle = False
+            if settle:
+                self._settle(wait=True)
+            moving.wait()
         try:
-            entry = self._load(spec, worker, remote)
+            entry = self._load(spec, worker, remote, host)
         except BaseException:
             with self._cond:
                 del self._loading[model_id]
@@ -226,10 +217,12 @@ class ModelManager:
             finally:
                 self._cond.notify_all()
                 loading.done.set()
+        self._settle()
         return entry
 
     def load_ahead(self, model_id: str, waiting: Mapping[str, int]) -> bool:
-        """Start loading ``model_id`` in the background, if it fits now (see the module docstring).
+        """Start loading ``model_id`` in the background, if it fits now (see the module docstring); a model of the
+        host tier is swapped in.
 
         Args:
             model_id: the model the scheduler will run next.
@@ -241,12 +234,15 @@ class ModelManager:
         with self._cond:
             if self._closed or model_id in self._entries or model_id in self._loading:
                 return False
+            host = self.host.get(model_id)
+            if host is not None and not host.ready:
+                return False  # still on its way to host memory
             spec = self.store.get(model_id)
-            worker = self.factory(spec)
+            worker = host.entry.worker if host is not None else self.factory(spec)
             remote = worker.remote
             if any(r.remote == remote for r in self._loading.values()):
                 return False  # one load ahead at a time, and none that would wait behind a load a group needs
-            size = self._sizes.get(model_id)
+            size = host.size_bytes if host is not None else self._costs.sizes.get(model_id)
             budget = None if remote else self.memory_budget_bytes
             if budget is not None and size is None:
                 return False  # its size is known only once it has been loaded: it could overrun the budget
@@ -264,19 +260,22 @@ class ModelManager:
             if victims is None:
                 return False  # no room without evicting a model that has work or is in use
             for victim in victims:
-                self._unload(self._entries.pop(victim))
-                self.stats.evictions += 1
-            loading = self._loading[model_id] = _Loading(size or 0, remote)
+                self._evict(victim, waiting)
+            if host is not None:
+                self.host.take(model_id)
+            loading = self._loading[model_id] = Loading(size or 0, remote)
             self.stats.loads_ahead += 1
         threading.Thread(
-            target=self._load_in_background, args=(spec, worker, remote, loading), name="swapless-load-ahead",
+            target=self._load_in_background, args=(spec, worker, remote, loading, host), name="swapless-load-ahead",
             daemon=True,
         ).start()
         return True
 
-    def _load_in_background(self, spec: ModelSpec, worker: ModelWorker, remote: bool, loading: _Loading) -> None:
+    def _load_in_background(
+        self, spec: ModelSpec, worker: ModelWorker, remote: bool, loading: Loading, host: HostEntry | None
+    ) -> None:
         try:
-            entry = self._load(spec, worker, remote)
+            entry = self._load(spec, worker, remote, host)
         except Exception as err:  # noqa: BLE001 - the group that needs it loads it again and reports the error
             logger.warning("loading %s ahead failed (%s); its group will load it", spec.id, err)
             entry = None
@@ -290,17 +289,34 @@ class ModelManager:
             self._cond.notify_all()
         loading.done.set()
 
-    def _load(self, spec: ModelSpec, worker: ModelWorker, remote: bool) -> LoadedModel:
-        """Load ``worker`` (outside the cache's lock: its slot is reserved); out of memory, evict every idle model
-        and retry once. Local loads take turns (see the module docstring)."""
-        with nullcontext() if remote else self._local_load_lock:
-            return self._load_now(spec, worker, remote)
+    def _load(self, spec: ModelSpec, worker: ModelWorker, remote: bool, host: HostEntry | None) -> LoadedModel:
+        """Load ``worker`` (outside the cache's lock: its slot is reserved), or swap it in from the host tier;
+        out of memory, evict every idle model and retry once. Local loads take turns (see the module docstring),
+        and the moves to host memory queued before go first."""
+        if remote:
+            return self._load_now(spec, worker, remote, None)
+        with self._local_load_lock:
+            self.host.settle()
+            return self._load_now(spec, worker, remote, host)
 
-    def _load_now(self, spec: ModelSpec, worker: ModelWorker, remote: bool) -> LoadedModel:
+    def _settle(self, wait: bool = False) -> None:
+        """Carry out the moves to host memory that evictions queued, unless (``wait`` off) a load holds the local
+        turn: that load, or the next, carries them out before it loads."""
+        if not self._local_load_lock.acquire(blocking=wait):
+            return
+        try:
+            self.host.settle()
+        finally:
+            self._local_load_lock.release()
+
+    def _load_now(self, spec: ModelSpec, worker: ModelWorker, remote: bool, host: HostEntry | None) -> LoadedModel:
         started = time.perf_counter()
         for attempt in (1, 2):
             try:
-                worker.load()
+                if host is not None:
+                    worker.to_device()
+                else:
+                    worker.load()
                 break
             except SwaplessError:
                 with self._cond:
@@ -308,21 +324,34 @@ class ModelManager:
                 self._safe_unload(worker)
                 raise
             except Exception as err:  # any loader failure becomes a clear ModelLoadError
-                self._safe_unload(worker)
                 with self._cond:
-                    evicted = attempt == 1 and _is_out_of_memory(err) and self._evict_all_unpinned(remote)
+                    evicted = attempt == 1 and is_out_of_memory(err) and self._evict_all_unpinned(remote)
                     if not evicted:
                         self.stats.load_failures += 1
+                if not (evicted and host is not None):  # a copy half done is kept for the retry
+                    self._safe_unload(worker)
                 if evicted:
+                    if not remote:
+                        self.host.settle()
                     logger.warning("out of memory loading %s; evicted every idle model, retrying once", spec.id)
                     continue
-                what = "out of memory" if _is_out_of_memory(err) else f"{type(err).__name__}: {err}"
+                what = "out of memory" if is_out_of_memory(err) else f"{type(err).__name__}: {err}"
+                if host is not None:
+                    what = f"swapping it in from host memory: {what} (its next load is from disk)"
                 raise ModelLoadError(spec.id, what) from err
         load_s = time.perf_counter() - started
+        if host is not None:
+            with self._cond:
+                self._costs.host_s[spec.id] = load_s
+                self.stats.swap_ins += 1
+                self.stats.swap_in_seconds.setdefault(spec.id, []).append(load_s)
+            logger.info("swapped %s in from host memory in %.3f s, %d bytes", spec.id, load_s, host.size_bytes)
+            return LoadedModel(spec.id, worker, host.size_bytes, load_s, remote, hits=host.entry.hits,
+                               from_host=True)
         size = 0 if remote else worker.memory_bytes
         with self._cond:
-            self._sizes[spec.id] = size
-            self._load_costs[spec.id] = load_s
+            self._costs.sizes[spec.id] = size
+            self._costs.disk_s[spec.id] = load_s
             self.stats.loads += 1
             self.stats.load_seconds.setdefault(spec.id, []).append(load_s)
         logger.info("loaded %s (%s) in %.3f s, %d bytes", spec.id, spec.framework, load_s, size)
@@ -349,19 +378,25 @@ class ModelManager:
             )
             if victims is not None:
                 for victim in victims:
-                    self._unload(self._entries.pop(victim))
-                    self.stats.evictions += 1
+                    self._evict(victim, waiting)
                 return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ModelLoadError(model_id, "no room: every loaded model is busy with a batch; try again later")
             self._cond.wait(remaining)  # a pinned model is released -> try again
 
+    def _evict(self, model_id: str, waiting: Mapping[str, int]) -> None:
+        """Take an idle model off the device (under the lock): into the host tier if it may go there (its move is
+        carried out before the next load), else unloaded."""
+        entry = self._entries.pop(model_id)
+        self.stats.evictions += 1
+        if not self.host.admit(entry, waiting):
+            self._unload(entry)
+
     def _evict_all_unpinned(self, remote: bool) -> bool:
-        victims = [e for e in self._entries.values() if e.remote == remote and e.pins == 0]
-        for entry in victims:
-            self._unload(self._entries.pop(entry.model_id))
-            self.stats.evictions += 1
+        victims = [e.model_id for e in self._entries.values() if e.remote == remote and e.pins == 0]
+        for model_id in victims:
+            self._evict(model_id, {})
         return bool(victims)
 
     def _unload(self, entry: LoadedModel) -> None:
@@ -377,40 +412,39 @@ class ModelManager:
 
     # -- what was learned --------------------------------------------------------------------------------
 
-    def seed(self, model_id: str, *, load_s: float | None = None, size_bytes: int | None = None) -> None:
-        """Take a model's load time and size as measured earlier (by another worker) until this one measures them."""
+    def seed(
+        self, model_id: str, *, load_s: float | None = None, size_bytes: int | None = None,
+        host_load_s: float | None = None,
+    ) -> None:
+        """Take a model's load time (from disk, and from host memory) and size as measured earlier (by another
+        worker) until this one measures them."""
         with self._cond:
-            if load_s is not None:
-                self._load_costs.setdefault(model_id, float(load_s))
-            if size_bytes is not None:
-                self._sizes.setdefault(model_id, int(size_bytes))
+            self._costs.seed(model_id, load_s=load_s, size_bytes=size_bytes, host_load_s=host_load_s)
 
     def learned(self, model_id: str) -> dict[str, float | int]:
-        """What this cache has measured of a model: ``load_s`` and ``size_bytes`` (when known)."""
+        """What this cache has measured of a model (``LoadCosts.learned``)."""
         with self._cond:
-            found: dict[str, float | int] = {}
-            if model_id in self._load_costs:
-                found["load_s"] = round(self._load_costs[model_id], 4)
-            if model_id in self._sizes:
-                found["size_bytes"] = self._sizes[model_id]
-            return found
+            return self._costs.learned(model_id)
 
     # -- explicit control --------------------------------------------------------------------------------
 
     def evict(self, model_id: str) -> bool:
-        """Unload ``model_id`` now if it is loaded and idle. Returns whether it was unloaded."""
+        """Take ``model_id`` off the device now if it is loaded and idle (into the host tier when it has room).
+        Returns whether it left the device."""
         with self._cond:
             entry = self._entries.get(model_id)
             if entry is None or entry.pins > 0:
                 return False
-            self._unload(self._entries.pop(model_id))
-            self.stats.evictions += 1
-            return True
+            self._evict(model_id, {})
+        self._settle()
+        return True
 
     def close(self) -> None:
-        """Unload every model (worker shutdown); a load still running ahead unloads its model when it ends."""
+        """Unload every model, in both tiers (worker shutdown); a load still running ahead unloads its model when
+        it ends."""
         with self._cond:
             self._closed = True
             while self._entries:
                 _, entry = self._entries.popitem(last=False)
                 self._unload(entry)
+            self.host.close()

@@ -10,7 +10,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["free_memory", "measure_load", "module_bytes", "resolve_device", "to_dtype", "top_k"]
+__all__ = [
+    "free_memory",
+    "measure_load",
+    "module_bytes",
+    "module_to_device",
+    "module_to_host",
+    "resolve_device",
+    "to_dtype",
+    "top_k",
+]
 
 
 def to_dtype(name: str | None) -> torch.dtype | None:
@@ -36,6 +45,31 @@ def module_bytes(module: torch.nn.Module) -> int:
         seen.add(key)
         total += tensor.numel() * tensor.element_size()
     return total
+
+
+def module_to_host(module: torch.nn.Module) -> torch.nn.Module:
+    """Move a built module's parameters and buffers to host memory, in place; returns the module.
+
+    With CUDA available each tensor is copied straight into pinned (page-locked) memory, so that the copy back is a
+    DMA transfer that can run asynchronously; without CUDA it is ``module.to("cpu")`` (a no-op for a module already
+    on the CPU: device and host are then the same memory).
+    """
+    if not torch.cuda.is_available():
+        return module.to("cpu")
+    with torch.no_grad():
+        # private, but what Module.to itself is built on: one copy per tensor, device to pinned host memory
+        module._apply(lambda t: t if t.is_pinned() else torch.empty_like(t, device="cpu", pin_memory=True).copy_(t))
+    torch.cuda.empty_cache()  # hand the device blocks back: a model in the host tier must not hold device memory
+    return module
+
+
+def module_to_device(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """Move a module ``module_to_host`` moved back to ``device``, in place; returns the module. A copy from pinned
+    memory runs asynchronously and is waited for here, so the module is ready when this returns."""
+    moved = module.to(device, non_blocking=device.type == "cuda")
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return moved
 
 
 class _Measure:

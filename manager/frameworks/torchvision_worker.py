@@ -12,7 +12,16 @@ import torch
 
 from config.errors import ModelLoadError
 from manager.frameworks.images import decode_image
-from manager.frameworks.torch_utils import free_memory, measure_load, module_bytes, resolve_device, to_dtype, top_k
+from manager.frameworks.torch_utils import (
+    free_memory,
+    measure_load,
+    module_bytes,
+    module_to_device,
+    module_to_host,
+    resolve_device,
+    to_dtype,
+    top_k,
+)
 from manager.frameworks.worker import ModelWorker
 
 __all__ = ["TorchVisionWorker"]
@@ -46,6 +55,7 @@ class TorchVisionWorker(ModelWorker, framework="torchvision"):
     """
 
     model: Any = None
+    host_tier = True
     dtype: torch.dtype = torch.float32
 
     @classmethod
@@ -102,6 +112,12 @@ class TorchVisionWorker(ModelWorker, framework="torchvision"):
                 probabilities = torch.softmax(self.model(stacked).float(), dim=-1)
                 outputs.extend(top_k(probabilities, self.labels, self.spec.top_k))
         return outputs
+
+    def to_host(self) -> None:
+        self.model = module_to_host(self.model)
+
+    def to_device(self) -> None:
+        self.model = module_to_device(self.model, self.device)
 
     def unload(self) -> None:
         dropped = weakref.ref(self.model) if self.model is not None else None

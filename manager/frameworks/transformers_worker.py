@@ -9,7 +9,16 @@ from typing import Any
 import torch
 
 from config.errors import ModelLoadError
-from manager.frameworks.torch_utils import free_memory, measure_load, module_bytes, resolve_device, to_dtype, top_k
+from manager.frameworks.torch_utils import (
+    free_memory,
+    measure_load,
+    module_bytes,
+    module_to_device,
+    module_to_host,
+    resolve_device,
+    to_dtype,
+    top_k,
+)
 from manager.frameworks.worker import ModelWorker
 
 __all__ = ["TransformerWorker"]
@@ -25,6 +34,7 @@ class TransformerWorker(ModelWorker, framework="transformers"):
     """
 
     model: Any = None
+    host_tier = True
     tokenizer: Any = None
 
     @classmethod
@@ -75,6 +85,12 @@ class TransformerWorker(ModelWorker, framework="transformers"):
                 for i, row in zip(chunk, top_k(probabilities, self.labels, self.spec.top_k), strict=True):
                     outputs[i] = row
         return outputs
+
+    def to_host(self) -> None:
+        self.model = module_to_host(self.model)
+
+    def to_device(self) -> None:
+        self.model = module_to_device(self.model, self.device)
 
     def unload(self) -> None:
         dropped = weakref.ref(self.model) if self.model is not None else None

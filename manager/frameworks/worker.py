@@ -81,11 +81,16 @@ class ModelWorker(ABC):
       measurement when a tuner is set).
     - ``unload()`` frees what ``load()`` took, for real. The worker may be loaded again afterwards.
     - ``memory_bytes`` is what the loaded model takes in this process (0 for remote models).
+    - ``to_host()`` and ``to_device()`` (workers with ``host_tier``): move the built model to host memory and back,
+      so that the cache's host tier keeps it built and a swap-in is a copy, not a load. Between the two no
+      ``predict`` is called; ``unload()`` frees it in either place.
     """
 
     framework: ClassVar[str] = ""
     #: True for models that live in another process (Triton): they take no local memory budget.
     remote: ClassVar[bool] = False
+    #: True for workers that implement ``to_host``/``to_device`` (the cache's host tier may keep them built).
+    host_tier: ClassVar[bool] = False
 
     def __init_subclass__(cls, framework: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -137,6 +142,23 @@ class ModelWorker(ABC):
     @abstractmethod
     def unload(self) -> None:
         """Free the model's memory. Must be safe to call twice."""
+
+    def to_host(self) -> None:
+        """Move the loaded model to host memory (pinned when CUDA is there), keeping it built.
+
+        Raises:
+            NotImplementedError: the framework has no host tier (``host_tier`` is False).
+            MemoryError: host memory is short (torch's out-of-memory error does as well).
+        """
+        raise NotImplementedError(f"{self.framework} models have no host tier")
+
+    def to_device(self) -> None:
+        """Move a model that ``to_host`` moved back onto the device, ready for ``predict``.
+
+        Raises:
+            NotImplementedError: the framework has no host tier.
+        """
+        raise NotImplementedError(f"{self.framework} models have no host tier")
 
     def prepare(self, value: Any) -> Any:
         """Check one raw job input. The default accepts what ``type`` implies: text, or a base64 image."""

@@ -33,6 +33,13 @@ def worker(
     memory_budget: Annotated[
         str | None, typer.Option(help="bytes of loaded local models, like 4GiB [default: no byte limit]")
     ] = None,
+    host_memory_budget: Annotated[
+        str | None,
+        typer.Option(help="bytes of evicted models kept built in host memory, like 16GiB [default: 0, no host tier]"),
+    ] = None,
+    host_max_models: Annotated[
+        int | None, typer.Option(min=0, help="models kept in host memory at once [default: 16]")
+    ] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N [default: auto]")] = None,
     queue: Annotated[str | None, typer.Option(help="queue to consume [default: swapless]")] = None,
     prefetch: Annotated[
@@ -55,17 +62,19 @@ def worker(
     ] = None,
 ) -> None:
     """Run the GPU worker: consume jobs, group them by model, run them through the model cache."""
-    if memory_budget is not None:
-        try:
-            parse_bytes(memory_budget)
-        except ValueError as err:
-            fail(err)
+    for size in (memory_budget, host_memory_budget):
+        if size is not None:
+            try:
+                parse_bytes(size)
+            except ValueError as err:
+                fail(err)
     from tasks.app import configure
     from tasks.worker.runtime import build_runtime
 
     try:
         settings = settings_with(
             models_file=models, max_models=max_models, memory_budget_bytes=memory_budget, device=device,
+            host_memory_budget_bytes=host_memory_budget, host_max_models=host_max_models,
             queue=queue, prefetch=prefetch, metrics_port=metrics_port, metrics_host=metrics_host,
             task_events=task_events, warm_start=warm_start,
         )

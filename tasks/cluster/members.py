@@ -49,7 +49,8 @@ class _Model(BaseModel):
 
 
 class LoadedEntry(_Model):
-    """A model in a worker's cache now."""
+    """A model in a worker's cache now: on the device (``loaded``) or in its host tier (``host``; ``loaded_at`` is
+    when it came there, ``load_s`` what its last arrival on the device took)."""
 
     model_id: str
     bytes: int
@@ -58,6 +59,8 @@ class LoadedEntry(_Model):
     remote: bool
     busy: bool
     loaded_at: float
+    #: ``device`` or ``host`` (``manager.cache.entries.Tier``)
+    tier: str = "device"
 
 
 class ModelActivity(_Model):
@@ -77,8 +80,11 @@ class ModelActivity(_Model):
     load_failures: int = 0
     load_s_total: float = 0.0
     load_s_last: float | None = None
+    #: swap-ins from the host tier (copies back to the device, not counted in ``loads``) and their seconds
+    swap_ins: int = 0
+    swap_s_total: float = 0.0
     backlog: int = 0
-    #: seconds its groups took in all, model loads excluded
+    #: seconds its groups took in all, model loads and swap-ins excluded
     run_s_total: float = 0.0
     #: when its last group ran (epoch seconds)
     last_run_at: float | None = None
@@ -108,6 +114,13 @@ class CacheInfo(_Model):
     loads: int
     evictions: int
     load_failures: int
+    #: the host tier (0 and 0: none), what it holds, and its moves: swap-ins, moves there, drops to disk
+    host_max_models: int = 0
+    host_budget_bytes: int = 0
+    host_used_bytes: int = 0
+    swap_ins: int = 0
+    swap_outs: int = 0
+    host_evictions: int = 0
 
 
 class Heartbeat(_Model):
@@ -125,6 +138,8 @@ class Heartbeat(_Model):
     interval_s: float
     cache: CacheInfo
     loaded: list[LoadedEntry]
+    #: the models in its host tier, least recently stored first
+    host: list[LoadedEntry] = []
     models: dict[str, ModelActivity]
     jobs_done: int
     jobs_failed: int

@@ -39,7 +39,7 @@ import redis
 
 from config.settings import Settings
 from manager import ModelManager, ModelStore
-from manager.cache.lru import DEFAULT_LOAD_COST_S
+from manager.cache.entries import DEFAULT_LOAD_COST_S, HOST_COST_FRACTION
 from tasks.broker.connection import RedisHealth
 from tasks.broker.queues import RECOVER, WAKE
 from tasks.broker.routes import Router
@@ -290,23 +290,27 @@ class Placer:
                 continue
             idle = {m: now - a.last_run_at for m, a in beat.models.items() if a.last_run_at is not None}
             views[beat.worker_id] = WorkerView(beat.worker_id, beat.cache.max_models,
-                                               frozenset(e.model_id for e in beat.loaded), idle)
+                                               frozenset(e.model_id for e in beat.loaded), idle,
+                                               frozenset(e.model_id for e in beat.host))
         manager = self.manager  # this worker's own view, fresher than its last heartbeat
         idle = {m: now - a.last_run_at for m, a in self.activity().items() if a.last_run_at is not None}
-        views[self.worker_id] = WorkerView(self.worker_id, manager.max_models, frozenset(manager.loaded_ids()), idle)
+        views[self.worker_id] = WorkerView(self.worker_id, manager.max_models, frozenset(manager.loaded_ids()), idle,
+                                           frozenset(manager.host.ids()))
         return list(views.values())
 
-    def _known_load_s(self, model_id: str) -> float:
-        """A load no live worker has measured yet: what this worker's cache learned (its own loads, or earlier
-        workers' through the learned store), else the default."""
-        learned = self.manager.learned(model_id).get("load_s")
-        return float(learned) if learned is not None else DEFAULT_LOAD_COST_S
+    def _known_load_s(self, model_id: str, tier: str = "load_s") -> float | None:
+        """A load (``load_s``) or a swap-in (``host_load_s``) no live worker has measured yet: what this worker's
+        cache learned (its own, or earlier workers' through the learned store); None when unknown."""
+        learned = self.manager.learned(model_id).get(tier)
+        return float(learned) if learned is not None else None
 
     def _demand(self, places: list[ModelPlacement], beats: list[Heartbeat], live: set[str]) -> list[Demand]:
         run_s: dict[str, float] = {}
         jobs: dict[str, int] = {}
         load_s: dict[str, float] = {}
         loads: dict[str, int] = {}
+        swap_s: dict[str, float] = {}
+        swaps: dict[str, int] = {}
         others = [beat.models for beat in beats if beat.worker_id != self.worker_id]
         for activities in [*others, self.activity()]:
             for model_id, a in activities.items():
@@ -314,6 +318,8 @@ class Placer:
                 jobs[model_id] = jobs.get(model_id, 0) + a.jobs_done + a.jobs_failed
                 load_s[model_id] = load_s.get(model_id, 0.0) + a.load_s_total
                 loads[model_id] = loads.get(model_id, 0) + a.loads
+                swap_s[model_id] = swap_s.get(model_id, 0.0) + a.swap_s_total
+                swaps[model_id] = swaps.get(model_id, 0) + a.swap_ins
         demand = []
         for p in places:
             holders = tuple(h for h in p.holder_ids if h in live)  # a dead worker's claims are void already
@@ -321,6 +327,9 @@ class Placer:
                 continue
             job_s = run_s[p.model_id] / jobs[p.model_id] if jobs.get(p.model_id) else DEFAULT_JOB_S
             load = load_s[p.model_id] / loads[p.model_id] if loads.get(p.model_id) else self._known_load_s(p.model_id)
+            load = DEFAULT_LOAD_COST_S if load is None else load
+            swap = swap_s[p.model_id] / swaps[p.model_id] if swaps.get(p.model_id) else self._known_load_s(
+                p.model_id, "host_load_s")
             demand.append(Demand(p.model_id, p.waiting, p.held, job_s if math.isfinite(job_s) else DEFAULT_JOB_S,
-                                 holders, load))
+                                 holders, load, load * HOST_COST_FRACTION if swap is None else swap))
         return demand

@@ -48,12 +48,14 @@ class WorkerView:
         slots: models its cache holds at once (``max_models``).
         loaded: models loaded in its cache now.
         idle_s: per model, seconds since it last ran a group of it (absent: never).
+        host: models in its host tier now: a swap-in away (``Demand.host_load_s``), not a load.
     """
 
     worker_id: str
     slots: int
     loaded: frozenset[str] = frozenset()
     idle_s: Mapping[str, float] = field(default_factory=dict)
+    host: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,8 @@ class Demand:
         queued: jobs waiting in Redis (in the model's lists).
         held: jobs fetched by workers and not yet finished.
         job_s: estimated seconds of work per job.
-        load_s: estimated seconds to load it.
+        load_s: estimated seconds to load it from disk.
+        host_load_s: estimated seconds to swap it in on a worker that holds it in its host tier (None: ``load_s``).
         holders: the workers that hold a live claim on it, by id (every reader sees the same order).
     """
 
@@ -75,6 +78,16 @@ class Demand:
     job_s: float = 0.01
     holders: tuple[str, ...] = ()
     load_s: float = 1.0
+    host_load_s: float | None = None
+
+    def load_on(self, worker: WorkerView) -> float:
+        """Seconds to bring it onto ``worker``'s device: 0 when loaded there, a swap-in from its host tier, else a
+        load from disk."""
+        if self.model_id in worker.loaded:
+            return 0.0
+        if self.model_id in worker.host and self.host_load_s is not None:
+            return self.host_load_s
+        return self.load_s
 
     @property
     def waiting(self) -> int:
@@ -123,8 +136,7 @@ class _Board:
         d = self.demand.get(model_id)
         if d is None or d.waiting == 0:
             return 0.0
-        load = 0.0 if model_id in self.workers[worker_id].loaded else d.load_s
-        return d.backlog_s(max(len(d.holders), 1)) + load
+        return d.backlog_s(max(len(d.holders), 1)) + d.load_on(self.workers[worker_id])
 
     def busy_s(self, worker_id: str) -> float:
         return sum(self.cost_s(worker_id, model_id) for model_id in self.claims[worker_id])
@@ -151,11 +163,12 @@ def _choose(
     """``(worker, victim it releases or None, seconds until it would be done with the model)`` to take
     ``model_id``, by rules 1 and 2 (see the module): the worker done soonest with it. With ``any_worker`` off, only
     a worker with a free slot or a victim may take it."""
-    load_s = board.demand[model_id].load_s if model_id in board.demand else 1.0
+    d = board.demand.get(model_id)
     options = []
     for worker_id in board.workers:
         if worker_id in exclude:
             continue
+        load_s = d.load_on(board.workers[worker_id]) if d is not None else 1.0
         busy, victim, idle = board.busy_s(worker_id), None, math.inf  # a free slot evicts nothing: it wins ties
         if board.free(worker_id) <= 0:
             found = board.victim(worker_id)
@@ -165,7 +178,7 @@ def _choose(
             elif not any_worker:
                 continue
             else:
-                busy += load_s  # no room: something it holds will have to be loaded again
+                busy += d.load_s if d is not None else 1.0  # no room: something it holds will have to come back
         options.append((busy + load_s, -idle, len(board.claims[worker_id]), _tie(model_id, worker_id), worker_id,
                         victim))
     if not options:

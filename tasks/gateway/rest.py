@@ -177,12 +177,18 @@ def rest_router(plane: DataPlane) -> APIRouter:
                 for e in beat.loaded
                 if e.model_id == spec.id
             ]
+            host_on = [
+                LoadedOn(worker=beat.hostname, bytes=e.bytes, load_s=e.load_s, hits=e.hits, busy=False)
+                for beat in beats
+                for e in beat.host
+                if e.model_id == spec.id
+            ]
             views.append(
                 ModelView(
                     id=spec.id, aliases=list(spec.aliases), type=spec.type.value, framework=spec.framework,
                     name=spec.name, version=spec.version, description=spec.description,
                     waiting=depth.by_model.get(spec.id, 0), held=place.held,
-                    claimed_by=list(place.holder_ids), loaded_on=loaded_on,
+                    claimed_by=list(place.holder_ids), loaded_on=loaded_on, host_on=host_on,
                 )
             )
         workers = [

@@ -113,6 +113,9 @@ class ModelView(_Body):
     held: int = Field(0, description="jobs fetched by workers, not yet finished")
     claimed_by: list[str] = Field(default_factory=list, description="workers holding a claim: they fetch its jobs")
     loaded_on: list[LoadedOn]
+    host_on: list[LoadedOn] = Field(
+        default_factory=list, description="workers keeping it built in their host tier: a copy away from their device"
+    )
 
 
 class WorkerView(_Body):

@@ -117,7 +117,8 @@ class GroupReport:
         misses: cache misses during the group.
         load_s: seconds of each load of ``model_id`` during the group.
         load_failures: failed loads during the group.
-        evicted: the models that left the cache to make room.
+        evicted: the models that left the device to make room (to the host tier, or unloaded).
+        swap_s: seconds of each swap-in of ``model_id`` from the host tier during the group (not in ``load_s``).
     """
 
     model_id: str
@@ -130,6 +131,7 @@ class GroupReport:
     load_s: tuple[float, ...]
     load_failures: int
     evicted: tuple[str, ...]
+    swap_s: tuple[float, ...] = ()
 
     @property
     def size(self) -> int:
@@ -213,6 +215,7 @@ class GroupAccounting:
         self._misses = 0
         self._load_failures = 0
         self._loads_seen: dict[str, int] = {}
+        self._swaps_seen: dict[str, int] = {}
         self._loaded: set[str] = set()
 
     def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
@@ -254,6 +257,9 @@ class GroupAccounting:
         all_loads = stats.load_seconds.get(model_id, [])
         new_loads = tuple(all_loads[self._loads_seen.get(model_id, 0) :])
         self._loads_seen[model_id] = len(all_loads)
+        all_swaps = stats.swap_in_seconds.get(model_id, [])
+        new_swaps = tuple(all_swaps[self._swaps_seen.get(model_id, 0) :])
+        self._swaps_seen[model_id] = len(all_swaps)
         loaded = set(self.manager.loaded_ids())
         evicted = tuple(sorted(self._loaded - loaded))
         self._loaded = loaded
@@ -270,4 +276,5 @@ class GroupAccounting:
             load_s=new_loads,
             load_failures=load_failures,
             evicted=evicted,
+            swap_s=new_swaps,
         )

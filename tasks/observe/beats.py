@@ -86,6 +86,12 @@ def build_heartbeat(
             loads=cache.loads,
             evictions=cache.evictions,
             load_failures=cache.load_failures,
+            host_max_models=manager.host.max_models if manager.host.enabled else 0,
+            host_budget_bytes=manager.host.budget_bytes if manager.host.enabled else 0,
+            host_used_bytes=manager.host.used_bytes(),
+            swap_ins=cache.swap_ins,
+            swap_outs=cache.swap_outs,
+            host_evictions=cache.host_evictions,
         ),
         loaded=[
             LoadedEntry(
@@ -93,6 +99,13 @@ def build_heartbeat(
                 busy=e.pins > 0, loaded_at=e.loaded_at,
             )
             for e in manager.snapshot()
+        ],
+        host=[
+            LoadedEntry(
+                model_id=e.model_id, bytes=e.size_bytes, load_s=e.load_s, hits=e.hits, remote=False, busy=False,
+                loaded_at=e.loaded_at, tier="host",
+            )
+            for e in manager.host.snapshot()
         ],
         models=models,
         jobs_done=jobs_done,

@@ -5,6 +5,8 @@ says otherwise, from a private registry (so nothing else registered in the proce
 
     swapless_model_load_seconds{model}          histogram  seconds per model load
     swapless_model_load_failures_total{model}   counter    loads that failed
+    swapless_model_swap_in_seconds{model}       histogram  seconds per swap-in from the host tier (a copy to the
+                                                           device; not a load)
     swapless_cache_hits_total{model}            counter    groups whose model was already loaded
     swapless_cache_misses_total{model}          counter    groups that had to load their model
     swapless_cache_evictions_total{model}       counter    times the model was unloaded to make room
@@ -17,6 +19,9 @@ says otherwise, from a private registry (so nothing else registered in the proce
     swapless_job_errors_total{model,error}      counter    failed jobs per error type
     swapless_models_loaded                      gauge      models in the cache now
     swapless_model_loaded_bytes{model}          gauge      bytes of each loaded model now
+    swapless_models_host                        gauge      models in the host tier now
+    swapless_model_host_bytes{model}            gauge      bytes of each model in the host tier now
+    swapless_model_tier{model,tier}             gauge      1 for each model on the device or in the host tier
     swapless_backlog_jobs{model}                gauge      jobs held by this worker, waiting for their group
     swapless_model_claimed{model}               gauge      1 for each model this worker holds a claim on (placement)
 
@@ -66,7 +71,21 @@ class _CacheCollector(Collector):
         claimed = GaugeMetricFamily("swapless_model_claimed", "Models this worker holds a claim on.", labels=["model"])
         for model_id in self.claimed():
             claimed.add_metric([model_id], 1)
-        yield from (loaded, size, backlog, claimed)
+        host_entries = self.manager.host.snapshot()
+        host = GaugeMetricFamily("swapless_models_host", "Models in the host tier now.")
+        host.add_metric([], len(host_entries))
+        host_size = GaugeMetricFamily(
+            "swapless_model_host_bytes", "Bytes of each model in the host tier.", labels=["model"]
+        )
+        tier = GaugeMetricFamily(
+            "swapless_model_tier", "1 for each model on the device or in the host tier.", labels=["model", "tier"]
+        )
+        for entry in entries:
+            tier.add_metric([entry.model_id, "device"], 1)
+        for entry in host_entries:
+            host_size.add_metric([entry.model_id], entry.size_bytes)
+            tier.add_metric([entry.model_id, "host"], 1)
+        yield from (loaded, size, backlog, claimed, host, host_size, tier)
 
 
 class WorkerMetrics:
@@ -90,6 +109,10 @@ class WorkerMetrics:
         r = self.registry
         self.load_seconds = Histogram(
             "swapless_model_load_seconds", "Seconds per model load.", ["model"], buckets=_LOAD_BUCKETS_S, registry=r
+        )
+        self.swap_in_seconds = Histogram(
+            "swapless_model_swap_in_seconds", "Seconds per swap-in from the host tier.", ["model"],
+            buckets=_LOAD_BUCKETS_S, registry=r,
         )
         self.load_failures = Counter("swapless_model_load_failures", "Model loads that failed.", ["model"], registry=r)
         self.hits = Counter("swapless_cache_hits", "Groups whose model was already loaded.", ["model"], registry=r)
@@ -128,6 +151,8 @@ class WorkerMetrics:
         model = report.model_id
         for seconds in report.load_s:
             self.load_seconds.labels(model).observe(seconds)
+        for seconds in report.swap_s:
+            self.swap_in_seconds.labels(model).observe(seconds)
         if report.load_failures:
             self.load_failures.labels(model).inc(report.load_failures)
         if report.hits:

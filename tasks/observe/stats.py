@@ -41,7 +41,9 @@ class WorkerStats:
             model.load_s_total += sum(report.load_s)
             if report.load_s:
                 model.load_s_last = report.load_s[-1]
-            model.run_s_total += max(0.0, report.run_s - sum(report.load_s))
+            model.swap_ins += len(report.swap_s)
+            model.swap_s_total += sum(report.swap_s)
+            model.run_s_total += max(0.0, report.run_s - sum(report.load_s) - sum(report.swap_s))
             model.last_run_at = time.time()
             for victim in report.evicted:
                 self._models.setdefault(victim, ModelActivity()).evictions += 1

@@ -111,22 +111,24 @@ def render_worker(beat: Heartbeat, now: float) -> RenderableType:
         f"jobs {beat.jobs_done} done, {beat.jobs_failed} failed, {beat.backlog} held · "
         f"cache {len(beat.loaded)}/{cache.max_models} models, {format_bytes(cache.used_bytes)} ({budget}) · "
         f"hits {cache.hits}, misses {cache.misses}, evictions {cache.evictions}, load failures {cache.load_failures} · "
-        f"{waits}"
+        f"{_host_tier(beat)}{waits}"
     )
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     for name, justify in [
         ("model", "left"), ("cache", "left"), ("bytes", "right"), ("hits", "right"), ("misses", "right"),
         ("evicted", "right"), ("loads", "right"), ("last load s", "right"), ("mean load s", "right"),
+        ("swap-ins", "right"),
         ("done", "right"), ("failed", "right"), ("expired", "right"), ("cancelled", "right"), ("held", "right"),
     ]:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    loaded = {entry.model_id: entry for entry in beat.loaded}
+    loaded = {entry.model_id: entry for entry in [*beat.host, *beat.loaded]}
     lru_order = [entry.model_id for entry in beat.loaded]
+    host_order = [entry.model_id for entry in beat.host]
     others = sorted(set(beat.models) - set(loaded))
-    for model_id in [*reversed(lru_order), *others]:  # most recently used first
+    for model_id in [*reversed(lru_order), *reversed(host_order), *others]:  # device, then host, most recent first
         activity = beat.models.get(model_id)
         entry = loaded.get(model_id)
-        state = "-" if entry is None else ("running" if entry.busy else "loaded")
+        state = "-" if entry is None else ("host" if entry.tier == "host" else "running" if entry.busy else "loaded")
         if entry is not None and entry.remote:
             state += " (remote)"
         if activity is not None and activity.claimed:
@@ -142,6 +144,7 @@ def render_worker(beat: Heartbeat, now: float) -> RenderableType:
             str(activity.loads) if activity else "0",
             _seconds(activity.load_s_last if activity else None),
             _seconds(mean_load),
+            str(activity.swap_ins) if activity else "0",
             str(activity.jobs_done) if activity else "0",
             str(activity.jobs_failed) if activity else "0",
             str(activity.jobs_expired) if activity else "0",
@@ -149,6 +152,18 @@ def render_worker(beat: Heartbeat, now: float) -> RenderableType:
             str(activity.backlog) if activity else "0",
         )
     return table
+
+
+def _host_tier(beat: Heartbeat) -> str:
+    """The caption's part on the host tier ("" without one)."""
+    cache = beat.cache
+    if not cache.host_max_models:
+        return ""
+    return (
+        f"host tier {len(beat.host)}/{cache.host_max_models} models, {format_bytes(cache.host_used_bytes)} "
+        f"(budget {format_bytes(cache.host_budget_bytes)}), swap-ins {cache.swap_ins}, moved there "
+        f"{cache.swap_outs}, dropped to disk {cache.host_evictions} · "
+    )
 
 
 def render_memory(memory: RedisMemory) -> RenderableType:

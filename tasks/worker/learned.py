@@ -1,11 +1,12 @@
 """What workers learn about each model, kept in Redis so that a restarted (or a new) worker starts tuned.
 
 Per device kind (``cpu``, ``cuda:NVIDIA H200``, ...), one hash ``Keyspace.learned(device)``: per
-model, JSON of its measured seconds per input at each batch size (the ``BatchTuner``'s), its last load time and
-its size in bytes. A worker reads it at start-up (``seed``: tuners, load costs for the scheduler and placement,
-sizes for loading ahead under a byte budget, and the order of the warm start) and writes what changed once per
-heartbeat (``save``). The hash expires ``LEARNED_TTL_S`` after the last worker started or wrote to it (a
-deployment gone for a month leaves nothing behind); a worker whose Redis lacks it simply learns again.
+model, JSON of its measured seconds per input at each batch size (the ``BatchTuner``'s), its last load time from
+disk (``load_s``), its last swap-in from the host tier (``host_load_s``) and its size in bytes. A worker reads it
+at start-up (``seed``: tuners, load costs per tier for the scheduler and placement, sizes for loading ahead under
+a byte budget, and the order of the warm start) and writes what changed once per heartbeat (``save``). The hash
+expires ``LEARNED_TTL_S`` after the last worker started or wrote to it (a deployment gone for a month leaves
+nothing behind); a worker whose Redis lacks it simply learns again.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class LearnedStore:
             costs = {int(size): float(s) for size, s in (record.get("batch_costs_s") or {}).items()}
             if costs:
                 engine.seed_tuner(manager.store.get(model_id), costs)
-            manager.seed(model_id, load_s=record.get("load_s"), size_bytes=record.get("size_bytes"))
+            manager.seed(model_id, load_s=record.get("load_s"), size_bytes=record.get("size_bytes"),
+                         host_load_s=record.get("host_load_s"))
         self._saved = {m: json.dumps(r, sort_keys=True) for m, r in records.items()}
         if records:
             logger.info("learned from earlier workers: %s", ", ".join(sorted(set(records) & known)))

@@ -68,5 +68,7 @@ def build_runtime(settings: Settings, *, warm_up: bool = False) -> Runtime:
         max_models=s.max_models,
         memory_budget_bytes=s.memory_budget_bytes,
         remote_max_models=s.triton_max_models,
+        host_max_models=s.host_max_models,
+        host_memory_budget_bytes=s.host_memory_budget_bytes,
     )
     return Runtime(s, store, manager)

@@ -57,6 +57,9 @@ logger = logging.getLogger(__name__)
 class TritonWorker(ModelWorker, framework="triton"):
     """A model on a Triton server, named by the entry's ``name``. See the module docstring for the behaviour.
 
+    There is no host tier for Triton models (``host_tier`` stays False): the model lives in the server's process,
+    which keeps no copy of it in host memory once unloaded, so an evicted Triton model is unloaded as ever.
+
     Attributes (class defaults; set on an instance to change one worker):
         retry_delays_s: pauses between tries of a call the server did not answer; one more try than delays.
         connection_timeout_s: seconds to open a connection.

@@ -1,0 +1,85 @@
+"""The cache's plain records: an entry on the device, a load in progress, the counters, and the cost defaults."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from manager.frameworks.worker import ModelWorker
+
+__all__ = ["DEFAULT_LOAD_COST_S", "HOST_COST_FRACTION", "CacheStats", "LoadedModel", "Tier"]
+
+#: Seconds a model is assumed to take to load before it has been loaded once (used by the scheduler).
+DEFAULT_LOAD_COST_S = 1.0
+#: A swap-in from host memory not yet measured is assumed to cost this share of the model's load from disk (a copy
+#: over PCIe against deserialising and building: ServerlessLLM and PipeSwitch measure a tenth or less).
+HOST_COST_FRACTION = 0.1
+
+
+class Tier(StrEnum):
+    """Where a model is: loaded on the device, kept built in host memory, or only on disk."""
+
+    DEVICE = "device"
+    HOST = "host"
+    DISK = "disk"
+
+
+@dataclass
+class LoadedModel:
+    """One cache entry (on the device; in host memory for an entry of the host tier).
+
+    ``load_s`` is what its last arrival on the device took: a load from disk, or a copy from host memory when
+    ``from_host``.
+    """
+
+    model_id: str
+    worker: ModelWorker
+    size_bytes: int
+    load_s: float
+    remote: bool
+    pins: int = 0
+    hits: int = 0
+    loaded_at: float = field(default_factory=time.time)
+    from_host: bool = False
+
+
+@dataclass
+class Loading:
+    """A load in progress: the room it has reserved, and when it is over (``entry``: None if it failed)."""
+
+    size_bytes: int
+    remote: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    entry: LoadedModel | None = None
+
+
+@dataclass
+class CacheStats:
+    """Counters since the cache was made.
+
+    ``loads`` and ``load_seconds`` count loads from disk only; a swap-in from the host tier counts in ``swap_ins``
+    and ``swap_in_seconds``, a move of an evicted model into the host tier in ``swap_outs``, and a model dropped
+    from the host tier to make room there in ``host_evictions``. ``evictions`` counts models leaving the device,
+    whichever tier they go to.
+    """
+
+    hits: int = 0
+    misses: int = 0
+    loads: int = 0
+    evictions: int = 0
+    load_failures: int = 0
+    #: loads started ahead of their model's group (``load_ahead``), and how many of them a group then used
+    loads_ahead: int = 0
+    load_seconds: dict[str, list[float]] = field(default_factory=dict)
+    swap_ins: int = 0
+    swap_outs: int = 0
+    host_evictions: int = 0
+    swap_in_seconds: dict[str, list[float]] = field(default_factory=dict)
+    swap_out_s_total: float = 0.0
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` says memory ran out (``MemoryError``, or torch's ``OutOfMemoryError``, on any device)."""
+    return isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"
