@@ -8,10 +8,11 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from config.settings import Settings, load_settings
 
-__all__ = ["ModelsOption", "console", "err_console", "fail", "print_error", "settings_with"]
+__all__ = ["ModelsOption", "console", "err_console", "fail", "print_error", "routes_table", "settings_with"]
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -40,3 +41,41 @@ def settings_with(**flags: Any) -> Settings:
         ConfigError: a variable or a flag is invalid (``main`` prints it as one line).
     """
     return load_settings(**flags)
+
+
+def routes_table(store: Any, settings: Settings) -> Table:
+    """Each route with its split now (the file's weights, or those set with ``swapless route``) and its shadows'
+    agreement so far; without Redis, the file's weights."""
+    overrides: dict[str, dict[str, float]] = {}
+    agreement: dict[tuple[str, str, str], tuple[int, int]] = {}
+    if settings.redis_url is not None:
+        from tasks.broker.connection import redis_client
+        from tasks.broker.routes import RouteOverrides, read_shadow
+        from tasks.broker.sentinel import SentinelOptions
+        from tasks.keyspace import Keyspace
+
+        try:
+            client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+                                  sentinel=SentinelOptions.of(settings))
+            overrides = RouteOverrides(client, Keyspace.of(settings)).get()
+            agreement = read_shadow(client, Keyspace.of(settings))
+        except Exception as err:  # noqa: BLE001 - the file's routes are still worth showing
+            print_error(f"cannot read the run-time route weights ({err}); showing the models file's")
+    table = Table(title=f"{len(store.routes)} routes")
+    for column in ("id", "kind", "split now", "shadow", "shadow agreement"):
+        table.add_column(column, overflow="fold")
+    for route in store.routes.values():
+        if route.by_type is not None:
+            branches = ", ".join(f"{t.value} -> {target}" for t, target in route.by_type.items())
+            table.add_row(route.id, "by type", branches, "-", "-")
+            continue
+        weights = overrides.get(route.id) or route.route or {}
+        total = sum(weights.values())
+        split = ", ".join(f"{target} {100 * w / total:.1f} %" for target, w in weights.items())
+        if route.id in overrides:
+            split += " (run-time)"
+        shadow = ", ".join(f"{target} {share:g} %" for target, share in (route.shadow or {}).items()) or "-"
+        agreed = [f"{served} vs {shadow_model}: {a}/{n} ({100 * a / n:.1f} %)"
+                  for (r, served, shadow_model), (a, n) in sorted(agreement.items()) if r == route.id and n]
+        table.add_row(route.id, "split", split, shadow, "; ".join(agreed) or "-")
+    return table

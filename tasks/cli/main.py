@@ -1,5 +1,6 @@
-"""The ``swapless`` command line (typer): worker, submit, result, cancel, models, route, serve, status; bulk, demo and
-demo-models live in ``tasks.cli.bulk``. ``main`` turns any SwaplessError into one error line and exit status 2."""
+"""The ``swapless`` command line (typer): worker, submit, result, cancel, models, reload, route, serve, batches;
+bulk, demo and demo-models live in ``tasks.cli.bulk``, status and webhooks in ``tasks.cli.status``. ``main`` turns
+any SwaplessError into one error line and exit status 2."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ import base64
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 from rich.table import Table
 
 from config.errors import JobTimeout, QueueFull, QueueUnavailable, SwaplessError
-from config.settings import Settings, parse_bytes
+from config.settings import parse_bytes
 from tasks.cli import bulk as _bulk
-from tasks.cli.common import ModelsOption, console, fail, print_error, settings_with
+from tasks.cli import status as _status
+from tasks.cli.common import ModelsOption, console, fail, print_error, routes_table, settings_with
 
 __all__ = ["app", "main"]
 
@@ -211,45 +213,7 @@ def models(models: ModelsOption = None) -> None:
         )
     console.print(table)
     if store.routes:
-        console.print(_routes_table(store, settings))
-
-
-def _routes_table(store: Any, settings: Settings) -> Table:
-    """Each route with its split now (the file's weights, or those set with ``swapless route``) and its shadows'
-    agreement so far; without Redis, the file's weights."""
-    overrides: dict[str, dict[str, float]] = {}
-    agreement: dict[tuple[str, str, str], tuple[int, int]] = {}
-    if settings.redis_url is not None:
-        from tasks.broker.connection import redis_client
-        from tasks.broker.routes import RouteOverrides, read_shadow
-        from tasks.broker.sentinel import SentinelOptions
-        from tasks.keyspace import Keyspace
-
-        try:
-            client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
-                                  sentinel=SentinelOptions.of(settings))
-            overrides = RouteOverrides(client, Keyspace.of(settings)).get()
-            agreement = read_shadow(client, Keyspace.of(settings))
-        except Exception as err:  # noqa: BLE001 - the file's routes are still worth showing
-            print_error(f"cannot read the run-time route weights ({err}); showing the models file's")
-    table = Table(title=f"{len(store.routes)} routes")
-    for column in ("id", "kind", "split now", "shadow", "shadow agreement"):
-        table.add_column(column, overflow="fold")
-    for route in store.routes.values():
-        if route.by_type is not None:
-            branches = ", ".join(f"{t.value} -> {target}" for t, target in route.by_type.items())
-            table.add_row(route.id, "by type", branches, "-", "-")
-            continue
-        weights = overrides.get(route.id) or route.route or {}
-        total = sum(weights.values())
-        split = ", ".join(f"{target} {100 * w / total:.1f} %" for target, w in weights.items())
-        if route.id in overrides:
-            split += " (run-time)"
-        shadow = ", ".join(f"{target} {share:g} %" for target, share in (route.shadow or {}).items()) or "-"
-        agreed = [f"{served} vs {shadow_model}: {a}/{n} ({100 * a / n:.1f} %)"
-                  for (r, served, shadow_model), (a, n) in sorted(agreement.items()) if r == route.id and n]
-        table.add_row(route.id, "split", split, shadow, "; ".join(agreed) or "-")
-    return table
+        console.print(routes_table(store, settings))
 
 
 @app.command()
@@ -273,7 +237,7 @@ def reload(models: ModelsOption = None) -> None:
                                             sentinel=SentinelOptions.of(settings)),
                                Keyspace.of(settings))
     overrides.reload(store)
-    console.print(_routes_table(store, settings))
+    console.print(routes_table(store, settings))
 
 
 @app.command()
@@ -312,7 +276,7 @@ def route(
         overrides.clear(route_id)
     else:
         overrides.set(store, route_id, parsed)
-    console.print(_routes_table(store, settings))
+    console.print(routes_table(store, settings))
 
 
 def _is_loopback(host: str) -> bool:
@@ -407,142 +371,8 @@ def _large_buffers_back_to_the_os() -> None:
         pass
 
 
-@app.command()
-def status(
-    watch: Annotated[bool, typer.Option("--watch", help="keep refreshing (Ctrl-C stops)")] = False,
-    interval: Annotated[float, typer.Option(min=0.1, help="seconds between refreshes with --watch")] = 2.0,
-    count: Annotated[int, typer.Option(min=0, help="with --watch, stop after this many refreshes (0: never)")] = 0,
-    sample: Annotated[
-        int, typer.Option(min=1, help="queued messages read per priority level to count jobs per model")
-    ] = 200,
-    queue: Annotated[str | None, typer.Option(help="queue to show [default: swapless]")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the status as JSON instead of tables")] = False,
-) -> None:
-    """Show the queue per model and each live worker: loaded models, cache hits/misses/evictions, loads, jobs, waits."""
-    import time
-
-    import redis
-    from rich.console import Group
-
-    from manager.registry.store import ModelStore
-    from tasks.broker.connection import redis_client, translated
-    from tasks.broker.sentinel import SentinelOptions
-    from tasks.broker.webhooks import read_webhooks
-    from tasks.cluster.members import read_heartbeats
-    from tasks.cluster.view import read_placement
-    from tasks.keyspace import Keyspace
-    from tasks.observe.batches import read_batches
-    from tasks.observe.memory import read_redis_memory
-    from tasks.observe.queue import read_queue_depth
-    from tasks.observe.view import render_status
-
-    settings = settings_with(queue=queue)
-    keyspace = Keyspace.of(settings)
-    client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
-                          sentinel=SentinelOptions.of(settings))
-    store = ModelStore.from_file(settings.models_file)
-    model_ids = store.ids()
-
-    def render() -> Any:
-        with translated(settings.broker_url):
-            depth = read_queue_depth(client, keyspace, model_ids, sample)
-            workers = read_heartbeats(client, keyspace)
-            view = render_status(depth, workers, memory=read_redis_memory(client, keyspace, model_ids),
-                                 places=read_placement(client, keyspace, model_ids))
-            hooks = read_webhooks(client, keyspace, limit=5)
-            batches = read_batches(client, keyspace)
-            parts: list[Any] = [view]
-            if store.routes:
-                parts.append(_routes_table(store, settings))
-            if batches["batches"]:
-                parts.append(_batches_text(batches))
-            if hooks["pending"] or hooks["failed"]:
-                parts.append(_webhooks_text(hooks))
-            return Group(*parts) if len(parts) > 1 else view
-
-    if as_json:
-        from tasks.observe.status import read_status
-
-        with translated(settings.broker_url):
-            payload = read_status(client, keyspace, model_ids, sample)
-        sys.stdout.write(json.dumps(payload) + "\n")
-        return
-    view = render()  # Redis down: one error line (main)
-    if not watch:
-        console.print(view)
-        return
-    from rich.live import Live
-    from rich.text import Text
-
-    refreshes = 1
-    with Live(view, console=console, auto_refresh=False) as live:
-        try:
-            while not count or refreshes < count:
-                time.sleep(interval)
-                try:
-                    view = render()
-                except (QueueUnavailable, QueueFull, redis.RedisError) as err:
-                    view = Text(f"{err}; retrying every {interval:g} s")
-                live.update(view, refresh=True)
-                refreshes += 1
-        except KeyboardInterrupt:
-            pass
-
-
-def _batches_text(standing: dict[str, Any]) -> Any:
-    """The status's batches: those not finished, then the newest finished ones, with their progress."""
-    from rich.text import Text
-
-    lines = [f"batches: {standing['active']} not finished"]
-    for b in standing["batches"]:
-        done = b["completed"] + b["failed"]
-        lines.append(f"  {b['id']}  {b['status']}  {done}/{b['total']} ({b['completed']} completed, "
-                     f"{b['failed']} failed)")
-    return Text("\n".join(lines))
-
-
-def _webhooks_text(hooks: dict[str, Any]) -> Any:
-    """The status's webhooks line, and the newest failed deliveries (``swapless webhooks --replay`` resends)."""
-    from rich.text import Text
-
-    lines = [f"webhooks: {hooks['pending']} waiting to be delivered, {hooks['failed']} failed after their last retry"
-             + (" (swapless webhooks --replay sends them again)" if hooks["failed"] else "")]
-    lines += [f"  {d['id']}  {d['url']}  {d['attempts']} attempt(s): {d['last_error']}" for d in hooks["recent_failed"]]
-    return Text("\n".join(lines))
-
-
-@app.command()
-def webhooks(
-    delivery_ids: Annotated[list[str] | None, typer.Argument(help="job ids of the failed deliveries to replay")] = None,
-    replay: Annotated[bool, typer.Option("--replay", help="queue failed deliveries again (all, or those given)")] = (
-        False),
-    queue: Annotated[str | None, typer.Option(help="queue whose webhooks to show [default: swapless]")] = None,
-) -> None:
-    """List the webhook deliveries that failed after their last retry (one JSON line each), or replay them.
-
-    With --replay, the failed deliveries (all, or the job ids given) are queued again with a fresh retry window;
-    prints how many. A worker's sender delivers them."""
-    from tasks.broker.connection import redis_client, translated
-    from tasks.broker.sentinel import SentinelOptions
-    from tasks.broker.webhooks import WebhookQueue
-
-    settings = settings_with(queue=queue)
-    client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
-                          sentinel=SentinelOptions.of(settings))
-    hooks = WebhookQueue.of(client, settings)
-    with translated(settings.broker_url):
-        if replay:
-            sys.stdout.write(json.dumps({"replayed": hooks.replay(delivery_ids or None)}) + "\n")
-            return
-        _, failed = hooks.failed(limit=settings.webhook_max_failed)
-    for d in failed:
-        if delivery_ids and d.id not in delivery_ids:
-            continue
-        sys.stdout.write(json.dumps({"id": d.id, "url": d.url, "attempts": d.attempts, "last_error": d.last_error,
-                                     "failed_at": d.failed_at}) + "\n")
-
-
 _bulk.register(app)
+_status.register(app)
 
 
 def main() -> None:
