@@ -13,9 +13,12 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from manager.frameworks.worker import ModelWorker
+
+if TYPE_CHECKING:
+    from manager import ModelManager
 
 
 class OutOfMemoryError(RuntimeError):
@@ -116,3 +119,18 @@ def write_fake_models(directory: Path, sizes: dict[str, int]) -> Path:
     path = directory / "models.json"
     path.write_text(json.dumps({"models": entries}))
     return path
+
+
+def make_manager(tmp_path: Path, sizes: dict[str, int], **kwargs: object) -> ModelManager:
+    """A ModelManager over fake models of these sizes (``kwargs``: its limits)."""
+    from manager import ModelEngine, ModelManager, ModelStore
+
+    engine = ModelEngine()
+    store = ModelStore.from_file(write_fake_models(tmp_path, sizes), engine.frameworks)
+    return ModelManager(store, engine, **kwargs)  # type: ignore[arg-type]
+
+
+def use(manager: ModelManager, model_id: str) -> None:
+    """Run one fake input through ``model_id`` (loading it if need be)."""
+    with manager.use(model_id) as worker:
+        assert worker.predict(["x"]) == [{"echo": "x", "model": model_id}]

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from config.errors import ModelLoadError, ModelTooLarge, UnknownModel
-from manager import ModelEngine, ModelManager, ModelStore
-from tests.fakes import FakeWorker, write_fake_models
+from tests.fakes import FakeWorker, make_manager, use
 
 
 @pytest.fixture(autouse=True)
@@ -19,17 +18,6 @@ def _reset_fake() -> Iterator[None]:
     FakeWorker.reset()
     yield
     FakeWorker.reset()
-
-
-def make_manager(tmp_path: Path, sizes: dict[str, int], **kwargs: object) -> ModelManager:
-    engine = ModelEngine()
-    store = ModelStore.from_file(write_fake_models(tmp_path, sizes), engine.frameworks)
-    return ModelManager(store, engine, **kwargs)  # type: ignore[arg-type]
-
-
-def use(manager: ModelManager, model_id: str) -> None:
-    with manager.use(model_id) as worker:
-        assert worker.predict(["x"]) == [{"echo": "x", "model": model_id}]
 
 
 def test_hit_miss_and_lru_eviction_like_the_original_design(tmp_path: Path) -> None:

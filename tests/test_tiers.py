@@ -19,7 +19,7 @@ from config.errors import ModelLoadError
 from manager import ModelEngine, ModelManager, ModelStore
 from manager.cache.costs import LoadCosts
 from manager.cache.entries import DEFAULT_LOAD_COST_S, HOST_COST_FRACTION, Tier
-from tests.fakes import FakeWorker, write_fake_models
+from tests.fakes import FakeWorker, make_manager, use
 
 
 @pytest.fixture(autouse=True)
@@ -27,17 +27,6 @@ def _reset_fake() -> Iterator[None]:
     FakeWorker.reset()
     yield
     FakeWorker.reset()
-
-
-def make_manager(tmp_path: Path, sizes: dict[str, int], **kwargs: object) -> ModelManager:
-    engine = ModelEngine()
-    store = ModelStore.from_file(write_fake_models(tmp_path, sizes), engine.frameworks)
-    return ModelManager(store, engine, **kwargs)  # type: ignore[arg-type]
-
-
-def use(manager: ModelManager, model_id: str) -> None:
-    with manager.use(model_id) as worker:
-        assert worker.predict(["x"]) == [{"echo": "x", "model": model_id}]
 
 
 def test_an_evicted_model_waits_in_host_memory_and_comes_back_by_a_copy(tmp_path: Path) -> None:
