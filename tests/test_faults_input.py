@@ -184,10 +184,11 @@ def test_one_worker_survives_every_bad_input_in_one_batch_and_the_rest_succeeds(
     jobs.append(Client(validate=False).submit("sentimnt", "hello"))
     expected.append(fails(UnknownModel, f"unknown model 'sentimnt' (known: {known})"))
     malformed = "bad input for model '?': malformed job payload: "
+    expected_args = "expected args [model_id, input] and no kwargs, or args [value] and the keyword model_id"
     for args, kwargs, problem in [
-        (["sentiment"], None, "expected args [model_id, input] and no kwargs"),
-        (["sentiment", "hi", "extra"], None, "expected args [model_id, input] and no kwargs"),
-        (["sentiment", "hi"], {"top_k": 3}, "expected args [model_id, input] and no kwargs"),
+        (["sentiment"], None, expected_args),
+        (["sentiment", "hi", "extra"], None, expected_args),
+        (["sentiment", "hi"], {"top_k": 3}, expected_args),
         ([42, "hi"], None, "model id must be a string, not int"),
     ]:
         sent = client.app.send_task(PREDICT_TASK, args=args, kwargs=kwargs, queue=faults.queue)
