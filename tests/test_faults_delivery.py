@@ -408,8 +408,12 @@ def test_sigterm_finishes_the_batch_in_hand_and_requeues_the_rest(faults: FaultE
     in_hand_gate = faults.gate_text()  # the batch in hand waits there until after the SIGTERM
     in_hand = [in_hand_gate] + [f"in-hand-{i}" for i in range(9)]
     in_hand_jobs = [client.submit("echo", text) for text in in_hand]
+    # all ten in the worker's hands before the gate opens, so that they make one group
+    wait_for(lambda: faults.queued() == 0 and faults.unacked() == 1 + len(in_hand), 10, "the in-hand prefetch")
     held.open()
     faults.wait_executed(in_hand_gate)
+    ran_with_gate = next(batch for batch in batches(faults.exec_log) if in_hand_gate in batch)
+    assert sorted(ran_with_gate) == sorted(in_hand), "the batch in hand is the ten echo jobs"
     buffered = [f"buffered-{i}" for i in range(40)]
     buffered_jobs = [client.submit("echo2", text) for text in buffered[:30]]
     buffered_jobs += [client.submit("echo", text) for text in buffered[30:]]

@@ -51,7 +51,9 @@ def test_a_worker_with_a_host_tier_swaps_in_and_shows_each_models_tier(
     assert "moved sentiment to host memory" in log and "moved spam to host memory" in log
 
     r = redis.Redis.from_url(settings.broker_url)
-    beat = _beat(r, settings, lambda b: b.cache.swap_ins >= 1 and bool(b.host))
+    # the cache counts a swap-in when it happens, the model's row when its group ends: wait for both
+    beat = _beat(r, settings, lambda b: b.cache.swap_ins >= 1 and bool(b.host)
+                 and "sentiment" in b.models and b.models["sentiment"].swap_ins >= 1)
     assert [e.model_id for e in beat.loaded] == ["sentiment"]
     assert [(e.model_id, e.tier) for e in beat.host] == [("spam", "host")]
     assert (beat.cache.host_max_models, beat.cache.host_budget_bytes) == (2, 1 << 30)

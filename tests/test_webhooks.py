@@ -253,24 +253,23 @@ def test_webhooks_arrive_signed_and_survive_a_receiver_outage(
 def test_a_slow_receiver_leaves_the_worker_throughput_unchanged(
     hook_env: dict[str, str], client: Client, start_worker: Callable[..., WorkerProcess]
 ) -> None:
+    """The jobs' results do not wait for their webhooks. Untimed: 200 webhooks to a receiver that takes 1 s each, 2
+    at a time, need 100 s; all 200 results come within the 60 s the gather allows, with most webhooks still to
+    send. How much a webhook costs per job is ``python -m bench.webhooks``'s to measure."""
     start_worker(env={"SWAPLESS_WEBHOOK_CONCURRENCY": "2"})
-    receiver = Receiver(delay_s=1.0).start()  # 2 at a time, 1 s each: 200 webhooks take 100 s to deliver
+    receiver = Receiver(delay_s=1.0).start()
     try:
         client.gather(client.submit_jobs([("spam", "warm-up")]), timeout=60)
         n = 200
-        started = time.perf_counter()
-        client.gather(client.submit_jobs([("spam", f"plain {i}") for i in range(n)]), timeout=60)
-        plain_s = time.perf_counter() - started
-        started = time.perf_counter()
-        client.gather(client.submit_jobs([("spam", f"hooked {i}") for i in range(n)], callback_url=receiver.url),
-                      timeout=60)
-        hooked_s = time.perf_counter() - started
+        plain = client.submit_jobs([("spam", f"plain {i}") for i in range(n)])
+        hooked = client.submit_jobs([("spam", f"hooked {i}") for i in range(n)], callback_url=receiver.url)
+        answers = client.gather(plain + hooked, timeout=60)
+        delivered = len(receiver.received)
         receiver.wait_for(2, 30)  # the sender is posting meanwhile
     finally:
         receiver.stop()
-    print(f"200 jobs: {plain_s:.2f} s without webhooks, {hooked_s:.2f} s with a 1 s receiver")
-    # the jobs finish long before their webhooks could (100 s): the sender never held the results up
-    assert hooked_s < max(3 * plain_s, plain_s + 2.0)
+    assert len(answers) == 2 * n
+    assert delivered < n // 2, f"{delivered} of {n} webhooks were delivered before the results were all in"
 
 
 @pytest.mark.slow
