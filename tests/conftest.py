@@ -74,14 +74,24 @@ def key_prefix(redis_url: str) -> Iterator[str]:
         client.delete(*keys)
 
 
+@pytest.fixture(scope="module")
+def served_models_file(request: pytest.FixtureRequest, models_file: Path, text_models_file: Path) -> Path:
+    """The models file of a module's producers and workers (``SWAPLESS_MODELS_FILE``): the tiny text models, and the
+    image model too where the module is marked ``images``. A worker imports the libraries of every framework it
+    serves when it starts; torchvision's is 2 s of CPU, paid by each of the suite's worker starts otherwise."""
+    return models_file if request.node.get_closest_marker("images") else text_models_file
+
+
 @pytest.fixture
-def swapless_env(redis_url: str, key_prefix: str, models_file: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+def swapless_env(
+    redis_url: str, key_prefix: str, served_models_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
     """Environment for this test's producers and workers: its own queue and key prefix, the tiny models."""
     env = {
         "SWAPLESS_REDIS_URL": redis_url,
         "SWAPLESS_KEY_PREFIX": key_prefix,
         "SWAPLESS_QUEUE": key_prefix + "jobs",
-        "SWAPLESS_MODELS_FILE": str(models_file),
+        "SWAPLESS_MODELS_FILE": str(served_models_file),
         "SWAPLESS_DEVICE": "cpu",
     }
     for name, value in env.items():
@@ -191,12 +201,12 @@ def start_worker(swapless_env: dict[str, str], tmp_path: Path) -> Iterator[Calla
 
 
 @pytest.fixture(scope="module")
-def module_env(redis_url: str, models_file: Path) -> Iterator[dict[str, str]]:
+def module_env(redis_url: str, served_models_file: Path) -> Iterator[dict[str, str]]:
     """Like ``swapless_env``, for the tests of a module that share workers: one queue and key prefix for the whole
     module, set in this process until the module ends; its keys are deleted then."""
     from tests.stack import private_env  # tests.stack imports this module
 
-    with private_env(redis_url, models_file) as env:
+    with private_env(redis_url, served_models_file) as env:
         yield env
 
 

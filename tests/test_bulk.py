@@ -34,6 +34,8 @@ from tests.conftest import REPO, WorkerProcess, Workers
 from tests.faultkit import wait_for
 from tests.tinymodels import encode_image
 
+pytestmark = pytest.mark.images
+
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:
     path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))

@@ -26,7 +26,7 @@ from tasks.protocol import PREDICT_TASK
 from tests.conftest import REPO, WorkerProcess
 from tests.tinymodels import encode_image
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.images]
 
 TEXTS = [
     "the movie was wonderful and the actors were great",

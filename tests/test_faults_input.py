@@ -30,7 +30,7 @@ from tests import faultkit
 from tests.faultkit import FaultEnv, Scenario, echoes, fails, gate, labels, publish_raw, settle
 from tests.tinymodels import encode_image
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow]
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.images]
 
 
 # -- 4. a batch whose code raises --------------------------------------------------------------------------------

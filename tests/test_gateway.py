@@ -25,7 +25,7 @@ from tests.redis_server import redis_server_binary
 from tests.stack import GatewayProcess, Stack, free_port, pubsub_connections, wait_for, worker_and_gateway
 from tests.tinymodels import encode_image
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.images]
 
 MAX_BODY_BYTES = 256 * 1024
 

@@ -29,7 +29,7 @@ from tasks.keyspace import Keyspace
 from tests.stack import GatewayProcess, Stack, private_env, wait_for, worker_and_gateway
 from tests.tinymodels import encode_image, write_models_file
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.images]
 
 MAX_BODY_BYTES = 256 * 1024
 RATE = 20  # jobs/s per key: bursts of 40

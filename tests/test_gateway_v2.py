@@ -28,7 +28,7 @@ from tests.stack import GatewayProcess, free_port, wait_for, worker_and_gateway
 from tests.stack import Stack as GatewayStack
 from tests.tinymodels import encode_image, write_models_file
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.images]
 
 MAX_BODY_BYTES = 256 * 1024
 TOP_K = 5  # the tiny models' top_k: the default

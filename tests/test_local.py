@@ -22,7 +22,7 @@ import redis
 from tests.conftest import REPO
 from tests.webhook_receiver import SECRET, Receiver
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.images]
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ from tasks.protocol import PREDICT_TASK, PRIORITY_BULK, PRIORITY_INTERACTIVE
 from tests.conftest import WorkerProcess
 from tests.tinymodels import encode_image
 
+pytestmark = pytest.mark.images
+
 # differ by design between any two messages
 _PER_MESSAGE = {"id", "root_id", "argsrepr", "swapless_sent_at", "correlation_id", "delivery_tag"}
 

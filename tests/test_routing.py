@@ -16,6 +16,8 @@ from manager.registry.routing import input_type, pick, shadows_of
 from manager.registry.specs import InputType
 from manager.registry.store import ModelStore
 
+pytestmark = pytest.mark.images
+
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 64).decode()
 
 

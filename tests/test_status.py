@@ -32,6 +32,8 @@ from tests.fakes import FakeWorker, write_fake_models
 from tests.stack import listening_ports, run_cli, wait_for
 from tests.tinymodels import encode_image
 
+pytestmark = pytest.mark.images
+
 # -- the accounting, without Redis --------------------------------------------------------------------------
 
 

@@ -21,6 +21,8 @@ from manager.cache.costs import LoadCosts
 from manager.cache.entries import DEFAULT_LOAD_COST_S, HOST_COST_FRACTION, Tier
 from tests.fakes import FakeWorker, make_manager, use
 
+pytestmark = pytest.mark.images
+
 
 @pytest.fixture(autouse=True)
 def _reset_fake() -> Iterator[None]:

@@ -14,6 +14,8 @@ from manager.registry.specs import InputType
 from tasks.client import Client
 from tests.conftest import WorkerProcess
 
+pytestmark = pytest.mark.images
+
 
 def test_warm_start_warms_each_local_model_seeds_its_tuner_and_leaves_the_cache_empty(models_file: Path) -> None:
     # batch sizes up to 4 and no time budget: every model climbs 1, 2, 4 however loaded the machine (the budget

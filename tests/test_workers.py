@@ -26,6 +26,8 @@ from manager.frameworks.worker import ModelWorker, WorkerLimits
 from manager.registry.store import ModelStore
 from tests.tinymodels import TEXT_MODELS, encode_image
 
+pytestmark = pytest.mark.images
+
 # The session fixtures ``tiny_models_dir`` and ``models_file`` come from tests.tinymodels (see conftest.py).
 
 TOLERANCE = 1e-5

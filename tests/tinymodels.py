@@ -8,10 +8,13 @@ Fixtures (import them into a test module, or list this module in ``pytest_plugin
 - ``tiny_models_dir`` (session): a directory holding ``sentiment``, ``spam``, ``topic`` and ``vision`` plus a
   ``models.json`` that lists them.
 - ``models_file`` (session): the path of that ``models.json``.
+- ``text_models_file`` (session): ``models-text.json`` beside it, the three text models alone: a worker serving it
+  never imports torchvision (2 s of CPU per worker start).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -37,6 +40,7 @@ __all__ = [
     "build_text_classifier",
     "encode_image",
     "models_file",
+    "text_models_file",
     "tiny_models_dir",
     "vocabulary",
     "write_models_file",
@@ -55,6 +59,12 @@ def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with FileLock(str(root) + ".lock"):
         if not (root / "models.json").exists():
             build_demo_models(root)  # models.json is written last
+        text = root / "models-text.json"
+        if not text.exists():
+            entries = json.loads((root / "models.json").read_text())["models"]
+            scratch = root / "models-text.tmp"
+            scratch.write_text(json.dumps({"models": [e for e in entries if e["id"] != IMAGE_MODEL_ID]}, indent=2))
+            scratch.replace(text)
     return root
 
 
@@ -62,3 +72,9 @@ def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def models_file(tiny_models_dir: Path) -> Path:
     """The ``models.json`` of ``tiny_models_dir``."""
     return tiny_models_dir / "models.json"
+
+
+@pytest.fixture(scope="session")
+def text_models_file(tiny_models_dir: Path) -> Path:
+    """The three text models of ``tiny_models_dir``, without the image model."""
+    return tiny_models_dir / "models-text.json"
