@@ -224,7 +224,7 @@ def render(results: Results, command: str, max_batch: int, stream_sample: int) -
         + f". Command: `{command}`; {repeats} repetition{'s' if repeats != 1 else ''}, median [min–max]; "
         f"{results.wall_s:.0f} s in all.",
         "",
-        f"Models (real architectures, random weights, real sizes, built offline by `manager/tiny.py`): {models}. "
+        f"Models (real architectures, random weights, real sizes, built offline by `manager/demo/tiny.py`): {models}. "
         f"Swapless is a real `swapless worker --warm-start --max-models 2` process on the device, forward passes up "
         f"to {max_batch} inputs (start-up {summary(results.worker_start_s)} s, not counted)"
         + (f"; {plan.threads} torch thread(s) in the worker and in the benchmark's process" if plan.threads else "")
