@@ -153,12 +153,14 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def deployment(redis_url: str, models_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+def deployment(
+    redis_url: str, served_models_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
     root = tmp_path_factory.mktemp("batches")
     extra = {"SWAPLESS_API_KEYS": f"{FULL},{LIMITED}:spam", "SWAPLESS_BATCH_FILES_URL": str(root / "files"),
              "SWAPLESS_BATCH_LEASE_S": "3", "SWAPLESS_WEBHOOK_SECRET": SECRET,
              "SWAPLESS_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1"}
-    with private_env(redis_url, models_file, **extra) as env:
+    with private_env(redis_url, served_models_file, **extra) as env:
         deployment = Deployment(env, root)
         try:
             deployment.worker()

@@ -125,7 +125,7 @@ def cells(row: Node) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def stack(redis_url: str, models_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(redis_url: str, served_models_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A worker and a keyed gateway, after known jobs: 3 sentiment and 2 spam done, 1 failed (blank text, sent by a
     plain client: the gateway refuses it), 1 expired
     and 1 cancelled (sent while the worker was frozen)."""
@@ -133,7 +133,7 @@ def stack(redis_url: str, models_file: Path, tmp_path_factory: pytest.TempPathFa
     extra = {"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5", "SWAPLESS_API_KEYS": f"{KEY},{SPAM_ONLY}:spam",
              "SWAPLESS_BATCH_FILES_URL": str(logs / "files")}
     with (
-        worker_and_gateway(redis_url, models_file, logs, "page@%h", "--log-level", "info", **extra) as (
+        worker_and_gateway(redis_url, served_models_file, logs, "page@%h", "--log-level", "info", **extra) as (
             env,
             worker,
             gateway,
@@ -167,6 +167,11 @@ def stack(redis_url: str, models_file: Path, tmp_path_factory: pytest.TempPathFa
 
 
 def test_status_json_is_what_swapless_status_json_prints(stack: Stack) -> None:
+    def counted() -> bool:  # the setup's last jobs are in the worker's heartbeat (sent every interval)
+        beats = stack.http.get("/status.json").json()["workers"]
+        return bool(beats) and (beats[0]["jobs_done"], beats[0]["jobs_failed"]) == (5, 2)
+
+    wait_for(counted, 20, what="the heartbeat to count the setup's jobs")
     served = stack.http.get("/status.json")
     assert served.status_code == 200 and served.headers["cache-control"] == "no-store"
     done = run_cli("status", "--json", env=stack.env)

@@ -313,14 +313,14 @@ def test_map_sends_one_webhook_per_chunk(
 
 @pytest.mark.slow
 def test_the_gateway_takes_a_callback_url_and_refuses_one_the_workers_would_refuse(
-    redis_url: str, models_file: Path, tmp_path: Path
+    redis_url: str, served_models_file: Path, tmp_path: Path
 ) -> None:
     from tests.stack import worker_and_gateway
 
     receiver = Receiver().start()
     try:
         with (
-            worker_and_gateway(redis_url, models_file, tmp_path, "hooks@%h", **HOOK_ENV) as (_, _, gateway),
+            worker_and_gateway(redis_url, served_models_file, tmp_path, "hooks@%h", **HOOK_ENV) as (_, _, gateway),
             httpx.Client(base_url=gateway.url, timeout=60) as http,
         ):
             queued = http.post("/jobs", json={"model_id": "spam", "input": "hooked", "callback_url": receiver.url})
