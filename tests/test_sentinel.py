@@ -171,6 +171,7 @@ def test_a_worker_acks_only_once_a_replica_holds_the_result(
     worker = faults.worker()
     client = Client()
     settle(client, [client.submit("echo", "warm")], 30)
+    faults.wait_broker_idle(30)  # acked: the replica confirmed the result (killed sooner, it never could)
 
     replica.stop(signal.SIGKILL)
     with pytest.raises(QueueUnavailable) as refused:

@@ -263,15 +263,20 @@ class EventLog:
         self.types: list[str] = []
         self._stop = threading.Event()
 
+        self._receiver: Any = None
+
         def capture() -> None:
+            # One subscription for the whole capture: each ``capture`` call subscribes anew, and an event published
+            # between two calls would be lost (pub/sub keeps nothing). ``stop`` ends it (``should_stop``, looked at
+            # every second).
             with client.app.connection() as conn:
-                receiver = client.app.events.Receiver(
+                self._receiver = client.app.events.Receiver(
                     conn, handlers={"*": lambda event: self.types.append(event["type"])}
                 )
                 while not self._stop.is_set():
                     try:
-                        receiver.capture(limit=None, timeout=0.3, wakeup=False)
-                    except (TimeoutError, OSError):
+                        self._receiver.capture(limit=None, timeout=None, wakeup=False)
+                    except OSError:
                         continue
 
         self._thread = threading.Thread(target=capture, daemon=True)
@@ -282,6 +287,8 @@ class EventLog:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._receiver is not None:
+            self._receiver.should_stop = True
         self._thread.join(5)
 
 
@@ -317,7 +324,11 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     except AssertionError as err:
         raise AssertionError(f"{err}\n--- worker log ---\n{worker.log()[-4000:]}") from None
     # Celery task events, as Flower reads them: each job received, then succeeded or failed
-    wait_for(lambda: events.count("task-succeeded") == 5 and events.count("task-failed") == 1, 10, what="task events")
+    try:
+        wait_for(lambda: events.count("task-succeeded") == 5 and events.count("task-failed") == 1, 30,
+                 what="task events")
+    except AssertionError as err:
+        raise AssertionError(f"{err}: received {events.types}") from None
     events.stop()
     assert events.count("task-received") == 6 and events.count("worker-heartbeat") >= 1
     assert beat.hostname.startswith("st@") and beat.queue == settings.queue and beat.pid == worker.proc.pid
