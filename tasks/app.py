@@ -75,6 +75,7 @@ def configure(app: Celery, s: Settings) -> None:
             "priority_steps": list(PRIORITY_STEPS),
             **prefix,
             **_sentinel_options(s),
+            **({"failover_wait_s": s.redis_failover_wait_s} if _sentinel_options(s) else {}),
         },
         result_backend_transport_options={**prefix, **_sentinel_options(s)},
         broker_connection_retry_on_startup=True,

@@ -39,13 +39,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+#: The fixtures that start real worker processes: a test using one is ``slow``.
+WORKER_FIXTURES = frozenset({"start_worker", "module_workers", "faults", "module_faults", "one_worker"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that reaches the real Redis (its fixtures, however indirectly, include ``redis_url``) is marked
-    ``redis``: ``-m "not slow and not redis"`` is the set that runs with no Redis at all. Tests marked ``full``
-    are deselected unless ``--full`` is given (CI runs the smaller sizes of the same tests)."""
+    ``redis``: ``-m "not slow and not redis"`` is the set that runs with no Redis at all. A test that starts real
+    worker processes (through ``WORKER_FIXTURES``) is marked ``slow``. Tests marked ``full`` are deselected unless
+    ``--full`` is given (CI runs the smaller sizes of the same tests)."""
     for item in items:
-        if "redis_url" in getattr(item, "fixturenames", ()):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "redis_url" in fixtures:
             item.add_marker(pytest.mark.redis)
+        if fixtures & WORKER_FIXTURES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
     if not config.getoption("--full"):
         full = [item for item in items if item.get_closest_marker("full") is not None]
         if full:

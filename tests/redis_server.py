@@ -101,6 +101,8 @@ class RedisServer:
             "--appendonly", "yes",
             "--appendfsync", "always",
             "--save", "",
+            # a replica syncs at once (Redis 7 waits 5 s for more replicas to share one diskless transfer)
+            "--repl-diskless-sync-delay", "0",
             "--daemonize", "no",
             "--logfile", str(self.log_path),
             *(["--requirepass", self.password] if self.password else []),
