@@ -6,7 +6,8 @@
 
 Models (``manager.demo.tiny``: real architectures, random weights, real sizes, saved as checkpoints are): bert-tiny ×2,
 bert-mini, distilbert-base, bert-base (hidden 768, 12 layers, 12 heads), mobilenet_v2, resnet18 and resnet50;
-``--quick``: two bert-tiny and mobilenet_v3_small, one torch thread per process. Every repetition measures, on the
+``--quick``: two bert-tiny and mobilenet_v3_small, one torch thread per process, the limit tried at batch sizes 8
+and 64 only (a check that every row is produced, not a measurement). Every repetition measures, on the
 device:
 
 1. per model, in this process: its load from its saved files, then one forward pass, then its unload, with
@@ -87,6 +88,7 @@ QUICK = Plan(
     repeats=1,
     # One thread each side: on a shared CI machine two OpenMP threads per process stall on each other's cores.
     threads=1,
+    batch_candidates=(8, MAX_BATCH),
 )
 
 
@@ -117,7 +119,8 @@ def run_limit(results: Results, models_file: Path, jobs: list[tuple[str, str]], 
         import torch
 
         torch.cuda.reset_peak_memory_stats()
-    limit, best_sizes, _ = measure_limit(models_file, jobs, device=device)
+    candidates = results.plan.batch_candidates
+    limit, best_sizes, _ = measure_limit(models_file, jobs, device=device, candidates=candidates)
     if cuda:
         results.limit_peak_bytes.append(int(torch.cuda.max_memory_allocated()))
     results.add("mixed", "limit", limit)
@@ -125,7 +128,7 @@ def run_limit(results: Results, models_file: Path, jobs: list[tuple[str, str]], 
         results.best_sizes.setdefault(model_id, []).append(size)
     model_id = stream[0][0]
     sample = stream[:STREAM_SAMPLE]
-    _, stream_sizes, per_job = measure_limit(models_file, sample, device=device)
+    _, stream_sizes, per_job = measure_limit(models_file, sample, device=device, candidates=candidates)
     results.add("stream", "limit", Run(1.0 / per_job[model_id], 0, 0.0, 0.0))
     results.compute_cpu_ms.append(
         compute_cpu_ms_per_job(models_file, results.info, model_id, [v for _, v in sample], stream_sizes[model_id])

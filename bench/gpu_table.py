@@ -36,6 +36,8 @@ class Plan:
     repeats: int
     #: torch threads of the benchmark's process and of the worker (None: torch's default, one per core)
     threads: int | None = None
+    #: the batch sizes the in-process limit tries per model
+    batch_candidates: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
     @property
     def model_ids(self) -> list[str]:
@@ -230,7 +232,8 @@ def render(results: Results, command: str, max_batch: int, stream_sample: int) -
         + (f"; {plan.threads} torch thread(s) in the worker and in the benchmark's process" if plan.threads else "")
         + ". The limit is measured in "
         f"the benchmark's own process on the same device (`bench.scheduler.measure_limit`): one load per model plus "
-        f"its jobs at its best batch size (best of two passes at each size 1..{max_batch}, then the median of three "
+        f"its jobs at its best batch size (best of two passes at each of the sizes "
+        f"{', '.join(map(str, plan.batch_candidates))}, then the median of three "
         f"at that size); the stream's on its first {min(plan.stream_jobs, stream_sample)} jobs. "
         f"The in-process CPU per job is the stream model's forward passes over those jobs at its best size, inputs "
         f"prepared as a worker does.",

@@ -52,9 +52,10 @@ BATCH_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
 
 
 def measure_limit(
-    models_file: Path, jobs: list[tuple[str, str]], device: str = "cpu"
+    models_file: Path, jobs: list[tuple[str, str]], device: str = "cpu",
+    candidates: tuple[int, ...] = BATCH_CANDIDATES,
 ) -> tuple[Run, dict[str, int], dict[str, float]]:
-    """One load per model + its jobs at its best batch size, on ``device`` (``cpu``, ``cuda``).
+    """One load per model + its jobs at its best batch size (of ``candidates``), on ``device`` (``cpu``, ``cuda``).
 
     Returns:
         The run, the best batch size per model and the seconds per job per model at that size.
@@ -78,7 +79,7 @@ def measure_limit(
         worker.tuner = None  # fixed sizes here: the limit is the best of each, measured
         worker.predict([worker.prepare(v) for v in values[:8]])  # first-call costs (allocator, kernels) once
         fastest = float("inf")
-        for size in BATCH_CANDIDATES:
+        for size in candidates:
             worker.limits.max_batch_size = size
             for _ in range(2):  # best of two: the machine is shared
                 started = time.perf_counter()
