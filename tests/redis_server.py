@@ -48,11 +48,23 @@ def protected_configs_allowed() -> list[str]:
     return ["--enable-protected-configs", "yes"] if major >= 7 else []
 
 
+#: Ports ``free_port`` handed out in this process: never handed out twice, as nothing may listen on them yet.
+_HANDED_OUT: set[int] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on now and that this process has not handed out before (the
+    kernel may give the same free port to two calls made before either is bound: a sentinel and a replica then
+    collided)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        with _HANDED_OUT_LOCK:
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
 
 
 class RedisServer:
@@ -88,6 +100,21 @@ class RedisServer:
     def client(self) -> redis.Redis:
         """An admin client (the default user)."""
         return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=5)
+
+    def wait_confirmed(self, replicas: int = 1, timeout_s: float = 20.0) -> None:
+        """Wait until ``replicas`` replicas confirm a write (``WAIT``) within 0.2 s. A replica whose link is up may
+        not acknowledge writes for a moment more (seen here: 0.6 s after a diskless sync), and a client with
+        ``SWAPLESS_REDIS_MIN_REPLICAS`` would count its first writes as unconfirmed."""
+        deadline = time.monotonic() + timeout_s
+        with self.client() as client:
+            while True:
+                client.set("replication-probe", "1")
+                if int(client.execute_command("WAIT", replicas, 200)) >= replicas:
+                    client.delete("replication-probe")
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{replicas} replica(s) of port {self.port} did not confirm a write in "
+                                       f"{timeout_s} s:\n{self.log_path.read_text(errors='replace')[-3000:]}")
 
     def start(self, timeout_s: float = 20.0) -> None:
         """Start the server and wait until it answers PING (having loaded its AOF)."""

@@ -125,6 +125,7 @@ class SentinelCluster:
                 wanted = len(self.replicas)
                 if linked and all(int(str(m["num-other-sentinels"])) >= 2 and int(str(m["num-slaves"])) >= wanted
                                  for m in states):
+                    self.primary.wait_confirmed(wanted, max(1.0, deadline - time.monotonic()))
                     return
             except redis.RedisError:
                 pass

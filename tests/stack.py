@@ -23,17 +23,11 @@ import redis
 
 from config.settings import get_settings
 from tests.conftest import REPO, CliProcess, WorkerProcess
+from tests.redis_server import free_port
 
 __all__ = ["GatewayProcess", "free_port", "listening_ports", "private_env", "pubsub_connections", "run_cli", "wait_for"]
 
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(

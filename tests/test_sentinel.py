@@ -168,6 +168,7 @@ def test_a_worker_acks_only_once_a_replica_holds_the_result(
     primary = private_redis()
     replica = private_redis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)])
     wait_for(lambda: replica.client().info("replication")["master_link_status"] == "up", 20, "the replica to sync")
+    primary.wait_confirmed()
     faults.set(SWAPLESS_REDIS_URL=primary.url(0), SWAPLESS_REDIS_MIN_REPLICAS="1",
                SWAPLESS_REDIS_REPLICA_TIMEOUT_S="0.2")
     worker = faults.worker()
@@ -199,6 +200,7 @@ def test_a_managed_redis_whose_address_moves_to_the_promoted_replica(
     primary = private_redis()
     replica = private_redis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)])
     wait_for(lambda: replica.client().info("replication")["master_link_status"] == "up", 20, "the replica to sync")
+    primary.wait_confirmed()
     faults.set(SWAPLESS_REDIS_URL=primary.url(0), SWAPLESS_REDIS_MIN_REPLICAS="1",
                SWAPLESS_REDIS_REPLICA_TIMEOUT_S="0.5")
     worker = faults.worker(env={"SWAPLESS_PREFETCH": "64"})

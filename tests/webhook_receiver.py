@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,13 +11,9 @@ from typing import Any
 
 from standardwebhooks import Webhook
 
+from tests.redis_server import free_port
+
 SECRET = "whsec_" + "c3dhcGxlc3MtdGVzdC1zZWNyZXQtMzItYnl0ZXMhIQ=="
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Receiver:
