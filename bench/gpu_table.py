@@ -14,6 +14,7 @@ from pathlib import Path
 
 from bench.common import OUT, build_models, summary
 from bench.gpu_probe import UNLOAD_TOLERANCE_BYTES, DeviceInfo, LoadProbe, TierProbe
+from bench.scheduler import BATCH_CANDIDATES
 from bench.systems import Run
 
 __all__ = ["Plan", "Results", "render"]
@@ -37,7 +38,7 @@ class Plan:
     #: torch threads of the benchmark's process and of the worker (None: torch's default, one per core)
     threads: int | None = None
     #: the batch sizes the in-process limit tries per model
-    batch_candidates: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    batch_candidates: tuple[int, ...] = BATCH_CANDIDATES
 
     @property
     def model_ids(self) -> list[str]:

@@ -41,6 +41,7 @@ def configure(app: Celery, s: Settings) -> None:
     """Apply ``s`` to ``app``'s configuration (the CLI calls this again after reading its flags)."""
     broker_url, broker_transport = broker_connection(s.broker_url)
     prefix = {"global_keyprefix": s.key_prefix} if s.key_prefix else {}
+    sentinel = _sentinel_options(s)
     app.conf.update(
         # tasks.broker.transport: kombu's Redis transport with an atomic fetch (no job lost between BRPOP and its
         # unacked record) that takes many messages per round trip.
@@ -74,10 +75,11 @@ def configure(app: Celery, s: Settings) -> None:
             "queue_order_strategy": "priority",
             "priority_steps": list(PRIORITY_STEPS),
             **prefix,
-            **_sentinel_options(s),
-            **({"failover_wait_s": s.redis_failover_wait_s} if _sentinel_options(s) else {}),
+            **sentinel,
+            # how long a connection rides out a failover (tasks.broker.failover.SentinelTransport)
+            **({"failover_wait_s": s.redis_failover_wait_s} if sentinel else {}),
         },
-        result_backend_transport_options={**prefix, **_sentinel_options(s)},
+        result_backend_transport_options={**prefix, **sentinel},
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         result_backend_always_retry=True,
