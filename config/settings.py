@@ -54,6 +54,14 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_HEARTBEAT_INTERVAL_S   | 2 s                        | how often a worker publishes its status; the key expires after 3 intervals |
 | SWAPLESS_METRICS_PORT           | unset (no metrics server)  | port of the worker's Prometheus endpoint (``/metrics``) |
 | SWAPLESS_METRICS_HOST           | 127.0.0.1                  | address the Prometheus endpoint binds to |
+| SWAPLESS_SCALE_DRAIN_S          | 300 s                      | autoscaling: the time a backlog should take to drain; `swapless_workers_desired` asks for backlog seconds / this many workers on top of the demand (README "Autoscaling") |
+| SWAPLESS_SCALE_TARGET_UTILIZATION | 0.8                      | autoscaling: the share of each worker's device time the work arriving may fill |
+| SWAPLESS_SCALE_WINDOW_S         | 60 s                       | autoscaling: the window the work arriving is measured over |
+| SWAPLESS_SCALE_MIN_WORKERS      | 0                          | autoscaling: `swapless_workers_desired` never asks for fewer (0: scale to zero when idle) |
+| SWAPLESS_SCALE_MAX_WORKERS      | 16                         | autoscaling: and never for more |
+| SWAPLESS_SCALE_UNKNOWN_JOB_S    | 0.05 s                     | autoscaling: device seconds per job of a model no worker has measured on the fleet's kind of device |
+| SWAPLESS_SCALE_UNKNOWN_LOAD_S   | 10 s                       | autoscaling: and seconds per load of such a model |
+| SWAPLESS_EXPORTER_PORT          | 9808                       | port of `swapless exporter`'s `/metrics` (the autoscaling signals, for deployments without the gateway) |
 | SWAPLESS_GATEWAY_MAX_BODY_BYTES | 33554432 bytes (32 MiB)    | larger request bodies get 413 from the HTTP gateway (counted as they arrive, and again once decompressed) |
 | SWAPLESS_GATEWAY_BODY_TIMEOUT_S | 30 s                       | a request body that takes longer to arrive gets 408 |
 | SWAPLESS_GATEWAY_MAX_ELEMENTS   | 1024 jobs                  | most elements (jobs) of one Open Inference Protocol request, checked from the declared shapes: more get 413 |
@@ -199,6 +207,14 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(2.0, gt=0)
     metrics_port: int | None = Field(None, ge=1, le=65535)
     metrics_host: str = "127.0.0.1"
+    scale_drain_s: float = Field(300.0, gt=0)
+    scale_target_utilization: float = Field(0.8, gt=0, le=1)
+    scale_window_s: float = Field(60.0, gt=0)
+    scale_min_workers: int = Field(0, ge=0)
+    scale_max_workers: int = Field(16, ge=1)
+    scale_unknown_job_s: float = Field(0.05, ge=0)
+    scale_unknown_load_s: float = Field(10.0, ge=0)
+    exporter_port: int = Field(9808, ge=1, le=65535)
     gateway_max_body_bytes: int = Field(32 * 1024 * 1024, ge=1)
     gateway_body_timeout_s: float = Field(30.0, gt=0)
     gateway_max_elements: int = Field(1024, ge=1)
@@ -270,6 +286,15 @@ class Settings(BaseSettings):
                 f"SWAPLESS_VISIBILITY_REFRESH_S ({self.visibility_refresh_s:g} s) must be at most a third of "
                 f"SWAPLESS_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s} s): a batch could outlive the timeout "
                 "and be redelivered while it runs"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_scale(self) -> Settings:
+        if self.scale_min_workers > self.scale_max_workers:
+            raise ValueError(
+                f"SWAPLESS_SCALE_MIN_WORKERS ({self.scale_min_workers}) is above SWAPLESS_SCALE_MAX_WORKERS "
+                f"({self.scale_max_workers}): lower the first or raise the second"
             )
         return self
 

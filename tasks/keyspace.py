@@ -15,7 +15,8 @@
   ``:webhooks:due`` (delivery ids by next attempt time), ``:webhook:<id>`` (one delivery), ``:webhooks:failed``
   (deliveries that failed after their last retry);
 - per **deployment**: ``swapless:worker:<id>`` (a worker's heartbeat) and ``swapless:workers`` (their index),
-  ``swapless:learned:<device>`` (what workers learned of each model), ``swapless:gateway:...`` (the gateway's
+  ``swapless:learned:<device>`` (what workers learned of each model) and ``swapless:learned-devices`` (those
+  kinds), ``swapless:gateway:...`` (the gateway's
   per-caller limits and in-flight sets), ``swapless:batch:<id>`` (a batch's state, a hash) with ``:lease`` (its
   driver's lease), and ``swapless:batches`` / ``swapless:batches:active`` (every batch by creation time, and those
   not final yet).
@@ -165,6 +166,11 @@ class Keyspace:
     def learned(self, device: str) -> str:
         """What workers on ``device`` learned of each model."""
         return f"{self.prefix}swapless:learned:{device}"
+
+    @property
+    def learned_devices(self) -> str:
+        """The set of device kinds some worker learned on (what the autoscaling signals read with no worker live)."""
+        return f"{self.prefix}swapless:learned-devices"
 
     def gateway_inflight(self, owner: str) -> str:
         """The sorted set of one gateway caller's jobs in flight."""

@@ -176,6 +176,7 @@ def call(http: TestClient, method: str, path: str, key: str | None = None, **kwa
         ("GET", "/models", Need.KEY),
         ("GET", "/status", Need.KEY),
         ("GET", "/status.json", Need.KEY),
+        ("GET", "/metrics", Need.EVERY_MODEL),
         ("GET", "/v2/models/spam", Need.KEY),
         ("POST", "/v2/models/spam/infer", Need.KEY),
         ("POST", "/v2/models/tone/versions/2/infer", Need.KEY),

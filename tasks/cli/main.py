@@ -1,5 +1,6 @@
 """The ``swapless`` command line (typer): worker, submit, result, cancel, models, reload, route, serve, batches;
-bulk, demo and demo-models live in ``tasks.cli.bulk``, status and webhooks in ``tasks.cli.status``. ``main`` turns
+bulk, demo and demo-models live in ``tasks.cli.bulk``, status and webhooks in ``tasks.cli.status``, exporter and drain
+in ``tasks.cli.fleet``. ``main`` turns
 any SwaplessError into one error line and exit status 2."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rich.table import Table
 from config.errors import JobTimeout, QueueFull, QueueUnavailable, SwaplessError
 from config.settings import parse_bytes
 from tasks.cli import bulk as _bulk
+from tasks.cli import fleet as _fleet
 from tasks.cli import status as _status
 from tasks.cli.common import ModelsOption, console, fail, print_error, routes_table, settings_with
 
@@ -373,6 +375,7 @@ def _large_buffers_back_to_the_os() -> None:
 
 _bulk.register(app)
 _status.register(app)
+_fleet.register(app)
 
 
 def main() -> None:

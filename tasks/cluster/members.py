@@ -149,6 +149,8 @@ class Heartbeat(_Model):
     redis_problem: str | None = None
     #: ``placement`` or ``shared`` (``SWAPLESS_ROUTING``)
     routing: str = "shared"
+    #: the kind of device it computes on (``tasks.worker.learned.device_label``): whose learned costs apply to it
+    device: str = ""
 
     def age_s(self, now: float | None = None) -> float:
         """Seconds since this heartbeat was sent."""

@@ -1,6 +1,6 @@
 """The live status page: ``GET /status`` (one static HTML page, its CSS and JavaScript inline), the data it draws
 every 2 s at ``GET /status.json`` (what ``swapless status --json`` prints: ``tasks.observe.status``), and ``GET /``
-redirecting to the page.
+redirecting to the page; and ``GET /metrics``, the cluster-wide autoscaling signals (``tasks.observe.scaling``).
 
 With API keys set, both need a key (``tasks.gateway.auth``); since a browser cannot send a header when it opens a
 page, they also take it as ``?key=``. The page sends the key it was opened with as a Bearer header when it fetches
@@ -9,6 +9,7 @@ the data, so the key is in one request line, not in one every 2 s.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import re
@@ -18,7 +19,8 @@ from typing import Any
 
 import redis.asyncio as aredis
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from config.settings import Settings
 from manager.registry.store import ModelStore
@@ -28,6 +30,7 @@ from tasks.gateway.auth import Need, needs
 from tasks.gateway.http import GuardedRoute
 from tasks.keyspace import Keyspace
 from tasks.observe.queue import DEFAULT_SAMPLE
+from tasks.observe.scaling import ScalingSignals, signals_registry
 from tasks.observe.status import aread_status
 from tasks.protocol import PRIORITY_BULK
 
@@ -79,6 +82,16 @@ def status_router(settings: Settings, store: ModelStore, redis: Callable[[], are
     async def status_page() -> HTMLResponse:
         """The live status page for a browser (with API keys: open ``/status?key=<key>``)."""
         return HTMLResponse(html, headers=headers)
+
+    signals = ScalingSignals(sync, settings, model_ids)
+    metrics = signals_registry(signals)
+
+    @router.get("/metrics", response_class=PlainTextResponse, **needs(Need.EVERY_MODEL))
+    async def scaling_metrics() -> Response:
+        """The cluster-wide autoscaling signals in Prometheus's text format (README "Autoscaling"), read from Redis
+        now: what ``swapless exporter`` serves. Needs a key for every model (they name every model)."""
+        body = await asyncio.to_thread(generate_latest, metrics)
+        return Response(body, media_type=CONTENT_TYPE_LATEST, headers=_NO_STORE)
 
     @router.get("/status.json", **needs(Need.KEY, query_key=True))
     async def status_json(

@@ -45,6 +45,7 @@ def build_heartbeat(
     redis_problem: str | None = None,
     routing: str = "shared",
     claimed: Sequence[str] = (),
+    device: str = "",
 ) -> Heartbeat:
     """The heartbeat of a worker now.
 
@@ -61,6 +62,7 @@ def build_heartbeat(
         redis_problem: what is wrong with Redis now, as the worker sees it (None: nothing).
         routing: how it takes jobs (``SWAPLESS_ROUTING``).
         claimed: the models it holds a claim on (placement).
+        device: the kind of device it computes on.
     """
     cache = manager.stats
     models = stats.models()
@@ -114,6 +116,7 @@ def build_heartbeat(
         queue_wait=stats.queue_wait(),
         redis_problem=redis_problem,
         routing=routing,
+        device=device,
     )
 
 

@@ -12,7 +12,7 @@ The shape::
      "redis": RedisMemory's fields,
      "models": [ModelPlacement's fields and "waiting", ...],
      "queue": QueueDepth's fields and "total",
-     "workers": [Heartbeat, ...],
+     "workers": [Heartbeat and "removal": {"models", "load_s", "held"}: what removing it costs, ...],
      "webhooks": {"pending", "failed", "recent_failed": [{"id", "url", "attempts", "last_error", "failed_at"}]},
      "batches": {"active", "batches": [{"id", "status", "total", "completed", "failed", "created_at",
                                          "expires_at"}, ...]}}
@@ -37,6 +37,7 @@ from tasks.keyspace import Keyspace
 from tasks.observe.batches import read_batches
 from tasks.observe.memory import RedisMemory, read_redis_memory
 from tasks.observe.queue import DEFAULT_SAMPLE, QueueDepth, aread_queue_depth, read_queue_depth
+from tasks.observe.scaling import removal_costs
 
 __all__ = ["aread_status", "read_status", "status_payload"]
 
@@ -55,6 +56,7 @@ def status_payload(
     batches: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The status as JSON-ready data (the module docstring shows its shape)."""
+    removal = removal_costs(workers)
     return {
         "now": now,
         "shadow": [
@@ -64,7 +66,8 @@ def status_payload(
         "redis": dataclasses.asdict(memory),
         "models": [{**dataclasses.asdict(p), "waiting": p.waiting} for p in places],
         "queue": {**dataclasses.asdict(depth), "total": depth.total},
-        "workers": [beat.model_dump() for beat in workers],
+        "workers": [{**beat.model_dump(), "removal": dataclasses.asdict(removal[beat.worker_id or beat.hostname])}
+                    for beat in workers],
         "webhooks": webhooks or {"pending": 0, "failed": 0, "recent_failed": []},
         "batches": batches or {"active": 0, "batches": []},
     }

@@ -13,6 +13,7 @@ from tasks.cluster.members import Heartbeat
 from tasks.cluster.view import ModelPlacement
 from tasks.observe.memory import RedisMemory
 from tasks.observe.queue import QueueDepth
+from tasks.observe.scaling import RemovalCost, removal_costs
 from tasks.protocol import is_urgent
 
 __all__ = ["render_status"]
@@ -90,8 +91,9 @@ def render_queue(depth: QueueDepth, workers: list[Heartbeat]) -> RenderableType:
     return Group(*parts)
 
 
-def render_worker(beat: Heartbeat, now: float) -> RenderableType:
-    """One worker: its cache and counters, then a row per model it has loaded or run."""
+def render_worker(beat: Heartbeat, now: float, removal: RemovalCost | None = None) -> RenderableType:
+    """One worker: its cache and counters, then a row per model it has loaded or run (``removal``: what removing
+    it would cost, in the caption)."""
     cache = beat.cache
     budget = f"budget {format_bytes(cache.memory_budget_bytes)}" if cache.memory_budget_bytes else "no byte budget"
     wait = beat.queue_wait
@@ -113,6 +115,8 @@ def render_worker(beat: Heartbeat, now: float) -> RenderableType:
         f"hits {cache.hits}, misses {cache.misses}, evictions {cache.evictions}, load failures {cache.load_failures} · "
         f"{_host_tier(beat)}{waits}"
     )
+    if removal is not None:
+        caption += f" · {removal.text()}"
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     for name, justify in [
         ("model", "left"), ("cache", "left"), ("bytes", "right"), ("hits", "right"), ("misses", "right"),
@@ -199,6 +203,7 @@ def render_status(
     parts += [render_queue(depth, workers), Text("")]
     if not workers:
         parts.append(Text("no live workers: no heartbeat in Redis (is `swapless worker` running on this queue?)"))
+    removal = removal_costs(workers)
     for beat in workers:
-        parts.extend([render_worker(beat, now), Text("")])
+        parts.extend([render_worker(beat, now, removal.get(beat.worker_id or beat.hostname)), Text("")])
     return Group(*parts)

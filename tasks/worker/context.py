@@ -99,8 +99,10 @@ class WorkerContext:
         engine = runtime.manager.factory
         after_beat = []
         records: dict[str, Any] = {}
+        kind = ""
         if isinstance(engine, ModelEngine):
-            learned = LearnedStore(self.control, self.keyspace, device_label(s.device))
+            kind = device_label(s.device)
+            learned = LearnedStore(self.control, self.keyspace, kind)
             try:
                 records = learned.seed(runtime.manager, engine)
             except Exception as err:  # noqa: BLE001 - what was learned only saves time
@@ -119,7 +121,7 @@ class WorkerContext:
             self.scheduler.start(first=warm)  # on the thread that will run the jobs
             self.scheduler.ready.wait()
         beats = redis_client(s.broker_url, connect_timeout_s=5, socket_timeout_s=5, sentinel=SentinelOptions.of(s))
-        self.reporting.start(self.scheduler, beats, self.placer.claimed, after_beat)
+        self.reporting.start(self.scheduler, beats, self.placer.claimed, after_beat, device=kind)
         self.webhooks.start()
         self.placer.start()  # claims once warm: a model is not held by a worker still warming up
         if s.routing == "placement":

@@ -1,4 +1,11 @@
-"""Celery's ``revoke`` remote-control command, as Swapless's cancel: what a plain Celery producer sends with
+"""Swapless's remote-control commands: ``swapless_drain``, the scale-down of chosen workers (``swapless drain``), and
+Celery's ``revoke`` as Swapless's cancel.
+
+``swapless_drain`` names workers by worker id (``hostname:pid``), so one of several workers sharing a node name on
+one machine can be drained alone: every worker receives the broadcast and those named stop as on SIGTERM (warm
+shutdown: claims released, the group in hand finished and acked, the jobs fetched handed back).
+
+``revoke``, Celery's remote-control command as Swapless's cancel: what a plain Celery producer sends with
 ``app.control.revoke(job_id)`` or ``AsyncResult(job_id).revoke()``.
 
 Celery's own ``revoke`` stores ``REVOKED`` as the task's result at once, also for a task already running; with
@@ -15,6 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery.exceptions import WorkerShutdown
 from celery.utils.functional import maybe_list
 from celery.worker import state as worker_state
 from celery.worker.control import control_command, ok
@@ -22,7 +30,7 @@ from celery.worker.control import control_command, ok
 from config.errors import JobCancelled
 from tasks.broker.results import ResultStore
 
-__all__ = ["revoke"]
+__all__ = ["revoke", "swapless_drain"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,3 +56,14 @@ def revoke(state: Any, task_id: Any, terminate: bool = False, signal: str | None
         return ok(f"tasks {task_ids} flagged as revoked on this worker")
     logger.info("revoked: %s", answers)
     return ok(", ".join(f"{job_id} {answer}" for job_id, answer in answers.items()))
+
+
+@control_command(variadic="worker_id", signature="[id1 [id2 [... [idN]]]]")
+def swapless_drain(state: Any, worker_id: Any, **_: Any) -> dict[str, Any]:
+    """Stop this worker as SIGTERM does when its worker id is among those given; the others ignore it."""
+    context = getattr(getattr(state.consumer, "controller", None), "swapless", None)
+    me = context.reporting.worker_id if context is not None else None
+    if me is None or me not in set(maybe_list(worker_id) or []):
+        return ok("not drained: not named")
+    logger.warning("drain asked for %s: stopping as on SIGTERM", me)
+    raise WorkerShutdown("drained")

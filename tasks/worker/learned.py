@@ -57,6 +57,8 @@ class LearnedStore:
     def __init__(self, client: redis.Redis, keyspace: Keyspace, device: str) -> None:
         self.client = client
         self.key = keyspace.learned(device)
+        self.kinds = keyspace.learned_devices
+        self.device = device
         self._saved: dict[str, str] = {}
 
     def read(self) -> dict[str, dict[str, Any]]:
@@ -106,6 +108,7 @@ class LearnedStore:
             with self.client.pipeline(transaction=False) as pipe:
                 pipe.hset(self.key, mapping=changed)  # type: ignore[arg-type]  # str -> str is fine
                 pipe.expire(self.key, LEARNED_TTL_S)
+                pipe.sadd(self.kinds, self.device)
                 pipe.execute()
             self._saved.update(changed)
         return len(changed)

@@ -113,6 +113,7 @@ class WorkerReporting:
         client: redis.Redis,
         claimed: Callable[[], Sequence[str]],
         after_beat: Sequence[Callable[[], Any]] = (),
+        device: str = "",
     ) -> None:
         """Start beating for ``scheduler``'s worker and listen to Celery's ``task_received``.
 
@@ -122,6 +123,7 @@ class WorkerReporting:
             claimed: the models this worker holds a claim on (placement).
             after_beat: run on the heartbeat thread after each beat (saving what the worker learned); each may
                 raise.
+            device: the kind of device it computes on (the heartbeat says it).
         """
         self._scheduler = scheduler
         self._claimed = claimed
@@ -153,6 +155,7 @@ class WorkerReporting:
                 redis_problem=problem,
                 routing=settings.routing,
                 claimed=claimed(),
+                device=device,
             )
 
         self._publisher = HeartbeatPublisher(client, self.keyspace, self.worker_id, build,
