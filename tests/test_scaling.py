@@ -261,17 +261,25 @@ def _live(env: dict[str, str]) -> list[Heartbeat]:
 def test_a_queue_of_n_jobs_reads_n_times_the_measured_cost(
     simulated: dict[str, str], start_worker: Callable[..., WorkerProcess]
 ) -> None:
-    """A real worker measures the model (its warm start), is drained, then 3,000 jobs wait: the signal reads
-    3,000 x the device's true seconds per job at batches of 64 (plus the load), within 20 %."""
+    """A real worker measures the models (its warm start); a second one joining warms none of them; both are
+    drained; then 3,000 jobs wait: the signal reads 3,000 x the device's true seconds per job at batches of 64
+    (plus the load), within 20 %."""
     worker = start_worker(env={**simulated, "SWAPLESS_WARM_START": "true"})
     s = Settings()
     client = redis.Redis.from_url(s.broker_url)
     keyspace = Keyspace.of(s)
-    wait_for(lambda: client.hexists(keyspace.learned("cpu"), "sim"), 20, "the worker's learned costs of sim")
+    wait_for(lambda: all(json.loads(client.hget(keyspace.learned("cpu"), m) or "{}").get("batch_costs_s")
+                         for m in ("sim", "slow")), 20, "the worker's learned costs of both models")
+    # a second worker joins the fleet: it warms nothing measured, so it serves as soon as it starts
+    joining = start_worker(env={**simulated, "SWAPLESS_WARM_START": "true"})
+    assert "joining 1 live worker(s) on cpu: not warming the 2 model(s) measured there before" in joining.log()
+    assert "warm start on swapless-scheduler: 0 model(s)" in joining.log()
+    assert "warm start on swapless-scheduler: 2 model(s)" in worker.log()
+
     drained = run_cli("drain", "--all", "--timeout", "30", env=simulated)
     assert drained.returncode == 0, drained.stdout + drained.stderr
-    assert "drained 1 worker(s)" in drained.stdout
-    assert worker.proc.wait(15) == 0
+    assert "drained 2 worker(s)" in drained.stdout
+    assert worker.proc.wait(15) == 0 and joining.proc.wait(15) == 0
     assert not _live(simulated)
 
     jobs = 3000

@@ -70,6 +70,7 @@ def warm_start(
     total_budget_s: float | None = None,
     order: Sequence[str] = (),
     tuned: Collection[str] = (),
+    skip: Collection[str] = (),
 ) -> dict[str, float]:
     """Warm the local models of ``manager``'s registry in turn; returns the seconds each took.
 
@@ -84,10 +85,12 @@ def warm_start(
         order: models to warm first (those with jobs waiting, those used before); then the rest, in registry order.
         tuned: models whose tuner was seeded with earlier measurements (``tasks.worker.learned``): one pass at
             their best batch size pays the one-off costs; no size is explored again.
+        skip: models not to warm (a worker joining a fleet skips those already measured: it serves sooner).
     """
     took: dict[str, float] = {}
     began = time.perf_counter()
-    ids = list(dict.fromkeys([*[m for m in order if m in manager.store.ids()], *manager.store.ids()]))
+    ids = [m for m in dict.fromkeys([*[m for m in order if m in manager.store.ids()], *manager.store.ids()])
+           if m not in skip]
     for model_id in ids:
         spec = manager.store.get(model_id)
         if total_budget_s is not None and time.perf_counter() - began >= total_budget_s:

@@ -45,6 +45,7 @@ from tasks.broker.results import ResultStore
 from tasks.broker.routes import RouteOverrides, Router
 from tasks.broker.sentinel import SentinelOptions
 from tasks.broker.webhooks import WebhookQueue
+from tasks.cluster.members import read_heartbeats
 from tasks.cluster.placer import Placer
 from tasks.cluster.view import read_placement
 from tasks.keyspace import Keyspace
@@ -110,11 +111,12 @@ class WorkerContext:
             after_beat.append(functools.partial(learned.save, runtime.manager, engine))
         if s.warm_start and isinstance(engine, ModelEngine):
             order = [*self._models_with_jobs_waiting(), *records]
+            skip = self._measured_if_joining(records, kind)
 
             def warm() -> None:
                 started = time.perf_counter()
                 took = warm_start(runtime.manager, engine, total_budget_s=s.warm_start_budget_s, order=order,
-                                  tuned=set(records))
+                                  tuned=set(records), skip=skip)
                 logger.info("warm start on %s: %d model(s) in %.1f s", threading.current_thread().name, len(took),
                             time.perf_counter() - started)
 
@@ -128,6 +130,21 @@ class WorkerContext:
             logger.info("placement: %s claims models of queue %s with the other workers", self.reporting.worker_id,
                         s.queue)
         logger.info("swapless worker ready: models %s", ", ".join(runtime.store.ids()))
+
+    def _measured_if_joining(self, records: dict[str, Any], kind: str) -> set[str]:
+        """The models a worker joining a fleet need not warm: with other live workers on its queue, those whose
+        load and batch costs were measured on its kind of device (it loads them when placement gives it one, and
+        serves seconds after it starts); alone, none (it is the fleet: its first jobs should not pay for it)."""
+        try:
+            others = [b for b in read_heartbeats(self.control, self.keyspace) if b.queue == self.settings.queue]
+        except Exception:  # noqa: BLE001 - only saves time
+            return set()
+        if not others:
+            return set()
+        measured = {m for m, r in records.items() if r.get("batch_costs_s") and r.get("load_s") is not None}
+        logger.info("joining %d live worker(s) on %s: not warming the %d model(s) measured there before (%s)",
+                    len(others), kind, len(measured), ", ".join(sorted(measured)) or "-")
+        return measured
 
     def _models_with_jobs_waiting(self) -> list[str]:
         """Models with jobs in their lists now, most first (what the warm start does first)."""
