@@ -4,5 +4,5 @@ COPY pyproject.toml README.md ./
 COPY tasks tasks
 COPY manager manager
 COPY config config
-RUN pip install --no-cache-dir ".[gateway]"
+RUN pip install --no-cache-dir .
 CMD ["swapless", "worker"]
