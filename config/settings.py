@@ -26,7 +26,7 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_MAX_QUEUED             | 100000 messages            | most messages one model's lists (or the shared lists) may hold, a chunk counting once: producers get ``QueueFull`` beyond it, before Redis is full |
 | SWAPLESS_MAX_MESSAGE_BYTES      | 67108864 bytes (64 MiB)    | largest queue message a producer sends (one job, or one chunk of a bulk job): a larger one is refused with ``InputError`` before anything is queued |
 | SWAPLESS_ROUTING                | placement                  | ``placement``: each model's jobs go to the workers that claimed it, one cache across workers; ``shared``: any worker takes any job (one worker, or the baseline) |
-| SWAPLESS_PREFETCH_PER_MODEL     | 512 messages               | most messages of one model a worker holds (two groups: one running, the next fetched meanwhile); with other workers live, also at most about SWAPLESS_COPY_BACKLOG_S of its work, so the rest waits in Redis for whichever copy is free |
+| SWAPLESS_PREFETCH_PER_MODEL     | 512 jobs                   | most jobs of one model a worker holds, a chunk counting its inputs (two groups: one running, the next fetched meanwhile); with other workers live, also at most about SWAPLESS_COPY_BACKLOG_S of its work, so the rest waits in Redis for whichever copy is free |
 | SWAPLESS_COPY_BACKLOG_S         | 2 s                        | a model gets one more copy (on another worker) when its waiting work per copy passes this many seconds |
 | SWAPLESS_MAX_COPIES             | unset (as many as workers) | most workers that hold one model at once |
 | SWAPLESS_COPY_IDLE_S            | 10 s                       | an extra copy whose model had no work for this long is dropped |

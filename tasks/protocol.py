@@ -65,6 +65,8 @@ PRIORITY_STEPS = (PRIORITY_INTERACTIVE, 3, PRIORITY_BULK, 9)
 SENT_AT_HEADER = "swapless_sent_at"
 #: Header of a job (or chunk) whose final state is to be sent to this URL as a signed webhook (``callback_url``).
 CALLBACK_URL_HEADER = "swapless_callback_url"
+#: Header of a chunk message: how many inputs it carries (a worker's hold of a model counts jobs, not messages).
+ITEMS_HEADER = "swapless_items"
 #: Header of a chunk sent to a route with sticky keys: one key (or null) per input, in order.
 KEYS_HEADER = "swapless_keys"
 #: Header of a shadow copy of a routed job: ``[served job id, route id]`` (``manager.registry.routing``).

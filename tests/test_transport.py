@@ -26,6 +26,7 @@ from tasks.broker.publish import ModelPush, push_to_models
 from tasks.broker.queues import FETCH, RECOVER, ChannelHooks
 from tasks.broker.transport import Channel, Transport, broker_connection
 from tasks.keyspace import Keyspace
+from tasks.protocol import ITEMS_HEADER
 
 QUEUE = "jobs"
 WORKER = "w@test:1"
@@ -204,6 +205,31 @@ def test_a_round_fetches_every_claimed_model_and_the_ingress_each_within_its_hol
     for m in got:
         m.ack()
     assert all(r.hlen(keyspace.model(m).held) == 0 for m in ("a", "b"))
+
+
+def _chunk(conn: Connection, n: int, items: int) -> str:
+    """A chunk message of ``items`` inputs, as Swapless's producers send it (``ITEMS_HEADER``)."""
+    message = json.loads(_message(conn, {"chunk": n}))
+    message["headers"][ITEMS_HEADER] = items
+    return json.dumps(message)
+
+
+def test_a_hold_limit_counts_a_chunk_s_items_so_a_worker_alone_leaves_chunks_for_others(
+    conn: Connection, r: redis.Redis, keyspace: Keyspace, claims: Claims
+) -> None:
+    push_to_models(r, [ModelPush(keyspace.model("a"), 6, [_chunk(conn, i, 32) for i in range(40)])], bound=None,
+                   placement_bell=keyspace.placement_bell)
+    claims.models, claims.limit = ["a"], 100  # a hold of 100 jobs: four chunks of 32, not 100 chunks
+    got = consume(conn, 40, timeout=2.0)
+    assert len(got) == 4, len(got)
+    channel = got[0].channel
+    assert channel._held_per_model["a"] == 4 * 32
+    assert r.llen(keyspace.model("a").list_for(6)) == 36  # left for the workers that join
+    got[0].ack()
+    assert channel._held_per_model["a"] == 3 * 32
+    for m in got[1:]:
+        m.ack()
+    assert channel._held_per_model["a"] == 0
 
 
 def test_acks_that_free_room_under_a_hold_limit_wake_the_waiting_fetch(

@@ -29,7 +29,7 @@ from celery.utils.saferepr import saferepr
 from config.errors import InputError
 from tasks.broker.connection import ReplicaWait
 from tasks.keyspace import ModelKeys
-from tasks.protocol import PREDICT_TASK, SENT_AT_HEADER
+from tasks.protocol import CHUNK_TASK, ITEMS_HEADER, PREDICT_TASK, SENT_AT_HEADER
 
 __all__ = ["ModelPush", "apush", "apush_to_models", "build_messages", "push", "push_to_models"]
 
@@ -88,6 +88,7 @@ def build_messages(
                 "stamped_headers": None,
                 "stamps": {},
                 SENT_AT_HEADER: sent_at,
+                **({ITEMS_HEADER: len(value)} if task == CHUNK_TASK and isinstance(value, list) else {}),
                 **(headers[index] if headers is not None else {}),
             },
             "properties": {

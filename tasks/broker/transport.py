@@ -6,7 +6,8 @@ kombu takes a message off the queue with ``BRPOP`` and only then, in a second ro
 pops up to ``n`` messages **and** records each, atomically: a message is in a list or in its records at every
 instant. A worker's channel, given its hooks (``ChannelHooks``, the transport option ``swapless_hooks``), fetches
 in one round trip from the lists of every model its placement has claimed (each bounded by the room that model has
-left under its ``hold_limit`` and by the prefetch credit) and from the ingress, kombu's own lists of the queue
+left under its ``hold_limit``, in jobs: a chunk message counts its items, ``ITEMS_HEADER``; and by the prefetch
+credit) and from the ingress, kombu's own lists of the queue
 where a plain Celery producer pushes. An ingress message for a model this worker holds, with room under its hold
 limit, is delivered here (recorded in the ingress's records, counted under the model's hold); one for another model
 is moved to its model's lists (pushed there, then acked, in a second round trip: a crash in between leaves two
@@ -44,6 +45,7 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -60,6 +62,7 @@ from tasks.broker.publish import ModelPush, push_to_models
 from tasks.broker.queues import ACK, FETCH, REFRESH, RESTORE, WAKE, ChannelHooks
 from tasks.broker.sentinel import is_sentinel_url
 from tasks.keyspace import INGRESS, JobLists, Keyspace
+from tasks.protocol import ITEMS_HEADER
 
 __all__ = ["SENTINEL_SCHEME", "Channel", "HeldQoS", "Transport", "broker_connection"]
 
@@ -80,6 +83,16 @@ def _by_lists(tags: Iterable[str], held: dict[str, JobLists]) -> dict[JobLists, 
 def _others(tags: Sequence[str], grouped: dict[JobLists, list[str]]) -> list[str]:
     placed = {tag for group in grouped.values() for tag in group}
     return [tag for tag in tags if tag not in placed]
+
+
+#: Messages a first fetch of a model asks for at most, before this worker knows how many jobs its messages carry.
+_FIRST_FETCH = 4
+
+
+def _weight(payload: dict[str, Any]) -> int:
+    """The jobs a message carries: a chunk's items (``ITEMS_HEADER``), else 1."""
+    items = (payload.get("headers") or {}).get(ITEMS_HEADER)
+    return items if isinstance(items, int) and items > 1 else 1
 
 
 class HeldQoS(kombu_redis.QoS):
@@ -191,7 +204,12 @@ class Channel(kombu_redis.Channel):
         self._mode = _FETCH
         #: delivery tag -> the lists it came from, while held
         self._held: dict[str, JobLists] = {}
+        #: jobs held per model (a chunk counts its items) and per delivery tag
         self._held_per_model: Counter[str] = Counter()
+        self._weight: dict[str, int] = {}
+        #: per model, the jobs per message of its last delivered messages (chunks carry many): what a fetch asks for
+        #: is the room left in jobs over this; unknown, a fetch asks for a few messages first
+        self._per_message: dict[str, float] = {}
         #: delivery tag -> the model it counts under, for ingress messages delivered here (recorded in the ingress's)
         self._counted_as: dict[str, str] = {}
         self._plan: list[JobLists] = []
@@ -211,7 +229,7 @@ class Channel(kombu_redis.Channel):
         for tag in tags:
             if self._held.pop(tag, None) is not None:
                 name = self._counted_as.pop(tag, lists.name)
-                self._held_per_model[name] -= 1
+                self._held_per_model[name] -= self._weight.pop(tag, 1)
                 freed.add(name)
         return freed
 
@@ -304,7 +322,8 @@ class Channel(kombu_redis.Channel):
         self._full = set()
         for model_id in claimed:
             room = min(
-                affinity.hold_limit(model_id) - self._held_per_model[model_id], credit, self.swapless_fetch_limit
+                self._messages_for(model_id, affinity.hold_limit(model_id) - self._held_per_model[model_id]), credit,
+                self.swapless_fetch_limit,
             )
             if room <= 0:
                 self._full.add(model_id)
@@ -320,6 +339,16 @@ class Channel(kombu_redis.Channel):
         self._plan.append(ingress)
         self._asked.append(min(credit, self.swapless_fetch_limit))
         return commands
+
+    def _messages_for(self, model_id: str, jobs: int) -> int:
+        """Messages of ``model_id`` to fetch for room for ``jobs`` more jobs: a chunk message carries many, so a
+        worker alone does not take every chunk of a bulk job and leave nothing to workers that join."""
+        if jobs <= 0:
+            return 0
+        per_message = self._per_message.get(model_id)
+        if per_message is None:
+            return min(jobs, _FIRST_FETCH)
+        return max(1, math.ceil(jobs / per_message))
 
     def _read_round(self) -> tuple[list[Any], ResponseError | None]:
         """Read every reply of the round ``_brpop_start`` sent (one per command); a refused write (a read-only
@@ -392,18 +421,25 @@ class Channel(kombu_redis.Channel):
             if not reply:
                 continue
             from_ingress = lists.name == INGRESS
-            count = 0
+            count = messages = 0
             for raw in reply:
                 payload = self._payload(raw)
                 if payload is None:
                     continue
-                held[payload["properties"]["delivery_tag"]] = lists
-                count += 1
+                tag = payload["properties"]["delivery_tag"]
+                held[tag] = lists
+                weight = _weight(payload)
+                if weight != 1:
+                    self._weight[tag] = weight
+                count += weight
+                messages += 1
                 if from_ingress:
                     ingress.append((payload, bytes_to_str(raw)))
                 else:
                     fetched.append(payload)
             held_per_model[lists.name] += count
+            if messages and not from_ingress:
+                self._per_message[lists.name] = count / messages
         if ingress:
             fetched += self._move_ingress(hooks, ingress)
         self._deliver_all(hooks, fetched)
@@ -439,8 +475,9 @@ class Channel(kombu_redis.Channel):
                 # (the ingress's records) and counted under the model's hold, with no second push and fetch.
                 tag = payload["properties"]["delivery_tag"]
                 self._counted_as[tag] = model_id
-                self._held_per_model[INGRESS] -= 1
-                self._held_per_model[model_id] += 1
+                weight = self._weight.get(tag, 1)
+                self._held_per_model[INGRESS] -= weight
+                self._held_per_model[model_id] += weight
                 kept.append(payload)
                 continue
             level = self._level(payload["properties"].get("priority"))
