@@ -107,12 +107,21 @@ def test_demand_is_the_work_arriving_not_the_work_done() -> None:
     assert demand == pytest.approx(0.0)
 
 
+def test_a_burst_is_backlog_not_a_rate() -> None:
+    tracker = DemandTracker(window_s=30)
+    # steady: 0.5 s of work arrives per second; at t=15 a burst of 60 s of work lands at once
+    for t in range(0, 31, 5):
+        backlog = 60.0 if t >= 15 else 0.0
+        demand = tracker.update(_reading(1000 + t, backlog + 1.0, _beat("a", 900, 100 + t * 0.5)))
+    assert demand == pytest.approx(0.5)  # not 0.5 + 60 / 30
+
+
 def test_a_worker_that_joins_counts_all_it_did_and_one_that_leaves_keeps_it() -> None:
     tracker = DemandTracker(window_s=60)
     tracker.update(_reading(1000, 0.0, _beat("a", 900, 50)))
     tracker.update(_reading(1010, 0.0, _beat("a", 900, 55), _beat("b", 1002, 4)))  # b: 4 s since it joined
     demand = tracker.update(_reading(1020, 0.0, _beat("a", 900, 60)))  # b gone: its 4 s stay counted
-    assert demand == pytest.approx((10 + 4) / 20)
+    assert demand == pytest.approx((10 + 4) / 20)  # two steps: none left out
 
 
 def _holding(worker: str, backlog: int, *loaded: tuple[str, float]) -> Heartbeat:

@@ -23,9 +23,10 @@ The formula (``desired_workers``)::
     desired = ceil(demand / SWAPLESS_SCALE_TARGET_UTILIZATION + backlog_seconds / SWAPLESS_SCALE_DRAIN_S)
 
 kept between ``SWAPLESS_SCALE_MIN_WORKERS`` and ``SWAPLESS_SCALE_MAX_WORKERS``, and at least 1 while any job
-waits. ``demand`` is the work arriving, not the work done: the device seconds the fleet did over the window plus
-what the backlog grew by (a fleet draining a backlog is busy, yet that work arrived earlier; counting busy time
-alone would ask for more workers the more there are).
+waits. ``demand`` is the work arriving, not the work done: the device seconds the fleet's groups took over the
+window plus what the backlog's jobs grew by, without the window's largest step (a burst is backlog). A fleet
+draining a backlog is busy, yet that work arrived earlier: counting busy time alone would ask for more workers the
+more there are. Loads are left out of it: what a model costs to bring in is in the backlog's seconds.
 
 A job's device seconds are its model's measured seconds per input at the largest batch size the backlog fills
 (``job_seconds``), from what workers learned on the device kind of the live workers (with none live, the most
@@ -37,6 +38,7 @@ up to ``sample`` messages from its oldest end; a longer list's job count is scal
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
 import math
@@ -138,7 +140,12 @@ class ModelBacklog:
     @property
     def seconds(self) -> float:
         """The backlog's device seconds: its jobs, plus the load where it has any job."""
-        return self.jobs * self.job_s + (self.load_s if self.jobs else 0.0)
+        return self.work_s + (self.load_s if self.jobs else 0.0)
+
+    @property
+    def work_s(self) -> float:
+        """Its jobs' device seconds, the load left out."""
+        return self.jobs * self.job_s
 
 
 @dataclass(frozen=True)
@@ -162,16 +169,19 @@ class ClusterReading:
         return sum(m.seconds for m in self.models.values())
 
     @property
+    def work_s(self) -> float:
+        """The jobs' device seconds, loads left out."""
+        return sum(m.work_s for m in self.models.values())
+
+    @property
     def jobs(self) -> int:
         return sum(m.jobs for m in self.models.values())
 
     def busy_s(self) -> dict[str, tuple[float, float]]:
-        """Per live worker: its start time and the device seconds it spent since (groups, loads, swap-ins)."""
+        """Per live worker: its start time and the device seconds its groups took since (loads and swap-ins left
+        out: what a model costs to bring in is the cache's, not the work arriving)."""
         return {
-            beat.worker_id or beat.hostname: (
-                beat.started_at,
-                sum(a.run_s_total + a.load_s_total + a.swap_s_total for a in beat.models.values()),
-            )
+            beat.worker_id or beat.hostname: (beat.started_at, sum(a.run_s_total for a in beat.models.values()))
             for beat in self.workers
         }
 
@@ -354,7 +364,10 @@ def removal_costs(workers: Sequence[Heartbeat]) -> dict[str, RemovalCost]:
 
 class DemandTracker:
     """The work arriving, in device seconds per second, over a sliding window of readings: the device seconds the
-    live workers spent since the window's start plus what the backlog grew by, over the window's length.
+    live workers' groups took since the window's start plus what the backlog's jobs grew by (loads left out on both
+    sides: they are what the cache costs, counted in the backlog's seconds), over the window's length, leaving
+    out the window's largest step between two readings (where it has three): a burst of bulk work arrives in one
+    step and is counted in the backlog already; counting it as a rate too would ask for its workers twice.
 
     A worker first seen after the tracker's first reading counts all it did since it started; one that vanishes
     keeps what it counted (its last seconds before it died are not seen).
@@ -380,14 +393,16 @@ class DemandTracker:
             del self._last[gone]
         if self._first_at is None:
             self._first_at = reading.now
-        self._history.append((reading.now, self._done, reading.backlog_s))
+        self._history.append((reading.now, self._done, reading.work_s))
         while len(self._history) > 2 and self._history[1][0] <= reading.now - self.window_s:
             self._history.popleft()
-        start_at, start_done, start_backlog = self._history[0]
-        span = reading.now - start_at
+        steps = [(b[0] - a[0], b[1] - a[1] + b[2] - a[2]) for a, b in itertools.pairwise(self._history)]
+        if len(steps) >= 3:  # a one-off burst is backlog, not a rate: its step is left out
+            steps.remove(max(steps, key=lambda step: step[1]))
+        span = sum(seconds for seconds, _ in steps)
         if span <= 0:
             return 0.0
-        return max(0.0, (self._done - start_done + reading.backlog_s - start_backlog) / span)
+        return max(0.0, sum(arrived for _, arrived in steps) / span)
 
 
 def desired_workers(
