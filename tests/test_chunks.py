@@ -127,6 +127,17 @@ def test_outcomes_are_assembled_in_item_order_across_groups(store: ModelStore) -
     assert len(chunks) == 0 and not chunks.owns("c1:0")
 
 
+def test_only_a_chunk_none_of_whose_items_started_can_go_back_whole(store: ModelStore) -> None:
+    chunks = ChunkAssembler()
+    fresh = expand(chunks, Request("c1", ["sentiment", ["a", "b"]]), store, 0.0)
+    started = expand(chunks, Request("c2", ["sentiment", ["a", "b"]]), store, 0.0)
+    running = expand(chunks, Request("c3", ["sentiment", ["a", "b"]]), store, 0.0)
+    chunks.collect([Outcome(started[0], result="done")])  # c2 has an outcome already
+    waiting = [job.id for job in [*fresh, started[1], running[1]]]  # c3's first item is in a running group
+    assert chunks.untouched(waiting) == {"c1"}
+    assert chunks.untouched([fresh[0].id]) == set()  # its other item is not waiting
+
+
 def test_a_second_delivery_of_a_chunk_in_progress_is_acked_with_the_first(store: ModelStore) -> None:
     chunks = ChunkAssembler()
     first, again = Request("c1", ["spam", ["a", "b"]]), Request("c1", ["spam", ["a", "b"]])

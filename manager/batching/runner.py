@@ -112,6 +112,10 @@ class Backlog:
         waiting = [w for w in self.waiting(load_cost_s) if w.model_id != exclude]
         return choose_next(waiting, loaded, self.max_wait_s)
 
+    def jobs_of(self, model_id: str) -> list[Job]:
+        """The jobs of ``model_id`` waiting now, in arrival order (a copy)."""
+        return list(self._groups.get(model_id, ()))
+
     def take_model(self, model_id: str, keep: Callable[[Job], bool] = lambda job: False) -> list[Job]:
         """Take every waiting job of ``model_id`` out of the backlog but those ``keep`` says to keep."""
         group = self._groups.pop(model_id, None)

@@ -14,7 +14,7 @@ Plain data: no Redis, no Celery, no torch. ``ChunkAssembler`` is what the batch 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,19 @@ class ChunkAssembler:
             return False
         with self._lock:
             return parts[0] in self._pending
+
+    def untouched(self, item_ids: Collection[str]) -> set[str]:
+        """The chunks in progress here all of whose items are among ``item_ids`` (waiting) and none has an outcome:
+        such a chunk can go back to its list whole."""
+        found: dict[str, int] = {}
+        for job_id in item_ids:
+            parts = split_item_id(job_id)
+            if parts is not None:
+                found[parts[0]] = found.get(parts[0], 0) + 1
+        with self._lock:
+            return {chunk_id for chunk_id, waiting in found.items()
+                    if (pending := self._pending.get(chunk_id)) is not None
+                    and waiting == len(pending.outcomes) == pending.missing}
 
     def drop(self, chunk_ids: Sequence[str]) -> dict[str, tuple[list[Any], int]]:
         """Forget the chunks among ``chunk_ids`` that are in progress here (cancelled, or finished elsewhere):

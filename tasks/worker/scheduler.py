@@ -134,12 +134,19 @@ class BatchScheduler:
 
     def hand_over(self, model_id: str) -> int:
         """Give back the waiting jobs of a model this worker no longer holds (placement moved it to another worker):
-        they leave the backlog and their messages go back to the head of the model's list. Items of chunks stay
-        (their chunk's other items may be done); the group running now finishes. Returns how many went back."""
+        they leave the backlog and their messages go back to the head of the model's list. A chunk goes back whole
+        when none of its items has started; one partly done stays (its other items' outcomes are here); the group
+        running now finishes. Returns how many jobs went back."""
         with self._cond:
-            jobs = self.backlog.take_model(model_id, keep=lambda job: not self.ledger.live(job.id)
-                                           or split_item_id(job.id) is not None)
-            requests = self.ledger.release(jobs)
+            whole = self.ledger.chunks.untouched([job.id for job in self.backlog.jobs_of(model_id)])
+
+            def keep(job: Job) -> bool:
+                parts = split_item_id(job.id)
+                return not self.ledger.live(job.id) or (parts is not None and parts[0] not in whole)
+
+            jobs = self.backlog.take_model(model_id, keep=keep)
+            requests = self.ledger.release([job for job in jobs if split_item_id(job.id) is None])
+            requests += [r for chunk, _ in self.ledger.chunks.drop(sorted(whole)).values() for r in chunk]
         if requests:
             self.acks.requeue(requests)
             logger.info("handed %d waiting job(s) of %s over to the worker that holds it now", len(jobs), model_id)
