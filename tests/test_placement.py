@@ -47,6 +47,15 @@ def test_with_no_free_slot_the_worker_whose_victim_idled_longest_takes_the_model
     assert plan("b", workers, demand) == Moves()
 
 
+def test_a_model_in_use_between_sparse_jobs_is_no_victim_until_idle_as_long_as_its_load() -> None:
+    # interactive traffic: a job every few tenths of a second, none waiting between them
+    workers = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 0.4})]
+    demand = [Demand("chat", holders=("a",), load_s=2.0), Demand("bulk", queued=100, load_s=2.0)]
+    assert plan("a", workers, demand).claim == (("bulk", 1, None),)  # it swaps in its own cache, keeping the claim
+    workers = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 2.5})]
+    assert plan("a", workers, demand).claim == (("bulk", 1, "chat"),)  # idle longer than a load: it goes
+
+
 def test_a_model_with_waiting_work_is_never_evicted_for_another() -> None:
     workers = _workers("a", "b", slots=1)
     demand = [Demand("busy-a", queued=50, holders=("a",)), Demand("busy-b", queued=50, holders=("b",)),
