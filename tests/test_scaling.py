@@ -119,9 +119,17 @@ def test_a_burst_is_backlog_not_a_rate() -> None:
 def test_a_worker_that_joins_counts_all_it_did_and_one_that_leaves_keeps_it() -> None:
     tracker = DemandTracker(window_s=60)
     tracker.update(_reading(1000, 0.0, _beat("a", 900, 50)))
-    tracker.update(_reading(1010, 0.0, _beat("a", 900, 55), _beat("b", 1002, 4)))  # b: 4 s since it joined
-    demand = tracker.update(_reading(1020, 0.0, _beat("a", 900, 60)))  # b gone: its 4 s stay counted
-    assert demand == pytest.approx((10 + 4) / 20)  # two steps: none left out
+    tracker.update(_reading(1010, 0.0, _beat("a", 900, 53), _beat("b", 1002, 4)))  # b: 4 s since it joined
+    tracker.update(_reading(1020, 0.0, _beat("a", 900, 61)))  # b gone: its 4 s stay counted
+    demand = tracker.update(_reading(1030, 0.0, _beat("a", 900, 69)))
+    assert demand == pytest.approx((3 + 4 + 8) / 20)  # the largest of the three steps (8 s) left out
+
+
+def test_the_demand_waits_for_three_steps() -> None:
+    tracker = DemandTracker(window_s=60)
+    tracker.update(_reading(1000, 0.0, _beat("a", 900, 50)))
+    assert tracker.update(_reading(1001, 0.0, _beat("a", 900, 52))) == 0.0  # a load at start: no rate yet
+    assert tracker.update(_reading(1002, 0.0, _beat("a", 900, 52))) == 0.0
 
 
 def _holding(worker: str, backlog: int, *loaded: tuple[str, float]) -> Heartbeat:

@@ -23,10 +23,10 @@ The formula (``desired_workers``)::
     desired = ceil(demand / SWAPLESS_SCALE_TARGET_UTILIZATION + backlog_seconds / SWAPLESS_SCALE_DRAIN_S)
 
 kept between ``SWAPLESS_SCALE_MIN_WORKERS`` and ``SWAPLESS_SCALE_MAX_WORKERS``, and at least 1 while any job
-waits. ``demand`` is the work arriving, not the work done: the device seconds the fleet's groups took over the
-window plus what the backlog's jobs grew by, without the window's largest step (a burst is backlog). A fleet
+waits. ``demand`` is the work arriving, not the work done: the device seconds the fleet spent over the window
+(loads included) plus what the backlog grew by, without the window's largest step (a burst is backlog). A fleet
 draining a backlog is busy, yet that work arrived earlier: counting busy time alone would ask for more workers the
-more there are. Loads are left out of it: what a model costs to bring in is in the backlog's seconds.
+more there are. Loads that recur count: a fleet too small for the models in use reloads them.
 
 A job's device seconds are its model's measured seconds per input at the largest batch size the backlog fills
 (``job_seconds``), from what workers learned on the device kind of the live workers (with none live, the most
@@ -89,6 +89,8 @@ SIGNALS = (
     "swapless_signals_up",
 )
 
+#: Steps between readings the demand's window needs before it says anything.
+_MIN_STEPS = 3
 #: Messages read per list (from its oldest end) to count items and find the oldest job.
 DEFAULT_SAMPLE = 100
 
@@ -178,10 +180,12 @@ class ClusterReading:
         return sum(m.jobs for m in self.models.values())
 
     def busy_s(self) -> dict[str, tuple[float, float]]:
-        """Per live worker: its start time and the device seconds its groups took since (loads and swap-ins left
-        out: what a model costs to bring in is the cache's, not the work arriving)."""
+        """Per live worker: its start time and the device seconds it spent since (groups, loads, swap-ins)."""
         return {
-            beat.worker_id or beat.hostname: (beat.started_at, sum(a.run_s_total for a in beat.models.values()))
+            beat.worker_id or beat.hostname: (
+                beat.started_at,
+                sum(a.run_s_total + a.load_s_total + a.swap_s_total for a in beat.models.values()),
+            )
             for beat in self.workers
         }
 
@@ -364,10 +368,11 @@ def removal_costs(workers: Sequence[Heartbeat]) -> dict[str, RemovalCost]:
 
 class DemandTracker:
     """The work arriving, in device seconds per second, over a sliding window of readings: the device seconds the
-    live workers' groups took since the window's start plus what the backlog's jobs grew by (loads left out on both
-    sides: they are what the cache costs, counted in the backlog's seconds), over the window's length, leaving
-    out the window's largest step between two readings (where it has three): a burst of bulk work arrives in one
-    step and is counted in the backlog already; counting it as a rate too would ask for its workers twice.
+    live workers spent since the window's start (groups, loads, swap-ins) plus what the backlog grew by, over the
+    window's length, leaving out the window's largest step between two readings: a burst of bulk work arrives in
+    one step and is counted in the backlog already (counting it as a rate too would ask for its workers twice), and
+    so does a one-off load. Loads that recur (a fleet too small for the models in use reloads them) are a rate:
+    more workers would spare them. 0 until the window holds three steps.
 
     A worker first seen after the tracker's first reading counts all it did since it started; one that vanishes
     keeps what it counted (its last seconds before it died are not seen).
@@ -393,12 +398,13 @@ class DemandTracker:
             del self._last[gone]
         if self._first_at is None:
             self._first_at = reading.now
-        self._history.append((reading.now, self._done, reading.work_s))
+        self._history.append((reading.now, self._done, reading.backlog_s))
         while len(self._history) > 2 and self._history[1][0] <= reading.now - self.window_s:
             self._history.popleft()
         steps = [(b[0] - a[0], b[1] - a[1] + b[2] - a[2]) for a, b in itertools.pairwise(self._history)]
-        if len(steps) >= 3:  # a one-off burst is backlog, not a rate: its step is left out
-            steps.remove(max(steps, key=lambda step: step[1]))
+        if len(steps) < _MIN_STEPS:
+            return 0.0  # too few readings to tell a rate from a one-off
+        steps.remove(max(steps, key=lambda step: step[1]))  # a one-off burst is backlog, not a rate
         span = sum(seconds for seconds, _ in steps)
         if span <= 0:
             return 0.0
