@@ -232,6 +232,26 @@ def test_a_hold_limit_counts_a_chunk_s_items_so_a_worker_alone_leaves_chunks_for
     assert channel._held_per_model["a"] == 0
 
 
+def test_jobs_of_a_claim_given_up_while_the_round_was_out_go_straight_back(
+    conn: Connection, r: redis.Redis, keyspace: Keyspace, claims: Claims, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    push_to_models(r, [ModelPush(keyspace.model("a"), 6, [_chunk(conn, i, 32) for i in range(3)])], bound=None,
+                   placement_bell=keyspace.placement_bell)
+    claims.models = ["a"]
+    fetch_commands = Channel._fetch_commands
+
+    def given_up_once_sent(channel: Channel, *args: Any) -> list[tuple[Any, ...]]:
+        commands = fetch_commands(channel, *args)
+        claims.models = []  # placement moves the model on while the round is out
+        return commands
+
+    monkeypatch.setattr(Channel, "_fetch_commands", given_up_once_sent)
+    got = consume(conn, 1, timeout=1.0)
+    assert got == []
+    assert r.llen(keyspace.model("a").list_for(6)) == 3  # back at the head of its list, for its new holder
+    assert r.hlen(keyspace.model("a").held) == 0
+
+
 def test_acks_that_free_room_under_a_hold_limit_wake_the_waiting_fetch(
     conn: Connection, r: redis.Redis, keyspace: Keyspace, claims: Claims
 ) -> None:

@@ -416,11 +416,16 @@ class Channel(kombu_redis.Channel):
         delivered here."""
         fetched: list[dict[str, Any]] = []
         ingress: list[tuple[dict[str, Any], str]] = []
+        unclaimed: list[str] = []
         held, held_per_model = self._held, self._held_per_model
+        claimed = set(hooks.affinity.claimed())
         for lists, reply in zip(self._plan, replies, strict=True):
             if not reply:
                 continue
             from_ingress = lists.name == INGRESS
+            # a claim given up while this round was out (placement moved the model on): its jobs go straight back
+            # for the worker that holds it now, rather than waiting here behind another model's loads
+            given_up = not from_ingress and lists.name not in claimed
             count = messages = 0
             for raw in reply:
                 payload = self._payload(raw)
@@ -435,11 +440,16 @@ class Channel(kombu_redis.Channel):
                 messages += 1
                 if from_ingress:
                     ingress.append((payload, bytes_to_str(raw)))
+                elif given_up:
+                    unclaimed.append(tag)
                 else:
                     fetched.append(payload)
             held_per_model[lists.name] += count
             if messages and not from_ingress:
                 self._per_message[lists.name] = count / messages
+        if unclaimed:
+            with self.conn_or_acquire() as client:
+                self.qos.held_restore(unclaimed, client)
         if ingress:
             fetched += self._move_ingress(hooks, ingress)
         self._deliver_all(hooks, fetched)
