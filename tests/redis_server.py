@@ -164,6 +164,25 @@ class RedisServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
+    def pause(self) -> None:
+        """Stop the server in its tracks (SIGSTOP): alive, its connections open, answering nothing until ``resume``
+        (a server stalled by its machine, or cut off and back)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a ``pause``d server go on (SIGCONT): it answers what it was sent meanwhile."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
+    def role(self) -> str:
+        """``master`` or ``slave`` as the server says now, or why it cannot say."""
+        try:
+            with self.client() as client:
+                return str(client.info("replication")["role"])
+        except redis.RedisError as err:
+            return f"unanswering ({type(err).__name__})"
+
     def restart(self, sig: int = signal.SIGKILL, down_s: float = 0.0) -> None:
         """Stop with ``sig``, stay down ``down_s`` seconds, and start again on the same port and directory."""
         self.stop(sig)

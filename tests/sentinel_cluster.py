@@ -3,7 +3,11 @@
 
 The sentinels declare a primary down after ``down_after_ms`` without an answer (1 s here, 30 s by default) and
 retry a failover after ``failover_timeout_ms``; a quorum of two starts it. So a SIGKILLed primary's replica is
-promoted about two seconds later. ``kill_primary`` kills it and returns when the sentinels name the new one.
+promoted about two seconds later. ``kill_primary`` kills it and returns when the sentinels name the new one;
+``stall_primary`` stops it (SIGSTOP) until they name a new one and lets it go on, alive and still a primary until
+the sentinels demote it (8 s or more later). A primary that stalls on its own for ``down_after_ms`` (a loaded
+machine) is replaced too: ``failovers`` counts every promotion, ``describe`` says who is primary now and what the
+sentinels logged, for failure messages.
 """
 
 from __future__ import annotations
@@ -74,8 +78,18 @@ class SentinelServer:
         return int(found[1]) if found else None
 
     def log(self) -> str:
+        return self.full_log()[-3000:]
+
+    def full_log(self) -> str:
         path = self.directory / "sentinel.log"
-        return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
+        return path.read_text(errors="replace") if path.exists() else "(no log)"
+
+    def events(self) -> list[str]:
+        """The lines of its log that say what it saw and did: a server down or back, a failover, a demotion, its
+        TILT mode (its own timer stalled: it acts on nothing for 30 s)."""
+        marks = ("+sdown", "-sdown", "+odown", "-odown", "+switch-master", "+convert-to-slave", "+tilt", "-tilt",
+                 "+failover-end", "failover-abort")
+        return [line for line in self.full_log().splitlines() if any(mark in line for mark in marks)]
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -151,7 +165,27 @@ class SentinelCluster:
         old = self.current_primary()
         killed_at = time.monotonic()
         old.stop(signal.SIGKILL)
-        deadline = killed_at + timeout_s
+        return old, self._promoted(old, killed_at, timeout_s, "the kill")
+
+    def stall_primary(self, timeout_s: float = 30.0) -> tuple[RedisServer, float]:
+        """Stop the primary (SIGSTOP) until every sentinel names another one, then let it go on (SIGCONT): it comes
+        back a primary, with its clients' connections open, until the sentinels demote it.
+
+        Returns:
+            the stalled server, and the seconds from the stop to the promotion.
+        """
+        old = self.current_primary()
+        stopped_at = time.monotonic()
+        old.pause()
+        try:
+            return old, self._promoted(old, stopped_at, timeout_s, "the stop")
+        finally:
+            old.resume()
+
+    def _promoted(self, old: RedisServer, since: float, timeout_s: float, what: str) -> float:
+        """Wait until every sentinel names a primary other than ``old`` that says it is one; the seconds since
+        ``since``."""
+        deadline = since + timeout_s
         while True:
             try:
                 ports = {s.primary_port_now() for s in self.sentinels}
@@ -159,12 +193,34 @@ class SentinelCluster:
                     new = self.current_primary()
                     with new.client() as client:
                         if client.info("replication")["role"] == "master":
-                            return old, time.monotonic() - killed_at
+                            return time.monotonic() - since
             except redis.RedisError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"no failover {timeout_s} s after the kill:\n" + self.sentinels[0].log())
+                raise RuntimeError(f"no failover {timeout_s} s after {what}:\n" + self.describe())
             time.sleep(0.05)
+
+    def failovers(self) -> int:
+        """How many times the sentinels have promoted a replica so far: the most ``+switch-master`` lines of one
+        sentinel's log (each logs every switch once: the others as soon as they name the new primary, the one that
+        led it once it has reconfigured the replicas, a second or more later)."""
+        return max(sum("+switch-master" in line for line in sentinel.events()) for sentinel in self.sentinels)
+
+    def describe(self) -> str:
+        """Who the sentinels name, what each server says it is, and the first sentinel's events: for failure
+        messages (an unrequested failover shows here)."""
+        named = []
+        for sentinel in self.sentinels:
+            try:
+                named.append(str(sentinel.primary_port_now()))
+            except redis.RedisError as err:
+                named.append(f"? ({type(err).__name__})")
+        lines = [f"sentinels name the primary at port(s) {', '.join(named)}",
+                 "servers: " + ", ".join(f"{server.directory.name}:{server.port} {server.role()}"
+                                         for server in self.servers),
+                 f"sentinel-0 events ({self.failovers()} failover(s)):"]
+        lines += self.sentinels[0].events()[-30:] or ["(none)"]
+        return "\n".join(lines)
 
     def wait_replica(self, server: RedisServer, timeout_s: float = 30.0) -> None:
         """Wait until ``server`` (an old primary back) is a replica of the primary, in sync."""
@@ -173,7 +229,7 @@ class SentinelCluster:
             if _linked(server):
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"redis on port {server.port} did not become a replica:\n" + self.sentinels[0].log())
+                raise RuntimeError(f"redis on port {server.port} did not become a replica:\n" + self.describe())
             time.sleep(0.1)
 
     def stop(self) -> None:

@@ -20,7 +20,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.url import _parse_url
 from redis import Redis
 
-from tasks.broker.sentinel import WatchedSentinel
+from tasks.broker.sentinel import WatchedPool, WatchedSentinel
 from tasks.broker.transport import SENTINEL_SCHEME, Channel
 
 __all__ = ["SentinelBackend", "SentinelChannel", "SentinelTransport"]
@@ -40,7 +40,13 @@ class SentinelBackend(CelerySentinelBackend):  # type: ignore[misc]
 
 class SentinelChannel(Channel, kombu_redis.SentinelChannel):
     """:class:`Channel` over the primary Redis Sentinel names (kombu's ``SentinelChannel``), logging where it
-    finds it (``tasks.broker.connection.PrimaryWatch``)."""
+    finds it (``tasks.broker.connection.PrimaryWatch``).
+
+    Its fetches go through one connection it keeps (kombu's), which a failover whose old primary lives on (stalled,
+    then back) leaves open and answered: after each round the channel asks its pool whether the sentinels still
+    name that connection's server (``WatchedPool.recheck``, at most every ``recheck_s``) and, named elsewhere,
+    closes it, so that kombu's next poll connects to the primary they name (the reconnection kombu makes after a
+    connection error) rather than fetching from the old one until the sentinels demote it."""
 
     from_transport_options = (  # type: ignore[assignment]
         *Channel.from_transport_options,
@@ -71,6 +77,23 @@ class SentinelChannel(Channel, kombu_redis.SentinelChannel):
             raise ValueError("'master_name' transport option must be specified.")
         credentials = {k: params[k] for k in ("username", "password") if k in params}
         return manager.master_for(master_name, Redis, **credentials).connection_pool
+
+    def _brpop_read(self, **options: Any) -> Any:
+        try:
+            return super()._brpop_read(**options)
+        finally:
+            self._leave_a_replaced_primary()
+
+    def _leave_a_replaced_primary(self) -> None:
+        """Close the fetch connection when the sentinels name a primary other than its server."""
+        client = self.__dict__.get("client")  # kombu's cached client, made by the first poll
+        connection = getattr(client, "connection", None)
+        pool = getattr(client, "connection_pool", None)
+        if connection is None or not isinstance(pool, WatchedPool) or getattr(connection, "_sock", None) is None:
+            return
+        pool.recheck()
+        if pool.master_address is not None and (connection.host, connection.port) != tuple(pool.master_address):
+            connection.disconnect()
 
 
 class SentinelTransport(kombu_redis.SentinelTransport):

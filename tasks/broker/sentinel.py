@@ -1,17 +1,30 @@
 """Reaching Redis through Redis Sentinel: ``sentinel://host:26379;sentinel://host:26380`` URLs (Celery's form), the
 options of ``SWAPLESS_REDIS_SENTINEL_*``, and the Sentinel clients every Swapless client is built on, which report
 the primary they find to the process's ``PRIMARIES``: one log line per process when it moves (a failover).
+
+redis-py's Sentinel pools ask the sentinels for the primary only when they open a connection, and drop a connection
+only when its server refuses a write as a replica (``READONLY``). A primary that the sentinels replaced while it
+was alive but unanswering (stalled, or cut off from them) answers again as a primary until they demote it: 8 s or
+more later, and never while they cannot reach it. Its connections stay open, and every write through them lands on a
+server that is no longer the primary (with ``SWAPLESS_REDIS_MIN_REPLICAS``: refused, its replicas gone; without:
+lost at its demotion). So the pools here (``WatchedPool``, ``WatchedAsyncPool``) also ask the sentinels whenever
+they hand out a connection and have not asked for ``recheck_s``, and drop the connections to a primary they no
+longer name; a connection held for good (a worker's fetches, ``tasks.broker.failover.SentinelChannel``) is checked
+against ``master_address`` by its holder.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import redis.asyncio
 import redis.asyncio.sentinel as asentinel
+import redis.exceptions
 import redis.sentinel
 
 from config.errors import ConfigError
@@ -19,8 +32,8 @@ from config.settings import Settings
 from tasks.broker.connection import redact
 
 __all__ = [
-    "PRIMARIES", "PrimaryWatch", "SentinelOptions", "SentinelURL", "WatchedAsyncSentinel", "WatchedSentinel",
-    "is_sentinel_url", "master_kwargs", "need_sentinel",
+    "PRIMARIES", "RECHECK_S", "PrimaryWatch", "SentinelOptions", "SentinelURL", "WatchedAsyncPool",
+    "WatchedAsyncSentinel", "WatchedPool", "WatchedSentinel", "is_sentinel_url", "master_kwargs", "need_sentinel",
 ]
 
 logger = logging.getLogger(__name__)
@@ -134,22 +147,114 @@ class PrimaryWatch:
 PRIMARIES = PrimaryWatch()
 
 
+#: The longest a Sentinel pool hands out connections without asking the sentinels whether they still name the
+#: primary its connections reach, in seconds.
+RECHECK_S = 1.0
+
+
+class WatchedPool(redis.sentinel.SentinelConnectionPool):
+    """redis-py's Sentinel connection pool that, handing out a connection ``recheck_s`` or more after it last asked,
+    asks the sentinels for the primary again: named elsewhere, its idle connections are closed and those in use
+    are dropped as they come back, so the next commands reach the primary the sentinels name (see the module
+    docstring). Thread-safe: one caller asks while the others go on."""
+
+    recheck_s = RECHECK_S
+
+    def reset(self) -> None:
+        super().reset()  # also a forked child's first call: the lock is new there
+        self._asked_at = time.monotonic()
+        self._asking = threading.Lock()
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        self.recheck()
+        return super().get_connection(*args, **kwargs)
+
+    def recheck(self) -> None:
+        """Ask the sentinels for the primary, unless asked within ``recheck_s`` (or no connection was made yet):
+        named elsewhere, ``master_address`` moves there and the idle connections are closed."""
+        if self.master_address is None or time.monotonic() - self._asked_at < self.recheck_s:
+            return  # no connection made yet (making one asks), or asked lately
+        if not self._asking.acquire(blocking=False):
+            return
+        try:
+            self._asked_at = time.monotonic()
+            self.get_master_address()  # closes the idle connections when the primary moved
+        except redis.exceptions.ConnectionError:
+            pass  # no primary named (a failover under way), or no sentinel answers: the connections are left as is
+        finally:
+            self._asking.release()
+
+
+class WatchedAsyncPool(asentinel.SentinelConnectionPool):
+    """``WatchedPool`` for asyncio clients."""
+
+    recheck_s = RECHECK_S
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._asked_at = time.monotonic()
+        self._asking = False
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        await self.recheck()
+        return await super().get_connection(*args, **kwargs)
+
+    async def recheck(self) -> None:
+        """``WatchedPool.recheck``."""
+        if self.master_address is None or self._asking or time.monotonic() - self._asked_at < self.recheck_s:
+            return
+        self._asking = True
+        try:
+            self._asked_at = time.monotonic()
+            await self.get_master_address()
+        except redis.exceptions.ConnectionError:
+            pass
+        finally:
+            self._asking = False
+
+
+def _failing_over(state: dict[str, Any]) -> bool:
+    """Whether a sentinel's ``SENTINEL MASTERS`` entry is mid-failover: the sentinel leading it names the old
+    primary's address there until it has reconfigured the replicas (seconds after the promotion, which the other
+    sentinels know of already), and an old primary that answers again is not down in it either."""
+    flags = state.get("flags", ())
+    if isinstance(flags, str):
+        flags = flags.split(",")
+    return "failover_in_progress" in flags
+
+
 class WatchedSentinel(redis.sentinel.Sentinel):
-    """redis-py's Sentinel client, reporting each primary it finds to ``PRIMARIES``."""
+    """redis-py's Sentinel client, reporting each primary it finds to ``PRIMARIES``, whose primary's clients
+    follow a failover within ``RECHECK_S`` (``WatchedPool``). A sentinel mid-failover is not asked: the next one
+    is (``_failing_over``)."""
+
+    def check_master_state(self, state: dict[str, Any], service_name: str) -> bool:
+        return bool(super().check_master_state(state, service_name)) and not _failing_over(state)
 
     def discover_master(self, service_name: str) -> tuple[str, int]:
         address = super().discover_master(service_name)
         PRIMARIES.found(service_name, address)
         return address  # type: ignore[no-any-return]
 
+    def master_for(self, service_name: str, redis_class: type[Any] = redis.Redis,
+                   connection_pool_class: type[Any] = WatchedPool, **kwargs: Any) -> Any:
+        return super().master_for(service_name, redis_class, connection_pool_class, **kwargs)
+
 
 class WatchedAsyncSentinel(asentinel.Sentinel):
     """``WatchedSentinel`` for asyncio clients."""
+
+    def check_master_state(self, state: dict[str, Any], service_name: str) -> bool:
+        return bool(super().check_master_state(state, service_name)) and not _failing_over(state)
 
     async def discover_master(self, service_name: str) -> tuple[str, int]:
         address = await super().discover_master(service_name)
         PRIMARIES.found(service_name, address)
         return address  # type: ignore[no-any-return]
+
+    def master_for(self, service_name: str, redis_class: type[Any] = redis.asyncio.Redis,
+                   connection_pool_class: type[Any] = WatchedAsyncPool, **kwargs: Any) -> Any:
+        return super().master_for(service_name, redis_class, connection_pool_class, **kwargs)
 
 
 def need_sentinel(url: str, sentinel: SentinelOptions | None) -> SentinelOptions:
