@@ -228,7 +228,7 @@ class Autoscaler:
 
     def _read(self) -> int | None:
         try:
-            text = urllib.request.urlopen(self.url, timeout=5).read().decode()  # noqa: S310 - our exporter
+            text = urllib.request.urlopen(self.url, timeout=5).read().decode()
         except OSError:
             return None
         found = re.search(r"^swapless_workers_desired (\S+)$", text, re.MULTILINE)
@@ -377,7 +377,8 @@ def run_day(kind: str, day: Day, models: Path, learned: dict[bytes, bytes], join
     idle.set()
     oracle_asked = False
     while time.monotonic() - start < day.burst_at:
-        if kind == "oracle" and not oracle_asked and time.monotonic() - start >= day.burst_at - (day.startup_s + join_s):
+        ahead = day.burst_at - (day.startup_s + join_s)
+        if kind == "oracle" and not oracle_asked and time.monotonic() - start >= ahead:
             for _ in range(day.workers - 1):
                 fleet.ask(day.startup_s)
             oracle_asked = True
@@ -465,23 +466,23 @@ def report(results: dict[str, list[Outcome]], day: Day, repeats: int, took_s: fl
     lines = [
         "# Autoscaling benchmark (simulated)",
         "",
-        f"Command: `python -m bench.autoscale{' --quick' if quick else ''}` on this machine (CPU only, 2 cores, "
+        (f"Command: `python -m bench.autoscale{' --quick' if quick else ''}` on this machine (CPU only, 2 cores, "
         f"shared); {repeats} repetition(s), median [min–max]; {took_s / 60:.0f} min. **Every row is simulated** "
-        "(`bench/simulated.py`: loads and forward passes sleep, as a GPU's work leaves the CPU free).",
+        "(`bench/simulated.py`: loads and forward passes sleep, as a GPU's work leaves the CPU free)."),
         "",
-        f"The day: {day.interactive_s:g} s of interactive traffic ({day.interactive_rate:g} jobs/s on two small "
+        (f"The day: {day.interactive_s:g} s of interactive traffic ({day.interactive_rate:g} jobs/s on two small "
         f"models), {day.idle_s:g} s idle, then a bulk burst of {day.bulk_models} models x {day.bulk_jobs} jobs "
         f"(2 s loads, 2.3 ms of device per job at batches of 64: {day.bulk_models * (day.bulk_jobs * 0.0023 + 2):.0f} "
         f"worker-seconds) with the interactive traffic going on, and {day.tail_s:g} s of interactive traffic once the "
-        f"burst is done. Each worker holds 3 models. A worker asked for starts {day.startup_s:g} s later, then pays its real process start "
-        "(joining a fleet, it warms nothing already measured). GPU-seconds count each worker from the moment it is "
-        "asked for to its exit, within the day. The autoscaled fleet follows `swapless_workers_desired` from a "
+        f"burst is done. Each worker holds 3 models. A worker asked for starts {day.startup_s:g} s later, then pays "
+        "its real process start (joining a fleet, it warms nothing already measured). GPU-seconds count each "
+        "worker from the moment it is asked for to its exit, within the day. The autoscaled fleet follows `swapless_workers_desired` from a "
         f"real `swapless exporter`, polled every {day.poll_s:g} s; down after {day.cooldown_s:g} s below, one at a "
         "time, the cheapest by removal cost, with `swapless drain`; `SWAPLESS_SCALE_DRAIN_S=10`, "
-        "`SWAPLESS_SCALE_WINDOW_S=10`, `SWAPLESS_SCALE_MIN_WORKERS=1`.",
+        "`SWAPLESS_SCALE_WINDOW_S=10`, `SWAPLESS_SCALE_MIN_WORKERS=1`."),
         "",
-        "| fleet (simulated) | GPU-seconds | vs oracle | interactive p50 (ms) | interactive p95 (ms) | bulk burst done "
-        "in (s) | loads | most workers | lost |",
+        ("| fleet (simulated) | GPU-seconds | vs oracle | interactive p50 (ms) | interactive p95 (ms) "
+         "| bulk burst done in (s) | loads | most workers | lost |"),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     oracle = results.get("oracle", [])
@@ -498,8 +499,8 @@ def report(results: dict[str, list[Outcome]], day: Day, repeats: int, took_s: fl
         )
     joins = [s for r in results.get("autoscaled", []) for s in r.join_s]
     if joins:
-        lines += ["", f"A worker joining the autoscaled fleet: process start to ready {_cell(joins)} s "
-                      f"({len(joins)} joins)."]
+        lines += ["", (f"A worker joining the autoscaled fleet: process start to ready {_cell(joins)} s "
+                      f"({len(joins)} joins).")]
     if oracle and results.get("autoscaled") and results.get("fixed-N"):
         auto = results["autoscaled"]
         ratio = _median([a.gpu_s / o.gpu_s for a, o in zip(auto, oracle, strict=False)])
@@ -509,8 +510,8 @@ def report(results: dict[str, list[Outcome]], day: Day, repeats: int, took_s: fl
             "",
             "Targets (medians):",
             "",
-            f"- autoscaled GPU-seconds vs the oracle's: {ratio:.2f} ({'met' if ratio <= 1.2 else 'NOT met'}; "
-            "target ≤ 1.2)",
+            (f"- autoscaled GPU-seconds vs the oracle's: {ratio:.2f} ({'met' if ratio <= 1.2 else 'NOT met'}; "
+            "target ≤ 1.2)"),
             f"- interactive p95, autoscaled vs fixed {n}: {auto_p95:.0f} ms vs {fixed_p95:.0f} ms",
         ]
     return "\n".join(lines) + "\n"
