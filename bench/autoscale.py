@@ -476,10 +476,10 @@ def report(results: dict[str, list[Outcome]], day: Day, repeats: int, took_s: fl
         f"worker-seconds) with the interactive traffic going on, and {day.tail_s:g} s of interactive traffic once the "
         f"burst is done. Each worker holds 3 models. A worker asked for starts {day.startup_s:g} s later, then pays "
         "its real process start (joining a fleet, it warms nothing already measured). GPU-seconds count each "
-        "worker from the moment it is asked for to its exit, within the day. The autoscaled fleet follows `swapless_workers_desired` from a "
-        f"real `swapless exporter`, polled every {day.poll_s:g} s; down after {day.cooldown_s:g} s below, one at a "
-        "time, the cheapest by removal cost, with `swapless drain`; `SWAPLESS_SCALE_DRAIN_S=10`, "
-        "`SWAPLESS_SCALE_WINDOW_S=10`, `SWAPLESS_SCALE_MIN_WORKERS=1`."),
+        "worker from the moment it is asked for to its exit, within the day. The autoscaled fleet follows "
+        f"`swapless_workers_desired` from a real `swapless exporter`, polled every {day.poll_s:g} s; down after "
+        f"{day.cooldown_s:g} s below, one at a time, the cheapest by removal cost, with `swapless drain`; "
+        "`SWAPLESS_SCALE_DRAIN_S=10`, `SWAPLESS_SCALE_WINDOW_S=10`, `SWAPLESS_SCALE_MIN_WORKERS=1`."),
         "",
         ("| fleet (simulated) | GPU-seconds | vs oracle | interactive p50 (ms) | interactive p95 (ms) "
          "| bulk burst done in (s) | loads | most workers | lost |"),
