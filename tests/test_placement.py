@@ -49,11 +49,16 @@ def test_with_no_free_slot_the_worker_whose_victim_idled_longest_takes_the_model
 
 def test_a_model_in_use_between_sparse_jobs_is_no_victim_until_idle_as_long_as_its_load() -> None:
     # interactive traffic: a job every few tenths of a second, none waiting between them
-    workers = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 0.4})]
-    demand = [Demand("chat", holders=("a",), load_s=2.0), Demand("bulk", queued=100, load_s=2.0)]
-    assert plan("a", workers, demand).claim == (("bulk", 1, None),)  # it swaps in its own cache, keeping the claim
-    workers = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 2.5})]
+    other = WorkerView("b", 1, frozenset({"x"}), idle_s={"x": 0.1})
+    workers = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 0.4}), other]
+    demand = [Demand("chat", holders=("a",), load_s=2.0), Demand("x", holders=("b",), load_s=2.0),
+              Demand("bulk", queued=100, load_s=2.0)]
+    claims = [c for w in ("a", "b") for c in plan(w, workers, demand).claim]
+    assert [victim for _, _, victim in claims] == [None]  # taken with no victim: chat keeps its place
+    workers = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 2.5}), other]
     assert plan("a", workers, demand).claim == (("bulk", 1, "chat"),)  # idle longer than a load: it goes
+    alone = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 0.4})]  # alone it claims chat again itself
+    assert plan("a", alone, demand[:1] + demand[2:]).claim == (("bulk", 1, "chat"),)
 
 
 def test_a_model_with_waiting_work_is_never_evicted_for_another() -> None:

@@ -335,7 +335,8 @@ def test_drain_hands_the_jobs_over_to_another_worker_without_loss(
     assert sorted(ran) == sorted(f"job {i}" for i in range(400))
     assert set(ran.values()) == {1}, [job for job, n in ran.items() if n > 1][:5]
     assert [beat.pid for beat in _live(simulated)] == [b.proc.pid]
-    assert "Restoring" in a.log() and "ran " in b.log()  # A handed jobs back, B ran them
+    # A handed its waiting jobs back (as its claim went, or at its channel's close), and B ran them
+    assert ("handed" in a.log() or "Restoring" in a.log()) and "ran " in b.log()
 
 
 @pytest.mark.slow

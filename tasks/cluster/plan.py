@@ -11,7 +11,8 @@ The rules, in order:
 1. **Cold models** (waiting work, no holder), the most seconds of work (with the load) first, each to one worker:
    the one that would be done soonest with it, counting in seconds the work it holds already (waiting jobs times their
    cost, plus the load of each claimed model it has not loaded) and this model's load. A worker with a free slot, or an
-   eviction victim (a claimed model with no waiting work, idle at least as long as its load: it releases it), takes
+   eviction victim (a claimed model with no waiting work, and with other workers live idle at least as long as its
+   load: it releases it), takes
    it as it is; one with neither pays a reload on top (it will swap models in its own cache, as one worker alone
    does). Ties go to a free slot, then to the victim idle longest, then to fewer claims.
 2. **Hot models** get one more copy per plan when their waiting work per copy passes ``copy_backlog_s`` and
@@ -142,16 +143,17 @@ class _Board:
         return sum(self.cost_s(worker_id, model_id) for model_id in self.claims[worker_id])
 
     def victim(self, worker_id: str) -> tuple[str, float] | None:
-        """The claimed model this worker would give up: no waiting work and idle at least as long as its load
-        takes (one in use between sparse jobs, interactive traffic's, would only come back at a load's price),
-        idle longest."""
+        """The claimed model this worker would give up: no waiting work, idle longest; with other workers live,
+        also idle at least as long as its load takes (one in use between sparse jobs, interactive traffic's, would
+        only come back elsewhere at a load's price; a worker alone claims it again itself)."""
         worker = self.workers[worker_id]
         idle = [
             (model_id, worker.idle_s.get(model_id, math.inf))
             for model_id in self.claims[worker_id]
             if model_id not in self.demand or self.demand[model_id].waiting == 0
         ]
-        idle = [(m, s) for m, s in idle if m not in self.demand or s >= self.demand[m].load_s]
+        if len(self.workers) > 1:
+            idle = [(m, s) for m, s in idle if m not in self.demand or s >= self.demand[m].load_s]
         return max(idle, key=lambda item: (item[1], item[0])) if idle else None
 
     def move(self, model_id: str, to: str, release: str | None) -> None:
