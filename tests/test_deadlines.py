@@ -21,7 +21,7 @@ from tasks.cluster.members import read_heartbeats
 from tasks.keyspace import Keyspace
 from tasks.protocol import PREDICT_TASK, deadline_of, expires_header
 from tests.crashy import crashy_entry
-from tests.faultkit import FaultEnv, gate
+from tests.faultkit import FaultEnv, gate, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -102,6 +102,10 @@ def test_a_job_whose_answer_would_come_after_its_deadline_is_not_started(one_wor
     kept = [client.submit("paced", f"paced-kept-{i}", expires=60) for i in range(2)]
     sent_at = time.time()
     doomed = client.submit("paced", "paced-doomed", expires=2.0)
+    # all three in the worker before the gate opens, so that they make one group (else the kept two may run first
+    # and teach the tuner that a pass is fast)
+    keys = Keyspace(one_worker.queue, one_worker.key_prefix).model("paced")
+    wait_for(lambda: client.redis.hlen(keys.held) == 3, 10, "the three paced jobs fetched")
     held.open()
     # Its deadline has not passed when its group starts, but the first pass of two jobs would take 4 s by the
     # last one: it is answered at once, before its deadline, and never runs.
