@@ -119,7 +119,6 @@ class Fleet:
         self.env = env
         self.lives: list[Life] = []
         self.lock = threading.Lock()
-        self.keyspace_env = env
 
     def ask(self, delay_s: float) -> Life:
         """Ask for one more worker: its process starts ``delay_s`` from now."""

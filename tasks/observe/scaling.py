@@ -142,12 +142,7 @@ class ModelBacklog:
     @property
     def seconds(self) -> float:
         """The backlog's device seconds: its jobs, plus the load where it has any job."""
-        return self.work_s + (self.load_s if self.jobs else 0.0)
-
-    @property
-    def work_s(self) -> float:
-        """Its jobs' device seconds, the load left out."""
-        return self.jobs * self.job_s
+        return self.jobs * self.job_s + (self.load_s if self.jobs else 0.0)
 
 
 @dataclass(frozen=True)
@@ -169,11 +164,6 @@ class ClusterReading:
     @property
     def backlog_s(self) -> float:
         return sum(m.seconds for m in self.models.values())
-
-    @property
-    def work_s(self) -> float:
-        """The jobs' device seconds, loads left out."""
-        return sum(m.work_s for m in self.models.values())
 
     @property
     def jobs(self) -> int:
