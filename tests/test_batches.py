@@ -53,6 +53,37 @@ def test_a_bad_line_is_refused_naming_its_line_and_field(line: bytes, message: s
     assert str(refused.value).endswith("nothing was kept: fix it and upload the file again")
 
 
+@pytest.mark.parametrize("body", [
+    {"model_id": "m", "input": "x"}, {"model_id": "m", "input": None}, {"model_id": "m", "input": [1, {"a": 2}]},
+    {"model_id": "m", "input": "x", "priority": "bulk"}, {"model_id": "m", "input": "x", "key": "user-1"},
+    {"model_id": "m", "input": "x", "key": None}, {"model_id": "m", "input": "x", "expires_s": 30},
+    {"model_id": "", "input": "x"}, {"model_id": "m" * 128, "input": "x"}, {"model_id": "m" * 129, "input": "x"},
+    {"model_id": 5, "input": "x"}, {"model_id": None, "input": "x"}, {"model_id": "m"}, {"input": "x"},
+    {"model_id": "m", "input": "x", "priority": "urgent"}, {"model_id": "m", "input": "x", "priority": ["bulk"]},
+    {"model_id": "m", "input": "x", "priority": None}, {"model_id": "m", "input": "x", "key": ""},
+    {"model_id": "m", "input": "x", "key": 7}, {"model_id": "m", "input": "x", "key": "k" * 257},
+    {"model_id": "m", "input": "x", "colour": 1}, {"model_id": "m", "input": "x", "expires_s": -1},
+    [], "m", None,
+])
+def test_a_line_s_body_is_taken_exactly_as_predict_would_take_it(body: Any) -> None:
+    """Lines are checked by hand where their body is plain: the same bodies pass and fail as ``JobRequest``'s."""
+    from pydantic import ValidationError
+
+    from tasks.gateway.batches.lines import parse_line
+    from tasks.gateway.schema import JobRequest
+
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/predict", "body": body}).encode()
+    try:
+        job = JobRequest.model_validate(body)
+    except ValidationError:
+        with pytest.raises(BadBatchFile, match="line 3: body"):
+            parse_line(line, 3)
+        return
+    parsed = parse_line(line, 3)
+    assert (parsed.model_id, parsed.input, parsed.priority, parsed.key) == (job.model_id, job.input, job.priority,
+                                                                            job.key)
+
+
 def test_the_checker_bounds_lines_and_refuses_a_repeated_custom_id() -> None:
     checker = LineChecker(2, 200)
     checker.check(request_line("a", "spam", "hi").encode())

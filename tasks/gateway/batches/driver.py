@@ -28,6 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from pydantic_core import to_json
+
 from config.errors import DeadlinePassed, InputError
 from config.settings import Settings
 from manager.registry.specs import ModelSpec
@@ -198,7 +200,7 @@ class BatchDriver:
                     group = _Group(model, priority, len(groups))
                     groups[model, priority] = (group, (self.work / group.input_name).open("wb"))
                 record = {"custom_id": custom_id, "input": value, "key": key}
-                groups[model, priority][1].write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+                groups[model, priority][1].write(to_json(record) + b"\n")
         finally:
             for file in [prefailed, *(out for _, out in groups.values())]:
                 file.flush()
@@ -229,14 +231,13 @@ class BatchDriver:
             line = parse_line(raw, number)
         except BadBatchFile as err:
             return f"line-{number}", "", "", None, None, ("BadBatchFile", str(err), 400)
-        job = line.job
-        model, refusal, spec = self._model(job.model_id, caller)
+        model, refusal, spec = self._model(line.model_id, caller)
         if refusal is None and spec is not None:
             try:
-                check_input(spec, job.input, self.settings)
+                check_input(spec, line.input, self.settings)
             except InputError as err:
                 refusal = ("InputError", str(err), 422)
-        return line.custom_id, model, job.priority, job.input, job.key, refusal
+        return line.custom_id, model, line.priority, line.input, line.key, refusal
 
     def _model(self, name: str, caller: Caller) -> tuple[str, tuple[str, str, int] | None, ModelSpec | None]:
         """What a line naming model ``name`` runs on: (the model or route, why every such line fails, the spec its

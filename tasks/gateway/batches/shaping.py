@@ -7,10 +7,11 @@ next chunks compute; at the batch's end only the last chunk's lines are left to 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from pydantic_core import from_json
 
 from tasks.gateway.batches.lines import error_line, output_line
 
@@ -33,13 +34,13 @@ class Shaper:
         self.work = work
         self.ok = self.failed = 0
         self._read: dict[int, tuple[int, int]] = {}  # group index -> (bytes read, lines read)
-        self._out: IO[str] | None = None
-        self._err: IO[str] | None = None
+        self._out: IO[bytes] | None = None
+        self._err: IO[bytes] | None = None
 
     def start(self) -> None:
         """Open both files afresh with the lines that failed at validation."""
-        self._out = self.out_path.open("w", encoding="utf-8")
-        self._err = self.err_path.open("w", encoding="utf-8")
+        self._out = self.out_path.open("wb")
+        self._err = self.err_path.open("wb")
         for bulk in read_jsonl(self.work / "prefailed.jsonl"):
             self._fail(bulk["key"], bulk["type"], bulk["error"], bulk.get("status"))
 
@@ -60,7 +61,7 @@ class Shaper:
                         break
                     offset += len(line)
                     done += 1
-                    bulk = json.loads(line)
+                    bulk = from_json(line)
                     if bulk["ok"]:
                         assert self._out is not None
                         self._out.write(output_line(self.batch_id, bulk["key"], model, bulk["result"]))
@@ -96,6 +97,6 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
         with path.open("rb") as file:
             for line in file:
                 if line.endswith(b"\n"):  # a partial last line (a crash mid-write) is not an outcome
-                    yield json.loads(line)
+                    yield from_json(line)
     except FileNotFoundError:
         return
