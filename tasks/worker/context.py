@@ -54,7 +54,7 @@ from tasks.worker.followups import Followups
 from tasks.worker.intake import Intake, answer_malformed
 from tasks.worker.learned import LearnedStore, device_label
 from tasks.worker.reporting import WorkerReporting
-from tasks.worker.runtime import Runtime, build_runtime
+from tasks.worker.runtime import Runtime, build_runtime, tune_interpreter
 from tasks.worker.scheduler import BatchScheduler
 from tasks.worker.shadows import Shadows
 from tasks.worker.webhooks import WebhookIntake, WebhookSender
@@ -98,6 +98,7 @@ class WorkerContext:
         """Seed what earlier workers learned, warm up on the scheduler's thread, start the heartbeat, then place."""
         runtime, s = self.runtime, self.settings
         engine = runtime.manager.factory
+        tune_interpreter()
         after_beat = []
         records: dict[str, Any] = {}
         kind = ""
