@@ -156,17 +156,25 @@ class Backlog:
         Returns:
             the jobs, all for one model; empty when nothing waits.
         """
-        model_id = choose_next(self.waiting(load_cost_s), loaded, self.max_wait_s)
+        model_id, ordered = self._next(loaded, load_cost_s)
         if model_id is None:
             return []
-        group = self._groups[model_id]
-        ordered = sorted(group, key=lambda job: (not job.urgent, job.received_s))
         taken, rest = ordered[:limit], ordered[limit:]
         if rest:
             self._groups[model_id] = deque(sorted(rest, key=lambda job: job.received_s))
         else:
             del self._groups[model_id]
         return taken
+
+    def peek_group(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], limit: int) -> list[Job]:
+        """The jobs ``next_group`` would take now, left in the backlog."""
+        return self._next(loaded, load_cost_s)[1][:limit]
+
+    def _next(self, loaded: Sequence[str], load_cost_s: Callable[[str], float]) -> tuple[str | None, list[Job]]:
+        model_id = choose_next(self.waiting(load_cost_s), loaded, self.max_wait_s)
+        if model_id is None:
+            return None, []
+        return model_id, sorted(self._groups[model_id], key=lambda job: (not job.urgent, job.received_s))
 
 
 def _wrap(model_id: str, err: BaseException) -> SwaplessError:
@@ -200,11 +208,13 @@ def run_group(
     jobs: Sequence[Job],
     waiting: dict[str, int] | None = None,
     on_loaded: Callable[[], None] | None = None,
+    before_last_pass: Callable[[], None] | None = None,
 ) -> list[Outcome]:
     """Run jobs that all address ``model_id``; never raises for a job's sake.
 
     ``on_loaded`` is called once the model is loaded, before its inputs are prepared and run (the scheduler
-    starts loading the next group's model ahead there).
+    starts loading the next group's model ahead there); ``before_last_pass`` as the last forward pass begins (of a
+    framework that passes through ``ModelWorker.batched``; the scheduler sends the next group's reads there).
 
     Returns:
         one Outcome per job, in the order of ``jobs``.
@@ -223,8 +233,12 @@ def run_group(
                 except Exception as err:  # noqa: BLE001 - a decoder bug must fail only this job
                     outcomes[job.id] = Outcome(job, error=InputError(model_id, f"{type(err).__name__}: {err}"))
             if ready:
-                for outcome in _predict(worker, ready):
-                    outcomes[outcome.job.id] = outcome
+                worker.before_last_pass = before_last_pass
+                try:
+                    for outcome in _predict(worker, ready):
+                        outcomes[outcome.job.id] = outcome
+                finally:
+                    worker.before_last_pass = None
     except (UnknownModel, ModelLoadError, BackendUnavailable) as err:
         return [Outcome(job, error=err) for job in jobs]
     except SwaplessError as err:

@@ -10,9 +10,10 @@ batches, then ``unload()`` when it evicts the model. Subclasses register themsel
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from config.errors import DuplicateFramework, InputError, UnknownFramework
@@ -26,6 +27,7 @@ T = TypeVar("T")
 
 __all__ = ["ModelWorker", "WorkerLimits", "WorkerRegistry", "registry"]
 
+logger = logging.getLogger(__name__)
 
 
 class WorkerRegistry(dict[str, type["ModelWorker"]]):
@@ -107,6 +109,8 @@ class ModelWorker(ABC):
         # The first forward pass after a load pays one-off costs (allocator growth, kernel choice, lazy init): it is
         # not shown to the tuner, which would otherwise rule out that size for good.
         self._first_pass = True
+        #: Called once, as the last pass of the inputs ``batched`` cuts begins (set by ``run_group``).
+        self.before_last_pass: Callable[[], None] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -120,6 +124,12 @@ class ModelWorker(ABC):
         while start < len(items):
             size = min(self.tuner.next_size(), self.batch_size) if self.tuner else self.batch_size
             chunk = items[start : start + size]
+            if start + len(chunk) >= len(items) and self.before_last_pass is not None:
+                hook, self.before_last_pass = self.before_last_pass, None
+                try:
+                    hook()
+                except Exception:  # it only saves time: the pass goes on
+                    logger.exception("the hook before the last pass of %s failed", self.spec.id)
             started = time.perf_counter()
             yield chunk
             if self.tuner is not None and not self._first_pass:

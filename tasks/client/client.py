@@ -394,7 +394,8 @@ class Client:
         every worker checks for a result before it starts a job, and the cancellation is kept in Redis as the job's
         result for ``SWAPLESS_CANCEL_HOLD_S`` (7 days: as long as a job may wait), so it holds across worker restarts
         and for a job still on its way. A job that has started runs to its end and keeps its result. The jobs of one
-        ``submit_many`` chunk share one message: cancelling one cancels its chunk.
+        ``submit_many`` chunk share one message: cancelling one cancels its chunk. A job has started once it is next in
+        line on its worker's device (from the start of the last forward pass of the group before it).
 
         Returns:
             per id: ``"cancelled"``; ``"running"`` (too late: it has started, its result will be kept); ``"done"``

@@ -43,6 +43,7 @@ from tasks.broker.results import ResultStore
 from tasks.broker.routes import Router
 from tasks.observe.accounting import NULL_OBSERVER, SchedulerObserver
 from tasks.protocol import deadline_text, item_id, split_item_id, storage_id
+from tasks.worker.ahead import ReadAhead
 from tasks.worker.attempts import plan_attempts
 from tasks.worker.chunks import ChunkAssembler
 from tasks.worker.delivery import decode
@@ -94,6 +95,8 @@ class BatchScheduler:
         self._pass_s: dict[str, float] = {}
         #: Jobs of the running group whose attempt is counted already (scheduler thread only).
         self._started: set[str] = set()
+        #: The next group's reads, sent while a group computes.
+        self.ahead = ReadAhead(results_factory)
         self._stopping = False
         #: Completions (store, then ack) handed to the results thread, each with the jobs it answers; None stops it.
         self._completions: queue.Queue[tuple[Callable[[ResultStore], None], Sequence[Job]] | None] = queue.Queue(
@@ -145,8 +148,10 @@ class BatchScheduler:
                 return not self.ledger.live(job.id) or (parts is not None and parts[0] not in whole)
 
             jobs = self.backlog.take_model(model_id, keep=keep)
+            counted = self.ahead.forget([job.id for job in jobs])  # while they are still live here
             requests = self.ledger.release([job for job in jobs if split_item_id(job.id) is None])
             requests += [r for chunk, _ in self.ledger.chunks.drop(sorted(whole)).values() for r in chunk]
+        self._clear_counts(counted)
         if requests:
             self.acks.requeue(requests)
             logger.info("handed %d waiting job(s) of %s over to the worker that holds it now", len(jobs), model_id)
@@ -211,6 +216,16 @@ class BatchScheduler:
             self._hand_over_deferred()
             self._completions.put(None)  # what is handed over is stored and acked before the thread ends
             self._completer.join()
+            self._clear_counts(self.ahead.close())
+
+    def _clear_counts(self, job_ids: Sequence[str]) -> None:
+        """Clear the attempts this worker counted ahead for jobs that leave it unrun (``tasks.worker.ahead``)."""
+        if not job_ids:
+            return
+        try:
+            self.results_factory().clear_attempts(job_ids)
+        except Exception as err:  # noqa: BLE001 - they then run with the jobs in flight at one death
+            logger.warning("could not clear the attempts counted ahead for %d job(s) (%s)", len(job_ids), err)
 
     def _schedule(self, results: ResultStore) -> None:
         while True:
@@ -339,15 +354,26 @@ class BatchScheduler:
         if self.runtime.settings.load_ahead and model_id in self.runtime.manager.loaded_ids():
             self._load_ahead(model_id)  # loaded already: the next model's load starts before this group's reads
         self._cancel_revoked(results, group)
-        # The first batch's attempts are counted in the same round trip as the reads (see _run_batch).
+        # The first batch's attempts are counted in the same round trip as the reads (see _run_batch), sent while
+        # the group before computed when it was the group expected next (tasks.worker.ahead).
         size = self._slice(model_id, group)
-        first = group if size is None else group[:size]
-        done_before, attempts = results.prior(
-            [job.id for job in group], list(dict.fromkeys(storage_id(job.id) for job in group)),
-            start=[job.id for job in first],
-        )
+        ids = [job.id for job in group]
+        first = ids if size is None else ids[:size]
+        read = self.ahead.take(ids, first)
+        if read is None:
+            done_before, attempts = results.prior(ids, list(dict.fromkeys(storage_id(i) for i in ids)), start=first)
+            attempts = self.ahead.own(attempts)
+            self.ahead.counted([i for i in first if i not in attempts and storage_id(i) not in done_before])
+        else:
+            done_before, attempts = read
         self._hand_over_deferred()  # the group before this one's results: stored while this one computes
-        self._started = {job.id for job in first if job.id not in attempts and storage_id(job.id) not in done_before}
+        self._started = {i for i in self.ahead.running(ids) if storage_id(i) not in done_before}
+        self.ahead.prune(self.ledger.live)
+        self._run_read(results, model_id, group, done_before, attempts)
+
+    def _run_read(self, results: ResultStore, model_id: str, group: Sequence[Job], done_before: set[str],
+                  attempts: dict[str, int]) -> None:
+        """Run a group whose reads are done (``_run``)."""
         if done_before:
             # Cancelled jobs, and redelivered copies of jobs that already have a final result: never run them.
             self._drop(results, model_id, done_before)
@@ -364,6 +390,18 @@ class BatchScheduler:
             self._complete(results, self._run_batch(results, model_id, [job]))
         if plan.fresh:
             self._run_sliced(results, model_id, plan.fresh)
+
+    def _read_next(self) -> None:
+        """Send the reads of the group the backlog would give next, answered during this group's last pass (called
+        as that pass begins: ``tasks.worker.ahead``)."""
+        manager = self.runtime.manager
+        with self._cond:
+            upcoming = self.backlog.peek_group(manager.loaded_ids(), manager.load_cost_s,
+                                               self.runtime.settings.max_group)
+        if upcoming:
+            size = self._slice(upcoming[0].model_id, upcoming)
+            ids = [job.id for job in upcoming]
+            self.ahead.launch(ids, ids if size is None else ids[:size])
 
     def _slice(self, model_id: str, jobs: Sequence[Job]) -> int | None:
         """Jobs per slice of a group (``_run_sliced``), or None: it runs whole."""
@@ -387,7 +425,7 @@ class BatchScheduler:
         """
         size = self._slice(model_id, jobs)
         if size is None:
-            self._complete(results, self._run_batch(results, model_id, jobs))
+            self._complete(results, self._run_batch(results, model_id, jobs, last=True))
             return
         deadlines = any(job.expires_at is not None for job in jobs)
         urgent = any(job.urgent for job in jobs)
@@ -402,18 +440,22 @@ class BatchScheduler:
                     pending = [job for job in pending if job.expires_at is None or job.expires_at >= cutoff]
                     continue
             batch, pending = pending[:size], pending[size:]
-            self._complete(results, self._run_batch(results, model_id, batch))
+            self._complete(results, self._run_batch(results, model_id, batch, last=not pending))
             if pending and not urgent:
                 with self._cond:
                     if self.backlog.urgent:
                         self.backlog.add(pending)  # never started: back as they were
+                        self.ahead.counted([job.id for job in pending if job.id in self._started])
                         logger.info("%s: yielding to interactive jobs with %d of %d bulk job(s) left", model_id,
                                     len(pending), len(jobs))
                         break
 
-    def _run_batch(self, results: ResultStore, model_id: str, batch: Sequence[Job]) -> list[Outcome]:
+    def _run_batch(
+        self, results: ResultStore, model_id: str, batch: Sequence[Job], last: bool = False
+    ) -> list[Outcome]:
         """Mark ``batch`` started (the jobs ``_run`` did not count already), run it, return one outcome per job (never
-        raises). Jobs found with a result when they are marked (cancelled since the group began) do not run."""
+        raises). Jobs found with a result when they are marked (cancelled since the group began) do not run. The
+        group's ``last`` batch sends the next group's reads as its last forward pass begins."""
         batch = [job for job in batch if self.ledger.live(job.id)]  # not of a chunk dropped since the group began
         # a Redis failure keeps the batch
         found = results.start([job.id for job in batch if job.id not in self._started])
@@ -429,7 +471,8 @@ class BatchScheduler:
             warm = model_id in self.runtime.manager.loaded_ids()
             started = time.perf_counter()
             ahead = (lambda: self._load_ahead(model_id)) if self.runtime.settings.load_ahead else None
-            outcomes = run_group(self.runtime.manager, model_id, batch, waiting, on_loaded=ahead)
+            outcomes = run_group(self.runtime.manager, model_id, batch, waiting, on_loaded=ahead,
+                                 before_last_pass=self._read_next if last else None)
             elapsed = time.perf_counter() - started
             if warm:  # the last warm pass's seconds per job: when the next answers would come
                 self._pass_s[model_id] = elapsed / len(batch)

@@ -1,0 +1,143 @@
+"""The next group's reads, sent during the last pass of the group before it: ``ReadAhead``.
+
+Before a group runs, the scheduler asks Redis in one round trip which of its jobs have a result already (cancelled,
+or a redelivered copy of a finished job) and how often each was started before, and counts the first slice's
+attempts (``ResultStore.prior``). On a device that computes without the CPU, that round trip is time the device
+idles between two groups: 2-4 ms of a 75 ms group of 256 jobs on the simulated device (``bench/DEVICE.md``). As the
+last forward pass of a group begins (``run_group``'s ``before_last_pass``), ``ReadAhead`` sends the same round trip,
+on a thread of its own, for the group the backlog would give next (``Backlog.peek_group``); when that group is the
+one taken, the scheduler uses the answer instead of asking.
+
+A job counted ahead counts as started from then on, one forward pass before its own: a cancel answers ``running``,
+and the job runs and keeps its result. Only a job never started before is counted ahead, and once: one that then
+never runs here (its worker died during the pass before it) carries one attempt it did not make, and runs again with
+the jobs in flight at one death (together, as ``tasks.worker.attempts`` decides), never alone or as poison for it.
+What this worker counted ahead is its own and not an earlier life's: ``own`` takes it out of later reads, and a job
+handed over or left at a clean stop has its count cleared (``forget``, ``close``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from tasks.broker.results import ResultStore
+from tasks.protocol import storage_id
+
+__all__ = ["ReadAhead"]
+
+logger = logging.getLogger(__name__)
+
+#: (result ids with a stored result, {job id: attempts started before}): ``ResultStore.prior``'s answer.
+Prior = tuple[set[str], dict[str, int]]
+
+
+class ReadAhead:
+    """Reads a group's state ahead of its run (see the module docstring). Thread-safe: the scheduler thread takes
+    the reads; they are launched from it or from the consumer's thread, as jobs arrive while a group computes.
+
+    Args:
+        results_factory: builds the ResultStore of the thread that reads ahead.
+    """
+
+    def __init__(self, results_factory: Callable[[], ResultStore]) -> None:
+        self._factory = results_factory
+        self._store: ResultStore | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: tuple[frozenset[str], frozenset[str], Future[Prior]] | None = None
+        self._lock = threading.Lock()
+        #: Jobs this worker counted ahead that have not run yet.
+        self._counted: set[str] = set()
+        self._closed = False
+
+    def launch(self, group: Sequence[str], first: Sequence[str]) -> None:
+        """Read the state of ``group`` (job ids) and count the attempts of ``first`` (its first slice), in the
+        background; a read still unused stays the one in flight."""
+        with self._lock:
+            if self._pending is not None or not group or self._closed:
+                return
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swapless-ahead")
+            result_ids = list(dict.fromkeys(storage_id(job_id) for job_id in group))
+            future = self._pool.submit(self._read, list(group), result_ids, list(first))
+            self._pending = (frozenset(group), frozenset(first), future)
+
+    def _read(self, group: list[str], result_ids: list[str], first: list[str]) -> Prior:
+        if self._store is None:
+            self._store = self._factory()
+        return self._store.prior(group, result_ids, start=first)
+
+    def take(self, group: Sequence[str], first: Sequence[str]) -> Prior | None:
+        """The state of the group about to run (its job ids, those of its first slice) as read ahead, with ``own``
+        applied; None when the read ahead does not cover it (or failed): the scheduler asks now. Either way the
+        jobs the read counted are remembered as this worker's."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        read, counted, future = pending
+        try:
+            done, attempts = future.result()
+        except Exception as err:  # noqa: BLE001 - the scheduler reads again, in its own round trip
+            logger.debug("the read ahead failed (%s); reading before the group", err)
+            return None
+        with self._lock:
+            self._counted.update(j for j in counted if j not in attempts and storage_id(j) not in done)
+        covered = read.issuperset(group) and all(
+            j in counted or j in attempts or storage_id(j) in done for j in first
+        )
+        return (done, self.own(attempts)) if covered else None
+
+    def own(self, attempts: dict[str, int]) -> dict[str, int]:
+        """``attempts`` (a read of the counters) less the attempt this worker counted ahead of each job's run."""
+        with self._lock:
+            mine = self._counted.intersection(attempts)
+        if not mine:
+            return attempts
+        adjusted = {job_id: count - (job_id in mine) for job_id, count in attempts.items()}
+        return {job_id: count for job_id, count in adjusted.items() if count > 0}
+
+    def counted(self, job_ids: Collection[str]) -> None:
+        """Remember jobs the scheduler's own read counted (they run now: ``running`` takes them at once)."""
+        with self._lock:
+            self._counted.update(job_ids)
+
+    def running(self, job_ids: Collection[str]) -> set[str]:
+        """Of the jobs starting to run, those whose attempt is counted already; forgotten here from now on."""
+        with self._lock:
+            mine = self._counted.intersection(job_ids)
+            self._counted.difference_update(mine)
+        return mine
+
+    def forget(self, job_ids: Collection[str]) -> list[str]:
+        """Of jobs leaving this worker unrun (handed over, given back at a stop), those counted ahead: forgotten
+        here; the caller clears their counters (``ResultStore.clear_attempts``)."""
+        with self._lock:
+            mine = self._counted.intersection(job_ids)
+            self._counted.difference_update(mine)
+        return sorted(mine)
+
+    def prune(self, live: Callable[[str], bool]) -> None:
+        """Forget jobs no longer held (answered without a run: expired, cancelled with their chunk)."""
+        with self._lock:
+            self._counted = {job_id for job_id in self._counted if live(job_id)}
+
+    def close(self) -> list[str]:
+        """Stop the reading thread; returns the jobs counted ahead that did not run (to clear)."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+            self._closed = True
+        if pending is not None:
+            try:
+                done, attempts = pending[2].result()
+                with self._lock:
+                    self._counted.update(j for j in pending[1] if j not in attempts and storage_id(j) not in done)
+            except Exception:  # noqa: BLE001, S110 - nothing was counted that we know of
+                pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        with self._lock:
+            left, self._counted = sorted(self._counted), set()
+        return left
