@@ -89,7 +89,7 @@ for first = 1, n, 500 do
     else
       local count = tonumber(counts[j] or '0')
       if count == 0 and i <= k then
-        redis.call('SET', KEYS[n + i], 1, 'NX', 'EX', ARGV[1])
+        redis.call('SETEX', KEYS[n + i], ARGV[1], 1)  -- absent: read above, in this script
       end
       found[i] = count
     end
