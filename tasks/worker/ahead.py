@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 #: (result ids with a stored result, {job id: attempts started before}): ``ResultStore.prior``'s answer.
 Prior = tuple[set[str], dict[str, int]]
 
+#: How long a read ahead retries while Redis is unreachable (then the scheduler reads for itself, retrying as long
+#: as it takes); a stop waits that long, and a little more, for a read in flight.
+_RETRY_S = 5.0
+
 
 class ReadAhead:
     """Reads a group's state ahead of its run (see the module docstring). Thread-safe: the scheduler thread takes
@@ -67,6 +71,7 @@ class ReadAhead:
     def _read(self, group: list[str], result_ids: list[str], first: list[str]) -> Prior:
         if self._store is None:
             self._store = self._factory()
+            self._store.retry_s = _RETRY_S
         return self._store.prior(group, result_ids, start=first)
 
     def take(self, group: Sequence[str], first: Sequence[str]) -> Prior | None:
@@ -131,13 +136,13 @@ class ReadAhead:
             self._closed = True
         if pending is not None:
             try:
-                done, attempts = pending[2].result()
+                done, attempts = pending[2].result(timeout=_RETRY_S * 2)
                 with self._lock:
                     self._counted.update(j for j in pending[1] if j not in attempts and storage_id(j) not in done)
             except Exception:  # noqa: BLE001, S110 - nothing was counted that we know of
                 pass
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=False)
         with self._lock:
             left, self._counted = sorted(self._counted), set()
         return left
