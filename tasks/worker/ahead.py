@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from tasks.broker.results import ResultStore
@@ -88,8 +88,7 @@ class ReadAhead:
         except Exception as err:  # noqa: BLE001 - the scheduler reads again, in its own round trip
             logger.debug("the read ahead failed (%s); reading before the group", err)
             return None
-        with self._lock:
-            self._counted.update(j for j in counted if j not in attempts and storage_id(j) not in done)
+        self.record(counted, done, attempts)
         covered = read.issuperset(group) and all(
             j in counted or j in attempts or storage_id(j) in done for j in first
         )
@@ -104,8 +103,14 @@ class ReadAhead:
         adjusted = {job_id: count - (job_id in mine) for job_id, count in attempts.items()}
         return {job_id: count for job_id, count in adjusted.items() if count > 0}
 
+    def record(self, first: Collection[str], done: Collection[str], attempts: Mapping[str, int]) -> None:
+        """Remember as this worker's the jobs a read (``prior``'s answer ``done``, ``attempts``, read before it
+        counted) counted of ``first``: those never started and without a result."""
+        with self._lock:
+            self._counted.update(j for j in first if j not in attempts and storage_id(j) not in done)
+
     def counted(self, job_ids: Collection[str]) -> None:
-        """Remember jobs the scheduler's own read counted (they run now: ``running`` takes them at once)."""
+        """Remember jobs counted already that go back to wait (a bulk group's slices yielding)."""
         with self._lock:
             self._counted.update(job_ids)
 
@@ -119,10 +124,7 @@ class ReadAhead:
     def forget(self, job_ids: Collection[str]) -> list[str]:
         """Of jobs leaving this worker unrun (handed over, given back at a stop), those counted ahead: forgotten
         here; the caller clears their counters (``ResultStore.clear_attempts``)."""
-        with self._lock:
-            mine = self._counted.intersection(job_ids)
-            self._counted.difference_update(mine)
-        return sorted(mine)
+        return sorted(self.running(job_ids))
 
     def prune(self, live: Callable[[str], bool]) -> None:
         """Forget jobs no longer held (answered without a run: expired, cancelled with their chunk)."""
@@ -137,8 +139,7 @@ class ReadAhead:
         if pending is not None:
             try:
                 done, attempts = pending[2].result(timeout=_RETRY_S * 2)
-                with self._lock:
-                    self._counted.update(j for j in pending[1] if j not in attempts and storage_id(j) not in done)
+                self.record(pending[1], done, attempts)
             except Exception:  # noqa: BLE001, S110 - nothing was counted that we know of
                 pass
         if self._pool is not None:

@@ -354,26 +354,19 @@ class BatchScheduler:
         if self.runtime.settings.load_ahead and model_id in self.runtime.manager.loaded_ids():
             self._load_ahead(model_id)  # loaded already: the next model's load starts before this group's reads
         self._cancel_revoked(results, group)
-        # The first batch's attempts are counted in the same round trip as the reads (see _run_batch), sent while
-        # the group before computed when it was the group expected next (tasks.worker.ahead).
-        size = self._slice(model_id, group)
-        ids = [job.id for job in group]
-        first = ids if size is None else ids[:size]
+        # The first batch's attempts are counted in the same round trip as the reads (see _run_batch), sent during
+        # the last pass of the group before when this group was the one expected next (tasks.worker.ahead).
+        ids, first = self._first_slice(model_id, group)
         read = self.ahead.take(ids, first)
         if read is None:
             done_before, attempts = results.prior(ids, list(dict.fromkeys(storage_id(i) for i in ids)), start=first)
+            self.ahead.record(first, done_before, attempts)
             attempts = self.ahead.own(attempts)
-            self.ahead.counted([i for i in first if i not in attempts and storage_id(i) not in done_before])
         else:
             done_before, attempts = read
         self._hand_over_deferred()  # the group before this one's results: stored while this one computes
         self._started = {i for i in self.ahead.running(ids) if storage_id(i) not in done_before}
         self.ahead.prune(self.ledger.live)
-        self._run_read(results, model_id, group, done_before, attempts)
-
-    def _run_read(self, results: ResultStore, model_id: str, group: Sequence[Job], done_before: set[str],
-                  attempts: dict[str, int]) -> None:
-        """Run a group whose reads are done (``_run``)."""
         if done_before:
             # Cancelled jobs, and redelivered copies of jobs that already have a final result: never run them.
             self._drop(results, model_id, done_before)
@@ -399,9 +392,13 @@ class BatchScheduler:
             upcoming = self.backlog.peek_group(manager.loaded_ids(), manager.load_cost_s,
                                                self.runtime.settings.max_group)
         if upcoming:
-            size = self._slice(upcoming[0].model_id, upcoming)
-            ids = [job.id for job in upcoming]
-            self.ahead.launch(ids, ids if size is None else ids[:size])
+            self.ahead.launch(*self._first_slice(upcoming[0].model_id, upcoming))
+
+    def _first_slice(self, model_id: str, group: Sequence[Job]) -> tuple[list[str], list[str]]:
+        """The ids of a group's jobs, and of those its first forward pass (``_slice``) runs."""
+        ids = [job.id for job in group]
+        size = self._slice(model_id, group)
+        return ids, ids if size is None else ids[:size]
 
     def _slice(self, model_id: str, jobs: Sequence[Job]) -> int | None:
         """Jobs per slice of a group (``_run_sliced``), or None: it runs whole."""
