@@ -40,7 +40,8 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_CANCEL_HOLD_S          | 604800 s (7 days)          | how long a job without a deadline may still wait in the queue, as far as a cancellation (kept that long) and the gateway's record of a job go |
 | SWAPLESS_MAX_ATTEMPTS           | 3                          | a job in flight at this many worker deaths fails as a poison job |
 | SWAPLESS_TASK_EVENTS            | false                      | Celery task events per job (Flower); they cost 10-25 % of single-model throughput |
-| SWAPLESS_LOAD_AHEAD             | true                       | while a group computes, load the model the next group needs when there is room (never evicting a model with work) |
+| SWAPLESS_LOAD_AHEAD             | true                       | while a group computes, load the model the next group needs when there is room (never evicting a model with work); a bulk group's cold model loads aside while interactive jobs run |
+| SWAPLESS_KEEP_INTERACTIVE_S     | 60 s                       | a model that served interactive jobs stays loaded this long after: loads ahead never evict it, other loads evict it last (0: plain LRU) |
 | SWAPLESS_WARM_START             | true                       | warm each local model and measure its batch sizes before taking jobs (``--no-warm-start``) |
 | SWAPLESS_WARM_START_BUDGET_S    | 30 s                       | the warm start warms no more models once it has taken this long (models with jobs waiting first) |
 | SWAPLESS_PLUGINS                | unset                      | comma-separated modules imported at worker start (custom frameworks) |
@@ -61,6 +62,7 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_SCALE_MAX_WORKERS      | 16                         | autoscaling: and never for more |
 | SWAPLESS_SCALE_UNKNOWN_JOB_S    | 0.05 s                     | autoscaling: device seconds per job of a model no worker has measured on the fleet's kind of device |
 | SWAPLESS_SCALE_UNKNOWN_LOAD_S   | 10 s                       | autoscaling: and seconds per load of such a model |
+| SWAPLESS_SCALE_BUSY_S           | 1 s                        | autoscaling: a worker holding this many device seconds of fetched jobs is busy; `swapless_workers_desired` never asks for fewer workers than are busy |
 | SWAPLESS_EXPORTER_PORT          | 9808                       | port of `swapless exporter`'s `/metrics` (the autoscaling signals, for deployments without the gateway) |
 | SWAPLESS_GATEWAY_MAX_BODY_BYTES | 33554432 bytes (32 MiB)    | larger request bodies get 413 from the HTTP gateway (counted as they arrive, and again once decompressed) |
 | SWAPLESS_GATEWAY_BODY_TIMEOUT_S | 30 s                       | a request body that takes longer to arrive gets 408 |
@@ -194,8 +196,11 @@ class Settings(BaseSettings):
     #: Load each local model once at start-up, warm it and seed its batch-size tuner (manager.batching.warmup).
     warm_start: bool = True
     warm_start_budget_s: float = Field(30.0, gt=0)
-    #: While a group computes, load the model the next group needs (ModelManager.load_ahead).
+    #: While a group computes, load the model the next group needs (ModelManager.load_ahead); a bulk group's cold
+    #: model loads aside while interactive jobs keep running (tasks.worker.scheduler).
     load_ahead: bool = True
+    #: A model that served interactive jobs stays loaded this long after (evicted last; 0: plain LRU).
+    keep_interactive_s: float = Field(60.0, ge=0)
     plugins: str = ""
     visibility_timeout_s: int = Field(60, ge=3)
     visibility_refresh_s: float = Field(10.0, gt=0)
@@ -214,6 +219,7 @@ class Settings(BaseSettings):
     scale_max_workers: int = Field(16, ge=1)
     scale_unknown_job_s: float = Field(0.05, ge=0)
     scale_unknown_load_s: float = Field(10.0, ge=0)
+    scale_busy_s: float = Field(1.0, gt=0)
     exporter_port: int = Field(9808, ge=1, le=65535)
     gateway_max_body_bytes: int = Field(32 * 1024 * 1024, ge=1)
     gateway_body_timeout_s: float = Field(30.0, gt=0)

@@ -228,3 +228,23 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+# -- interactive models stay -------------------------------------------------------------------------------------
+
+
+def test_a_model_serving_interactive_jobs_is_resident_for_a_while(tmp_path: Path) -> None:
+    manager = make_manager(tmp_path, {"chat": 1, "a": 1, "b": 1, "c": 1}, max_models=2, keep_interactive_s=0.5)
+    with manager.use("chat", interactive=True):
+        pass
+    with manager.use("a"):
+        # a load ahead never evicts it, though it is the least recently used and has no work waiting
+        assert not manager.load_ahead("b", {})
+        assert manager.loaded_ids() == ["chat", "a"] and not manager.loading_ids()
+    use(manager, "b")  # a load a group needs evicts the other model first
+    assert manager.loaded_ids() == ["chat", "b"] and FakeWorker.unloads == {"a": 1}
+    assert manager.resident(manager.snapshot()[0])
+    time.sleep(0.6)  # no interactive job for keep_interactive_s: plain LRU again
+    assert not manager.resident(manager.snapshot()[0])
+    use(manager, "c")
+    assert manager.loaded_ids() == ["b", "c"] and FakeWorker.unloads == {"a": 1, "chat": 1}

@@ -57,8 +57,10 @@ def test_a_model_in_use_between_sparse_jobs_is_no_victim_until_idle_as_long_as_i
     assert [victim for _, _, victim in claims] == [None]  # taken with no victim: chat keeps its place
     workers = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 2.5}), other]
     assert plan("a", workers, demand).claim == (("bulk", 1, "chat"),)  # idle longer than a load: it goes
-    alone = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 0.4})]  # alone it claims chat again itself
-    assert plan("a", alone, demand[:1] + demand[2:]).claim == (("bulk", 1, "chat"),)
+    # alone too: giving chat up would leave it without a holder until its next job (a joining worker would take it
+    # cold), then claiming it back would give up another at every job
+    alone = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 0.4})]
+    assert plan("a", alone, demand[:1] + demand[2:]).claim == (("bulk", 1, None),)
 
 
 def test_a_model_with_waiting_work_is_never_evicted_for_another() -> None:

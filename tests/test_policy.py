@@ -58,3 +58,30 @@ def test_models_without_waiting_work_go_first() -> None:
     cached = [Cached("busy-old", 10), Cached("idle-new", 10)]
     victims = choose_victims(cached, incoming_bytes=10, max_models=2, memory_budget_bytes=None, keep={"busy-old": 5})
     assert victims == ["idle-new"]
+
+
+def test_a_starved_bulk_model_does_not_take_an_interactive_job_s_turn() -> None:
+    # a bulk burst of minutes: every bulk job is past max_wait_s, yet the interactive job still goes first
+    waiting = [Waiting("bulk", 3000, oldest_wait_s=120.0, load_cost_s=0), Waiting("chat", 1, urgent=1, load_cost_s=0)]
+    assert choose_next(waiting, ["bulk", "chat"], 30) == "chat"
+
+
+def test_among_starved_models_the_loaded_one_keeps_its_turn() -> None:
+    # all of a long burst is past max_wait_s: the model in hand goes on instead of switching at every group
+    waiting = [Waiting("cold", 3000, oldest_wait_s=90.0, load_cost_s=2.0),
+               Waiting("warm", 1000, oldest_wait_s=60.0, load_cost_s=0)]
+    assert choose_next(waiting, ["warm"], 30) == "warm"
+    # once the warm model's starved jobs are done, the cold starved one comes next, however much waits elsewhere
+    waiting = [Waiting("cold", 3, oldest_wait_s=90.0, load_cost_s=2.0),
+               Waiting("warm", 1000, oldest_wait_s=5.0, load_cost_s=0)]
+    assert choose_next(waiting, ["warm"], 30) == "cold"
+
+
+def test_resident_models_are_evicted_last() -> None:
+    cached = [Cached("chat", 10, resident=True), Cached("bulk-a", 10), Cached("bulk-b", 10)]
+    # LRU alone would take chat; an idle bulk model goes first, then one with work, and chat only after them
+    assert choose_victims(cached, incoming_bytes=10, max_models=3, memory_budget_bytes=None) == ["bulk-a"]
+    keep = {"bulk-a": 5, "bulk-b": 5}
+    assert choose_victims(cached, incoming_bytes=10, max_models=3, memory_budget_bytes=None, keep=keep) == ["bulk-a"]
+    assert choose_victims(cached, incoming_bytes=10, max_models=1, memory_budget_bytes=None,
+                          keep=keep) == ["bulk-a", "bulk-b", "chat"]

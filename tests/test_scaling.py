@@ -22,7 +22,7 @@ from bench.simulated import simulated_entry
 from config.settings import Settings
 from tasks.app import make_app
 from tasks.client import Client
-from tasks.cluster.members import Heartbeat, LoadedEntry
+from tasks.cluster.members import Heartbeat, LoadedEntry, ModelActivity
 from tasks.gateway import create_app
 from tasks.keyspace import Keyspace
 from tasks.observe.scaling import (
@@ -30,6 +30,7 @@ from tasks.observe.scaling import (
     DemandTracker,
     ModelBacklog,
     ScalingSignals,
+    busy_workers,
     desired_workers,
     job_seconds,
     read_cluster,
@@ -132,9 +133,10 @@ def test_the_demand_waits_for_three_steps() -> None:
     assert tracker.update(_reading(1002, 0.0, _beat("a", 900, 52))) == 0.0
 
 
-def _holding(worker: str, backlog: int, *loaded: tuple[str, float]) -> Heartbeat:
+def _holding(worker: str, backlog: int, *loaded: tuple[str, float], interactive: tuple[str, ...] = ()) -> Heartbeat:
     beat = _beat(worker, 0, 0)
-    entries = [LoadedEntry(model_id=m, bytes=1, load_s=s, hits=0, remote=False, busy=False, loaded_at=0)
+    entries = [LoadedEntry(model_id=m, bytes=1, load_s=s, hits=0, remote=False, busy=False, loaded_at=0,
+                           interactive=m in interactive)
                for m, s in loaded]
     return beat.model_copy(update={"loaded": entries, "backlog": backlog})
 
@@ -149,6 +151,35 @@ def test_the_removal_cost_counts_the_models_only_that_worker_holds() -> None:
     assert costs["a"].text() == "removing it: 12.0 s of loads elsewhere (big)"
     assert costs["b"].text() == "removing it: no model only it holds; hands back 7 held job(s)"
     assert min(costs, key=lambda w: costs[w].load_s) in {"b", "c"}  # the cheapest to remove
+
+
+def test_the_worker_serving_interactive_traffic_alone_is_removed_last_and_a_busy_one_after_idle_ones() -> None:
+    chat = _holding("chat", 0, ("chat-a", 1.0), ("chat-b", 1.0), interactive=("chat-a", "chat-b"))
+    busy = _holding("busy", 400, ("bulk-1", 2.0), ("bulk-2", 2.0))
+    idle = _holding("idle", 0, ("bulk-3", 2.0), ("bulk-4", 2.0), ("bulk-5", 2.0))
+    costs = removal_costs([chat, busy, idle])
+    # fewer load seconds alone would pick chat: its callers would wait for both reloads
+    assert sorted(costs, key=lambda w: costs[w].rank) == ["idle", "busy", "chat"]
+    assert costs["chat"].interactive == ("chat-a", "chat-b") and costs["chat"].interactive_load_s == 2.0
+    assert costs["chat"].text() == "removing it: 2.0 s of loads elsewhere (chat-a interactive, chat-b interactive)"
+    # a copy elsewhere makes it cheap again
+    copy = _holding("copy", 0, ("chat-a", 1.0), ("chat-b", 1.0), interactive=("chat-a", "chat-b"))
+    assert removal_costs([chat, copy])["chat"].rank == (0.0, False, 0.0)
+
+
+def test_a_busy_worker_is_never_asked_away() -> None:
+    def holding(worker: str, jobs: int) -> Heartbeat:
+        return _beat(worker, 0, 0).model_copy(update={"models": {"m": ModelActivity(backlog=jobs)}})
+
+    # 2 s and 0.5 s of fetched work at 10 ms a job: one busy worker (SWAPLESS_SCALE_BUSY_S 1 s)
+    reading = _reading(1000, 1.0, holding("a", 200), holding("b", 50), holding("c", 0))
+    assert busy_workers(reading, 1.0, unknown_job_s=0.05) == 1
+    assert busy_workers(reading, 0.4, unknown_job_s=0.05) == 2
+    # the backlog alone asks for 1 worker; three busy ones keep three, within the maximum
+    assert desired_workers(0.0, 5.0, 100, target_utilization=0.8, drain_s=10, min_workers=0, max_workers=4,
+                           busy=3) == 3
+    assert desired_workers(0.0, 5.0, 100, target_utilization=0.8, drain_s=10, min_workers=0, max_workers=2,
+                           busy=3) == 2
 
 
 # -- what Redis holds, read back ----------------------------------------------------------------------------------

@@ -31,8 +31,10 @@ def choose_next(waiting: Sequence[Waiting], loaded: Sequence[str], max_wait_s: f
     """The model whose jobs should run next.
 
     Order of precedence:
-      1. a model whose oldest job has waited longer than ``max_wait_s`` (no starvation), oldest first;
-      2. models with interactive jobs, loaded ones first;
+      1. models with interactive jobs before models with none (a bulk burst never takes an interactive job's turn);
+      2. within those, a model whose oldest job has waited longer than ``max_wait_s`` (no starvation): a loaded one
+         first (a long backlog whose jobs are all past it keeps its model instead of switching at every group),
+         then the oldest;
       3. loaded models (no load needed), the one with most waiting jobs first;
       4. cold models, by most waiting jobs per second of load cost.
 
@@ -42,12 +44,11 @@ def choose_next(waiting: Sequence[Waiting], loaded: Sequence[str], max_wait_s: f
     candidates = [w for w in waiting if w.jobs > 0]
     if not candidates:
         return None
-    starved = [w for w in candidates if w.oldest_wait_s > max_wait_s]
-    if starved:
-        return max(starved, key=lambda w: w.oldest_wait_s).model_id
     loaded_set = set(loaded)
-    urgent = [w for w in candidates if w.urgent > 0]
-    pool = urgent or candidates
+    pool = [w for w in candidates if w.urgent > 0] or candidates
+    starved = [w for w in pool if w.oldest_wait_s > max_wait_s]
+    if starved:
+        return max(starved, key=lambda w: (w.model_id in loaded_set, w.oldest_wait_s)).model_id
     warm = [w for w in pool if w.model_id in loaded_set]
     if warm:
         return max(warm, key=lambda w: (w.jobs, w.oldest_wait_s)).model_id

@@ -210,7 +210,8 @@ def run_group(
     on_loaded: Callable[[], None] | None = None,
     before_last_pass: Callable[[], None] | None = None,
 ) -> list[Outcome]:
-    """Run jobs that all address ``model_id``; never raises for a job's sake.
+    """Run jobs that all address ``model_id``; never raises for a job's sake. A group with interactive jobs keeps its
+    model resident (``ModelManager.use``).
 
     ``on_loaded`` is called once the model is loaded, before its inputs are prepared and run (the scheduler
     starts loading the next group's model ahead there); ``before_last_pass`` as the last forward pass begins (of a
@@ -221,7 +222,7 @@ def run_group(
     """
     outcomes: dict[str, Outcome] = {}
     try:
-        with manager.use(model_id, waiting) as worker:
+        with manager.use(model_id, waiting, interactive=any(job.urgent for job in jobs)) as worker:
             if on_loaded is not None:
                 on_loaded()
             ready: list[tuple[Job, Any]] = []

@@ -43,6 +43,8 @@ class LoadedModel:
     hits: int = 0
     loaded_at: float = field(default_factory=time.time)
     from_host: bool = False
+    #: When it last served interactive jobs (monotonic seconds; None: never since it arrived).
+    interactive_at: float | None = None
 
 
 @dataclass

@@ -10,12 +10,14 @@ __all__ = ["Cached", "choose_victims"]
 
 @dataclass(frozen=True)
 class Cached:
-    """One loaded model as the eviction policy sees it, in least-recently-used-first order."""
+    """One loaded model as the eviction policy sees it, in least-recently-used-first order. ``resident``: it served
+    interactive jobs recently (``ModelManager``'s ``keep_interactive_s``)."""
 
     model_id: str
     size_bytes: int
     pinned: bool = False
     remote: bool = False
+    resident: bool = False
 
 
 def choose_victims(
@@ -28,8 +30,10 @@ def choose_victims(
 ) -> list[str] | None:
     """Least-recently-used models to evict so that one more model of ``incoming_bytes`` fits.
 
-    Pinned models (a batch in flight) are never chosen. Among the others, models with no waiting jobs
-    (``keep`` maps model id to waiting jobs) go before models that still have work, each in LRU order.
+    Pinned models (a batch in flight) are never chosen. Among the others, in LRU order within each step: models with
+    no waiting jobs (``keep`` maps model id to waiting jobs), then models that still have work, then resident models
+    (those that served interactive jobs recently: their next job is likely seconds away, and an interactive caller
+    waits for its load), with no waiting jobs first.
 
     Returns:
         the ids to evict (possibly empty), or None when even evicting every unpinned model is not enough.
@@ -46,7 +50,7 @@ def choose_victims(
     if fits(count, used):
         return []
     evictable = [c for c in cached if not c.pinned]
-    evictable.sort(key=lambda c: 1 if waiting.get(c.model_id, 0) > 0 else 0)  # stable: LRU order kept
+    evictable.sort(key=lambda c: (c.resident, waiting.get(c.model_id, 0) > 0))  # stable: LRU order kept
     victims = []
     for entry in evictable:
         victims.append(entry.model_id)

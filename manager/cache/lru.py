@@ -10,6 +10,11 @@ waiting work (never one in use) makes, and, under a byte budget, only for a mode
 earlier load, and never while another load of its pool runs. A ``use`` of a model being loaded waits for that
 load instead of starting another.
 
+Models that served interactive jobs in the last ``keep_interactive_s`` are resident: a load ahead never evicts
+them, and a load a group needs evicts them last (``manager.cache.eviction``). Interactive traffic is sparse (a few
+jobs a second on a model, none waiting between them): under plain LRU a bulk burst evicts those models between two
+jobs, and each interactive caller then waits for a reload.
+
 Local loads run one at a time (remote loads, on a server, do not): two at once on one device only share its
 bandwidth, and libraries with lazy imports are not thread-safe on first use (two transformers loads in two threads
 can fail with "cannot import name AutoModelForSequenceClassification").
@@ -56,6 +61,7 @@ class ModelManager:
         pin_wait_s: how long a load waits for a pinned model to be released before it fails.
         host_max_models: models kept built in host memory once evicted from the device (0: no host tier).
         host_memory_budget_bytes: bytes of models kept in host memory (0: no host tier).
+        keep_interactive_s: how long a model that served interactive jobs stays resident (0: plain LRU).
     """
 
     def __init__(
@@ -69,6 +75,7 @@ class ModelManager:
         pin_wait_s: float = 600.0,
         host_max_models: int = 0,
         host_memory_budget_bytes: int = 0,
+        keep_interactive_s: float = 0.0,
     ) -> None:
         if max_models < 1 or remote_max_models < 1:
             raise ValueError("max_models and remote_max_models must be at least 1")
@@ -78,6 +85,7 @@ class ModelManager:
         self.memory_budget_bytes = memory_budget_bytes
         self.remote_max_models = remote_max_models
         self.pin_wait_s = pin_wait_s
+        self.keep_interactive_s = keep_interactive_s
         self.stats = CacheStats()
         self._entries: OrderedDict[str, LoadedModel] = OrderedDict()  # least recently used first
         self._costs = LoadCosts()
@@ -103,7 +111,7 @@ class ModelManager:
         with self._cond:
             return [
                 LoadedModel(e.model_id, e.worker, e.size_bytes, e.load_s, e.remote, e.pins, e.hits, e.loaded_at,
-                            e.from_host)
+                            e.from_host, e.interactive_at)
                 for e in self._entries.values()
             ]
 
@@ -124,6 +132,16 @@ class ModelManager:
         with self._cond:
             return list(self._loading)
 
+    def is_loading(self, model_id: str) -> bool:
+        """Whether ``model_id`` is being loaded now (ahead of its group, or for it)."""
+        with self._cond:
+            return model_id in self._loading
+
+    def resident(self, entry: LoadedModel, now: float | None = None) -> bool:
+        """Whether ``entry`` served interactive jobs in the last ``keep_interactive_s`` (see the module docstring)."""
+        now = time.monotonic() if now is None else now
+        return entry.interactive_at is not None and now - entry.interactive_at < self.keep_interactive_s
+
     def load_cost_s(self, model_id: str) -> float:
         """Expected seconds to bring ``model_id`` onto the device (``LoadCosts.cost_s``): 0 when loaded or being
         loaded, a swap-in's from the host tier, else a load's from disk."""
@@ -135,7 +153,9 @@ class ModelManager:
     # -- use ---------------------------------------------------------------------------------------------
 
     @contextmanager
-    def use(self, model_id: str, waiting: Mapping[str, int] | None = None) -> Iterator[ModelWorker]:
+    def use(
+        self, model_id: str, waiting: Mapping[str, int] | None = None, *, interactive: bool = False
+    ) -> Iterator[ModelWorker]:
         """Yield the loaded worker for ``model_id``, loading it (and evicting others) if needed.
 
         The model is pinned while the block runs, so no other thread can evict it.
@@ -143,6 +163,7 @@ class ModelManager:
         Args:
             model_id: the model.
             waiting: jobs still waiting per model; models with none are evicted before models with some.
+            interactive: the jobs it runs for are interactive: the model is resident for ``keep_interactive_s``.
 
         Raises:
             UnknownModel: the id is not in the store.
@@ -150,6 +171,8 @@ class ModelManager:
             ModelLoadError: loading failed.
         """
         entry = self._acquire(model_id, waiting or {})
+        if interactive:
+            entry.interactive_at = time.monotonic()
         try:
             yield entry.worker
         finally:
@@ -250,9 +273,14 @@ class ModelManager:
             reserved = [
                 Cached(f"\0{m}", r.size_bytes, True, remote) for m, r in self._loading.items() if r.remote == remote
             ]
+            now = time.monotonic()
+            kept = [  # in use, with work waiting, or resident: never evicted for a load that may not be needed
+                Cached(e.model_id, e.size_bytes, e.pins > 0 or waiting.get(e.model_id, 0) > 0 or self.resident(e, now),
+                       e.remote)
+                for e in pool
+            ]
             victims = choose_victims(
-                [Cached(e.model_id, e.size_bytes, e.pins > 0 or waiting.get(e.model_id, 0) > 0, e.remote) for e in pool]
-                + reserved,
+                kept + reserved,
                 incoming_bytes=size or 0,
                 max_models=self.remote_max_models if remote else self.max_models,
                 memory_budget_bytes=budget,
@@ -369,8 +397,10 @@ class ModelManager:
                 for m, r in self._loading.items()
                 if r.remote == remote and m != model_id
             ]
+            now = time.monotonic()
             victims = choose_victims(
-                [Cached(e.model_id, e.size_bytes, e.pins > 0, e.remote) for e in pool] + reserved,
+                [Cached(e.model_id, e.size_bytes, e.pins > 0, e.remote, self.resident(e, now)) for e in pool]
+                + reserved,
                 incoming_bytes=incoming_bytes,
                 max_models=self.remote_max_models if remote else self.max_models,
                 memory_budget_bytes=budget,

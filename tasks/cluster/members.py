@@ -61,6 +61,8 @@ class LoadedEntry(_Model):
     loaded_at: float
     #: ``device`` or ``host`` (``manager.cache.entries.Tier``)
     tier: str = "device"
+    #: It served interactive jobs lately: resident (``SWAPLESS_KEEP_INTERACTIVE_S``).
+    interactive: bool = False
 
 
 class ModelActivity(_Model):

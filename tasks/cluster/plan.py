@@ -14,7 +14,8 @@ The rules, in order:
    eviction victim (a claimed model with no waiting work, and with other workers live idle at least as long as its
    load: it releases it), takes
    it as it is; one with neither pays a reload on top (it will swap models in its own cache, as one worker alone
-   does). Ties go to a free slot, then to the victim idle longest, then to fewer claims.
+   does). A model loaded and in use between sparse jobs (idle for less than its load) is no victim. Ties go to a free
+   slot, then to the victim idle longest, then to fewer claims.
 2. **Hot models** get one more copy per plan when their waiting work per copy passes ``copy_backlog_s`` and
    their holders are the long pole: even the least busy holder would finish more than one load of the model after
    the cluster's average worker. The copy goes to the worker that would be ready for it soonest (rule 1's choice,
@@ -27,7 +28,8 @@ The rules, in order:
    alone holds and has not loaded, one per plan: one with waiting work when another worker with a free slot or an
    idle victim would be done with it sooner than it would get to it (the model turns cold and rule 1 places it
    there; its waiting jobs go back to its lists), one with none whenever another worker has a free slot (the
-   claim would only make this worker swap it in later while that slot stays empty).
+   claim would only make this worker swap it in later while that slot stays empty) or none is live but it (it
+   claims the model again at its next job).
 """
 
 from __future__ import annotations
@@ -143,17 +145,19 @@ class _Board:
         return sum(self.cost_s(worker_id, model_id) for model_id in self.claims[worker_id])
 
     def victim(self, worker_id: str) -> tuple[str, float] | None:
-        """The claimed model this worker would give up: no waiting work, idle longest; with other workers live,
-        also idle at least as long as its load takes (one in use between sparse jobs, interactive traffic's, would
-        only come back elsewhere at a load's price; a worker alone claims it again itself)."""
+        """The claimed model this worker would give up: no waiting work, idle longest, and, when it is loaded here,
+        idle at least as long as its load takes. One loaded and in use between sparse jobs (interactive traffic's) is
+        no victim: it would come back elsewhere at a load's price; and a worker alone that gave it up would claim it
+        again at its next job, giving up another, at every job: in the meantime the model has no holder, and a
+        worker that joins takes it, cold."""
         worker = self.workers[worker_id]
         idle = [
             (model_id, worker.idle_s.get(model_id, math.inf))
             for model_id in self.claims[worker_id]
             if model_id not in self.demand or self.demand[model_id].waiting == 0
         ]
-        if len(self.workers) > 1:
-            idle = [(m, s) for m, s in idle if m not in self.demand or s >= self.demand[m].load_s]
+        idle = [(m, s) for m, s in idle
+                if m not in worker.loaded or m not in self.demand or s >= self.demand[m].load_s]
         return max(idle, key=lambda item: (item[1], item[0])) if idle else None
 
     def move(self, model_id: str, to: str, release: str | None) -> None:
@@ -268,10 +272,11 @@ def plan(
             and by_model[m].holders == (me,)
         ]
         free_elsewhere = any(board.free(w) > 0 for w in board.workers if w != me)
+        alone = len(board.workers) == 1
         for m in sorted(unloaded, key=lambda m: (-by_model[m].waiting, m))[:1]:
             if not by_model[m].waiting:
-                if free_elsewhere:  # nothing to hand over: the claim only keeps a free slot idle
-                    release.append(m)
+                if free_elsewhere or alone:  # nothing to hand over: the claim only keeps a free slot idle, or, alone,
+                    release.append(m)  # it is claimed again at its next job
                 continue
             mine_first = board.busy_s(me) - board.cost_s(me, m)  # what comes before it here
             there = _choose(board, m, (me,), any_worker=False)

@@ -98,7 +98,7 @@ def build_heartbeat(
         loaded=[
             LoadedEntry(
                 model_id=e.model_id, bytes=e.size_bytes, load_s=e.load_s, hits=e.hits, remote=e.remote,
-                busy=e.pins > 0, loaded_at=e.loaded_at,
+                busy=e.pins > 0, loaded_at=e.loaded_at, interactive=manager.resident(e),
             )
             for e in manager.snapshot()
         ],

@@ -13,6 +13,7 @@ scaler never sees) and the jobs workers hold. Exported by ``swapless serve``'s `
     swapless_oldest_job_age_seconds{model,priority}  gauge  age of the oldest job waiting in Redis
     swapless_backlog_without_capacity                gauge  1 while jobs wait and no worker is live (scale from 0)
     swapless_workers_live                            gauge  live workers of the queue
+    swapless_workers_busy                            gauge  live workers holding SWAPLESS_SCALE_BUSY_S of work or more
     swapless_demand_workers                          gauge  device seconds of work arriving per second, over the
                                                             last SWAPLESS_SCALE_WINDOW_S (workers' worth)
     swapless_workers_desired                         gauge  the fleet size the formula below asks for
@@ -22,8 +23,12 @@ The formula (``desired_workers``)::
 
     desired = ceil(demand / SWAPLESS_SCALE_TARGET_UTILIZATION + backlog_seconds / SWAPLESS_SCALE_DRAIN_S)
 
-kept between ``SWAPLESS_SCALE_MIN_WORKERS`` and ``SWAPLESS_SCALE_MAX_WORKERS``, and at least 1 while any job
-waits. ``demand`` is the work arriving, not the work done: the device seconds the fleet spent over the window
+and never below ``busy``, the live workers that hold at least ``SWAPLESS_SCALE_BUSY_S`` of work (the jobs they
+fetched, in device seconds), kept between ``SWAPLESS_SCALE_MIN_WORKERS`` and ``SWAPLESS_SCALE_MAX_WORKERS``, and
+at least 1 while any job waits. Removing a busy worker saves nothing: its work moves to the others, with the loads
+of its models on top, and they finish later; the fleet shrinks as workers run out of work.
+
+``demand`` is the work arriving, not the work done: the device seconds the fleet spent over the window
 (loads included) plus what the backlog grew by, without the window's largest step (a burst is backlog). A fleet
 draining a backlog is busy, yet that work arrived earlier: counting busy time alone would ask for more workers the
 more there are. Loads that recur count: a fleet too small for the models in use reloads them.
@@ -68,6 +73,7 @@ __all__ = [
     "ScalingCollector",
     "ScalingSignals",
     "Signals",
+    "busy_workers",
     "desired_workers",
     "job_seconds",
     "read_cluster",
@@ -84,6 +90,7 @@ SIGNALS = (
     "swapless_oldest_job_age_seconds",
     "swapless_backlog_without_capacity",
     "swapless_workers_live",
+    "swapless_workers_busy",
     "swapless_demand_workers",
     "swapless_workers_desired",
     "swapless_signals_up",
@@ -327,33 +334,56 @@ def read_cluster(
 @dataclass(frozen=True)
 class RemovalCost:
     """What removing one worker costs the fleet: the models only it has on its device (another worker loads them
-    again when their next job comes) and their load seconds, and the jobs it holds (handed back on a drain).
+    again when their next job comes) and their load seconds, those of them serving interactive traffic (resident:
+    their next callers would wait for that load) and their load seconds, and the jobs it holds (handed back on a
+    drain).
     """
 
     models: tuple[str, ...]
     load_s: float
     held: int
+    interactive: tuple[str, ...] = ()
+    interactive_load_s: float = 0.0
+
+    @property
+    def rank(self) -> tuple[float, bool, float]:
+        """Sorts workers cheapest to remove first: the fewest load seconds of interactive models only it holds
+        (callers would wait for them), then one holding no jobs (a busy worker's work would move, and its models
+        load again elsewhere), then the fewest load seconds of the models only it holds."""
+        return self.interactive_load_s, self.held > 0, self.load_s
 
     def text(self) -> str:
-        """One line for the status: ``removing it: reloads a (1.2 s), b (0.3 s) elsewhere; hands back 4 jobs``."""
+        """One line for the status: ``removing it: 1.3 s of loads elsewhere (a interactive, b); hands back 4 jobs``."""
         if not self.models:
             reload = "removing it: no model only it holds"
         else:
-            reload = f"removing it: {self.load_s:.1f} s of loads elsewhere ({', '.join(self.models)})"
+            names = [f"{m} interactive" if m in self.interactive else m for m in self.models]
+            reload = f"removing it: {self.load_s:.1f} s of loads elsewhere ({', '.join(names)})"
         return reload + (f"; hands back {self.held} held job(s)" if self.held else "")
 
 
 def removal_costs(workers: Sequence[Heartbeat]) -> dict[str, RemovalCost]:
-    """Per worker id, what removing it costs (``RemovalCost``): pick the cheapest to scale down."""
+    """Per worker id, what removing it costs (``RemovalCost``): remove the lowest ``rank`` first."""
     holders: collections.Counter[str] = collections.Counter()
     for beat in workers:
         holders.update({e.model_id for e in beat.loaded})
     costs = {}
     for beat in workers:
         alone = [e for e in beat.loaded if holders[e.model_id] == 1]
+        used = [e for e in alone if e.interactive]
         costs[beat.worker_id or beat.hostname] = RemovalCost(
-            tuple(e.model_id for e in alone), sum(e.load_s for e in alone), beat.backlog)
+            tuple(e.model_id for e in alone), sum(e.load_s for e in alone), beat.backlog,
+            tuple(e.model_id for e in used), sum(e.load_s for e in used))
     return costs
+
+
+def busy_workers(reading: ClusterReading, busy_s: float, unknown_job_s: float) -> int:
+    """Live workers holding at least ``busy_s`` device seconds of fetched jobs."""
+    def held_s(beat: Heartbeat) -> float:
+        return sum(a.backlog * (reading.models[m].job_s if m in reading.models else unknown_job_s)
+                   for m, a in beat.models.items())
+
+    return sum(1 for beat in reading.workers if held_s(beat) >= busy_s)
 
 
 class DemandTracker:
@@ -403,10 +433,10 @@ class DemandTracker:
 
 def desired_workers(
     demand: float, backlog_s: float, jobs: int, *, target_utilization: float, drain_s: float, min_workers: int,
-    max_workers: int,
+    max_workers: int, busy: int = 0,
 ) -> int:
-    """The fleet size the module's formula asks for."""
-    wanted = math.ceil(demand / target_utilization + backlog_s / drain_s - 1e-9)
+    """The fleet size the module's formula asks for (``busy``: the live workers holding work)."""
+    wanted = max(math.ceil(demand / target_utilization + backlog_s / drain_s - 1e-9), busy)
     if jobs:
         wanted = max(wanted, 1)
     return max(min_workers, min(max_workers, wanted))
@@ -419,6 +449,7 @@ class Signals:
     reading: ClusterReading
     demand: float
     desired: int
+    busy: int = 0
 
     @property
     def without_capacity(self) -> bool:
@@ -453,10 +484,11 @@ class ScalingSignals:
             reading = read_cluster(self.client, self.keyspace, self.model_ids, unknown_job_s=s.scale_unknown_job_s,
                                    unknown_load_s=s.scale_unknown_load_s, now=now)
             demand = self.tracker.update(reading)
+        busy = busy_workers(reading, s.scale_busy_s, s.scale_unknown_job_s)
         desired = desired_workers(demand, reading.backlog_s, reading.jobs,
                                   target_utilization=s.scale_target_utilization, drain_s=s.scale_drain_s,
-                                  min_workers=s.scale_min_workers, max_workers=s.scale_max_workers)
-        return Signals(reading, demand, desired)
+                                  min_workers=s.scale_min_workers, max_workers=s.scale_max_workers, busy=busy)
+        return Signals(reading, demand, desired, busy)
 
 
 class ScalingCollector(Collector):
@@ -494,12 +526,15 @@ class ScalingCollector(Collector):
         without.add_metric([], 1 if signals.without_capacity else 0)
         live = GaugeMetricFamily("swapless_workers_live", "Live workers of the queue.")
         live.add_metric([], len(reading.workers))
+        busy = GaugeMetricFamily("swapless_workers_busy",
+                                 "Live workers holding SWAPLESS_SCALE_BUSY_S of work or more (never asked away).")
+        busy.add_metric([], signals.busy)
         demand = GaugeMetricFamily("swapless_demand_workers",
                                    "Device seconds of work arriving per second over the window (workers' worth).")
         demand.add_metric([], signals.demand)
         desired = GaugeMetricFamily("swapless_workers_desired", "The fleet size the scaling formula asks for.")
         desired.add_metric([], signals.desired)
-        yield from (jobs, seconds, oldest, without, live, demand, desired)
+        yield from (jobs, seconds, oldest, without, live, busy, demand, desired)
 
 
 def signals_registry(signals: ScalingSignals) -> CollectorRegistry:

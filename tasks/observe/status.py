@@ -12,7 +12,8 @@ The shape::
      "redis": RedisMemory's fields,
      "models": [ModelPlacement's fields and "waiting", ...],
      "queue": QueueDepth's fields and "total",
-     "workers": [Heartbeat and "removal": {"models", "load_s", "held"}: what removing it costs, ...],
+     "workers": [Heartbeat and "removal": {"models", "load_s", "held", "interactive", "interactive_load_s"}: what
+                 removing it costs, ...],
      "webhooks": {"pending", "failed", "recent_failed": [{"id", "url", "attempts", "last_error", "failed_at"}]},
      "batches": {"active", "batches": [{"id", "status", "total", "completed", "failed", "created_at",
                                          "expires_at"}, ...]}}

@@ -93,5 +93,6 @@ def build_runtime(settings: Settings, *, warm_up: bool = False) -> Runtime:
         remote_max_models=s.triton_max_models,
         host_max_models=s.host_max_models,
         host_memory_budget_bytes=s.host_memory_budget_bytes,
+        keep_interactive_s=s.keep_interactive_s,
     )
     return Runtime(s, store, manager)

@@ -15,7 +15,9 @@ A job with a deadline that has not started by then leaves the backlog before the
 answered ``JobExpired``: it costs neither a load nor a forward pass. A group with deadlines runs one forward pass at
 a time, and before each pass the jobs whose answer would come after their deadline (now + the model's last pass
 time per job) are answered ``JobExpired`` too: under overload, the jobs that are served are served in time, instead
-of every job a little too late. A long bulk group yields to interactive jobs between slices.
+of every job a little too late. A long bulk group yields to interactive jobs between slices, and a bulk group whose
+model is cold loads it aside (on the load-ahead thread) while interactive jobs go on running, instead of holding
+them for the load.
 
 A job found with a result before it starts (cancelled: ``Client.cancel`` or Celery's ``revoke``, both stored in
 Redis as the job's result; or a redelivered copy of a finished job) is acked without running; the items of a
@@ -106,6 +108,8 @@ class BatchScheduler:
         self._deferred: tuple[Callable[[ResultStore], None], Sequence[Job]] | None = None
         self._thread: threading.Thread | None = None
         self._first: Callable[[], Any] | None = None
+        #: The model a bulk group waits for, loading aside (scheduler thread only).
+        self._aside: str | None = None
         #: Set once the scheduler thread is running and has done its ``first`` work (the warm start).
         self.ready = threading.Event()
 
@@ -239,6 +243,8 @@ class BatchScheduler:
                     self._finish(results, functools.partial(self._finish_rejected, rejected_items), ())
                 if expired:
                     self._expire(results, expired)
+                if group and self._load_aside(group):
+                    group = []  # back in the backlog until its model is loaded or interactive jobs come
                 if group:
                     self._run(results, group)
             except (RedisError, OperationalError) as err:
@@ -345,8 +351,41 @@ class BatchScheduler:
             loaded = [*manager.loaded_ids(), running]
             upcoming = self.backlog.peek_next(loaded, manager.load_cost_s, exclude=running)
             waiting = self.backlog.counts()
+        waiting[running] = waiting.get(running, 0) + 1  # its jobs are in the group now, none left waiting: keep it
         if upcoming is not None and upcoming not in loaded and manager.load_ahead(upcoming, waiting):
             logger.info("loading %s ahead while %s computes", upcoming, running)
+
+    def _load_aside(self, group: Sequence[Job]) -> bool:
+        """A bulk group whose model is cold: load the model on the load-ahead thread, put the group back and wait
+        for the load, running the interactive jobs that come meanwhile (a 2 s load on this thread would hold them
+        all). False, and the group loads its model itself, when loads ahead are off, when there is no room without
+        evicting a model with waiting work or a resident one (``ModelManager.load_ahead``), or when the load aside
+        ended without the model (it failed, or the model was evicted again)."""
+        manager = self.runtime.manager
+        model_id = group[0].model_id
+        if not self.runtime.settings.load_ahead or any(job.urgent for job in group):
+            return False
+        if manager.is_loaded(model_id):
+            if self._aside == model_id:
+                self._aside = None
+            return False
+        if not manager.is_loading(model_id):
+            if self._aside == model_id:
+                self._aside = None
+                return False
+            with self._cond:
+                waiting = self.backlog.counts()
+            waiting[model_id] = waiting.get(model_id, 0) + len(group)
+            if not manager.load_ahead(model_id, waiting):
+                return False
+            logger.info("loading %s aside; interactive jobs run meanwhile", model_id)
+        self._aside = model_id
+        with self._cond:
+            self.backlog.add(group)
+            while (not self._stopping and not self.backlog.urgent and not self.ledger.has_rejected
+                   and manager.is_loading(model_id)):
+                self._cond.wait(0.05)
+        return True
 
     def _run(self, results: ResultStore, group: Sequence[Job]) -> None:
         """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
