@@ -16,6 +16,7 @@ from manager.registry.store import ModelStore
 from tasks.broker.routes import Router
 from tasks.protocol import (
     CHUNK_TASK,
+    SENT_AT_HEADER,
     decode_outcome,
     encode_outcome,
     item_id,
@@ -43,6 +44,7 @@ class Request:
     kwargs: dict[str, Any] = field(default_factory=dict)
     delivery_info: dict[str, Any] = field(default_factory=lambda: {"priority": 6})
     name: str = CHUNK_TASK
+    request_dict: dict[str, Any] = field(default_factory=dict)
 
 
 @pytest.fixture
@@ -53,6 +55,17 @@ def store() -> ModelStore:
             ModelSpec(id="spam", name="y", type=InputType.TEXT, framework="fake"),
         ]
     )
+
+
+def test_a_job_has_waited_since_its_producer_sent_it(store: ModelStore) -> None:
+    # fetched 40 s after it was sent (a long burst's jobs stay in Redis until their worker gets to them): the
+    # starvation bound counts from the send; every job of one hand-over is timed from one reading of the clock
+    sent = Request("c1", ["spam", ["a", "b"]], request_dict={SENT_AT_HEADER: 1000.0})
+    delivery = decode(sent, Router(store), Settings(), 500.0, wall_s=1040.0)
+    assert {job.received_s for job in delivery.jobs} == {460.0}
+    ahead = Request("c2", ["spam", ["a"]], request_dict={SENT_AT_HEADER: 1050.0})  # a producer's clock ahead
+    assert decode(ahead, Router(store), Settings(), 500.0, wall_s=1040.0).jobs[0].received_s == 500.0
+    assert jobs_from_chunk(Request("c3", ["spam", ["a"]]), store, 500.0)[0].received_s == 500.0  # no send time
 
 
 def test_item_ids_round_trip() -> None:

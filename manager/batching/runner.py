@@ -37,8 +37,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Job:
-    """One prediction job. ``received_s`` is a monotonic timestamp; ``urgent`` marks interactive jobs;
-    ``expires_at`` (epoch seconds) is the deadline by which it must start, if any."""
+    """One prediction job. ``received_s``: when it was queued, on the monotonic clock; ``urgent`` marks interactive
+    jobs; ``expires_at`` (epoch seconds) is the deadline by which it must start, if any."""
 
     id: str
     model_id: str

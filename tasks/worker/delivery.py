@@ -79,6 +79,16 @@ def _deadline(request: Any, urgent: bool, settings: Settings) -> float | None:
     return (sent_at if isinstance(sent_at, (int, float)) else time.time()) + default_s
 
 
+def _queued_at(request: Any, received_s: float, wall_s: float) -> float:
+    """When the job was queued, on the worker's monotonic clock: its producer's send time where the message carries
+    one (under placement a worker fetches a model's jobs as it gets to them: a job of a long burst fetched now has
+    waited since the burst came, and the starvation bound counts from then), else when the worker took it."""
+    sent_at = _headers(request).get(SENT_AT_HEADER)
+    if not isinstance(sent_at, (int, float)):
+        return received_s
+    return received_s - max(wall_s - sent_at, 0.0)  # a producer's clock ahead of ours: no wait yet
+
+
 def _chunk_jobs(request: Any, router: Router, received_s: float) -> list[Job]:
     model_id, values, urgent = read_payload(request, "chunk", "[model_id, [input, ...]]")
     if not isinstance(values, (list, tuple)) or not values:
@@ -96,7 +106,9 @@ def _chunk_jobs(request: Any, router: Router, received_s: float) -> list[Job]:
             for i, target, value in zip(ids, targets, values, strict=True)]
 
 
-def decode(request: Any, router: Router, settings: Settings, received_s: float) -> Delivery:
+def decode(
+    request: Any, router: Router, settings: Settings, received_s: float, wall_s: float | None = None
+) -> Delivery:
     """The delivery of one request (see the module docstring).
 
     Args:
@@ -105,12 +117,15 @@ def decode(request: Any, router: Router, settings: Settings, received_s: float) 
         router: resolves routes (with the run-time weights).
         settings: the default deadlines.
         received_s: when the worker took it (``time.monotonic()``).
+        wall_s: the same moment on the wall clock (``time.time()``; one reading for all the jobs of a hand-over, so
+            that jobs sent together keep their order).
 
     Raises:
         InputError: the payload is malformed; a route has no branch for an input.
         UnknownModel: the model id is not in the registry.
     """
     chunk = request.name == CHUNK_TASK
+    received_s = _queued_at(request, received_s, time.time() if wall_s is None else wall_s)
     if chunk:
         jobs = _chunk_jobs(request, router, received_s)
     else:

@@ -125,12 +125,12 @@ class BatchScheduler:
 
     def submit(self, requests: Collection[Any]) -> None:
         """Decode requests and add their jobs to the backlog (called from the consumer thread); wake the scheduler."""
-        now = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         jobs: list[Job] = []
         with self._cond:
             for request in requests:
                 try:
-                    delivery = decode(request, self.router, self.runtime.settings, now)
+                    delivery = decode(request, self.router, self.runtime.settings, now, wall)
                 except SwaplessError as err:
                     self.ledger.reject(request, err)
                     continue
