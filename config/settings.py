@@ -62,6 +62,9 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_SCALE_MAX_WORKERS      | 16                         | autoscaling: and never for more |
 | SWAPLESS_SCALE_UNKNOWN_JOB_S    | 0.05 s                     | autoscaling: device seconds per job of a model no worker has measured on the fleet's kind of device |
 | SWAPLESS_SCALE_UNKNOWN_LOAD_S   | 10 s                       | autoscaling: and seconds per load of such a model |
+| SWAPLESS_POD_DELETION_COST      | false                      | in Kubernetes, keep the pod's `controller.kubernetes.io/pod-deletion-cost` annotation at the worker's removal cost (needs POD_NAME, POD_NAMESPACE and `patch` on pods; README "Autoscaling") |
+| SWAPLESS_POD_DELETION_COST_INTERVAL_S | 10 s                 | and write it at most this often (each write is a pod update on the API server) |
+| SWAPLESS_KUBERNETES_SERVICE_ACCOUNT_DIR | /var/run/secrets/kubernetes.io/serviceaccount | where the pod's service account token and CA are mounted |
 | SWAPLESS_SCALE_BUSY_S           | 1 s                        | autoscaling: a worker holding this many device seconds of fetched jobs is busy; `swapless_workers_desired` never asks for fewer workers than are busy |
 | SWAPLESS_EXPORTER_PORT          | 9808                       | port of `swapless exporter`'s `/metrics` (the autoscaling signals, for deployments without the gateway) |
 | SWAPLESS_GATEWAY_MAX_BODY_BYTES | 33554432 bytes (32 MiB)    | larger request bodies get 413 from the HTTP gateway (counted as they arrive, and again once decompressed) |
@@ -220,6 +223,10 @@ class Settings(BaseSettings):
     scale_unknown_job_s: float = Field(0.05, ge=0)
     scale_unknown_load_s: float = Field(10.0, ge=0)
     scale_busy_s: float = Field(1.0, gt=0)
+    #: In Kubernetes, keep the pod's controller.kubernetes.io/pod-deletion-cost current (tasks.cluster.podcost).
+    pod_deletion_cost: bool = False
+    pod_deletion_cost_interval_s: float = Field(10.0, gt=0)
+    kubernetes_service_account_dir: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount")
     exporter_port: int = Field(9808, ge=1, le=65535)
     gateway_max_body_bytes: int = Field(32 * 1024 * 1024, ge=1)
     gateway_body_timeout_s: float = Field(30.0, gt=0)

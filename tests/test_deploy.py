@@ -41,6 +41,9 @@ API_VERSIONS = {
     "ScaledObject": "keda.sh/v1alpha1",
     "TriggerAuthentication": "keda.sh/v1alpha1",
     "NetworkPolicy": "networking.k8s.io/v1",
+    "ServiceAccount": "v1",
+    "Role": "rbac.authorization.k8s.io/v1",
+    "RoleBinding": "rbac.authorization.k8s.io/v1",
 }
 WORKLOADS = ("Deployment", "StatefulSet")
 
@@ -542,3 +545,28 @@ def test_redis_keeps_every_job() -> None:
             assert "--appendonly yes" in line and "--maxmemory-policy noeviction" in line, (
                 f"{doc.where}: Redis without --appendonly yes --maxmemory-policy noeviction; a queue must not drop jobs"
             )
+
+
+def test_a_worker_that_keeps_its_pod_deletion_cost_may_patch_its_pod() -> None:
+    """SWAPLESS_POD_DELETION_COST needs the pod's name and namespace from the downward API and a service account
+    whose Role may patch pods (tasks/observe/podcost.py)."""
+    roles = {doc.name: doc.body for doc in of_kind("Role")}
+    bound = {doc.body["subjects"][0]["name"]: doc.body["roleRef"]["name"] for doc in of_kind("RoleBinding")}
+    accounts = {doc.name for doc in of_kind("ServiceAccount")}
+    checked = 0
+    for doc in of_kind(*WORKLOADS):
+        spec = doc.body["spec"]["template"]["spec"]
+        for container in containers(doc):
+            env = {e["name"]: e for e in container.get("env", [])}
+            if env.get("SWAPLESS_POD_DELETION_COST", {}).get("value") != "true":
+                continue
+            checked += 1
+            for name, field in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")):
+                assert env.get(name, {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == field, (
+                    f"{doc.where}: {name} must come from the downward API ({field})")
+            account = spec.get("serviceAccountName")
+            assert account in accounts, f"{doc.where}: its serviceAccountName {account} is defined nowhere"
+            rules = roles[bound[account]]["rules"]
+            assert any("pods" in r["resources"] and "patch" in r["verbs"] and r["apiGroups"] == [""] for r in rules), (
+                f"{doc.where}: the Role bound to {account} does not allow patch on pods")
+    assert checked, "no worker keeps its pod deletion cost (deploy/k8s/worker.yaml sets SWAPLESS_POD_DELETION_COST)"

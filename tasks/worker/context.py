@@ -49,6 +49,7 @@ from tasks.cluster.members import read_heartbeats
 from tasks.cluster.placer import Placer
 from tasks.cluster.view import read_placement
 from tasks.keyspace import Keyspace
+from tasks.observe.podcost import PodDeletionCost
 from tasks.worker.canvas import Canvas
 from tasks.worker.followups import Followups
 from tasks.worker.intake import Intake, answer_malformed
@@ -99,7 +100,7 @@ class WorkerContext:
         runtime, s = self.runtime, self.settings
         engine = runtime.manager.factory
         tune_interpreter()
-        after_beat = []
+        after_beat: list[Callable[[], Any]] = []
         records: dict[str, Any] = {}
         kind = ""
         if isinstance(engine, ModelEngine):
@@ -124,6 +125,9 @@ class WorkerContext:
             self.scheduler.start(first=warm)  # on the thread that will run the jobs
             self.scheduler.ready.wait()
         beats = redis_client(s.broker_url, connect_timeout_s=5, socket_timeout_s=5, sentinel=SentinelOptions.of(s))
+        pod_cost = PodDeletionCost.from_environment(s, beats, self.keyspace, self.reporting.worker_id)
+        if pod_cost is not None:
+            after_beat.append(pod_cost)
         self.reporting.start(self.scheduler, beats, self.placer.claimed, after_beat, device=kind)
         self.webhooks.start()
         self.placer.start()  # claims once warm: a model is not held by a worker still warming up

@@ -1,0 +1,129 @@
+"""The pod deletion cost: a worker running in Kubernetes keeps its pod's ``controller.kubernetes.io/pod-deletion-cost``
+annotation current, so that a Deployment scaling down (KEDA or the HPA lowering its replicas) deletes first the
+pod whose loss costs the fleet least: Kubernetes deletes the pods with the lowest cost first (every pod counts 0
+without the annotation).
+
+The cost is this worker's ``RemovalCost.rank`` (``tasks.observe.scaling``, read from every live worker's heartbeat)
+as one integer (``deletion_cost``): the load seconds of the interactive models only it holds weigh most, then
+whether it holds jobs, then the load seconds of the models only it holds. Kubernetes asks that the annotation not
+be updated often (each update is a write of the pod on the API server): the worker writes it after a heartbeat
+only when the cost changed, and at most once per ``SWAPLESS_POD_DELETION_COST_INTERVAL_S`` (10 s).
+
+It talks to the API server as any in-cluster client does: ``https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT``,
+with the pod's service account token and CA (``SWAPLESS_KUBERNETES_SERVICE_ACCOUNT_DIR``), and knows its pod by the
+downward API (``POD_NAME``, ``POD_NAMESPACE``); the service account needs ``patch`` on pods
+(``deploy/k8s/worker.yaml``). A write that fails is one warning line; the worker goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import httpx
+import redis
+
+from config.settings import Settings
+from tasks.cluster.members import read_heartbeats
+from tasks.keyspace import Keyspace
+from tasks.observe.scaling import RemovalCost, removal_costs
+
+__all__ = ["ANNOTATION", "PodDeletionCost", "deletion_cost"]
+
+logger = logging.getLogger(__name__)
+
+ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+#: The annotation is an int32.
+_MAX_COST = 2**31 - 1
+
+
+def deletion_cost(cost: RemovalCost) -> int:
+    """``cost.rank`` as one integer, in tenths of a second: the interactive loads weigh 2,000 per tenth, holding
+    jobs 1,000, the loads of the models only it holds 1 per tenth (up to 999)."""
+    interactive = round(cost.interactive_load_s * 10)
+    loads = min(round(cost.load_s * 10), 999)
+    return min(interactive * 2000 + (1000 if cost.held else 0) + loads, _MAX_COST)
+
+
+class PodDeletionCost:
+    """Writes this worker's deletion cost on its pod (see the module docstring); an ``after_beat`` hook.
+
+    Args:
+        client: the deployment's Redis (the heartbeats).
+        keyspace: its keys.
+        worker_id: this worker's id (its heartbeat's).
+        api_url: the API server (``https://host:port``).
+        namespace: the pod's namespace.
+        pod: the pod's name.
+        token: the service account token.
+        ca: the CA bundle the API server's certificate is checked against.
+        interval_s: the least time between two writes.
+    """
+
+    def __init__(
+        self, client: redis.Redis, keyspace: Keyspace, worker_id: str, *, api_url: str, namespace: str, pod: str,
+        token: str, ca: Path, interval_s: float,
+    ) -> None:
+        self.client = client
+        self.keyspace = keyspace
+        self.worker_id = worker_id
+        self.path = f"/api/v1/namespaces/{namespace}/pods/{pod}"
+        self.interval_s = interval_s
+        self.written: int | None = None
+        self._written_at = -float("inf")
+        self._http = httpx.Client(base_url=api_url, verify=str(ca), timeout=5.0,
+                                  headers={"Authorization": f"Bearer {token}"})
+
+    @classmethod
+    def from_environment(
+        cls, settings: Settings, client: redis.Redis, keyspace: Keyspace, worker_id: str
+    ) -> PodDeletionCost | None:
+        """The writer of this pod, when ``SWAPLESS_POD_DELETION_COST`` is on; None (and one line saying what is
+        missing) when the worker does not run in a pod it can annotate."""
+        if not settings.pod_deletion_cost:
+            return None
+        env = os.environ
+        account = settings.kubernetes_service_account_dir
+        missing = [name for name in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "POD_NAME", "POD_NAMESPACE")
+                   if not env.get(name)]
+        missing += [str(account / name) for name in ("token", "ca.crt") if not (account / name).is_file()]
+        if missing:
+            logger.warning("SWAPLESS_POD_DELETION_COST is on but %s is missing: not keeping the pod's deletion cost "
+                           "(set POD_NAME and POD_NAMESPACE from the downward API; see deploy/k8s/worker.yaml)",
+                           ", ".join(missing))
+            return None
+        host = env["KUBERNETES_SERVICE_HOST"]
+        host = f"[{host}]" if ":" in host else host  # an IPv6 service address
+        return cls(client, keyspace, worker_id, api_url=f"https://{host}:{env['KUBERNETES_SERVICE_PORT']}",
+                   namespace=env["POD_NAMESPACE"], pod=env["POD_NAME"],
+                   token=(account / "token").read_text().strip(), ca=account / "ca.crt",
+                   interval_s=settings.pod_deletion_cost_interval_s)
+
+    def __call__(self) -> None:
+        """Write the cost if it changed and the last write is ``interval_s`` old (run after each heartbeat)."""
+        if time.monotonic() - self._written_at < self.interval_s:
+            return
+        beats = [beat for beat in read_heartbeats(self.client, self.keyspace) if beat.queue == self.keyspace.queue]
+        mine = removal_costs(beats).get(self.worker_id)
+        if mine is None:
+            return  # its own heartbeat is not written yet
+        value = deletion_cost(mine)
+        if value == self.written:
+            return
+        self._written_at = time.monotonic()
+        patch = {"metadata": {"annotations": {ANNOTATION: str(value)}}}
+        try:
+            response = self._http.patch(self.path, json=patch,
+                                        headers={"Content-Type": "application/merge-patch+json"})
+            response.raise_for_status()
+        except httpx.HTTPError as err:
+            logger.warning("could not write the pod's deletion cost (%s); trying again in %.0f s", err,
+                           self.interval_s)
+            return
+        self.written = value
+        logger.info("pod deletion cost now %d (%s)", value, mine.text())
+
+    def close(self) -> None:
+        self._http.close()
