@@ -57,6 +57,10 @@ def test_a_model_in_use_between_sparse_jobs_is_no_victim_until_idle_as_long_as_i
     assert [victim for _, _, victim in claims] == [None]  # taken with no victim: chat keeps its place
     workers = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 2.5}), other]
     assert plan("a", workers, demand).claim == (("bulk", 1, "chat"),)  # idle longer than a load: it goes
+    # resident (it served interactive jobs lately, in an idle stretch since): no victim however long it idled
+    resident = WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 15.0}, resident=frozenset({"chat"}))
+    claims = [c for w in ("a", "b") for c in plan(w, [resident, other], demand).claim]
+    assert [victim for _, _, victim in claims] == [None]
     # alone too: giving chat up would leave it without a holder until its next job (a joining worker would take it
     # cold), then claiming it back would give up another at every job
     alone = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 0.4})]

@@ -291,11 +291,14 @@ class Placer:
             idle = {m: now - a.last_run_at for m, a in beat.models.items() if a.last_run_at is not None}
             views[beat.worker_id] = WorkerView(beat.worker_id, beat.cache.max_models,
                                                frozenset(e.model_id for e in beat.loaded), idle,
-                                               frozenset(e.model_id for e in beat.host))
+                                               frozenset(e.model_id for e in beat.host),
+                                               frozenset(e.model_id for e in beat.loaded if e.interactive))
         manager = self.manager  # this worker's own view, fresher than its last heartbeat
         idle = {m: now - a.last_run_at for m, a in self.activity().items() if a.last_run_at is not None}
-        views[self.worker_id] = WorkerView(self.worker_id, manager.max_models, frozenset(manager.loaded_ids()), idle,
-                                           frozenset(manager.host.ids()))
+        loaded = manager.snapshot()
+        views[self.worker_id] = WorkerView(self.worker_id, manager.max_models, frozenset(e.model_id for e in loaded),
+                                           idle, frozenset(manager.host.ids()),
+                                           frozenset(e.model_id for e in loaded if manager.resident(e)))
         return list(views.values())
 
     def _known_load_s(self, model_id: str, tier: str = "load_s") -> float | None:

@@ -14,7 +14,8 @@ The rules, in order:
    eviction victim (a claimed model with no waiting work, and with other workers live idle at least as long as its
    load: it releases it), takes
    it as it is; one with neither pays a reload on top (it will swap models in its own cache, as one worker alone
-   does). A model loaded and in use between sparse jobs (idle for less than its load) is no victim. Ties go to a free
+   does). A model loaded and in use between sparse jobs (idle for less than its load, or resident: it served
+   interactive jobs lately) is no victim. Ties go to a free
    slot, then to the victim idle longest, then to fewer claims.
 2. **Hot models** get one more copy per plan when their waiting work per copy passes ``copy_backlog_s`` and
    their holders are the long pole: even the least busy holder would finish more than one load of the model after
@@ -52,6 +53,8 @@ class WorkerView:
         loaded: models loaded in its cache now.
         idle_s: per model, seconds since it last ran a group of it (absent: never).
         host: models in its host tier now: a swap-in away (``Demand.host_load_s``), not a load.
+        resident: loaded models that served interactive jobs lately (``SWAPLESS_KEEP_INTERACTIVE_S``): its cache
+            keeps them, and so does placement.
     """
 
     worker_id: str
@@ -59,6 +62,7 @@ class WorkerView:
     loaded: frozenset[str] = frozenset()
     idle_s: Mapping[str, float] = field(default_factory=dict)
     host: frozenset[str] = frozenset()
+    resident: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -146,10 +150,10 @@ class _Board:
 
     def victim(self, worker_id: str) -> tuple[str, float] | None:
         """The claimed model this worker would give up: no waiting work, idle longest, and, when it is loaded here,
-        idle at least as long as its load takes. One loaded and in use between sparse jobs (interactive traffic's) is
-        no victim: it would come back elsewhere at a load's price; and a worker alone that gave it up would claim it
-        again at its next job, giving up another, at every job: in the meantime the model has no holder, and a
-        worker that joins takes it, cold."""
+        idle at least as long as its load takes and not resident. One loaded and in use between sparse jobs
+        (interactive traffic's) is no victim: it would come back elsewhere at a load's price, its caller waiting; and
+        a worker alone that gave it up would claim it again at its next job, giving up another, at every job: in the
+        meantime the model has no holder, and a worker that joins takes it, cold."""
         worker = self.workers[worker_id]
         idle = [
             (model_id, worker.idle_s.get(model_id, math.inf))
@@ -157,7 +161,8 @@ class _Board:
             if model_id not in self.demand or self.demand[model_id].waiting == 0
         ]
         idle = [(m, s) for m, s in idle
-                if m not in worker.loaded or m not in self.demand or s >= self.demand[m].load_s]
+                if m not in worker.loaded or (m not in worker.resident
+                                              and (m not in self.demand or s >= self.demand[m].load_s))]
         return max(idle, key=lambda item: (item[1], item[0])) if idle else None
 
     def move(self, model_id: str, to: str, release: str | None) -> None:
