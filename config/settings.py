@@ -65,7 +65,7 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_POD_DELETION_COST      | false                      | in Kubernetes, keep the pod's `controller.kubernetes.io/pod-deletion-cost` annotation at the worker's removal cost (needs POD_NAME, POD_NAMESPACE and `patch` on pods; README "Autoscaling") |
 | SWAPLESS_POD_DELETION_COST_INTERVAL_S | 10 s                 | and write it at most this often (each write is a pod update on the API server) |
 | SWAPLESS_KUBERNETES_SERVICE_ACCOUNT_DIR | /var/run/secrets/kubernetes.io/serviceaccount | where the pod's service account token and CA are mounted |
-| SWAPLESS_SCALE_BUSY_S           | 1 s                        | autoscaling: a worker holding this many device seconds of fetched jobs is busy; `swapless_workers_desired` never asks for fewer workers than are busy |
+| SWAPLESS_SCALE_BUSY_S           | 1 s                        | autoscaling: a worker with this many device seconds of work of its own (jobs it holds, its share of those waiting for the models it claims) is busy; `swapless_workers_desired` never asks for fewer workers than are busy |
 | SWAPLESS_EXPORTER_PORT          | 9808                       | port of `swapless exporter`'s `/metrics` (the autoscaling signals, for deployments without the gateway) |
 | SWAPLESS_GATEWAY_MAX_BODY_BYTES | 33554432 bytes (32 MiB)    | larger request bodies get 413 from the HTTP gateway (counted as they arrive, and again once decompressed) |
 | SWAPLESS_GATEWAY_BODY_TIMEOUT_S | 30 s                       | a request body that takes longer to arrive gets 408 |

@@ -168,13 +168,18 @@ def test_the_worker_serving_interactive_traffic_alone_is_removed_last_and_a_busy
 
 
 def test_a_busy_worker_is_never_asked_away() -> None:
-    def holding(worker: str, jobs: int) -> Heartbeat:
-        return _beat(worker, 0, 0).model_copy(update={"models": {"m": ModelActivity(backlog=jobs)}})
+    def holding(worker: str, jobs: int, claimed: bool = False) -> Heartbeat:
+        activity = ModelActivity(backlog=jobs, claimed=claimed)
+        return _beat(worker, 0, 0).model_copy(update={"models": {"m": activity}})
 
     # 2 s and 0.5 s of fetched work at 10 ms a job: one busy worker (SWAPLESS_SCALE_BUSY_S 1 s)
-    reading = _reading(1000, 1.0, holding("a", 200), holding("b", 50), holding("c", 0))
+    reading = _reading(1000, 0.01, holding("a", 200), holding("b", 50), holding("c", 0))  # 1 job, claimed by none
     assert busy_workers(reading, 1.0, unknown_job_s=0.05) == 1
     assert busy_workers(reading, 0.4, unknown_job_s=0.05) == 2
+    # 1.2 s of m's jobs still wait in Redis: b and c claim m, 0.6 s each on top of what they hold
+    reading = _reading(1000, 1.2, holding("a", 200), holding("b", 50, claimed=True), holding("c", 0, claimed=True))
+    assert busy_workers(reading, 1.0, unknown_job_s=0.05) == 2  # a, and b (0.5 + 0.6 s); c has 0.6 s
+    assert busy_workers(reading, 0.6, unknown_job_s=0.05) == 3
     # the backlog alone asks for 1 worker; three busy ones keep three, within the maximum
     assert desired_workers(0.0, 5.0, 100, target_utilization=0.8, drain_s=10, min_workers=0, max_workers=4,
                            busy=3) == 3

@@ -13,7 +13,7 @@ scaler never sees) and the jobs workers hold. Exported by ``swapless serve``'s `
     swapless_oldest_job_age_seconds{model,priority}  gauge  age of the oldest job waiting in Redis
     swapless_backlog_without_capacity                gauge  1 while jobs wait and no worker is live (scale from 0)
     swapless_workers_live                            gauge  live workers of the queue
-    swapless_workers_busy                            gauge  live workers holding SWAPLESS_SCALE_BUSY_S of work or more
+    swapless_workers_busy                            gauge  live workers with SWAPLESS_SCALE_BUSY_S of work of their own
     swapless_demand_workers                          gauge  device seconds of work arriving per second, over the
                                                             last SWAPLESS_SCALE_WINDOW_S (workers' worth)
     swapless_workers_desired                         gauge  the fleet size the formula below asks for
@@ -23,10 +23,11 @@ The formula (``desired_workers``)::
 
     desired = ceil(demand / SWAPLESS_SCALE_TARGET_UTILIZATION + backlog_seconds / SWAPLESS_SCALE_DRAIN_S)
 
-and never below ``busy``, the live workers that hold at least ``SWAPLESS_SCALE_BUSY_S`` of work (the jobs they
-fetched, in device seconds), kept between ``SWAPLESS_SCALE_MIN_WORKERS`` and ``SWAPLESS_SCALE_MAX_WORKERS``, and
-at least 1 while any job waits. Removing a busy worker saves nothing: its work moves to the others, with the loads
-of its models on top, and they finish later; the fleet shrinks as workers run out of work.
+and never below ``busy``, the live workers with at least ``SWAPLESS_SCALE_BUSY_S`` of work of their own (the jobs
+they fetched, and their share of the jobs waiting for the models they claim, in device seconds), kept between
+``SWAPLESS_SCALE_MIN_WORKERS`` and ``SWAPLESS_SCALE_MAX_WORKERS``, and at least 1 while any job waits. Removing a
+busy worker saves nothing: its work moves to the others, with the loads of its models on top, and they finish
+later; the fleet shrinks as workers run out of work.
 
 ``demand`` is the work arriving, not the work done: the device seconds the fleet spent over the window
 (loads included) plus what the backlog grew by, without the window's largest step (a burst is backlog). A fleet
@@ -378,12 +379,22 @@ def removal_costs(workers: Sequence[Heartbeat]) -> dict[str, RemovalCost]:
 
 
 def busy_workers(reading: ClusterReading, busy_s: float, unknown_job_s: float) -> int:
-    """Live workers holding at least ``busy_s`` device seconds of fetched jobs."""
-    def held_s(beat: Heartbeat) -> float:
-        return sum(a.backlog * (reading.models[m].job_s if m in reading.models else unknown_job_s)
-                   for m, a in beat.models.items())
+    """Live workers with at least ``busy_s`` device seconds of work of their own: the jobs they hold, and their
+    share of the jobs waiting in Redis for the models they claim (a worker holds a few seconds of a model's jobs at
+    a time; the rest of its work waits in the model's lists)."""
+    claimers = collections.Counter(m for beat in reading.workers for m, a in beat.models.items() if a.claimed)
 
-    return sum(1 for beat in reading.workers if held_s(beat) >= busy_s)
+    def own_s(beat: Heartbeat) -> float:
+        total = 0.0
+        for model_id, activity in beat.models.items():
+            model = reading.models.get(model_id)
+            job_s = model.job_s if model is not None else unknown_job_s
+            total += activity.backlog * job_s
+            if activity.claimed and model is not None:
+                total += model.waiting * job_s / claimers[model_id]
+        return total
+
+    return sum(1 for beat in reading.workers if own_s(beat) >= busy_s)
 
 
 class DemandTracker:
@@ -527,7 +538,7 @@ class ScalingCollector(Collector):
         live = GaugeMetricFamily("swapless_workers_live", "Live workers of the queue.")
         live.add_metric([], len(reading.workers))
         busy = GaugeMetricFamily("swapless_workers_busy",
-                                 "Live workers holding SWAPLESS_SCALE_BUSY_S of work or more (never asked away).")
+                                 "Live workers with SWAPLESS_SCALE_BUSY_S of work of their own (never asked away).")
         busy.add_metric([], signals.busy)
         demand = GaugeMetricFamily("swapless_demand_workers",
                                    "Device seconds of work arriving per second over the window (workers' worth).")
