@@ -3,8 +3,10 @@ label is compared with it, per (route, served model, shadow model), in Redis for
 metrics.
 
 A shadowed job's reference is kept ``SHADOW_REF_S`` beside its result (``ResultStore.shadow_ref_key``): its caller
-may read and forget its result long before its bulk-priority shadows run. A shadow whose served job failed, or has
-not finished yet, is not compared.
+may read and forget its result long before its bulk-priority shadows run. A shadow that finishes before its served
+job (fetched first: its model's list was claimed first) leaves its top label waiting beside the reference's key, and
+the served job compares it when it finishes; each side does its part in one script, so every pair is compared once.
+A shadow whose served job failed is not compared.
 """
 
 from __future__ import annotations
@@ -46,28 +48,58 @@ class Shadows:
         self.observer = observer
 
     def settle(self, results: ResultStore, answered: Sequence[tuple[Delivery, Outcome]]) -> None:
-        """After ``answered`` jobs' results are stored: keep the references of shadowed ones, compare shadows."""
-        references = {o.job.id: json.dumps([o.job.model_id, _top(o.result)]) for d, o in answered
-                      if d.shadowed and o.error is None}
-        if references:
-            pipe = results.client.pipeline(transaction=False)
-            for job_id, reference in references.items():
-                pipe.set(results.shadow_ref_key(job_id), reference, ex=SHADOW_REF_S)
-            pipe.execute()
-        shadows = [(d.shadow_of, o) for d, o in answered if d.shadow_of is not None]
-        if shadows:
-            self._compare(results, shadows)
-
-    def _compare(self, results: ResultStore, shadows: list[tuple[tuple[str, str], Outcome]]) -> None:
-        raws = results.client.mget([results.shadow_ref_key(served) for (served, _), _ in shadows])
+        """After ``answered`` jobs' results are stored: keep the references of shadowed ones (comparing the shadows
+        that finished first), compare shadows whose served job finished (else leave them waiting for it)."""
         counts: dict[tuple[str, str, str, bool], int] = {}
-        for ((_, route_id), outcome), raw in zip(shadows, raws, strict=True):
-            if raw is None or outcome.error is not None:
-                continue  # the served job failed, or has not finished yet
-            served_model, served_top = json.loads(raw)
-            pair = (route_id, served_model, outcome.job.model_id, served_top == _top(outcome.result))
-            counts[pair] = counts.get(pair, 0) + 1
+        served = [(o.job.id, o.job.model_id, _top(o.result)) for d, o in answered if d.shadowed and o.error is None]
+        if served:
+            pipe = results.client.pipeline(transaction=False)
+            for job_id, model_id, top in served:
+                key = results.shadow_ref_key(job_id)
+                pipe.eval(_KEEP_REF, 2, key, key + _WAITING, json.dumps([model_id, top]), SHADOW_REF_S)
+            for (_, model_id, top), waiting in zip(served, pipe.execute(), strict=True):
+                for raw in waiting:
+                    route_id, shadow_model, shadow_top = json.loads(raw)
+                    pair = (route_id, model_id, shadow_model, top == shadow_top)
+                    counts[pair] = counts.get(pair, 0) + 1
+        shadows = [(d.shadow_of, o) for d, o in answered if d.shadow_of is not None and o.error is None]
+        if shadows:
+            pipe = results.client.pipeline(transaction=False)
+            for (of, route_id), outcome in shadows:
+                key = results.shadow_ref_key(of)
+                pipe.eval(_COMPARE_OR_WAIT, 2, key, key + _WAITING,
+                          json.dumps([route_id, outcome.job.model_id, _top(outcome.result)]), SHADOW_REF_S)
+            for ((_, route_id), outcome), raw in zip(shadows, pipe.execute(), strict=True):
+                if raw is None:
+                    continue  # its served job has not finished: it compares this one when it does
+                served_model, served_top = json.loads(raw)
+                pair = (route_id, served_model, outcome.job.model_id, served_top == _top(outcome.result))
+                counts[pair] = counts.get(pair, 0) + 1
         if counts:
             count_shadow(results.client, self.keyspace, counts)
             for (route_id, served_model, shadow_model, agreed), n in counts.items():
                 self.observer.on_shadow(route_id, served_model, shadow_model, agreed, n)
+
+
+#: Suffix of the key where shadows that finished before their served job wait for it (beside its reference's key:
+#: the same Redis Cluster slot).
+_WAITING = ":waiting"
+
+#: The served side: keep the reference (KEYS[1]) and take the shadows waiting for it (KEYS[2]).
+_KEEP_REF = """
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+local waiting = redis.call('LRANGE', KEYS[2], 0, -1)
+redis.call('DEL', KEYS[2])
+return waiting
+"""
+
+#: The shadow side: the reference if it is there, else wait for it (the served side compares).
+_COMPARE_OR_WAIT = """
+local reference = redis.call('GET', KEYS[1])
+if reference then
+  return reference
+end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return false
+"""
