@@ -244,7 +244,7 @@ class Autoscaler:
         from tasks.observe.scaling import removal_costs
 
         costs = removal_costs(read_heartbeats(self.client, self.keyspace))
-        unknown = (False, 0.0, 0.0)
+        unknown = (0.0, False, 0.0)
         return min(candidates, key=lambda life: (costs[life.worker_id].rank if life.worker_id in costs else unknown,
                                                  -life.asked_at))
 

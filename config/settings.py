@@ -62,10 +62,10 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_SCALE_MAX_WORKERS      | 16                         | autoscaling: and never for more |
 | SWAPLESS_SCALE_UNKNOWN_JOB_S    | 0.05 s                     | autoscaling: device seconds per job of a model no worker has measured on the fleet's kind of device |
 | SWAPLESS_SCALE_UNKNOWN_LOAD_S   | 10 s                       | autoscaling: and seconds per load of such a model |
+| SWAPLESS_SCALE_BUSY_S           | 1 s                        | autoscaling: a worker with this many device seconds of work of its own (jobs it holds, its share of those waiting for the models it claims) is busy; `swapless_workers_desired` never asks for fewer workers than are busy |
 | SWAPLESS_POD_DELETION_COST      | false                      | in Kubernetes, keep the pod's `controller.kubernetes.io/pod-deletion-cost` annotation at the worker's removal cost (needs POD_NAME, POD_NAMESPACE and `patch` on pods; README "Autoscaling") |
 | SWAPLESS_POD_DELETION_COST_INTERVAL_S | 10 s                 | and write it at most this often (each write is a pod update on the API server) |
 | SWAPLESS_KUBERNETES_SERVICE_ACCOUNT_DIR | /var/run/secrets/kubernetes.io/serviceaccount | where the pod's service account token and CA are mounted |
-| SWAPLESS_SCALE_BUSY_S           | 1 s                        | autoscaling: a worker with this many device seconds of work of its own (jobs it holds, its share of those waiting for the models it claims) is busy; `swapless_workers_desired` never asks for fewer workers than are busy |
 | SWAPLESS_EXPORTER_PORT          | 9808                       | port of `swapless exporter`'s `/metrics` (the autoscaling signals, for deployments without the gateway) |
 | SWAPLESS_GATEWAY_MAX_BODY_BYTES | 33554432 bytes (32 MiB)    | larger request bodies get 413 from the HTTP gateway (counted as they arrive, and again once decompressed) |
 | SWAPLESS_GATEWAY_BODY_TIMEOUT_S | 30 s                       | a request body that takes longer to arrive gets 408 |
@@ -223,7 +223,7 @@ class Settings(BaseSettings):
     scale_unknown_job_s: float = Field(0.05, ge=0)
     scale_unknown_load_s: float = Field(10.0, ge=0)
     scale_busy_s: float = Field(1.0, gt=0)
-    #: In Kubernetes, keep the pod's controller.kubernetes.io/pod-deletion-cost current (tasks.cluster.podcost).
+    #: In Kubernetes, keep the pod's controller.kubernetes.io/pod-deletion-cost current (tasks.observe.podcost).
     pod_deletion_cost: bool = False
     pod_deletion_cost_interval_s: float = Field(10.0, gt=0)
     kubernetes_service_account_dir: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount")

@@ -11,12 +11,10 @@ The rules, in order:
 1. **Cold models** (waiting work, no holder), the most seconds of work (with the load) first, each to one worker:
    the one that would be done soonest with it, counting in seconds the work it holds already (waiting jobs times their
    cost, plus the load of each claimed model it has not loaded) and this model's load. A worker with a free slot, or an
-   eviction victim (a claimed model with no waiting work, and with other workers live idle at least as long as its
-   load: it releases it), takes
-   it as it is; one with neither pays a reload on top (it will swap models in its own cache, as one worker alone
-   does). A model loaded and in use between sparse jobs (idle for less than its load, or resident: it served
-   interactive jobs lately) is no victim. Ties go to a free
-   slot, then to the victim idle longest, then to fewer claims.
+   eviction victim (a claimed model with no waiting work that, if loaded there, is idle at least as long as its load
+   and not resident: it served no interactive jobs lately; it releases it), takes it as it is; one with neither
+   pays a reload on top (it will swap models in its own cache, as one worker alone does). Ties go to a free slot,
+   then to the victim idle longest, then to fewer claims.
 2. **Hot models** get one more copy per plan when their waiting work per copy passes ``copy_backlog_s`` and
    their holders are the long pole: even the least busy holder would finish more than one load of the model after
    the cluster's average worker. The copy goes to the worker that would be ready for it soonest (rule 1's choice,

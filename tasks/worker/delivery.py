@@ -68,23 +68,27 @@ def _headers(request: Any) -> dict[str, Any]:
     return getattr(request, "request_dict", None) or {}
 
 
-def _deadline(request: Any, urgent: bool, settings: Settings) -> float | None:
+def _sent_at(request: Any) -> float | None:
+    """The producer's send time (epoch seconds), where the message carries one."""
+    sent_at = _headers(request).get(SENT_AT_HEADER)
+    return float(sent_at) if isinstance(sent_at, (int, float)) else None
+
+
+def _deadline(request: Any, urgent: bool, settings: Settings, sent_at: float | None) -> float | None:
     deadline = deadline_of(request)
     if deadline is not None:
         return deadline
     default_s = settings.interactive_expires_s if urgent else settings.bulk_expires_s
     if default_s is None:
         return None
-    sent_at = _headers(request).get(SENT_AT_HEADER)
-    return (sent_at if isinstance(sent_at, (int, float)) else time.time()) + default_s
+    return (sent_at if sent_at is not None else time.time()) + default_s
 
 
-def _queued_at(request: Any, received_s: float, wall_s: float) -> float:
+def _queued_at(sent_at: float | None, received_s: float, wall_s: float) -> float:
     """When the job was queued, on the worker's monotonic clock: its producer's send time where the message carries
     one (under placement a worker fetches a model's jobs as it gets to them: a job of a long burst fetched now has
     waited since the burst came, and the starvation bound counts from then), else when the worker took it."""
-    sent_at = _headers(request).get(SENT_AT_HEADER)
-    if not isinstance(sent_at, (int, float)):
+    if sent_at is None:
         return received_s
     return received_s - max(wall_s - sent_at, 0.0)  # a producer's clock ahead of ours: no wait yet
 
@@ -125,14 +129,15 @@ def decode(
         UnknownModel: the model id is not in the registry.
     """
     chunk = request.name == CHUNK_TASK
-    received_s = _queued_at(request, received_s, time.time() if wall_s is None else wall_s)
+    sent_at = _sent_at(request)
+    received_s = _queued_at(sent_at, received_s, time.time() if wall_s is None else wall_s)
     if chunk:
         jobs = _chunk_jobs(request, router, received_s)
     else:
         model_id, value, urgent = read_payload(request, "job", "[model_id, input]")
         target = router.resolve(model_id, value, request.id).model_id
         jobs = [Job(id=request.id, model_id=target, input=value, received_s=received_s, urgent=urgent)]
-    deadline = _deadline(request, jobs[0].urgent, settings)
+    deadline = _deadline(request, jobs[0].urgent, settings, sent_at)
     if deadline is not None:
         jobs = [dataclasses.replace(job, expires_at=deadline) for job in jobs]
     headers = _headers(request)

@@ -365,13 +365,11 @@ class BatchScheduler:
         model_id = group[0].model_id
         if not self.runtime.settings.load_ahead or any(job.urgent for job in group):
             return False
+        waited, self._aside = self._aside == model_id, None
         if manager.is_loaded(model_id):
-            if self._aside == model_id:
-                self._aside = None
             return False
         if not manager.is_loading(model_id):
-            if self._aside == model_id:
-                self._aside = None
+            if waited:
                 return False
             with self._cond:
                 waiting = self.backlog.counts()

@@ -11,6 +11,7 @@ A shadow whose served job failed is not compared.
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -50,7 +51,7 @@ class Shadows:
     def settle(self, results: ResultStore, answered: Sequence[tuple[Delivery, Outcome]]) -> None:
         """After ``answered`` jobs' results are stored: keep the references of shadowed ones (comparing the shadows
         that finished first), compare shadows whose served job finished (else leave them waiting for it)."""
-        counts: dict[tuple[str, str, str, bool], int] = {}
+        counts: collections.Counter[tuple[str, str, str, bool]] = collections.Counter()
         served = [(o.job.id, o.job.model_id, _top(o.result)) for d, o in answered if d.shadowed and o.error is None]
         if served:
             pipe = results.client.pipeline(transaction=False)
@@ -60,8 +61,7 @@ class Shadows:
             for (_, model_id, top), waiting in zip(served, pipe.execute(), strict=True):
                 for raw in waiting:
                     route_id, shadow_model, shadow_top = json.loads(raw)
-                    pair = (route_id, model_id, shadow_model, top == shadow_top)
-                    counts[pair] = counts.get(pair, 0) + 1
+                    counts[(route_id, model_id, shadow_model, top == shadow_top)] += 1
         shadows = [(d.shadow_of, o) for d, o in answered if d.shadow_of is not None and o.error is None]
         if shadows:
             pipe = results.client.pipeline(transaction=False)
@@ -73,8 +73,7 @@ class Shadows:
                 if raw is None:
                     continue  # its served job has not finished: it compares this one when it does
                 served_model, served_top = json.loads(raw)
-                pair = (route_id, served_model, outcome.job.model_id, served_top == _top(outcome.result))
-                counts[pair] = counts.get(pair, 0) + 1
+                counts[(route_id, served_model, outcome.job.model_id, served_top == _top(outcome.result))] += 1
         if counts:
             count_shadow(results.client, self.keyspace, counts)
             for (route_id, served_model, shadow_model, agreed), n in counts.items():
