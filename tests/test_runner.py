@@ -74,6 +74,27 @@ def test_backlog_urgent_jobs_first_within_a_model() -> None:
     assert [j.id for j in backlog.next_group(["a"], lambda m: 0.0, 2)] == ["j3", "j1"]
 
 
+def test_backlog_counts_interactive_jobs_through_every_way_out() -> None:
+    clock = Clock()
+    backlog = Backlog(clock=clock)
+
+    def scanned() -> int:
+        return sum(w.urgent for w in backlog.waiting(lambda m: 0.0))
+
+    expiring = Job("late", "b", "x", received_s=0.0, urgent=True, expires_at=10.0)
+    backlog.add([job(1, "a", urgent=True), job(2, "a"), job(3, "a", urgent=True), job(4, "b", urgent=True), expiring])
+    assert backlog.urgent == scanned() == 4
+    assert [j.id for j in backlog.next_group(["a"], lambda m: 0.0, 1)] == ["j1"]  # one taken, one left in a's group
+    assert backlog.urgent == scanned() == 3
+    assert [j.id for j in backlog.take_expired(20.0)] == ["late"]
+    assert backlog.urgent == scanned() == 2
+    assert [j.id for j in backlog.take_model("a", keep=lambda j: j.urgent)] == ["j2"]  # the kept one still counts
+    assert backlog.urgent == scanned() == 2
+    backlog.take_model("a")
+    backlog.next_group([], lambda m: 0.0, 10)
+    assert backlog.urgent == scanned() == 0 and len(backlog) == 0
+
+
 def test_run_group_results_in_order(manager: ModelManager) -> None:
     jobs = [job(i, "a") for i in range(5)]
     outcomes = run_group(manager, "a", jobs)

@@ -74,17 +74,25 @@ class Backlog:
         self.clock = clock
         self._groups: OrderedDict[str, deque[Job]] = OrderedDict()
         self._deadlines = 0  # jobs added with a deadline (an upper bound of those waiting): none, no scan
+        self._urgent = 0  # interactive jobs waiting (the scheduler asks at every wake: no scan)
 
     def add(self, jobs: Iterable[Job]) -> None:
         for job in jobs:
             self._groups.setdefault(job.model_id, deque()).append(job)
             if job.expires_at is not None:
                 self._deadlines += 1
+            self._urgent += job.urgent
 
     @property
     def urgent(self) -> int:
         """Interactive jobs waiting, over all models."""
-        return sum(1 for group in self._groups.values() for job in group if job.urgent)
+        return self._urgent
+
+    def _taken(self, jobs: Iterable[Job]) -> list[Job]:
+        """``jobs``, which leave the backlog, as a list (the count of interactive jobs follows)."""
+        taken = list(jobs)
+        self._urgent -= sum(job.urgent for job in taken)
+        return taken
 
     def __len__(self) -> int:
         return sum(len(group) for group in self._groups.values())
@@ -124,7 +132,7 @@ class Backlog:
         kept = deque(job for job in group if keep(job))
         if kept:
             self._groups[model_id] = kept
-        return [job for job in group if not keep(job)]
+        return self._taken(job for job in group if not keep(job))
 
     def take_expired(self, now: float) -> list[Job]:
         """Take every job whose deadline (``expires_at``, epoch seconds) is before ``now`` out of the backlog."""
@@ -148,7 +156,7 @@ class Backlog:
                 self._groups[model_id] = kept
             else:
                 del self._groups[model_id]
-        return expired
+        return self._taken(expired)
 
     def next_group(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], limit: int) -> list[Job]:
         """Take the next jobs to run: up to ``limit`` jobs of the model ``choose_next`` picks (urgent ones first).
@@ -164,7 +172,7 @@ class Backlog:
             self._groups[model_id] = deque(sorted(rest, key=lambda job: job.received_s))
         else:
             del self._groups[model_id]
-        return taken
+        return self._taken(taken)
 
     def peek_group(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], limit: int) -> list[Job]:
         """The jobs ``next_group`` would take now, left in the backlog."""
