@@ -123,6 +123,16 @@ def test_an_over_claimed_worker_frees_an_idle_model_it_has_not_loaded_for_a_free
     assert plan("old", full, taken) == Moves()  # no free slot elsewhere: it keeps its claims and swaps locally
 
 
+def test_a_worker_alone_gives_up_the_claim_of_a_model_it_evicted_and_has_no_jobs_for() -> None:
+    # claims sentiment and topic, two slots; topic was evicted for spam, whose job came through the ingress
+    alone = [WorkerView("a", 2, frozenset({"sentiment", "spam"}))]
+    demand = [Demand("sentiment", holders=("a",)), Demand("topic", holders=("a",))]
+    assert plan("a", alone, demand) == Moves(release=("topic",))  # it claims it again at its next job
+    for busy in (Demand("topic", queued=1, holders=("a",)), Demand("topic", held=1, holders=("a",))):
+        assert plan("a", alone, [demand[0], busy]) == Moves()  # jobs waiting or in hand: it keeps the claim
+    assert plan("a", [*alone, WorkerView("b", 2)], demand) == Moves()  # not alone, and not over its slots
+
+
 def test_a_cold_model_goes_to_a_free_slot_before_an_idle_victim() -> None:
     workers = [WorkerView("a", 1, frozenset({"idle"}), idle_s={"idle": 100.0}), WorkerView("b", 1)]
     demand = [Demand("idle", holders=("a",)), Demand("new", queued=10)]

@@ -28,7 +28,8 @@ The rules, in order:
    idle victim would be done with it sooner than it would get to it (the model turns cold and rule 1 places it
    there; its waiting jobs go back to its lists), one with none whenever another worker has a free slot (the
    claim would only make this worker swap it in later while that slot stays empty) or none is live but it (it
-   claims the model again at its next job).
+   claims the model again at its next job). A worker alone releases such a claim with no jobs waiting or held even
+   with a slot to spare (its slots hold other models: it loads this one again at its next job either way).
 """
 
 from __future__ import annotations
@@ -266,16 +267,16 @@ def plan(
         if extra and d.waiting == 0 and idle_s.get(d.model_id, math.inf) > copy_idle_s:
             drop.append(d.model_id)
 
-    if board.free(me) < 0:
+    alone = len(board.workers) == 1
+    if board.free(me) < 0 or alone:
         me_view = board.workers[me]
         taken = {victim for _, _, victim in claim}
         unloaded = [
             m for m in board.claims[me]
             if m not in me_view.loaded and m not in taken and m not in drop and m in by_model
-            and by_model[m].holders == (me,)
+            and by_model[m].holders == (me,) and (board.free(me) < 0 or not (by_model[m].waiting or by_model[m].held))
         ]
         free_elsewhere = any(board.free(w) > 0 for w in board.workers if w != me)
-        alone = len(board.workers) == 1
         for m in sorted(unloaded, key=lambda m: (-by_model[m].waiting, m))[:1]:
             if not by_model[m].waiting:
                 if free_elsewhere or alone:  # nothing to hand over: the claim only keeps a free slot idle, or, alone,
