@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -110,10 +110,12 @@ class FakeWorker(ModelWorker, framework="fake"):
         cls.fail_to_host.clear()
 
 
-def write_fake_models(directory: Path, sizes: dict[str, int]) -> Path:
-    """A models.json with one fake text model per entry of ``sizes`` (id -> bytes)."""
+def write_fake_models(directory: Path, sizes: dict[str, int], kept: Collection[str] = ()) -> Path:
+    """A models.json with one fake text model per entry of ``sizes`` (id -> bytes); those in ``kept`` are kept
+    loaded (``keep_loaded``)."""
     entries = [
-        {"id": model_id, "name": f"size={size}", "type": "text", "framework": "fake", "description": "fake"}
+        {"id": model_id, "name": f"size={size}", "type": "text", "framework": "fake", "description": "fake",
+         **({"keep_loaded": True} if model_id in kept else {})}
         for model_id, size in sizes.items()
     ]
     path = directory / "models.json"
@@ -121,12 +123,12 @@ def write_fake_models(directory: Path, sizes: dict[str, int]) -> Path:
     return path
 
 
-def make_manager(tmp_path: Path, sizes: dict[str, int], **kwargs: object) -> ModelManager:
-    """A ModelManager over fake models of these sizes (``kwargs``: its limits)."""
+def make_manager(tmp_path: Path, sizes: dict[str, int], kept: Collection[str] = (), **kwargs: object) -> ModelManager:
+    """A ModelManager over fake models of these sizes, ``kept`` kept loaded (``kwargs``: its limits)."""
     from manager import ModelEngine, ModelManager, ModelStore
 
     engine = ModelEngine()
-    store = ModelStore.from_file(write_fake_models(tmp_path, sizes), engine.frameworks)
+    store = ModelStore.from_file(write_fake_models(tmp_path, sizes, kept), engine.frameworks)
     return ModelManager(store, engine, **kwargs)  # type: ignore[arg-type]
 
 

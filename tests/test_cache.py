@@ -248,3 +248,34 @@ def test_a_model_serving_interactive_jobs_is_resident_for_a_while(tmp_path: Path
     assert not manager.resident(manager.snapshot()[0])
     use(manager, "c")
     assert manager.loaded_ids() == ["b", "c"] and FakeWorker.unloads == {"a": 1, "chat": 1}
+
+
+def test_a_model_kept_loaded_by_its_spec_is_resident_without_any_traffic(tmp_path: Path) -> None:
+    manager = make_manager(tmp_path, {"chat": 1, "a": 1, "b": 1}, kept={"chat"}, max_models=2)
+    use(manager, "chat")
+    time.sleep(0.01)  # keep_interactive_s is 0 here: only the spec keeps it
+    with manager.use("a"):
+        assert not manager.load_ahead("b", {})  # a load ahead never evicts it
+    use(manager, "b")  # a group's load evicts every other model first
+    assert manager.loaded_ids() == ["chat", "b"] and FakeWorker.unloads == {"a": 1}
+    assert all(manager.resident(e) == (e.model_id == "chat") for e in manager.snapshot())
+
+
+def test_kept_models_are_loaded_at_start_as_many_as_the_cache_holds(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    from manager.batching.warmup import load_kept, warm_start
+
+    manager = make_manager(tmp_path, {"bulk": 1, "chat": 1, "code": 1, "vision": 1}, kept={"chat", "code", "vision"},
+                           max_models=2)
+    # the warm start warms every model, the kept ones last, and leaves those loaded
+    took = warm_start(manager, manager.factory)  # type: ignore[arg-type]
+    assert next(iter(took)) == "bulk" and sorted(took) == ["bulk", "chat", "code", "vision"]
+    assert manager.loaded_ids() == ["code", "vision"]
+    manager.evict("code")
+    manager.evict("vision")
+    with caplog.at_level("WARNING"):
+        assert load_kept(manager, skip={"chat"}) == ["code", "vision"]
+        assert load_kept(manager) == []  # two kept models fill the cache: chat does not push one out
+    assert manager.loaded_ids() == ["code", "vision"]
+    assert "chat is kept loaded by its spec but the cache already holds 2 kept model(s), its limit" in caplog.text
+    assert "raise SWAPLESS_MAX_MODELS" in caplog.text

@@ -49,3 +49,26 @@ def test_an_interactive_job_runs_while_a_bulk_model_loads_and_its_model_stays(
     # bulk-b, not chat (the least recently used), made room; chat was never unloaded
     assert "unloading bulk-b" in log and "unloading chat" not in log
     assert log.count("loaded chat (") == 1
+
+
+def test_a_model_kept_loaded_by_the_models_file_is_loaded_before_ready_and_stays(
+    swapless_env: dict[str, str], start_worker: Callable[..., WorkerProcess], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    chat = {**simulated_entry("chat", 0.5, 0.005, 0.0002), "keep_loaded": True}
+    models = write_models_file(tmp_path, [simulated_entry("bulk-a", 0.3, 0.01, 0.001), chat,
+                                          simulated_entry("bulk-b", 0.3, 0.01, 0.001)])
+    monkeypatch.setenv("SWAPLESS_MODELS_FILE", str(models))
+    env = {"SWAPLESS_MODELS_FILE": str(models), "SWAPLESS_PLUGINS": "bench.simulated", "SWAPLESS_MAX_MODELS": "2",
+           "SWAPLESS_WARM_START": "false"}
+    worker = start_worker(env=env)
+    log = worker.log()
+    assert log.index("loaded chat (") < log.index("swapless worker ready"), log[-2000:]  # no job asked for it
+    with Client() as client:
+        for model_id in ["bulk-a", "bulk-b", "bulk-a"]:  # under plain LRU the second group evicts chat, never used
+            client.gather(client.submit_jobs([(model_id, f"{model_id} {i}") for i in range(20)], priority="bulk"),
+                          timeout=30)
+        assert client.submit("chat", "hello", priority="interactive").get(timeout=30)
+    log = worker.log()
+    assert "unloading chat" not in log and log.count("loaded chat (") == 1
+    assert log.count("unloading bulk-") >= 2  # the bulk models made room for each other

@@ -11,6 +11,9 @@ workers (``tasks.worker.learned``) gets one pass at its best size instead. Model
 those used before, and the warm start stops at ``SWAPLESS_WARM_START_BUDGET_S`` (a registry of hundreds of models
 still starts in seconds). Start-up takes longer (a few seconds per model on a CPU), the first jobs of each model run
 at the speed of later ones. Remote models (Triton) are skipped: Triton has its own ``model_warmup``.
+
+Models kept loaded by their spec (``keep_loaded``) are warmed last and stay loaded; ``load_kept`` then loads those
+the warm start did not reach (or all of them, with the warm start off), as many as the cache holds.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from manager.cache.lru import ModelManager
 from manager.frameworks.engine import ModelEngine
 from manager.registry.specs import InputType, ModelSpec
 
-__all__ = ["warm_input", "warm_start"]
+__all__ = ["load_kept", "warm_input", "warm_start"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +94,7 @@ def warm_start(
     began = time.perf_counter()
     ids = [m for m in dict.fromkeys([*[m for m in order if m in manager.store.ids()], *manager.store.ids()])
            if m not in skip]
+    ids.sort(key=lambda m: manager.store.get(m).keep_loaded)  # kept models last: they stay loaded after
     for model_id in ids:
         spec = manager.store.get(model_id)
         if total_budget_s is not None and time.perf_counter() - began >= total_budget_s:
@@ -111,7 +115,8 @@ def warm_start(
             logger.warning("warm start of %s skipped: %s", spec.id, err)
             continue
         finally:
-            manager.evict(spec.id)
+            if not spec.keep_loaded:
+                manager.evict(spec.id)
         took[spec.id] = time.perf_counter() - started
         tuner = engine.tuner(spec.id)
         costs = ", ".join(
@@ -119,6 +124,43 @@ def warm_start(
         )
         logger.info("warmed %s in %.2f s (per input at batch size %s)", spec.id, took[spec.id], costs or "-")
     return took
+
+
+def load_kept(manager: ModelManager, skip: Collection[str] = ()) -> list[str]:
+    """Load the models kept loaded by their spec (``ModelSpec.keep_loaded``) and not loaded yet, in registry order,
+    as many as the cache's count limits hold (a load that would evict another kept model is not made); returns
+    those loaded now. A failed load is logged and skipped: its first job tries again and fails alone."""
+    kept = [spec for spec in manager.store if spec.keep_loaded and spec.id not in skip]
+    limits = {False: manager.max_models, True: manager.remote_max_models}
+    room = {remote: limit - sum(1 for e in manager.snapshot() if e.remote == remote and e.worker.spec.keep_loaded)
+            for remote, limit in limits.items()}
+    loaded: list[str] = []
+    for spec in kept:
+        if manager.is_loaded(spec.id):
+            continue
+        remote = manager.factory(spec).remote
+        if room[remote] < 1:
+            logger.warning("%s is kept loaded by its spec but the cache already holds %d kept model(s), its limit; it "
+                           "loads on its first job (raise %s)", spec.id, limits[remote],
+                           "SWAPLESS_TRITON_MAX_MODELS" if remote else "SWAPLESS_MAX_MODELS")
+            continue
+        others = [e.model_id for e in manager.snapshot() if e.worker.spec.keep_loaded]
+        try:
+            with manager.use(spec.id, dict.fromkeys(others, 1)):
+                pass
+        except SwaplessError as err:
+            logger.warning("could not load %s, kept loaded by its spec: %s", spec.id, err)
+            continue
+        room[remote] -= 1
+        loaded.append(spec.id)
+        gone = [m for m in others if not manager.is_loaded(m)]
+        if gone:  # a byte budget too small for them all: the kept models would only push one another out
+            logger.warning("loading %s, kept loaded by its spec, evicted %s (the memory budget holds no more); the "
+                           "rest load on their first jobs", spec.id, ", ".join(gone))
+            break
+    if loaded:
+        logger.info("loaded %s: kept loaded by the models file", ", ".join(loaded))
+    return loaded
 
 
 def _warm_at(worker: Any, spec: ModelSpec, size: int) -> None:

@@ -10,10 +10,11 @@ waiting work (never one in use) makes, and, under a byte budget, only for a mode
 earlier load, and never while another load of its pool runs. A ``use`` of a model being loaded waits for that
 load instead of starting another.
 
-Models that served interactive jobs in the last ``keep_interactive_s`` are resident: a load ahead never evicts
-them, and a load a group needs evicts them last (``manager.cache.eviction``). Interactive traffic is sparse (a few
-jobs a second on a model, none waiting between them): under plain LRU a bulk burst evicts those models between two
-jobs, and each interactive caller then waits for a reload.
+Models kept loaded by their spec (``keep_loaded``), and those that served interactive jobs in the last
+``keep_interactive_s``, are resident: a load ahead never evicts them, and a load a group needs evicts them last
+(``manager.cache.eviction``). Interactive traffic is sparse (a few jobs a second on a model, none waiting between
+them): under plain LRU a bulk burst evicts those models between two jobs, and each interactive caller then waits
+for a reload.
 
 Local loads run one at a time (remote loads, on a server, do not): two at once on one device only share its
 bandwidth, and libraries with lazy imports are not thread-safe on first use (two transformers loads in two threads
@@ -138,7 +139,10 @@ class ModelManager:
             return model_id in self._loading
 
     def resident(self, entry: LoadedModel, now: float | None = None) -> bool:
-        """Whether ``entry`` served interactive jobs in the last ``keep_interactive_s`` (see the module docstring)."""
+        """Whether ``entry`` is kept loaded (``ModelSpec.keep_loaded``) or served interactive jobs in the last
+        ``keep_interactive_s`` (see the module docstring)."""
+        if entry.worker.spec.keep_loaded:
+            return True
         now = time.monotonic() if now is None else now
         return entry.interactive_at is not None and now - entry.interactive_at < self.keep_interactive_s
 

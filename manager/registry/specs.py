@@ -40,6 +40,9 @@ class ModelSpec(BaseModel):
         dtype: the dtype of the parameters once loaded (``float32``, ``float16``, ``bfloat16``; transformers and
             torchvision models): half the memory in 16 bits. Unset keeps the checkpoint's. Scores are computed in
             float32 either way.
+        keep_loaded: loaded when a worker starts and kept resident: a load ahead never evicts it, a load a group
+            needs evicts it after every other model, and placement never moves it away from a worker. For a model
+            whose callers wait on it (a chat model, an SLA) and whose traffic is too sparse to keep it warm under LRU.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -58,6 +61,7 @@ class ModelSpec(BaseModel):
     triton_url: str | None = None
     labels_file: Path | None = None
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
+    keep_loaded: bool = False
 
     @model_validator(mode="after")
     def _check_dtype(self) -> ModelSpec:

@@ -37,7 +37,7 @@ from celery.worker import state as worker_state
 from config.errors import SwaplessError
 from config.settings import Settings, get_settings
 from manager import ModelEngine
-from manager.batching.warmup import warm_start
+from manager.batching.warmup import load_kept, warm_start
 from tasks.broker.acks import AckQueue
 from tasks.broker.connection import RedisHealth, ReplicaWait, redis_client
 from tasks.broker.queues import ChannelHooks
@@ -111,16 +111,25 @@ class WorkerContext:
             except Exception as err:  # noqa: BLE001 - what was learned only saves time
                 logger.warning("could not read what earlier workers learned (%s); learning afresh", err)
             after_beat.append(functools.partial(learned.save, runtime.manager, engine))
-        if s.warm_start and isinstance(engine, ModelEngine):
+        warming = s.warm_start and isinstance(engine, ModelEngine)
+        kept = [spec.id for spec in runtime.store if spec.keep_loaded]
+        if warming or kept:
             order = [*self._models_with_jobs_waiting(), *records]
-            skip = self._measured_if_joining(records, kind)
+            others = self._others_live()
+            skip = self._measured_if_joining(records, kind, others) if others else set()
+            # a worker joining a fleet under placement loads no kept model: the fleet holds them, placement gives
+            # this one what it needs
+            skip_kept = set(kept) if others and s.routing == "placement" else set()
 
             def warm() -> None:
                 started = time.perf_counter()
-                took = warm_start(runtime.manager, engine, total_budget_s=s.warm_start_budget_s, order=order,
-                                  tuned=set(records), skip=skip)
-                logger.info("warm start on %s: %d model(s) in %.1f s", threading.current_thread().name, len(took),
-                            time.perf_counter() - started)
+                if warming:
+                    assert isinstance(engine, ModelEngine)
+                    took = warm_start(runtime.manager, engine, total_budget_s=s.warm_start_budget_s, order=order,
+                                      tuned=set(records), skip=skip | skip_kept)
+                    logger.info("warm start on %s: %d model(s) in %.1f s", threading.current_thread().name,
+                                len(took), time.perf_counter() - started)
+                load_kept(runtime.manager, skip=skip_kept)
 
             self.scheduler.start(first=warm)  # on the thread that will run the jobs
             self.scheduler.ready.wait()
@@ -136,19 +145,20 @@ class WorkerContext:
                         s.queue)
         logger.info("swapless worker ready: models %s", ", ".join(runtime.store.ids()))
 
-    def _measured_if_joining(self, records: dict[str, Any], kind: str) -> set[str]:
-        """The models a worker joining a fleet need not warm: with other live workers on its queue, those whose
-        load and batch costs were measured on its kind of device (it loads them when placement gives it one, and
-        serves seconds after it starts); alone, none (it is the fleet: its first jobs should not pay for it)."""
+    def _others_live(self) -> int:
+        """How many other workers are live on this queue (0 when their heartbeats cannot be read)."""
         try:
-            others = [b for b in read_heartbeats(self.control, self.keyspace) if b.queue == self.settings.queue]
+            return sum(1 for b in read_heartbeats(self.control, self.keyspace) if b.queue == self.settings.queue)
         except Exception:  # noqa: BLE001 - only saves time
-            return set()
-        if not others:
-            return set()
+            return 0
+
+    def _measured_if_joining(self, records: dict[str, Any], kind: str, others: int) -> set[str]:
+        """The models a worker joining a fleet need not warm: those whose load and batch costs were measured on its
+        kind of device (it loads them when placement gives it one, and serves seconds after it starts). Alone, a
+        worker warms them all (it is the fleet: its first jobs should not pay for it)."""
         measured = {m for m, r in records.items() if r.get("batch_costs_s") and r.get("load_s") is not None}
         logger.info("joining %d live worker(s) on %s: not warming the %d model(s) measured there before (%s)",
-                    len(others), kind, len(measured), ", ".join(sorted(measured)) or "-")
+                    others, kind, len(measured), ", ".join(sorted(measured)) or "-")
         return measured
 
     def _models_with_jobs_waiting(self) -> list[str]:
