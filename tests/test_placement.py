@@ -125,11 +125,13 @@ def test_an_over_claimed_worker_frees_an_idle_model_it_has_not_loaded_for_a_free
 
 def test_a_worker_alone_gives_up_the_claim_of_a_model_it_evicted_and_has_no_jobs_for() -> None:
     # claims sentiment and topic, two slots; topic was evicted for spam, whose job came through the ingress
-    alone = [WorkerView("a", 2, frozenset({"sentiment", "spam"}))]
-    demand = [Demand("sentiment", holders=("a",)), Demand("topic", holders=("a",))]
+    alone = [WorkerView("a", 2, frozenset({"sentiment", "spam"}), idle_s={"topic": 3.0})]
+    demand = [Demand("sentiment", holders=("a",)), Demand("topic", holders=("a",), load_s=2.0)]
     assert plan("a", alone, demand) == Moves(release=("topic",))  # it claims it again at its next job
     for busy in (Demand("topic", queued=1, holders=("a",)), Demand("topic", held=1, holders=("a",))):
         assert plan("a", alone, [demand[0], busy]) == Moves()  # jobs waiting or in hand: it keeps the claim
+    for fresh in ({"topic": 1.0}, {}):  # it ran just now, or never: on its way in, perhaps, for jobs in hand
+        assert plan("a", [WorkerView("a", 2, frozenset({"sentiment", "spam"}), idle_s=fresh)], demand) == Moves()
     assert plan("a", [*alone, WorkerView("b", 2)], demand) == Moves()  # not alone, and not over its slots
 
 

@@ -28,8 +28,9 @@ The rules, in order:
    idle victim would be done with it sooner than it would get to it (the model turns cold and rule 1 places it
    there; its waiting jobs go back to its lists), one with none whenever another worker has a free slot (the
    claim would only make this worker swap it in later while that slot stays empty) or none is live but it (it
-   claims the model again at its next job). A worker alone releases such a claim with no jobs waiting or held even
-   with a slot to spare (its slots hold other models: it loads this one again at its next job either way).
+   claims the model again at its next job). A worker alone releases such a claim with a slot to spare too, once the
+   model has been idle there longer than its load with no jobs waiting or held: evicted, not on its way in (its
+   slots hold other models; it loads this one again at its next job either way).
 """
 
 from __future__ import annotations
@@ -274,7 +275,7 @@ def plan(
         unloaded = [
             m for m in board.claims[me]
             if m not in me_view.loaded and m not in taken and m not in drop and m in by_model
-            and by_model[m].holders == (me,) and (board.free(me) < 0 or not (by_model[m].waiting or by_model[m].held))
+            and by_model[m].holders == (me,) and (board.free(me) < 0 or _evicted_idle(me_view, by_model[m]))
         ]
         free_elsewhere = any(board.free(w) > 0 for w in board.workers if w != me)
         for m in sorted(unloaded, key=lambda m: (-by_model[m].waiting, m))[:1]:
@@ -288,3 +289,11 @@ def plan(
                 release.append(m)
 
     return Moves(tuple(claim), tuple(release), tuple(drop))
+
+
+def _evicted_idle(view: WorkerView, d: Demand) -> bool:
+    """Whether ``d``'s model ran on ``view``'s worker and has been idle there longer than its load, with no jobs
+    waiting or held: evicted a while ago, not on its way in (a model being loaded for jobs in hand is not loaded
+    yet either, but it ran just now or never)."""
+    idle = view.idle_s.get(d.model_id)
+    return idle is not None and idle > d.load_s and not (d.waiting or d.held)
