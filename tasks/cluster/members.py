@@ -61,7 +61,8 @@ class LoadedEntry(_Model):
     loaded_at: float
     #: ``device`` or ``host`` (``manager.cache.entries.Tier``)
     tier: str = "device"
-    #: It served interactive jobs lately: resident (``SWAPLESS_KEEP_INTERACTIVE_S``).
+    #: Resident: it served interactive jobs lately (``SWAPLESS_KEEP_INTERACTIVE_S``) or its spec keeps it loaded
+    #: (``keep_loaded``); either way its next callers would wait for its load.
     interactive: bool = False
 
 
