@@ -72,3 +72,20 @@ def test_a_model_kept_loaded_by_the_models_file_is_loaded_before_ready_and_stays
     log = worker.log()
     assert "unloading chat" not in log and log.count("loaded chat (") == 1
     assert log.count("unloading bulk-") >= 2  # the bulk models made room for each other
+
+
+def test_a_worker_joining_a_fleet_leaves_the_kept_models_to_it(
+    swapless_env: dict[str, str], start_worker: Callable[..., WorkerProcess], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    chat = {**simulated_entry("chat", 0.3, 0.005, 0.0002), "keep_loaded": True}
+    models = write_models_file(tmp_path, [chat, simulated_entry("bulk", 0.3, 0.01, 0.001)])
+    monkeypatch.setenv("SWAPLESS_MODELS_FILE", str(models))
+    env = {"SWAPLESS_MODELS_FILE": str(models), "SWAPLESS_PLUGINS": "bench.simulated", "SWAPLESS_WARM_START": "false"}
+    first = start_worker(env=env)
+    assert "loaded chat (" in first.log()
+    joining = start_worker(env=env)  # placement routing (the default): the fleet holds chat already
+    assert "loaded chat (" not in joining.log()
+    with Client() as client:
+        assert client.submit("chat", "hello", priority="interactive").get(timeout=30)
+    assert "loaded chat (" not in joining.log() and first.log().count("loaded chat (") == 1  # served where it was
