@@ -290,6 +290,7 @@ def test_models_shows_the_registry_beside_what_each_worker_has_loaded(stack: Sta
     by_id = {m["id"]: m for m in view["models"]}
     assert list(by_id) == ["sentiment", "spam", "topic", "vision"]
     assert by_id["vision"]["type"] == "image" and by_id["vision"]["framework"] == "torchvision"
+    assert not any(m["keep_loaded"] for m in view["models"])  # none kept in this models file
     assert by_id["spam"]["loaded_on"] == [] and by_id["vision"]["loaded_on"] == []
     [where] = by_id["sentiment"]["loaded_on"]
     assert where["worker"].startswith("gw@") and where["bytes"] > 1_000_000 and where["load_s"] > 0

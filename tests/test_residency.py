@@ -13,6 +13,7 @@ from bench.simulated import simulated_entry
 from tasks.client import Client
 from tests.conftest import WorkerProcess
 from tests.faultkit import wait_for
+from tests.stack import run_cli
 from tests.tinymodels import write_models_file
 
 pytestmark = pytest.mark.slow
@@ -72,6 +73,9 @@ def test_a_model_kept_loaded_by_the_models_file_is_loaded_before_ready_and_stays
     log = worker.log()
     assert "unloading chat" not in log and log.count("loaded chat (") == 1
     assert log.count("unloading bulk-") >= 2  # the bulk models made room for each other
+    listed = run_cli("models", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split("│")[7].strip() for line in listed.stdout.splitlines() if "simulated" in line] == ["", "yes", ""]
 
 
 def test_a_worker_joining_a_fleet_leaves_the_kept_models_to_it(

@@ -207,11 +207,14 @@ def models(models: ModelsOption = None) -> None:
     except SwaplessError as err:
         fail(err)
     table = Table(title=f"{len(store)} models")
-    for column in ("id", "aliases", "type", "framework", "name", "version", "description"):
+    kept = any(spec.keep_loaded for spec in store)  # the column only where the file keeps some model loaded
+    for column in ("id", "aliases", "type", "framework", "name", "version", *(["kept loaded"] if kept else []),
+                   "description"):
         table.add_column(column, overflow="fold")
     for spec in store:
         table.add_row(
-            spec.id, ", ".join(spec.aliases), spec.type.value, spec.framework, spec.name, spec.version, spec.description
+            spec.id, ", ".join(spec.aliases), spec.type.value, spec.framework, spec.name, spec.version,
+            *(["yes" if spec.keep_loaded else ""] if kept else []), spec.description,
         )
     console.print(table)
     if store.routes:

@@ -186,7 +186,7 @@ def rest_router(plane: DataPlane) -> APIRouter:
             views.append(
                 ModelView(
                     id=spec.id, aliases=list(spec.aliases), type=spec.type.value, framework=spec.framework,
-                    name=spec.name, version=spec.version, description=spec.description,
+                    name=spec.name, version=spec.version, description=spec.description, keep_loaded=spec.keep_loaded,
                     waiting=depth.by_model.get(spec.id, 0), held=place.held,
                     claimed_by=list(place.holder_ids), loaded_on=loaded_on, host_on=host_on,
                 )

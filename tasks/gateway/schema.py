@@ -109,6 +109,7 @@ class ModelView(_Body):
     name: str
     version: str
     description: str
+    keep_loaded: bool = Field(False, description="loaded when a worker starts and kept loaded (its models-file entry)")
     waiting: int = Field(description="messages waiting in Redis: in the model's own lists (exact) and the ingress")
     held: int = Field(0, description="jobs fetched by workers, not yet finished")
     claimed_by: list[str] = Field(default_factory=list, description="workers holding a claim: they fetch its jobs")
