@@ -130,28 +130,25 @@ def load_kept(manager: ModelManager, skip: Collection[str] = ()) -> list[str]:
     """Load the models kept loaded by their spec (``ModelSpec.keep_loaded``) and not loaded yet, in registry order,
     as many as the cache's count limits hold (a load that would evict another kept model is not made); returns
     those loaded now. A failed load is logged and skipped: its first job tries again and fails alone."""
-    kept = [spec for spec in manager.store if spec.keep_loaded and spec.id not in skip]
     limits = {False: manager.max_models, True: manager.remote_max_models}
-    room = {remote: limit - sum(1 for e in manager.snapshot() if e.remote == remote and e.worker.spec.keep_loaded)
-            for remote, limit in limits.items()}
     loaded: list[str] = []
-    for spec in kept:
-        if manager.is_loaded(spec.id):
+    for spec in manager.store:
+        if not spec.keep_loaded or spec.id in skip or manager.is_loaded(spec.id):
             continue
         remote = manager.factory(spec).remote
-        if room[remote] < 1:
+        kept = [e for e in manager.snapshot() if e.worker.spec.keep_loaded]
+        if sum(1 for e in kept if e.remote == remote) >= limits[remote]:
             logger.warning("%s is kept loaded by its spec but the cache already holds %d kept model(s), its limit; it "
                            "loads on its first job (raise %s)", spec.id, limits[remote],
                            "SWAPLESS_TRITON_MAX_MODELS" if remote else "SWAPLESS_MAX_MODELS")
             continue
-        others = [e.model_id for e in manager.snapshot() if e.worker.spec.keep_loaded]
+        others = [e.model_id for e in kept]
         try:
             with manager.use(spec.id, dict.fromkeys(others, 1)):
                 pass
         except SwaplessError as err:
             logger.warning("could not load %s, kept loaded by its spec: %s", spec.id, err)
             continue
-        room[remote] -= 1
         loaded.append(spec.id)
         gone = [m for m in others if not manager.is_loaded(m)]
         if gone:  # a byte budget too small for them all: the kept models would only push one another out

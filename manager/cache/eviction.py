@@ -11,7 +11,7 @@ __all__ = ["Cached", "choose_victims"]
 @dataclass(frozen=True)
 class Cached:
     """One loaded model as the eviction policy sees it, in least-recently-used-first order. ``resident``: it served
-    interactive jobs recently (``ModelManager``'s ``keep_interactive_s``)."""
+    interactive jobs recently, or its spec keeps it loaded (``ModelManager.resident``)."""
 
     model_id: str
     size_bytes: int
@@ -32,8 +32,8 @@ def choose_victims(
 
     Pinned models (a batch in flight) are never chosen. Among the others, in LRU order within each step: models with
     no waiting jobs (``keep`` maps model id to waiting jobs), then models that still have work, then resident models
-    (those that served interactive jobs recently: their next job is likely seconds away, and an interactive caller
-    waits for its load), with no waiting jobs first.
+    (kept loaded, or serving interactive jobs lately: their next job is likely seconds away, and an interactive
+    caller waits for its load), with no waiting jobs first.
 
     Returns:
         the ids to evict (possibly empty), or None when even evicting every unpinned model is not enough.

@@ -111,9 +111,9 @@ class WorkerContext:
             except Exception as err:  # noqa: BLE001 - what was learned only saves time
                 logger.warning("could not read what earlier workers learned (%s); learning afresh", err)
             after_beat.append(functools.partial(learned.save, runtime.manager, engine))
-        warming = s.warm_start and isinstance(engine, ModelEngine)
+        warming = engine if s.warm_start and isinstance(engine, ModelEngine) else None
         kept = [spec.id for spec in runtime.store if spec.keep_loaded]
-        if warming or kept:
+        if warming is not None or kept:
             order = [*self._models_with_jobs_waiting(), *records]
             others = self._others_live()
             skip = self._measured_if_joining(records, kind, others) if others else set()
@@ -123,9 +123,8 @@ class WorkerContext:
 
             def warm() -> None:
                 started = time.perf_counter()
-                if warming:
-                    assert isinstance(engine, ModelEngine)
-                    took = warm_start(runtime.manager, engine, total_budget_s=s.warm_start_budget_s, order=order,
+                if warming is not None:
+                    took = warm_start(runtime.manager, warming, total_budget_s=s.warm_start_budget_s, order=order,
                                       tuned=set(records), skip=skip | skip_kept)
                     logger.info("warm start on %s: %d model(s) in %.1f s", threading.current_thread().name,
                                 len(took), time.perf_counter() - started)

@@ -80,8 +80,7 @@ class Shadows:
                 self.observer.on_shadow(route_id, served_model, shadow_model, agreed, n)
 
 
-#: Suffix of the key where shadows that finished before their served job wait for it (beside its reference's key:
-#: the same Redis Cluster slot).
+#: Suffix of the key where shadows that finished before their served job wait for it, beside its reference's key.
 _WAITING = ":waiting"
 
 #: The served side: keep the reference (KEYS[1]) and take the shadows waiting for it (KEYS[2]).
