@@ -1,6 +1,7 @@
 FROM python:3.11-slim
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
+COPY src src
 COPY tasks tasks
 COPY manager manager
 COPY config config

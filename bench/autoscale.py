@@ -132,7 +132,7 @@ class Fleet:
         time.sleep(delay_s)
         life.started_at = time.monotonic()
         log = OUT / "autoscale" / f"{self.name}-{life.name}.log"
-        life.process = Process([sys.executable, "-m", "tasks.cli", "worker", "--hostname", f"{life.name}@bench",
+        life.process = Process([sys.executable, "-m", "swapless", "worker", "--hostname", f"{life.name}@bench",
                                 "--loglevel", "INFO"], self.env, log)
         while "ready." not in life.process.text():
             if life.process.proc.poll() is not None:
@@ -159,7 +159,7 @@ class Fleet:
         def run() -> None:
             if life.worker_id is None:
                 return
-            subprocess.run([sys.executable, "-m", "tasks.cli", "drain", life.worker_id, "--timeout", "60"],
+            subprocess.run([sys.executable, "-m", "swapless", "drain", life.worker_id, "--timeout", "60"],
                            cwd=REPO, env={**os.environ, **self.env}, capture_output=True, check=False)
 
         threading.Thread(target=run, daemon=True).start()
@@ -240,8 +240,8 @@ class Autoscaler:
         return int(float(found.group(1)))
 
     def _cheapest(self, candidates: list[Life]) -> Life:
-        from tasks.cluster.members import read_heartbeats
-        from tasks.observe.scaling import removal_costs
+        from swapless.tasks.cluster.members import read_heartbeats
+        from swapless.tasks.observe.scaling import removal_costs
 
         costs = removal_costs(read_heartbeats(self.client, self.keyspace))
         unknown = (0.0, False, 0.0)
@@ -320,9 +320,9 @@ def learn(models: Path, day: Day) -> dict[bytes, bytes]:
 
 def run_day(kind: str, day: Day, models: Path, learned: dict[bytes, bytes], join_s: float) -> Outcome:
     """One fleet through one day (``kind``: autoscaled, fixed-1, fixed-N, oracle)."""
-    from config.settings import Settings
-    from tasks.client import Client
-    from tasks.keyspace import Keyspace
+    from swapless.config.settings import Settings
+    from swapless.tasks.client import Client
+    from swapless.tasks.keyspace import Keyspace
 
     prefix = fresh_prefix(f"autoscale-{kind}")
     client = redis.Redis.from_url(REDIS_URL)
@@ -339,7 +339,7 @@ def run_day(kind: str, day: Day, models: Path, learned: dict[bytes, bytes], join
     exporter = autoscaler = None
     if kind == "autoscaled":
         port = _free_port()
-        exporter = Process([sys.executable, "-m", "tasks.cli", "exporter", "--port", str(port)], env,
+        exporter = Process([sys.executable, "-m", "swapless", "exporter", "--port", str(port)], env,
                            OUT / "autoscale" / f"{kind}-exporter.log")
         exporter.wait_for("Ctrl-C", 60)
         autoscaler = Autoscaler(fleet, day, f"http://127.0.0.1:{port}/metrics", client, keyspace)

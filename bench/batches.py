@@ -42,7 +42,7 @@ def write_inputs(directory: Path, records: int) -> tuple[Path, Path]:
 
 def run_bulk(env: dict[str, str], source: Path, out: Path) -> float:
     out.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "tasks.cli", "bulk", MODEL, str(source), "-o", str(out), "--id-field", "id",
+    argv = [sys.executable, "-m", "swapless", "bulk", MODEL, str(source), "-o", str(out), "--id-field", "id",
             "--progress", "none"]
     started = time.perf_counter()
     subprocess.run(argv, cwd=REPO, env={**os.environ, **env}, check=True, stdout=subprocess.DEVNULL,
@@ -95,9 +95,9 @@ def main() -> None:
            "SWAPLESS_MODELS_FILE": str(models_file), "SWAPLESS_DEVICE": "cpu", "SWAPLESS_PLUGINS": "bench.simulated",
            "SWAPLESS_API_KEYS": KEY, "SWAPLESS_BATCH_FILES_URL": str(work / "files"),
            "SWAPLESS_BATCH_MAX_LINES": str(max(args.records, 100_000)), "SWAPLESS_WARM_START": "false"}
-    worker = Process([sys.executable, "-m", "tasks.cli", "worker", "--hostname", "bench-batches@%h"], env,
+    worker = Process([sys.executable, "-m", "swapless", "worker", "--hostname", "bench-batches@%h"], env,
                      work / "worker.log")
-    gateway = Process([sys.executable, "-m", "tasks.cli", "serve", "--port", str(port), "--log-level", "warning"],
+    gateway = Process([sys.executable, "-m", "swapless", "serve", "--port", str(port), "--log-level", "warning"],
                       env, work / "gateway.log")
     rows = []
     try:

@@ -1,6 +1,6 @@
 """Benchmark of bulk jobs: `python -m bench.bulk --records 100000`.
 
-On one tiny text model (random-weight BERT, ``manager.demo.tiny``), in one run:
+On one tiny text model (random-weight BERT, ``swapless.manager.demo.tiny``), in one run:
 
 1. in-process batched throughput: ``run_group`` over groups of 256 in this process (the worker's own compute path,
    no queue), measured just before and just after the full bulk run (the machine may be shared: both are shown);
@@ -40,7 +40,7 @@ MODEL = "sentiment"
 
 
 def build_model() -> Path:
-    from manager.demo.models import build_demo_models
+    from swapless.manager.demo.models import build_demo_models
 
     directory = OUT / "bulk-models"
     models_file = directory / "models.json"
@@ -49,7 +49,7 @@ def build_model() -> Path:
 
 def write_input(path: Path, records: int, seed: int = 0) -> list[str]:
     """``records`` short reviews (5 to 30 words of the tiny vocabulary), one JSON object per line."""
-    from manager.demo.tiny import vocabulary
+    from swapless.manager.demo.tiny import vocabulary
 
     rng = random.Random(seed)
     words = [w for w in vocabulary(3000) if w.isalpha()]
@@ -63,7 +63,7 @@ def write_input(path: Path, records: int, seed: int = 0) -> list[str]:
 def in_process_rate(models_file: Path, texts: list[str], records: int, group: int = 256) -> tuple[float, float]:
     """Records/s of the worker's compute path in this process (run_group over groups of ``group``), and its CPU
     seconds per 1000 records."""
-    from manager import Job, ModelEngine, ModelManager, ModelStore, WorkerLimits, run_group
+    from swapless.manager import Job, ModelEngine, ModelManager, ModelStore, WorkerLimits, run_group
 
     engine = ModelEngine(WorkerLimits(device="cpu"))
     manager = ModelManager(ModelStore.from_file(models_file, engine.frameworks), engine)
@@ -107,7 +107,7 @@ def run_bulk(
 
     ``stop_after=(lines, signal)`` sends the signal once the output has that many lines.
     """
-    argv = [sys.executable, "-m", "tasks.cli", "bulk", MODEL, str(source), "-o", str(out), "--id-field", "id",
+    argv = [sys.executable, "-m", "swapless", "bulk", MODEL, str(source), "-o", str(out), "--id-field", "id",
             "--progress", "none", *extra]
     log = out.with_suffix(".log")
     worker_ps = psutil.Process(worker.proc.pid)
@@ -197,7 +197,7 @@ def main() -> None:
     }
     load_before = os.getloadavg()[0]
     rates_in_process: list[float] = []
-    worker = Process([sys.executable, "-m", "tasks.cli", "worker", "--loglevel", "INFO"], env, work / "worker.log")
+    worker = Process([sys.executable, "-m", "swapless", "worker", "--loglevel", "INFO"], env, work / "worker.log")
     rows: list[tuple[str, str]] = []
     try:
         worker.wait_for("ready", 120)
@@ -307,9 +307,9 @@ def main() -> None:
 
 _INTRO = """# Bulk jobs benchmark
 
-`python -m bench.bulk` runs one tiny random-weight BERT (`sentiment` of `manager.demo.tiny`: 2 layers, hidden 128) on
-short reviews (5-30 words) through `swapless bulk` (one worker process, the real Redis, default chunk size 256 and
-8 chunks in flight) and through the worker's own compute path in one process (`run_group`, groups of 256: no
+`python -m bench.bulk` runs one tiny random-weight BERT (`sentiment` of `swapless.manager.demo.tiny`: 2 layers, hidden
+128) on short reviews (5-30 words) through `swapless bulk` (one worker process, the real Redis, default chunk size 256
+and 8 chunks in flight) and through the worker's own compute path in one process (`run_group`, groups of 256: no
 queue), in the same run. Each command below replaces its own section.
 
 The machine these ran on is shared (other test suites and benchmarks run beside them; see the load average), so

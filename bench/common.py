@@ -44,13 +44,14 @@ def build_models(
     Args:
         directory: where the models and their ``models.json`` go; a directory that has a ``models.json`` already is
             taken as built.
-        text_models: ``(id, arch, preset)`` of the text classifiers (``manager.demo.tiny.build_text_classifier``).
-        image_models: ``(id, torchvision builder)`` of the image classifiers (``build_image_classifier``).
+        text_models: ``(id, arch, preset)`` of the text classifiers
+        (``swapless.manager.demo.tiny.build_text_classifier``). image_models: ``(id, torchvision builder)`` of the image
+        classifiers (``build_image_classifier``).
 
     Returns:
         The path of ``directory/models.json``. The defaults are the six models of ``bench.scheduler``.
     """
-    from manager.demo.tiny import (
+    from swapless.manager.demo.tiny import (
         build_image_classifier,
         build_text_classifier,
         write_models_file,
@@ -83,14 +84,14 @@ def build_models(
 
 
 def text_inputs(rng: random.Random, n: int) -> list[str]:
-    from manager.demo.tiny import vocabulary
+    from swapless.manager.demo.tiny import vocabulary
 
     words = [w for w in vocabulary(3000) if w.isalpha()]
     return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 40))) for _ in range(n)]
 
 
 def image_inputs(n: int) -> list[str]:
-    from manager.demo.tiny import encode_image
+    from swapless.manager.demo.tiny import encode_image
 
     pool = [encode_image(seed, size=(96, 72)) for seed in range(16)]
     return [pool[i % len(pool)] for i in range(n)]

@@ -57,7 +57,7 @@ def device_models(directory: Path) -> Path:
     """The models file of the device worker: ``dev`` (the stream's and the bulk drain's), ``dev-i`` (the same
     device costs, for the interactive jobs) and ``zero`` (costs nothing: the queue's own latency)."""
     from bench.simulated import simulated_entry
-    from manager.demo.tiny import write_models_file
+    from swapless.manager.demo.tiny import write_models_file
 
     directory.mkdir(parents=True, exist_ok=True)
     entries = [simulated_entry(m, 0.0, BATCH_S, ITEM_S) for m in ("dev", "dev-i")]
@@ -69,7 +69,7 @@ def device_models(directory: Path) -> Path:
 
 def device_limit(models_file: Path, jobs: int) -> tuple[float, float]:
     """(jobs/s of ``jobs`` inputs through the device model's passes back to back, median seconds of one full pass)."""
-    from manager import ModelEngine, ModelStore, WorkerLimits
+    from swapless.manager import ModelEngine, ModelStore, WorkerLimits
 
     engine = ModelEngine(WorkerLimits(device="cpu", max_batch_size=MAX_BATCH))
     worker = engine.build(ModelStore.from_file(models_file, engine.frameworks).get("dev"))
@@ -122,7 +122,7 @@ def stream(system: DeviceSwapless, jobs: list[tuple[str, str]], timeout_s: float
 
 def send_task_rate(system: DeviceSwapless, jobs: int) -> float:
     """Jobs/s ``send_task`` alone reaches from this process, to a queue of this prefix that no worker reads."""
-    from tasks.protocol import PREDICT_TASK
+    from swapless.tasks.protocol import PREDICT_TASK
 
     app = system.client.app
     queue = system.prefix + "send-only"

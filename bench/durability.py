@@ -30,11 +30,11 @@ from pathlib import Path
 import redis
 
 from bench.common import REPO
-from config.settings import load_settings
-from tasks.app import make_app
-from tasks.broker.connection import ReplicaWait
-from tasks.broker.results import ResultStore
-from tasks.client import Client
+from swapless.config.settings import load_settings
+from swapless.tasks.app import make_app
+from swapless.tasks.broker.connection import ReplicaWait
+from swapless.tasks.broker.results import ResultStore
+from swapless.tasks.client import Client
 
 
 def _free_port() -> int:

@@ -81,7 +81,7 @@ class Stack:
     own_keys: bool = True  # each attack with its own key: none is held back by another's turns
 
     def __enter__(self) -> Self:
-        from manager.demo.tiny import write_models_file
+        from swapless.manager.demo.tiny import write_models_file
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         models = write_models_file(self.workdir, [{"id": MODEL, "name": MODEL_NAME, "type": "text",
@@ -91,9 +91,9 @@ class Stack:
                "SWAPLESS_PLUGINS": "bench.simulated", "SWAPLESS_DEVICE": "cpu",
                "SWAPLESS_API_KEYS": ",".join(f"{key}:{MODEL}" for key in [GOOD, ATTACKER, *ATTACKER_KEYS])}
         self.client = redis.Redis.from_url(self.redis_url)
-        self.worker = Process([python(), "-m", "tasks.cli", "worker", "--hostname", f"gw-bench-{self.prefix}@%h"],
+        self.worker = Process([python(), "-m", "swapless", "worker", "--hostname", f"gw-bench-{self.prefix}@%h"],
                               env, self.workdir / "worker.log")
-        self.gateway = Process([python(), "-m", "tasks.cli", "serve", "--port", str(self.port), "--log-level",
+        self.gateway = Process([python(), "-m", "swapless", "serve", "--port", str(self.port), "--log-level",
                                 "warning"], env, self.workdir / "gateway.log")
         self.worker.wait_for("ready.")
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60,

@@ -4,10 +4,10 @@
     python -m bench.gpu --quick          # any machine (CI): tiny models, 1 repetition; writes bench/out/GPU-quick.md
     python -m bench.gpu --allow-cpu      # the full run on a machine without CUDA; writes bench/out/GPU-cpu.md
 
-Models (``manager.demo.tiny``: real architectures, random weights, real sizes, saved as checkpoints are): bert-tiny ×2,
-bert-mini, distilbert-base, bert-base (hidden 768, 12 layers, 12 heads), mobilenet_v2, resnet18 and resnet50;
-``--quick``: two bert-tiny and mobilenet_v3_small, one torch thread per process, the limit tried at batch sizes 8
-and 64 only (a check that every row is produced, not a measurement). Every repetition measures, on the
+Models (``swapless.manager.demo.tiny``: real architectures, random weights, real sizes, saved as checkpoints are):
+bert-tiny ×2, bert-mini, distilbert-base, bert-base (hidden 768, 12 layers, 12 heads), mobilenet_v2, resnet18 and
+resnet50; ``--quick``: two bert-tiny and mobilenet_v3_small, one torch thread per process, the limit tried at batch
+sizes 8 and 64 only (a check that every row is produced, not a measurement). Every repetition measures, on the
 device:
 
 1. per model, in this process: its load from its saved files, then one forward pass, then its unload, with

@@ -19,7 +19,7 @@ from bench.common import inputs_for
 from bench.profile import cpu_s
 
 if TYPE_CHECKING:
-    from manager.registry.specs import ModelSpec
+    from swapless.manager.registry.specs import ModelSpec
 
 __all__ = [
     "UNLOAD_TOLERANCE_BYTES",
@@ -123,8 +123,8 @@ def probe_loads(models_file: Path, info: DeviceInfo, seed: int = 0) -> list[Load
     Returns:
         One probe per model, in the file's order.
     """
-    from manager import ModelEngine, ModelStore, WorkerLimits
-    from manager.registry.specs import InputType
+    from swapless.manager import ModelEngine, ModelStore, WorkerLimits
+    from swapless.manager.registry.specs import InputType
 
     engine = ModelEngine(WorkerLimits(device=info.device))
     store = ModelStore.from_file(models_file, engine.frameworks)
@@ -180,7 +180,7 @@ def probe_tiers(models_file: Path, info: DeviceInfo) -> list[TierProbe]:
     """For each model of ``models_file`` in turn, through a cache of one model with a host tier: a load from disk, a
     hit, an eviction (a move to host memory), a swap-in from host memory; the CUDA allocator after each step. One
     unmeasured round per framework first (one-off costs, as ``probe_loads``)."""
-    from manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
+    from swapless.manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
 
     engine = ModelEngine(WorkerLimits(device=info.device))
     store = ModelStore.from_file(models_file, engine.frameworks)
@@ -225,7 +225,7 @@ def compute_cpu_ms_per_job(
     import os
     import statistics
 
-    from manager import ModelEngine, ModelStore, WorkerLimits
+    from swapless.manager import ModelEngine, ModelStore, WorkerLimits
 
     engine = ModelEngine(WorkerLimits(device=info.device, max_batch_size=batch_size, tune_batch_size=False))
     worker = engine.build(ModelStore.from_file(models_file, engine.frameworks).get(model_id))
@@ -293,6 +293,6 @@ class DeviceUse:
 def budget_in_effect() -> int | None:
     """The byte budget a ``swapless worker`` started from this environment with no ``--memory-budget`` runs with:
     ``SWAPLESS_MEMORY_BUDGET_BYTES``, which has no default (None: no byte limit, only ``--max-models``)."""
-    from config.settings import Settings
+    from swapless.config.settings import Settings
 
     return Settings().memory_budget_bytes

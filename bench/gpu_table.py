@@ -254,8 +254,8 @@ def render(results: Results, command: str, max_batch: int, stream_sample: int) -
         "",
         (
             "The cache's tiers, per model, through a `ModelManager` of one model with a host tier "
-            "(`manager.cache.host`): a `use` with the model only on disk (a load), a `use` while it is resident (a "
-            "hit), its eviction into host memory (pinned on CUDA), and a `use` from there (a copy back); "
+            "(`swapless.manager.cache.host`): a `use` with the model only on disk (a load), a `use` while it is "
+            "resident (a hit), its eviction into host memory (pinned on CUDA), and a `use` from there (a copy back); "
             "`torch.cuda.memory_allocated()` after each step."
         ),
         "",

@@ -16,7 +16,7 @@ from typing import Any
 
 from celery import Celery
 
-from manager import ModelEngine, ModelStore, ModelWorker, WorkerLimits
+from swapless.manager import ModelEngine, ModelStore, ModelWorker, WorkerLimits
 
 logger = logging.getLogger("bench.naive")
 

@@ -46,7 +46,7 @@ class Run:
 
 
 def _models_file(directory: Path) -> Path:
-    from manager.demo.tiny import write_models_file
+    from swapless.manager.demo.tiny import write_models_file
 
     directory.mkdir(parents=True, exist_ok=True)
     entry = simulated_entry(MODEL, 0.2, 0.1, 0.01)

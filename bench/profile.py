@@ -76,7 +76,7 @@ def main() -> None:
     if args.model == "real":
         models_file, model_id = build_models(), "tiny-a"
     else:
-        from manager.demo.tiny import write_models_file
+        from swapless.manager.demo.tiny import write_models_file
 
         directory = OUT / "profile-models"
         directory.mkdir(parents=True, exist_ok=True)
@@ -86,11 +86,11 @@ def main() -> None:
     env = {"SWAPLESS_REDIS_URL": REDIS_URL, "SWAPLESS_KEY_PREFIX": prefix, "SWAPLESS_QUEUE": prefix + "jobs",
            "SWAPLESS_MODELS_FILE": str(models_file), "SWAPLESS_PLUGINS": "bench.simulated", "SWAPLESS_DEVICE": "cpu",
            "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    worker = Process([sys.executable, "-m", "tasks.cli", "worker", "--loglevel", "INFO"], env,
+    worker = Process([sys.executable, "-m", "swapless", "worker", "--loglevel", "INFO"], env,
                      args.output / "worker.log")
     worker.wait_for("ready.")
-    from config.settings import Settings
-    from tasks.client import Client
+    from swapless.config.settings import Settings
+    from swapless.tasks.client import Client
 
     client = Client(settings=Settings(redis_url=REDIS_URL, key_prefix=prefix, queue=prefix + "jobs",
                                       models_file=models_file), forget=True)

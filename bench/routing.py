@@ -34,7 +34,7 @@ SPLIT = {"v1": 90, "v2": 10}
 
 
 def _models_file(directory: Path) -> Path:
-    from manager.demo.tiny import write_models_file
+    from swapless.manager.demo.tiny import write_models_file
 
     directory.mkdir(parents=True, exist_ok=True)
     entries = [
@@ -55,8 +55,8 @@ def split(cluster: Cluster, jobs: int) -> dict[str, float]:
 
 
 def shadow(cluster: Cluster, jobs: int = 200) -> tuple[dict[str, list[float]], tuple[int, int]]:
-    from tasks.broker.routes import read_shadow
-    from tasks.keyspace import Keyspace
+    from swapless.tasks.broker.routes import read_shadow
+    from swapless.tasks.keyspace import Keyspace
 
     client = cluster.client()
     for route in ("plain", "shadowed"):  # both models loaded, the first passes done

@@ -65,7 +65,7 @@ class Result:
 
 
 def _sim_models_file(directory: Path, hot_item_s: float) -> Path:
-    from manager.demo.tiny import write_models_file
+    from swapless.manager.demo.tiny import write_models_file
 
     directory.mkdir(parents=True, exist_ok=True)
     entries = []
@@ -109,7 +109,7 @@ class Cluster:
             "PYTHONPATH": str(REPO),
         }
         self.workers = [
-            Process([sys.executable, "-m", "tasks.cli", "worker", "--hostname", f"w{i}@bench", "--loglevel", "INFO"],
+            Process([sys.executable, "-m", "swapless", "worker", "--hostname", f"w{i}@bench", "--loglevel", "INFO"],
                     self.env, OUT / "scaleout" / f"{name}-w{i}.log")
             for i in range(n)
         ]
@@ -127,13 +127,13 @@ class Cluster:
 
     @property
     def learned_key(self) -> str:
-        from tasks.keyspace import Keyspace
+        from swapless.tasks.keyspace import Keyspace
 
         return Keyspace(self.prefix + "jobs", self.prefix).learned("cpu")
 
     def _wait_heartbeats(self, n: int, timeout_s: float = 30) -> None:
-        from tasks.cluster.members import read_heartbeats
-        from tasks.keyspace import Keyspace
+        from swapless.tasks.cluster.members import read_heartbeats
+        from swapless.tasks.keyspace import Keyspace
 
         deadline = time.monotonic() + timeout_s
         while len(read_heartbeats(self.redis, Keyspace(self.prefix + "jobs", self.prefix))) < n:
@@ -142,8 +142,8 @@ class Cluster:
             time.sleep(0.1)
 
     def client(self) -> object:
-        from config.settings import Settings
-        from tasks.client import Client
+        from swapless.config.settings import Settings
+        from swapless.tasks.client import Client
 
         settings = Settings(redis_url=REDIS_URL, key_prefix=self.prefix, queue=self.prefix + "jobs",
                             models_file=Path(self.env["SWAPLESS_MODELS_FILE"]), routing=self.env["SWAPLESS_ROUTING"])
@@ -227,7 +227,7 @@ def run_config(workload: str, n: int, routing: str, seed: int, real_models: Path
 
 
 def _failover(cluster: Cluster, jobs: list[tuple[str, str]]) -> Result:
-    from tasks.keyspace import Keyspace
+    from swapless.tasks.keyspace import Keyspace
 
     victim = cluster.workers[0]
     killed: dict[str, float] = {}

@@ -60,7 +60,7 @@ def measure_limit(
     Returns:
         The run, the best batch size per model and the seconds per job per model at that size.
     """
-    from manager import ModelEngine, ModelStore, WorkerLimits
+    from swapless.manager import ModelEngine, ModelStore, WorkerLimits
 
     engine = ModelEngine(WorkerLimits(device=device, max_batch_size=1024))
     store = ModelStore.from_file(models_file, engine.frameworks)
@@ -105,7 +105,7 @@ def measure_limit(
 def lone_inference_s(models_file: Path, model_id: str, value: str, repeats: int = 30, gap_s: float = 0.0) -> float:
     """Median seconds of one forward pass of one input, in this process: back to back, or ``gap_s`` apart (as lone
     jobs come: the CPU's caches and the OpenMP threads go cold in between)."""
-    from manager import ModelEngine, ModelStore, WorkerLimits
+    from swapless.manager import ModelEngine, ModelStore, WorkerLimits
 
     engine = ModelEngine(WorkerLimits(device="cpu"))
     worker = engine.build(ModelStore.from_file(models_file, engine.frameworks).get(model_id))

@@ -17,8 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from config.errors import ConfigError
-from manager.frameworks.worker import ModelWorker
+from swapless.config.errors import ConfigError
+from swapless.manager.frameworks.worker import ModelWorker
 
 __all__ = ["SimulatedWorker", "costs", "simulated_entry"]
 

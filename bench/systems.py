@@ -127,19 +127,19 @@ class Swapless(System):
     def start(self) -> None:
         env = {"SWAPLESS_REDIS_URL": self.redis_url, "SWAPLESS_QUEUE": self.queue, "SWAPLESS_KEY_PREFIX": self.prefix,
                "SWAPLESS_MODELS_FILE": str(self.models_file), "SWAPLESS_DEVICE": "cpu", **self.env}
-        argv = [python(), "-m", "tasks.cli", "worker", "--max-models", "2", "--loglevel", "INFO", *self.flags]
+        argv = [python(), "-m", "swapless", "worker", "--max-models", "2", "--loglevel", "INFO", *self.flags]
         started = time.monotonic()
         self.process = Process(argv, env, self.log)
         self.process.wait_for("ready.")
         self.start_s = time.monotonic() - started
-        from config.settings import Settings
-        from tasks.client import Client
+        from swapless.config.settings import Settings
+        from swapless.tasks.client import Client
 
         self.client = Client(settings=Settings(redis_url=self.redis_url, queue=self.queue, key_prefix=self.prefix,
                                                models_file=self.models_file))
 
     def submit(self, jobs: list[tuple[str, str]], priority: str = "interactive") -> list[tuple[float, str]]:
-        from tasks.protocol import PREDICT_TASK, PRIORITY_BULK, PRIORITY_INTERACTIVE
+        from swapless.tasks.protocol import PREDICT_TASK, PRIORITY_BULK, PRIORITY_INTERACTIVE
 
         if self.producer == "submit_jobs":
             at = time.time()  # every job counts from before the first message was built
@@ -192,7 +192,7 @@ def simulated_models(directory: Path) -> dict[str, Path]:
     """Models files of simulated models: ``stream`` (one model that costs nothing: every CPU cycle is the queue's)
     and ``overlap`` (``OVERLAP``'s models)."""
     from bench.simulated import simulated_entry
-    from manager.demo.tiny import write_models_file
+    from swapless.manager.demo.tiny import write_models_file
 
     files = {}
     for kind, entries in {

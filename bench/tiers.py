@@ -80,7 +80,7 @@ class Result:
 
 
 def _sim_models_file(directory: Path) -> Path:
-    from manager.demo.tiny import write_models_file
+    from swapless.manager.demo.tiny import write_models_file
 
     directory.mkdir(parents=True, exist_ok=True)
     c = SIM_COSTS
@@ -135,14 +135,14 @@ class Worker:
             "MKL_NUM_THREADS": "1",
             "PYTHONPATH": str(REPO),
         }
-        self.process = Process([sys.executable, "-m", "tasks.cli", "worker", "--hostname", f"{name}@bench"], env,
+        self.process = Process([sys.executable, "-m", "swapless", "worker", "--hostname", f"{name}@bench"], env,
                                OUT / "tiers" / f"{name}.log")
         self.process.wait_for("ready.")
         self._mark = 0
 
     def client(self) -> object:
-        from config.settings import Settings
-        from tasks.client import Client
+        from swapless.config.settings import Settings
+        from swapless.tasks.client import Client
 
         return Client(settings=Settings(redis_url=REDIS_URL, key_prefix=self.prefix, queue=self.prefix + "jobs",
                                         models_file=self.models_file))
@@ -221,7 +221,7 @@ def run_sim(seed: int) -> dict[str, Result]:
 
 def run_real(seed: int) -> dict[str, Result]:
     models_file = build_models()
-    from manager.registry.store import ModelStore
+    from swapless.manager.registry.store import ModelStore
 
     ids = ModelStore.from_file(models_file, ["transformers", "torchvision"]).ids()
     workload = Workload("real", ids, [], REAL.max_models, REAL.host_max_models, REAL.host_budget_bytes, REAL.waves,

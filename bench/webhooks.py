@@ -68,7 +68,7 @@ def main() -> None:
         described = "tiny BERT on the CPU"
     else:
         from bench.simulated import simulated_entry
-        from manager.demo.tiny import write_models_file
+        from swapless.manager.demo.tiny import write_models_file
 
         (OUT / "webhook-zero").mkdir(parents=True, exist_ok=True)
         models = write_models_file(OUT / "webhook-zero", [simulated_entry("mini", 0.0, 0.0, 0.0)])
@@ -82,8 +82,8 @@ def main() -> None:
     counter = _Counter()
     server = _receiver(counter)
     hook = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    worker = Process([sys.executable, "-m", "tasks.cli", "worker"], env, OUT / "webhooks-worker.log")
-    from tasks.client import Client
+    worker = Process([sys.executable, "-m", "swapless", "worker"], env, OUT / "webhooks-worker.log")
+    from swapless.tasks.client import Client
 
     rows: list[tuple[str, float, float, float | None]] = []
     try:

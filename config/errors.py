@@ -28,14 +28,14 @@ rebuilds the very same error, message included. Each message says what to do.
     ├── MetricsUnavailable      the worker's metrics endpoint cannot be opened
     └── WebhookRefused          a ``callback_url`` is not http(s), or its host is not allowed (also a ValueError)
 
-The HTTP gateway adds its own, for what only a network caller can do wrong (``tasks.gateway.errors``).
+The HTTP gateway adds its own, for what only a network caller can do wrong (``swapless.tasks.gateway.errors``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from config.describe import format_bytes
+from swapless.config.describe import format_bytes
 
 __all__ = [
     "BackendUnavailable",
@@ -217,7 +217,7 @@ class BackendUnavailable(SwaplessError):
 class QueueUnavailable(BackendUnavailable):
     """Redis (the broker and result store) cannot be reached, or will not take writes (a read-only replica).
 
-    ``url`` never carries a password (``tasks.broker.connection.redact``).
+    ``url`` never carries a password (``swapless.tasks.broker.connection.redact``).
     """
 
     @property
@@ -365,7 +365,7 @@ class MetricsUnavailable(SwaplessError):
 
 
 class WebhookRefused(SwaplessError, ValueError):
-    """A ``callback_url`` this deployment does not call back (``tasks.broker.webhooks.check_target``)."""
+    """A ``callback_url`` this deployment does not call back (``swapless.tasks.broker.webhooks.check_target``)."""
 
     def __init__(self, url: str, problem: str) -> None:
         super().__init__(url, problem)
@@ -375,3 +375,14 @@ class WebhookRefused(SwaplessError, ValueError):
     @property
     def message(self) -> str:
         return f"callback_url {self.url!r} refused: {self.problem}"
+
+
+#: The module every error is stored under and reached from: the public ``swapless``. A stored failure names its
+#: class by this stable name (Celery's result backend stores ``exc_module``), not by where the class is defined.
+PUBLIC_MODULE = "swapless"
+#: Where errors were stored from before they had a stable name; read as ``PUBLIC_MODULE``.
+FORMER_MODULES = frozenset({"config.errors", __name__})
+
+for _name in __all__:
+    globals()[_name].__module__ = PUBLIC_MODULE
+del _name

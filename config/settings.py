@@ -78,7 +78,7 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_GATEWAY_ALLOWED_HOSTS  | unset (see meaning)        | ``Host`` names the gateway answers to, comma-separated (``*``: any). Default: with no API key and no ``--insecure-no-auth``, loopback names only (``localhost``, ``127.0.0.1``, ``[::1]``: a web page cannot reach a loopback gateway through a DNS rebinding); else any |
 | SWAPLESS_GATEWAY_ALLOWED_ORIGINS | unset (same origin only)  | web origins (``https://app.example``) whose pages may call the gateway from a browser, comma-separated; a request from any other ``Origin`` gets 403 |
 | SWAPLESS_PREDICT_TIMEOUT_S      | 30 s                       | how long ``POST /predict`` waits before answering 504 with the job id |
-| SWAPLESS_API_KEYS               | unset (no keys)            | API keys of the HTTP gateway, comma-separated; an entry ``KEY:MODELS`` may call only those models (the syntax: ``tasks.gateway.auth``). No keys at all: the gateway asks for none |
+| SWAPLESS_API_KEYS               | unset (no keys)            | API keys of the HTTP gateway, comma-separated; an entry ``KEY:MODELS`` may call only those models (the syntax: ``swapless.tasks.gateway.auth``). No keys at all: the gateway asks for none |
 | SWAPLESS_API_KEYS_FILE          | unset                      | a file of more API keys, one entry per line in the same syntax, ``#`` starting a comment |
 | SWAPLESS_GATEWAY_INSECURE_NO_AUTH | false                    | let ``swapless serve`` listen on a non-loopback address with no API key configured (``--insecure-no-auth``) |
 | SWAPLESS_CANVAS_QUEUE           | celery                     | queue of a Celery follow-up task (``link``, ``link_error``, a chain's next step, a chord's body) that names none and is not Swapless's own: this worker does not know the producer's routes, and ``celery`` is the queue a plain Celery worker consumes by default |
@@ -114,7 +114,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from config.errors import ConfigError
+from swapless.config.errors import ConfigError
 
 __all__ = [
     "DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MODELS_FILE", "DEFAULT_REDIS_URL", "Settings", "get_settings", "load_settings",
@@ -240,12 +240,12 @@ class Settings(BaseSettings):
     gateway_allowed_hosts: str | None = None
     gateway_allowed_origins: str = ""
     predict_timeout_s: float = Field(30.0, gt=0)
-    #: The gateway's API keys (``tasks.gateway.auth`` parses and hashes them); a secret, so never shown in a repr.
+    #: The gateway's API keys (``swapless.tasks.gateway.auth`` parses and hashes them); a secret, so never shown in a repr.
     api_keys: SecretStr | None = None
     api_keys_file: Path | None = None
     #: ``swapless serve`` binds a non-loopback address without API keys only with this (``--insecure-no-auth``).
     gateway_insecure_no_auth: bool = False
-    #: Where Celery follow-ups that name no queue go (``tasks.worker.canvas``).
+    #: Where Celery follow-ups that name no queue go (``swapless.tasks.worker.canvas``).
     canvas_queue: str = Field("celery", min_length=1)
     #: The Standard Webhooks signing secret; a secret, so never shown in a repr.
     webhook_secret: SecretStr | None = None

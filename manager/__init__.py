@@ -1,12 +1,12 @@
 """The model side: which models exist (ModelStore), what is loaded (ModelManager), how workers are built
-(ModelEngine) and run (ModelWorker). Nothing here imports Celery. Its errors are in ``config.errors``."""
+(ModelEngine) and run (ModelWorker). Nothing here imports Celery. Its errors are in ``swapless.config.errors``."""
 
-from manager.batching.runner import Backlog, Job, Outcome, run_group
-from manager.cache.lru import CacheStats, LoadedModel, ModelManager
-from manager.frameworks.engine import ModelEngine, load_builtin_workers
-from manager.frameworks.worker import ModelWorker, WorkerLimits, registry
-from manager.registry.specs import InputType, ModelSpec
-from manager.registry.store import ModelStore
+from swapless.manager.batching.runner import Backlog, Job, Outcome, run_group
+from swapless.manager.cache.lru import CacheStats, LoadedModel, ModelManager
+from swapless.manager.frameworks.engine import ModelEngine, load_builtin_workers
+from swapless.manager.frameworks.worker import ModelWorker, WorkerLimits, registry
+from swapless.manager.registry.specs import InputType, ModelSpec
+from swapless.manager.registry.store import ModelStore
 
 __all__ = [
     "Backlog",

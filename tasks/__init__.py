@@ -11,18 +11,5 @@
 - ``observe/``: accounting, heartbeats, metrics, task events, queue depth and the status view;
 - ``gateway/``: the HTTP gateway (a producer); ``cli/``: the ``swapless`` command and local mode.
 
-``celery -A tasks worker`` finds the worker's app as ``tasks.celery``. It is built on first access, not at import,
-so that ``python -m tasks.cli`` can report a bad setting as one clear line instead of a traceback.
+``celery -A swapless worker`` finds the worker's app as ``swapless.celery`` (``src/swapless/__init__.py``).
 """
-
-from typing import Any
-
-__all__ = ["celery"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "celery":
-        from tasks.worker.task import app
-
-        return app
-    raise AttributeError(f"module 'tasks' has no attribute {name!r}")

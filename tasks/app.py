@@ -2,7 +2,7 @@
 each build their own app with it. Importing this module builds none.
 
 Celery's own lowercase setting names are used, so anything here can be overridden the Celery way. The worker's app,
-the one with the tasks registered, is ``tasks.worker.task.app`` (``celery -A tasks worker`` finds it).
+the one with the tasks registered, is ``swapless.tasks.worker.task.app`` (``celery -A swapless worker`` finds it).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 from celery import Celery
 
-from config.settings import Settings, get_settings
-from tasks.broker.sentinel import SentinelOptions, is_sentinel_url
-from tasks.broker.transport import broker_connection
-from tasks.protocol import (
+from swapless.config.settings import Settings, get_settings
+from swapless.tasks.broker.sentinel import SentinelOptions, is_sentinel_url
+from swapless.tasks.broker.transport import broker_connection
+from swapless.tasks.protocol import (
     CHUNK_TASK,
     PREDICT_TASK,
     PRIORITY_INTERACTIVE,
@@ -61,7 +61,7 @@ def configure(app: Celery, s: Settings) -> None:
         task_routes={PREDICT_TASK: {"queue": s.queue}, CHUNK_TASK: {"queue": s.queue}},
         task_default_priority=PRIORITY_INTERACTIVE,
         # One process, one scheduler thread per worker: the pool is not used by the batch task (see tasks.worker.task),
-        # so `celery -A tasks worker` gets these defaults too.
+        # so `celery -A swapless worker` gets these defaults too.
         worker_pool="solo",
         worker_concurrency=1,
         # How many unacked jobs one worker holds (the backlog its scheduler sees).
@@ -100,7 +100,7 @@ def configure(app: Celery, s: Settings) -> None:
 
 def _result_backend(url: str) -> str:
     """Celery's result backend for ``url``: Swapless's Sentinel backend for sentinel URLs (tasks.broker.failover)."""
-    return f"tasks.broker.failover:SentinelBackend+{url}" if is_sentinel_url(url) else url
+    return f"swapless.tasks.broker.failover:SentinelBackend+{url}" if is_sentinel_url(url) else url
 
 
 def _sentinel_options(s: Settings) -> dict[str, object]:

@@ -11,7 +11,7 @@
   (``swapless:{queue/*ingress}:held`` ...): a worker moves what arrives there into its model's lists;
 - per **queue**: ``swapless:<queue>:placement-bell`` (rung when a model has no holder), ``:routes`` (run-time
   route weights), ``:shadow`` (shadow agreement counts), ``:wake:<worker id>`` (a worker's own bell, rung by its
-  acks when they free room a waiting fetch had none of), and the webhooks' (``tasks.broker.webhooks``):
+  acks when they free room a waiting fetch had none of), and the webhooks' (``swapless.tasks.broker.webhooks``):
   ``:webhooks:due`` (delivery ids by next attempt time), ``:webhook:<id>`` (one delivery), ``:webhooks:failed``
   (deliveries that failed after their last retry);
 - per **deployment**: ``swapless:worker:<id>`` (a worker's heartbeat) and ``swapless:workers`` (their index),
@@ -22,7 +22,7 @@
   not final yet).
 
 Results and what lives beside them per job (attempts, the gateway's record, a shadowed job's reference) are the
-result backend's keys (``tasks.broker.results.ResultStore``).
+result backend's keys (``swapless.tasks.broker.results.ResultStore``).
 
 Plain data: building a ``Keyspace`` connects to nothing.
 """
@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from config.settings import Settings
-from tasks.protocol import PRIORITY_STEPS
+from swapless.config.settings import Settings
+from swapless.tasks.protocol import PRIORITY_STEPS
 
 __all__ = ["INGRESS", "JobLists", "Keyspace", "ModelKeys"]
 
@@ -59,7 +59,7 @@ class JobLists:
 
     @property
     def queue_and_records(self) -> list[str]:
-        """The keys of ``FETCH``, ``RESTORE`` and ``RECOVER`` (``tasks.broker.queues``)."""
+        """The keys of ``FETCH``, ``RESTORE`` and ``RECOVER`` (``swapless.tasks.broker.queues``)."""
         return [*self.lists, *self.records]
 
 
@@ -182,7 +182,7 @@ class Keyspace:
         return f"{self.prefix}swapless:gateway:rate"
 
     def batch(self, batch_id: str) -> str:
-        """The hash of one batch's state (``tasks.gateway.batches.state``)."""
+        """The hash of one batch's state (``swapless.tasks.gateway.batches.state``)."""
         return f"{self.prefix}swapless:batch:{batch_id}"
 
     def batch_lease(self, batch_id: str) -> str:

@@ -1,6 +1,6 @@
 """What producers and workers share, and nothing else: task names, priorities, headers, chunk item ids, the
 payload of a job message, and how one item's outcome is encoded in a chunk's result (the Redis keys are
-``tasks.keyspace``'s).
+``swapless.tasks.keyspace``'s).
 
 Plain data and pure functions: importing this module builds no Celery app and connects to nothing.
 
@@ -22,8 +22,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from config import errors as _errors
-from config.errors import InputError, JobFailed, SwaplessError
+from swapless.config import errors as _errors
+from swapless.config.errors import InputError, JobFailed, SwaplessError
 
 __all__ = [
     "CALLBACK_URL_HEADER",
@@ -69,7 +69,7 @@ CALLBACK_URL_HEADER = "swapless_callback_url"
 ITEMS_HEADER = "swapless_items"
 #: Header of a chunk sent to a route with sticky keys: one key (or null) per input, in order.
 KEYS_HEADER = "swapless_keys"
-#: Header of a shadow copy of a routed job: ``[served job id, route id]`` (``manager.registry.routing``).
+#: Header of a shadow copy of a routed job: ``[served job id, route id]`` (``swapless.manager.registry.routing``).
 SHADOW_HEADER = "swapless_shadow_of"
 #: Header of a routed job that has shadow copies: its worker keeps its top label for them (``shadow_ref_key``).
 SHADOWED_HEADER = "swapless_shadowed"

@@ -14,7 +14,7 @@ import signal
 from collections.abc import Iterable
 from typing import Any
 
-from tasks.broker.acks import AckQueue
+from swapless.tasks.broker.acks import AckQueue
 
 MARKER_ENV = "ACKHOOK_MARKER"
 TRIGGER = "die-before-ack"

@@ -21,7 +21,7 @@ from tests.redis_server import RedisServer
 if TYPE_CHECKING:
     from tests.faultkit import FaultEnv
 
-from config.settings import Settings, get_settings
+from swapless.config.settings import Settings, get_settings
 
 pytest_plugins = ["tests.tinymodels"]
 
@@ -119,7 +119,7 @@ class CliProcess:
 
     def __init__(
         self, argv: list[str], env: dict[str, str], log_path: Path, wrapper: Sequence[str] = (),
-        module: str = "tasks.cli",
+        module: str = "swapless",
     ) -> None:
         self.log_path = log_path
         self._log = log_path.open("wb")

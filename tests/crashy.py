@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from manager.frameworks.worker import ModelWorker
+from swapless.manager.frameworks.worker import ModelWorker
 
 __all__ = [
     "GATES_ENV", "LOG_ENV", "CrashWorker", "OutOfMemoryError", "batches", "crashy_entry", "executions", "passes",

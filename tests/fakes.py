@@ -15,10 +15,10 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from manager.frameworks.worker import ModelWorker
+from swapless.manager.frameworks.worker import ModelWorker
 
 if TYPE_CHECKING:
-    from manager import ModelManager
+    from swapless.manager import ModelManager
 
 
 class OutOfMemoryError(RuntimeError):
@@ -125,7 +125,7 @@ def write_fake_models(directory: Path, sizes: dict[str, int], kept: Collection[s
 
 def make_manager(tmp_path: Path, sizes: dict[str, int], kept: Collection[str] = (), **kwargs: object) -> ModelManager:
     """A ModelManager over fake models of these sizes, ``kept`` kept loaded (``kwargs``: its limits)."""
-    from manager import ModelEngine, ModelManager, ModelStore
+    from swapless.manager import ModelEngine, ModelManager, ModelStore
 
     engine = ModelEngine()
     store = ModelStore.from_file(write_fake_models(tmp_path, sizes, kept), engine.frameworks)

@@ -27,13 +27,13 @@ import pytest
 import redis
 from celery import states
 
-from config.settings import get_settings
-from tasks.broker.connection import redis_client
-from tasks.broker.results import StoredResult
-from tasks.broker.sentinel import SentinelOptions, is_sentinel_url
-from tasks.client import Client, Job
-from tasks.keyspace import JobLists, Keyspace
-from tasks.protocol import PREDICT_TASK
+from swapless.config.settings import get_settings
+from swapless.tasks.broker.connection import redis_client
+from swapless.tasks.broker.results import StoredResult
+from swapless.tasks.broker.sentinel import SentinelOptions, is_sentinel_url
+from swapless.tasks.client import Client, Job
+from swapless.tasks.keyspace import JobLists, Keyspace
+from swapless.tasks.protocol import PREDICT_TASK
 from tests.conftest import WorkerProcess
 from tests.crashy import GATES_ENV, LOG_ENV, crashy_entry, executions
 
@@ -421,7 +421,7 @@ class FaultEnv:
 
     def worker_id(self, worker: WorkerProcess, timeout_s: float = 10.0) -> str:
         """The id a worker's heartbeat gives it (``hostname:pid``), once it has beaten."""
-        from tasks.cluster.members import read_heartbeats
+        from swapless.tasks.cluster.members import read_heartbeats
 
         def found() -> str | None:
             with self.broker() as client:

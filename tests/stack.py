@@ -21,7 +21,7 @@ import httpx
 import psutil
 import redis
 
-from config.settings import get_settings
+from swapless.config.settings import get_settings
 from tests.conftest import REPO, CliProcess, WorkerProcess
 from tests.redis_server import free_port
 
@@ -84,7 +84,7 @@ def private_env(redis_url: str, models_file: Path, **extra: str) -> Iterator[dic
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
     """Run ``python -m tasks.cli ARGS`` with a wide terminal, so tables are not cut."""
     return subprocess.run(
-        [sys.executable, "-m", "tasks.cli", *args],
+        [sys.executable, "-m", "swapless", *args],
         check=False,
         cwd=REPO,
         env={**os.environ, **(env or {}), "COLUMNS": "200", "TERM": "dumb"},

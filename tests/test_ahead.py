@@ -14,12 +14,12 @@ import pytest
 import redis
 
 from bench.simulated import simulated_entry
-from config.errors import JobCancelled
-from manager import Job, ModelEngine, ModelManager, ModelStore, ModelWorker, run_group
-from tasks.app import make_app
-from tasks.broker.results import ResultStore
-from tasks.client import Client
-from tasks.worker.ahead import ReadAhead
+from swapless.config.errors import JobCancelled
+from swapless.manager import Job, ModelEngine, ModelManager, ModelStore, ModelWorker, run_group
+from swapless.tasks.app import make_app
+from swapless.tasks.broker.results import ResultStore
+from swapless.tasks.client import Client
+from swapless.tasks.worker.ahead import ReadAhead
 from tests.conftest import WorkerProcess
 from tests.faultkit import wait_for
 from tests.tinymodels import write_models_file

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from tasks.gateway.batches.lines import LineChecker, error_line, output_line, status_of
-from tasks.gateway.batches.routes import parse_window
-from tasks.gateway.batches.upload import LineWriter, MultipartReader, boundary_of
-from tasks.gateway.errors import BadBatch, BadBatchFile
+from swapless.tasks.gateway.batches.lines import LineChecker, error_line, output_line, status_of
+from swapless.tasks.gateway.batches.routes import parse_window
+from swapless.tasks.gateway.batches.upload import LineWriter, MultipartReader, boundary_of
+from swapless.tasks.gateway.errors import BadBatch, BadBatchFile
 from tests.conftest import WorkerProcess
 from tests.stack import GatewayProcess, private_env, wait_for
 from tests.webhook_receiver import SECRET, Receiver
@@ -69,8 +69,8 @@ def test_a_line_s_body_is_taken_exactly_as_predict_would_take_it(body: Any) -> N
     """Lines are checked by hand where their body is plain: the same bodies pass and fail as ``JobRequest``'s."""
     from pydantic import ValidationError
 
-    from tasks.gateway.batches.lines import parse_line
-    from tasks.gateway.schema import JobRequest
+    from swapless.tasks.gateway.batches.lines import parse_line
+    from swapless.tasks.gateway.schema import JobRequest
 
     line = json.dumps({"custom_id": "a", "method": "POST", "url": "/predict", "body": body}).encode()
     try:

@@ -21,15 +21,15 @@ from typing import Any
 import pytest
 import redis
 
-from config.errors import BulkFileError, InputError, UnknownModel
-from manager import InputType
-from manager.frameworks.image_files import looks_like_path, read_image_file
-from manager.frameworks.worker import ModelWorker, WorkerLimits
-from manager.registry.specs import ModelSpec
-from tasks.client import Client
-from tasks.client.bulk import BulkJob, BulkRun, scan_output
-from tasks.client.records import Record, RecordReader
-from tasks.client.stream import ChunkEvent
+from swapless.config.errors import BulkFileError, InputError, UnknownModel
+from swapless.manager import InputType
+from swapless.manager.frameworks.image_files import looks_like_path, read_image_file
+from swapless.manager.frameworks.worker import ModelWorker, WorkerLimits
+from swapless.manager.registry.specs import ModelSpec
+from swapless.tasks.client import Client
+from swapless.tasks.client.bulk import BulkJob, BulkRun, scan_output
+from swapless.tasks.client.records import Record, RecordReader
+from swapless.tasks.client.stream import ChunkEvent
 from tests.conftest import REPO, WorkerProcess, Workers
 from tests.faultkit import wait_for
 from tests.tinymodels import encode_image
@@ -183,7 +183,7 @@ def bulk_worker(module_workers: Workers, module_image_root: Path) -> WorkerProce
 
 def run_cli(*args: str, timeout_s: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tasks.cli", *args],
+        [sys.executable, "-m", "swapless", *args],
         cwd=REPO,
         check=False,
         capture_output=True,
@@ -202,7 +202,7 @@ def _default_sigint() -> None:
 def start_bulk(*args: str, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as stderr:
         return subprocess.Popen(
-            [sys.executable, "-m", "tasks.cli", "bulk", *args, "--progress", "log", "--log-every", "0.5"],
+            [sys.executable, "-m", "swapless", "bulk", *args, "--progress", "log", "--log-every", "0.5"],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=_default_sigint,  # noqa: PLW1509 - it only sets a signal disposition
         )
 
@@ -415,7 +415,7 @@ class _Terminal(io.StringIO):
 
 
 def test_progress_is_a_live_bar_on_a_terminal_and_plain_lines_otherwise() -> None:
-    from tasks.client.progress import LogProgress, RichProgress, make_progress
+    from swapless.tasks.client.progress import LogProgress, RichProgress, make_progress
 
     terminal = _Terminal()
     bar = make_progress(terminal)
@@ -446,7 +446,7 @@ def test_the_command_draws_a_bar_on_a_terminal_and_no_log_lines(bulk_worker: Wor
     source = write_jsonl(tmp_path / "in.jsonl", texts(60))
     out = tmp_path / "out.jsonl"
     master, terminal = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "tasks.cli", "bulk", "topic", str(source), "-o", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "swapless", "bulk", "topic", str(source), "-o", str(out),
                              "--id-field", "id", "--chunk-size", "10", "--no-local"],
                             cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=terminal)
     os.close(terminal)

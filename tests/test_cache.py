@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from config.errors import ModelLoadError, ModelTooLarge, UnknownModel
+from swapless.config.errors import ModelLoadError, ModelTooLarge, UnknownModel
 from tests.fakes import FakeWorker, make_manager, use
 
 
@@ -263,7 +263,7 @@ def test_a_model_kept_loaded_by_its_spec_is_resident_without_any_traffic(tmp_pat
 
 def test_kept_models_are_loaded_at_start_as_many_as_the_cache_holds(tmp_path: Path,
                                                                     caplog: pytest.LogCaptureFixture) -> None:
-    from manager.batching.warmup import load_kept, warm_start
+    from swapless.manager.batching.warmup import load_kept, warm_start
 
     manager = make_manager(tmp_path, {"bulk": 1, "chat": 1, "code": 1, "vision": 1}, kept={"chat", "code", "vision"},
                            max_models=2)

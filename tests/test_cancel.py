@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from config.errors import JobCancelled, JobExpired
-from tasks.broker.results import ALREADY_DONE, CANCELLED, TOO_LATE
-from tasks.client import Client
-from tasks.keyspace import Keyspace
-from tasks.protocol import PREDICT_TASK
+from swapless.config.errors import JobCancelled, JobExpired
+from swapless.tasks.broker.results import ALREADY_DONE, CANCELLED, TOO_LATE
+from swapless.tasks.client import Client
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.protocol import PREDICT_TASK
 from tests.faultkit import FaultEnv, gate, wait_for
 
 pytestmark = pytest.mark.slow
@@ -100,7 +100,7 @@ def test_celery_revoke_cancels_a_queued_job(one_worker: FaultEnv) -> None:
 
 
 def test_swapless_cancel_and_delete_on_the_gateway(one_worker: FaultEnv) -> None:
-    from tasks.gateway.app import create_app
+    from swapless.tasks.gateway.app import create_app
 
     client = Client()
     with TestClient(create_app(), base_url="http://localhost") as http:
@@ -111,7 +111,7 @@ def test_swapless_cancel_and_delete_on_the_gateway(one_worker: FaultEnv) -> None
         posted = http.post("/jobs", json={"model_id": "echo", "input": "cancelled-by-http"})
         by_http = client.job(posted.json()["job_id"])
         run = subprocess.run(
-            [sys.executable, "-m", "tasks.cli", "cancel", by_cli.id, held.id],
+            [sys.executable, "-m", "swapless", "cancel", by_cli.id, held.id],
             check=False, capture_output=True, text=True, timeout=60,
         )
         lines = [json.loads(line) for line in run.stdout.splitlines()]
@@ -134,7 +134,7 @@ def test_swapless_cancel_and_delete_on_the_gateway(one_worker: FaultEnv) -> None
 
 
 def test_cancelled_and_expired_jobs_are_counted_per_model_in_the_status(one_worker: FaultEnv) -> None:
-    from tasks.cluster.members import read_heartbeats
+    from swapless.tasks.cluster.members import read_heartbeats
 
     client = Client()
     held = gate(client, one_worker)
@@ -169,7 +169,7 @@ def _bulk(*args: str, log: Path) -> subprocess.Popen[bytes]:
 
     with log.open("wb") as stderr:
         return subprocess.Popen(
-            [sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local", "--progress", "log"],
+            [sys.executable, "-m", "swapless", "bulk", *args, "--no-local", "--progress", "log"],
             stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=default_sigint,  # noqa: PLW1509 - it only sets a signal disposition
         )
 
@@ -195,7 +195,7 @@ def test_ctrl_c_on_bulk_cancels_its_chunks_in_flight_and_a_rerun_resumes(one_wor
     one_worker.wait_broker_idle()  # the cancelled chunks were taken and acked, not left behind
     assert sum(one_worker.executions()[f"bulk-sigint-{i}"] for i in range(20)) == 0  # none computed after Ctrl-C
     assert not out.exists() or out.read_text() == ""
-    second = subprocess.run([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local"],
+    second = subprocess.run([sys.executable, "-m", "swapless", "bulk", *args, "--no-local"],
                             check=False, capture_output=True, text=True, timeout=120)
     assert second.returncode == 0, second.stderr
     lines = [json.loads(line) for line in out.read_text().splitlines()]
@@ -211,7 +211,7 @@ def test_a_bulk_deadline_stops_the_run_resumably_and_nothing_late_is_computed(
     source = _records(tmp_path / "in.jsonl", "bulk-late", 20)
     out = tmp_path / "out.jsonl"
     args = ("echo", str(source), "-o", str(out), "--id-field", "id", "--chunk-size", "5", "--max-in-flight", "4")
-    late = subprocess.Popen([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local", "--expires", "1"],
+    late = subprocess.Popen([sys.executable, "-m", "swapless", "bulk", *args, "--no-local", "--expires", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # the gate opens once the chunks sent wait behind it and their deadline has passed: none may start
     wait_for(lambda: one_worker.queued() + one_worker.unacked() >= 5, 30, "the producer to send its 4 chunks")
@@ -225,10 +225,10 @@ def test_a_bulk_deadline_stops_the_run_resumably_and_nothing_late_is_computed(
     one_worker.wait_broker_idle()
     assert sum(one_worker.executions()[f"bulk-late-{i}"] for i in range(20)) == 0
     assert not out.exists() or out.read_text() == ""
-    bad = subprocess.run([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local", "--expires", "yesterday"],
+    bad = subprocess.run([sys.executable, "-m", "swapless", "bulk", *args, "--no-local", "--expires", "yesterday"],
                          check=False, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--expires must be seconds from now or a date-time" in bad.stderr
-    resumed = subprocess.run([sys.executable, "-m", "tasks.cli", "bulk", *args, "--no-local", "--expires", "600"],
+    resumed = subprocess.run([sys.executable, "-m", "swapless", "bulk", *args, "--no-local", "--expires", "600"],
                              check=False, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr
     assert [json.loads(line)["key"] for line in out.read_text().splitlines()] == [f"k{i}" for i in range(20)]

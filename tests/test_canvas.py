@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from celery import Celery, chain, chord, group
 
-from tasks.protocol import CHUNK_TASK, PREDICT_TASK
+from swapless.tasks.protocol import CHUNK_TASK, PREDICT_TASK
 from tests.canvas_app import make_app
 from tests.conftest import CliProcess, WorkerProcess
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from config.errors import InputError, JobFailed, PredictionFailed, UnknownModel
-from config.settings import Settings
-from manager import InputType, Outcome
-from manager.registry.specs import ModelSpec
-from manager.registry.store import ModelStore
-from tasks.broker.routes import Router
-from tasks.protocol import (
+from swapless.config.errors import InputError, JobFailed, PredictionFailed, UnknownModel
+from swapless.config.settings import Settings
+from swapless.manager import InputType, Outcome
+from swapless.manager.registry.specs import ModelSpec
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.broker.routes import Router
+from swapless.tasks.protocol import (
     CHUNK_TASK,
     SENT_AT_HEADER,
     decode_outcome,
@@ -22,8 +22,8 @@ from tasks.protocol import (
     item_id,
     split_item_id,
 )
-from tasks.worker.chunks import ChunkAssembler
-from tasks.worker.delivery import decode
+from swapless.tasks.worker.chunks import ChunkAssembler
+from swapless.tasks.worker.delivery import decode
 
 
 def jobs_from_chunk(request: Any, store: ModelStore, received_s: float) -> list[Any]:

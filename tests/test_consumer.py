@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import redis
 
-from config.settings import Settings
-from tasks.broker.connection import async_redis_client
-from tasks.broker.results import ResultStore, StoredResult
-from tasks.client import Client
-from tasks.client.aconsumer import AsyncResultConsumer
-from tasks.client.consumer import POLL_S, ResultConsumer
+from swapless.config.settings import Settings
+from swapless.tasks.broker.connection import async_redis_client
+from swapless.tasks.broker.results import ResultStore, StoredResult
+from swapless.tasks.client import Client
+from swapless.tasks.client.aconsumer import AsyncResultConsumer
+from swapless.tasks.client.consumer import POLL_S, ResultConsumer
 from tests.stack import pubsub_connections, wait_for
 
 

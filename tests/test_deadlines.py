@@ -14,12 +14,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from config.errors import JobExpired
-from manager.batching.runner import Backlog, Job
-from tasks.client import Client
-from tasks.cluster.members import read_heartbeats
-from tasks.keyspace import Keyspace
-from tasks.protocol import PREDICT_TASK, deadline_of, expires_header
+from swapless.config.errors import JobExpired
+from swapless.manager.batching.runner import Backlog, Job
+from swapless.tasks.client import Client
+from swapless.tasks.cluster.members import read_heartbeats
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.protocol import PREDICT_TASK, deadline_of, expires_header
 from tests.crashy import crashy_entry
 from tests.faultkit import FaultEnv, gate, wait_for
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from manager.demo.models import TrainingReport, build_trained_demo_sentiment, train_text_classifier
-from manager.demo.sample import SAMPLE_PATH, SENTIMENT_LABELS, read_sample, sample_jsonl, sample_reviews
-from manager.demo.tiny import build_text_classifier, vocabulary
+from swapless.manager.demo.models import TrainingReport, build_trained_demo_sentiment, train_text_classifier
+from swapless.manager.demo.sample import SAMPLE_PATH, SENTIMENT_LABELS, read_sample, sample_jsonl, sample_reviews
+from swapless.manager.demo.tiny import build_text_classifier, vocabulary
 
 NEGATIVE_TEXT = "This movie is awful and the ending made no sense."
 POSITIVE_TEXT = "The hotel was wonderful and we will come back."

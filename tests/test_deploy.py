@@ -3,9 +3,9 @@
 Every container runs a real ``swapless`` command with real options (typer's click command, parsed as the CLI
 would); every ``SWAPLESS_*`` variable is a setting, and the ConfigMap loads as settings; every port a probe or a
 Service targets is one the container's command listens on, on an address the kubelet can reach; every
-``swapless_*`` metric named anywhere (KEDA's query, the HPA's metric) is exported (``tasks.observe.scaling.SIGNALS``
-or the worker's metrics); the workers' drain fits their grace period; the autoscalers' bounds are the settings'.
-Each failure is one line naming the file and what to fix.
+``swapless_*`` metric named anywhere (KEDA's query, the HPA's metric) is exported
+(``swapless.tasks.observe.scaling.SIGNALS`` or the worker's metrics); the workers' drain fits their grace period; the
+autoscalers' bounds are the settings'. Each failure is one line naming the file and what to fix.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 K8S = REPO / "deploy" / "k8s"
 
 #: The files deploy/k8s/README.md describes.
-EXPECTED_FILES = ("redis.yaml", "config.yaml", "worker.yaml", "gateway.yaml", "exporter.yaml", "keda.yaml", "hpa.yaml")
+EXPECTED_FILES = ("redis.yaml", "config.yaml", "worker.yaml", "gateway.yaml", "exporter.yaml", "keda.yaml",
+"hpa.yaml")
 
 #: kind -> the apiVersion it is served under.
 API_VERSIONS = {
@@ -106,7 +107,7 @@ def runs_redis(container: dict[str, Any]) -> bool:
 @cache
 def cli() -> Any:
     """The ``swapless`` click group typer builds (typer may vendor its own click: duck-typed, no isinstance)."""
-    from tasks.cli.main import app
+    from swapless.tasks.cli.main import app
 
     group = typer.main.get_command(app)
     assert hasattr(group, "commands"), "tasks/cli/main.py: the typer app is not a group of commands; fix the test"
@@ -178,14 +179,14 @@ def swapless_lines(doc: Doc) -> Iterator[tuple[str, dict[str, Any], list[str]]]:
 
 @cache
 def setting_names() -> frozenset[str]:
-    from config.settings import Settings
+    from swapless.config.settings import Settings
 
     return frozenset("SWAPLESS_" + name.upper() for name in Settings.model_fields)
 
 
 @cache
 def metric_names() -> frozenset[str]:
-    from tasks.observe import metrics, scaling
+    from swapless.tasks.observe import metrics, scaling
 
     worker = re.findall(r"^\s+(swapless_[a-z0-9_]+)", metrics.__doc__ or "", flags=re.MULTILINE)
     assert worker, "tasks/observe/metrics.py: its docstring lists no swapless_* metric; the test reads the names there"
@@ -363,8 +364,8 @@ def test_env_sources_exist() -> None:
 def test_each_containers_settings_load(monkeypatch: pytest.MonkeyPatch) -> None:
     """What each swapless container gets (its ConfigMap, Secret and env values) loads as Settings: no bad value,
     no misspelt name, no inconsistent pair (min above max, a sentinel URL without its master)."""
-    from config.errors import SwaplessError
-    from config.settings import load_settings
+    from swapless.config.errors import SwaplessError
+    from swapless.config.settings import load_settings
 
     for doc in of_kind(*WORKLOADS):
         for container in containers(doc):

@@ -19,10 +19,10 @@ import pytest
 import torch
 from PIL import Image
 
-from config.errors import InputError, UnknownModel
-from manager.registry.store import ModelStore
-from tasks.client import Client
-from tasks.protocol import PREDICT_TASK
+from swapless.config.errors import InputError, UnknownModel
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.client import Client
+from swapless.tasks.protocol import PREDICT_TASK
 from tests.conftest import REPO, WorkerProcess
 from tests.tinymodels import encode_image
 
@@ -183,7 +183,7 @@ def test_async_get(start_worker: Callable[..., WorkerProcess]) -> None:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tasks.cli", *args], cwd=REPO, check=False, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "swapless", *args], cwd=REPO, check=False, capture_output=True, text=True, timeout=120
     )
 
 
@@ -225,7 +225,7 @@ def test_worker_refuses_a_bad_models_file_at_start_up(
     assert "models[0] (id 'x'), field 'framework': unknown framework 'onnx'" in worker.log()
 
 
-def test_celery_dash_a_tasks_worker_still_works(swapless_env: dict[str, str], tmp_path: Path) -> None:
+def test_celery_dash_a_swapless_worker_works(swapless_env: dict[str, str], tmp_path: Path) -> None:
     import os
     import signal
 
@@ -237,7 +237,7 @@ def test_celery_dash_a_tasks_worker_still_works(swapless_env: dict[str, str], tm
                 "-m",
                 "celery",
                 "-A",
-                "tasks",
+                "swapless",
                 "worker",
                 "-Q",
                 swapless_env["SWAPLESS_QUEUE"],

@@ -26,9 +26,9 @@ import uuid
 import pytest
 from celery import states
 
-from config.errors import PoisonJob
-from tasks.client import Client, Job
-from tasks.protocol import PREDICT_TASK
+from swapless.config.errors import PoisonJob
+from swapless.tasks.client import Client, Job
+from swapless.tasks.protocol import PREDICT_TASK
 from tests.crashy import batches
 from tests.faultkit import FaultEnv, Scenario, echoes, fails, gate, settle, wait_for
 from tests.redis_server import FreezingProxy

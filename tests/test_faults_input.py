@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from celery import states
 
-from config.errors import InputError, ModelTooLarge, PredictionFailed, SwaplessError, UnknownModel
-from tasks.client import Client
-from tasks.protocol import PREDICT_TASK
+from swapless.config.errors import InputError, ModelTooLarge, PredictionFailed, SwaplessError, UnknownModel
+from swapless.tasks.client import Client
+from swapless.tasks.protocol import PREDICT_TASK
 from tests import faultkit
 from tests.faultkit import FaultEnv, Scenario, echoes, fails, gate, labels, publish_raw, settle
 from tests.tinymodels import encode_image
@@ -267,7 +267,7 @@ def test_a_message_that_is_not_a_json_job_is_dropped_and_the_worker_keeps_servin
 
 
 def test_the_app_accepts_json_only(swapless_env: dict[str, str]) -> None:
-    from tasks.worker.task import app
+    from swapless.tasks.worker.task import app
 
     for celery_app in (app, Client().app):
         conf = celery_app.conf

@@ -22,10 +22,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from config.errors import QueueFull
-from tasks.client import Client, Job
-from tasks.client.stream import ChunkEvent
-from tasks.keyspace import Keyspace
+from swapless.config.errors import QueueFull
+from swapless.tasks.client import Client, Job
+from swapless.tasks.client.stream import ChunkEvent
+from swapless.tasks.keyspace import Keyspace
 from tests.conftest import REPO
 from tests.faultkit import FaultEnv, PressureRow, gate, settle, wait_for
 from tests.redis_server import RedisServer
@@ -81,7 +81,7 @@ def _queued_messages(server: RedisServer, faults: FaultEnv) -> list[bytes]:
 
 
 def _status(faults: FaultEnv) -> dict:
-    done = subprocess.run([sys.executable, "-m", "tasks.cli", "status", "--json"], cwd=REPO, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "swapless", "status", "--json"], cwd=REPO, capture_output=True,
                           text=True, env={**os.environ, **faults.env}, timeout=60, check=True)
     return json.loads(done.stdout)
 
@@ -172,7 +172,7 @@ def test_at_the_wall_submit_jobs_and_swapless_submit_are_refused_and_queue_nothi
     before = _queued_messages(server, faults)
     with pytest.raises(QueueFull, match="Redis is out of memory \\(maxmemory\\)"):
         client.submit_jobs([("echo", f"wall-many-{i} {TEXT}") for i in range(5)] + [("echo2", f"wall-other {TEXT}")])
-    done = subprocess.run([sys.executable, "-m", "tasks.cli", "submit", "echo", f"wall-cli {TEXT}"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "swapless", "submit", "echo", f"wall-cli {TEXT}"], cwd=REPO,
                           check=False, capture_output=True, text=True, env={**os.environ, **faults.env}, timeout=60)
     row.submitted += 2
     row.refused["QueueFull"] += 2
@@ -265,7 +265,7 @@ def test_bulk_waits_while_the_queue_is_full_and_says_so(
     out = tmp_path / "out.jsonl"
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", "bulk", "echo", str(source), "-o", str(out), "--chunk-size", "50",
+        [sys.executable, "-m", "swapless", "bulk", "echo", str(source), "-o", str(out), "--chunk-size", "50",
          "--max-in-flight", "8", "--no-local", "--progress", "log", "--log-every", "1"],
         cwd=REPO, check=False, capture_output=True, text=True, env={**os.environ, **faults.env}, timeout=300,
     )
@@ -286,8 +286,8 @@ def test_the_gateway_answers_503_with_retry_after_when_redis_is_full(
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from config.settings import get_settings
-    from tasks.gateway import create_app
+    from swapless.config.settings import get_settings
+    from swapless.tasks.gateway import create_app
 
     server = _full_redis(private_redis, "4mb")
     faults.set(SWAPLESS_REDIS_URL=server.url(0))

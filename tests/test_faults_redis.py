@@ -23,8 +23,8 @@ import psutil
 import pytest
 import redis
 
-from config.errors import QueueUnavailable
-from tasks.client import Client
+from swapless.config.errors import QueueUnavailable
+from swapless.tasks.client import Client
 from tests.conftest import REPO
 from tests.faultkit import FaultEnv, Scenario, echoes, gate, settle, wait_for
 from tests.redis_server import RedisServer, free_port, protected_configs_allowed
@@ -131,7 +131,7 @@ def test_producers_of_a_redis_that_refuses_writes_get_one_line_and_queue_nothing
         with pytest.raises(QueueUnavailable) as caught:
             client.submit_jobs([("echo", f"{refusal}-refused"), ("echo2", f"{refusal}-refused-2")])
         assert str(caught.value) == f"cannot reach Redis at {server.url(0)}: {ADVICE[refusal]}"
-        done = subprocess.run([sys.executable, "-m", "tasks.cli", "submit", "echo", "refused-cli"], cwd=REPO,
+        done = subprocess.run([sys.executable, "-m", "swapless", "submit", "echo", "refused-cli"], cwd=REPO,
                               check=False, capture_output=True, text=True, env={**os.environ, **faults.env}, timeout=60)
         assert done.returncode == 2 and done.stderr.strip().splitlines() == [f"error: {caught.value}"], done.stderr
         _take_writes(admin, refusal, str(server.directory))

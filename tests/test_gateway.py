@@ -20,7 +20,7 @@ import httpx
 import pytest
 import redis
 
-from tasks.client import Client
+from swapless.tasks.client import Client
 from tests.redis_server import redis_server_binary
 from tests.stack import GatewayProcess, Stack, free_port, pubsub_connections, wait_for, worker_and_gateway
 from tests.tinymodels import encode_image

@@ -16,13 +16,13 @@ import redis
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from config.errors import ConfigError
-from config.settings import Settings
-from manager.registry.store import ModelStore
-from tasks.gateway import create_app
-from tasks.gateway.auth import Callers, Need, RedactKeyFilter
-from tasks.gateway.keys import KeyRule, load_keys, parse_keys
-from tasks.gateway.turns import Turns
+from swapless.config.errors import ConfigError
+from swapless.config.settings import Settings
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.gateway import create_app
+from swapless.tasks.gateway.auth import Callers, Need, RedactKeyFilter
+from swapless.tasks.gateway.keys import KeyRule, load_keys, parse_keys
+from swapless.tasks.gateway.turns import Turns
 from tests.fakes import write_fake_models
 from tests.stack import GatewayProcess, free_port, listening_ports, private_env, run_cli, wait_for
 
@@ -273,7 +273,7 @@ def test_the_query_key_goes_no_further_than_the_check() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    from tasks.gateway.keys import KeyRing
+    from swapless.tasks.gateway.keys import KeyRing
 
     rules = parse_keys(FULL, "SWAPLESS_API_KEYS", per_line=False)
     middleware = Callers(app, KeyRing([KeyRule(rules[0].digest, None)]), [], frozenset(), Turns(4, 10.0))

@@ -25,7 +25,7 @@ import httpx
 import pytest
 import redis
 
-from tasks.keyspace import Keyspace
+from swapless.tasks.keyspace import Keyspace
 from tests.stack import GatewayProcess, Stack, private_env, wait_for, worker_and_gateway
 from tests.tinymodels import encode_image, write_models_file
 

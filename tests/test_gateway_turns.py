@@ -1,5 +1,5 @@
-"""``tasks.gateway.turns`` alone: a caller's turns, first come first served, given back once, and a lane per caller
-that goes when its last request ends (the gateway-level behaviour is in tests/test_gateway_security.py)."""
+"""``swapless.tasks.gateway.turns`` alone: a caller's turns, first come first served, given back once, and a lane per
+caller that goes when its last request ends (the gateway-level behaviour is in tests/test_gateway_security.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from tasks.gateway.turns import NoTurn, Turns, give_back
+from swapless.tasks.gateway.turns import NoTurn, Turns, give_back
 
 
 def test_turns_go_first_come_first_served_and_other_callers_do_not_wait() -> None:

@@ -25,7 +25,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-#: part -> module prefixes it must never import
+#: part -> module prefixes it must never import (names under the import root ``swapless``)
 NEVER: dict[str, tuple[str, ...]] = {
     "manager": ("tasks", "celery", "celery_batches", "kombu", "redis"),
     "tasks.protocol": ("tasks.app", "tasks.keyspace", "tasks.broker", "tasks.cluster", "tasks.worker",
@@ -42,6 +42,9 @@ NEVER: dict[str, tuple[str, ...]] = {
     "tasks.gateway": ("tasks.worker", "tasks.cli"),
 }
 
+#: The one import root: every module of the repository is ``swapless.<its path>``.
+ROOT = "swapless"
+
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
@@ -51,15 +54,24 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
-    """``(line, module)`` of every import in a file, at any depth; ``from a import b`` also yields ``a.b``."""
-    found = []
+    """``(line, module)`` of every import in a file, at any depth; ``from a import b`` also yields ``a.b``. Names
+    under the import root are given relative to it (``swapless.tasks.app`` as ``tasks.app``)."""
+    found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             found.append((node.lineno, node.module))
             found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
-    return found
+    return [(line, name.removeprefix(ROOT + ".")) for line, name in found]
+
+
+def _raw_imports(path: Path) -> list[str]:
+    """The module of every absolute import in a file, as written."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names] + [
+        node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module and not node.level
+    ]
 
 
 def _sources() -> list[Path]:
@@ -93,6 +105,21 @@ def test_no_part_imports_what_it_must_not() -> None:
     assert not broken, "\n".join(broken)
 
 
+def test_every_import_of_the_project_goes_through_the_import_root() -> None:
+    """Nothing imports ``tasks``, ``manager`` or ``config`` at top level: installed, they exist only as
+    ``swapless.tasks`` and so on, and a user's own module of that name would be imported instead."""
+    files = [*_sources(), *sorted((REPO / "tests").rglob("*.py")), *sorted((REPO / "bench").rglob("*.py")),
+             *sorted((REPO / "examples").rglob("*.py")), *sorted((REPO / "src").rglob("*.py"))]
+    bare = [
+        f"{path.relative_to(REPO)}: {module}"
+        for path in files
+        for module in _raw_imports(path)
+        if module.split(".")[0] in ("tasks", "manager", "config")
+    ]
+    assert len(files) > 200, "the check reads too few files: it could not fail"
+    assert not bare, "\n".join(bare)
+
+
 def test_only_the_broker_touches_kombu_internals() -> None:
     """kombu's transport internals (its Redis channel, QoS, message delivery) are subclassed in one place."""
     users = {
@@ -108,16 +135,19 @@ def test_only_the_broker_touches_kombu_internals() -> None:
 def test_the_check_sees_a_broken_rule(tmp_path: Path) -> None:
     """The import reader finds imports inside functions too (the rules above would miss none)."""
     sample = tmp_path / "sample.py"
-    sample.write_text("def f():\n    from tasks.worker.task import app\n    import redis\n")
+    sample.write_text("def f():\n    from swapless.tasks.worker.task import app\n    import redis\n")
     assert [m for _, m in _imports(sample)] == ["tasks.worker.task", "tasks.worker.task.app", "redis"]
+    assert _raw_imports(sample)[-1] == "swapless.tasks.worker.task"
 
 
-@pytest.mark.parametrize("module", ["tasks.client", "tasks.gateway", "tasks.protocol", "tasks.observe.view"])
+@pytest.mark.parametrize("module", ["Client", "tasks.client", "tasks.gateway", "tasks.protocol", "tasks.observe.view"])
 def test_producer_modules_load_no_worker_code(module: str) -> None:
     """Importing the producer side in a fresh interpreter loads nothing of the worker, and no model framework."""
     probe = (
-        f"import json, sys, {module}; "
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('tasks.worker', 'torch', 'transformers')))))"
+        (f"import json, sys; from {ROOT} import Client, Job, SwaplessError; " if module == "Client" else
+         f"import json, sys, {ROOT}.{module}; ")
+        + "print(json.dumps(sorted(m for m in sys.modules"
+        " if m.startswith(('swapless.tasks.worker', 'torch', 'transformers')))))"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
@@ -126,8 +156,9 @@ def test_producer_modules_load_no_worker_code(module: str) -> None:
 def test_no_celery_app_is_built_at_import() -> None:
     """Importing the protocol, the app factory or the client builds no Celery app; building one is seen."""
     probe = (
-        "import tasks.protocol, tasks.app, tasks.client; from celery import _state; "
-        "before = len(list(_state._get_active_apps())); tasks.app.make_app(); "
+        "import swapless, swapless.tasks.protocol, swapless.tasks.app, swapless.tasks.client; "
+        "from celery import _state; "
+        "before = len(list(_state._get_active_apps())); swapless.tasks.app.make_app(); "
         "print(before, len(list(_state._get_active_apps())))"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)

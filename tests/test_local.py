@@ -40,7 +40,7 @@ class Cli:
         self.log = log
         with log.open("wb") as stderr:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tasks.cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=stderr
+                [sys.executable, "-m", "swapless", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=stderr
             )
         self.descendants: dict[int, str] = {}
 
@@ -71,7 +71,7 @@ class Cli:
         nothing recorded there would be nothing to find alive: the check would pass whatever was left)."""
         commands = list(self.descendants.values())
         assert any("redis-server" in cmd for cmd in commands), f"no redis-server recorded: {self.descendants}"
-        assert any("tasks.cli worker" in cmd for cmd in commands), f"no worker recorded: {self.descendants}"
+        assert any("swapless worker" in cmd for cmd in commands), f"no worker recorded: {self.descendants}"
         deadline = time.monotonic() + timeout_s
         alive = self.descendants
         while time.monotonic() < deadline:
@@ -99,7 +99,7 @@ def test_bulk_without_redis_runs_on_an_embedded_redis_and_cleans_up(local_env: d
     assert "local mode: starting an embedded Redis and a worker" in log
     assert [json.loads(line)["key"] for line in out.read_text().splitlines()] == list(range(1, 121))
     assert any("redis-server" in cmd for cmd in cli.descendants.values()), cli.descendants
-    assert any("tasks.cli" in cmd for cmd in cli.descendants.values()), cli.descendants
+    assert any("-m swapless worker" in cmd for cmd in cli.descendants.values()), cli.descendants
     cli.assert_nothing_left()
     redis_cmd = next(cmd for cmd in cli.descendants.values() if "redis-server" in cmd)  # "... unixsocket:<path>"
     socket = Path(re.search(r"(/\S+/redis\.sock)", redis_cmd).group(1))  # type: ignore[union-attr]
@@ -131,31 +131,34 @@ def test_submit_without_redis_waits_and_prints_the_result(local_env: dict[str, s
 
 
 def test_demo_is_one_command_from_an_installed_package(local_env: dict[str, str], tmp_path: Path) -> None:
-    """``pip install .`` then ``swapless demo`` in any directory: the sample ships in the package, and the demo's
-    sentiment model has learnt its labels (``This movie is awful...`` comes back NEGATIVE)."""
+    """``pip install .`` then ``swapless demo`` in any directory, one with its own ``tasks.py`` and ``config``
+    package too: the sample ships in the package, and the demo's sentiment model has learnt its labels (``This movie
+    is awful...`` comes back NEGATIVE)."""
     source = tmp_path / "source"  # a copy: building in the checkout would leave build/ there
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for part in ("tasks", "manager", "config"):
+    for part in ("src", "tasks", "manager", "config"):
         shutil.copytree(REPO / part, source / part, ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, source / name)
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
                     str(site), str(source)], check=True, capture_output=True, timeout=300)
     elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
+    (elsewhere / "config").mkdir(parents=True)
+    (elsewhere / "config" / "__init__.py").write_text("")  # a Django project's settings package
+    (elsewhere / "tasks.py").write_text("from celery import Celery\n\napp = Celery('tasks')\n")  # Celery's tasks.py
     env = {**local_env, "PYTHONPATH": str(site)}
     env.pop("SWAPLESS_MODELS_FILE")
-    probe = "import tasks, manager.demo.sample as s; print(tasks.__file__); print(s.SAMPLE_PATH)"
+    probe = "import swapless, swapless.manager.demo.sample as s; print(swapless.__file__); print(s.SAMPLE_PATH)"
     where = subprocess.run([sys.executable, "-c", probe], cwd=elsewhere, env=env, capture_output=True, text=True,
                            check=True).stdout.split()
     assert all(path.startswith(str(site)) for path in where), where  # the installed copy, not the checkout
     cli = Cli(["demo", "-o", "demo.jsonl"], env, tmp_path / "log", cwd=elsewhere)
     status, _, log = cli.finish(timeout_s=300)
     assert status == 0, log
-    from manager.demo.sample import read_sample
+    from swapless.manager.demo.sample import read_sample
 
-    sample = read_sample(site / "manager" / "demo" / "data" / "reviews.jsonl")
+    sample = read_sample(site / "swapless" / "manager" / "demo" / "data" / "reviews.jsonl")
     lines = [json.loads(line) for line in (elsewhere / "demo.jsonl").read_text().splitlines()]
     assert [line["key"] for line in lines] == [row["id"] for row in sample] and len(lines) == 300
     top = [line["result"][0]["label"] for line in lines]
@@ -284,7 +287,7 @@ def test_a_callback_url_the_workers_would_refuse_stops_the_run_before_it_starts(
     source = tmp_path / "in.jsonl"
     source.write_text('{"text": "never sent"}\n')
     done = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", "bulk", "sentiment", str(source), "-o", str(tmp_path / "out.jsonl"),
+        [sys.executable, "-m", "swapless", "bulk", "sentiment", str(source), "-o", str(tmp_path / "out.jsonl"),
          "--callback-url", url], cwd=REPO, env={**local_env, "SWAPLESS_WEBHOOK_ALLOWED_HOSTS": allowed},
         capture_output=True, text=True, timeout=120, check=False,
     )

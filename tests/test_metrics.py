@@ -14,14 +14,14 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.errors import InputError
-from config.settings import Settings
-from manager import ModelEngine, ModelManager, ModelStore
-from tasks.client import Client
-from tasks.cluster.members import read_heartbeats
-from tasks.keyspace import Keyspace
-from tasks.observe.accounting import GroupReport
-from tasks.observe.metrics import WorkerMetrics
+from swapless.config.errors import InputError
+from swapless.config.settings import Settings
+from swapless.manager import ModelEngine, ModelManager, ModelStore
+from swapless.tasks.client import Client
+from swapless.tasks.cluster.members import read_heartbeats
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.observe.accounting import GroupReport
+from swapless.tasks.observe.metrics import WorkerMetrics
 from tests.conftest import WorkerProcess
 from tests.fakes import FakeWorker, write_fake_models
 from tests.stack import free_port, listening_ports

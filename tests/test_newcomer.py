@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from config.errors import BackendUnavailable, QueueUnavailable
-from config.settings import get_settings
-from tasks.broker.connection import redact
-from tasks.cli.common import fail
-from tasks.client import Client
+from swapless.config.errors import BackendUnavailable, QueueUnavailable
+from swapless.config.settings import get_settings
+from swapless.tasks.broker.connection import redact
+from swapless.tasks.cli.common import fail
+from swapless.tasks.client import Client
 from tests.conftest import REPO
 from tests.stack import free_port
 
@@ -126,7 +126,7 @@ def test_submit_against_a_host_that_does_not_answer_says_one_line(silent_url: st
 
 def _swapless(*args: str, env: dict[str, str], timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tasks.cli", *args],
+        [sys.executable, "-m", "swapless", *args],
         cwd=REPO,
         env=env,
         check=False,
@@ -202,7 +202,7 @@ def test_serve_starts_on_a_plain_install() -> None:
     dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     names = {dep.split(">")[0].split("=")[0].split("[")[0].strip().lower() for dep in dependencies}
     assert {"fastapi", "uvicorn"} <= names
-    probe = "import tasks.gateway, uvicorn; print(tasks.gateway.create_app.__name__)"
+    probe = "import swapless.tasks.gateway, uvicorn; print(swapless.tasks.gateway.create_app.__name__)"
     assert subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
                           check=True).stdout.strip() == "create_app"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.cluster.plan import Demand, Moves, WorkerView, plan
+from swapless.tasks.cluster.plan import Demand, Moves, WorkerView, plan
 
 
 def _workers(*ids: str, slots: int = 2, **loaded: set[str]) -> list[WorkerView]:

@@ -1,7 +1,7 @@
-"""The pod deletion cost (``tasks.observe.podcost``): the removal rank as one integer, and a real worker keeping its
-pod's annotation current over HTTPS, as in a cluster: its service account's token and CA, its pod from the downward
-API. There is no Kubernetes API server here: the HTTPS server the worker writes to is a stand-in that checks and
-records each write (the path, the token, a JSON merge patch of the one annotation), as the API server would
+"""The pod deletion cost (``swapless.tasks.observe.podcost``): the removal rank as one integer, and a real worker
+keeping its pod's annotation current over HTTPS, as in a cluster: its service account's token and CA, its pod from the
+downward API. There is no Kubernetes API server here: the HTTPS server the worker writes to is a stand-in that checks
+and records each write (the path, the token, a JSON merge patch of the one annotation), as the API server would
 receive it."""
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import pytest
 import redis
 
 from bench.simulated import simulated_entry
-from config.settings import Settings
-from tasks.client import Client
-from tasks.cluster.members import read_heartbeats
-from tasks.keyspace import Keyspace
-from tasks.observe.podcost import ANNOTATION, PodDeletionCost, deletion_cost
-from tasks.observe.scaling import RemovalCost
+from swapless.config.settings import Settings
+from swapless.tasks.client import Client
+from swapless.tasks.cluster.members import read_heartbeats
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.observe.podcost import ANNOTATION, PodDeletionCost, deletion_cost
+from swapless.tasks.observe.scaling import RemovalCost
 from tests.conftest import WorkerProcess
 from tests.faultkit import wait_for
 from tests.tinymodels import write_models_file

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from manager.batching.order import Waiting, choose_next
-from manager.cache.eviction import Cached, choose_victims
+from swapless.manager.batching.order import Waiting, choose_next
+from swapless.manager.cache.eviction import Cached, choose_victims
 
 
 def test_nothing_waiting() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tasks.protocol import message_args, normal_args
+from swapless.tasks.protocol import message_args, normal_args
 
 
 @pytest.mark.parametrize(

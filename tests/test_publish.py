@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import redis
 
-from config.errors import InputError, UnknownModel
-from tasks.client import Client
-from tasks.keyspace import Keyspace
-from tasks.protocol import PREDICT_TASK, PRIORITY_BULK, PRIORITY_INTERACTIVE
+from swapless.config.errors import InputError, UnknownModel
+from swapless.tasks.client import Client
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.protocol import PREDICT_TASK, PRIORITY_BULK, PRIORITY_INTERACTIVE
 from tests.conftest import WorkerProcess
 from tests.tinymodels import encode_image
 
@@ -74,7 +74,7 @@ def test_nothing_is_sent_when_one_job_is_invalid(swapless_env: dict[str, str], r
 def test_a_message_over_the_byte_bound_is_refused_and_nothing_of_its_call_is_sent(
     swapless_env: dict[str, str], redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from config.settings import get_settings
+    from swapless.config.settings import get_settings
 
     monkeypatch.setenv("SWAPLESS_MAX_MESSAGE_BYTES", "4096")
     get_settings.cache_clear()
@@ -96,7 +96,7 @@ def test_a_message_over_the_byte_bound_is_refused_and_nothing_of_its_call_is_sen
 
 
 def test_a_fresh_install_bounds_the_queue() -> None:
-    from config.settings import Settings
+    from swapless.config.settings import Settings
 
     assert Settings().max_queued == 100_000, "one caller cannot fill a fresh install's Redis"
 

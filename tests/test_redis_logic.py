@@ -1,9 +1,9 @@
 """Redis-side bookkeeping that needs neither Lua nor a worker, over ``fakeredis`` (no real Redis, no process).
 
-The key layout of ``tasks.keyspace``; results as ``ResultStore`` encodes, reads and deletes them (its Lua scripts,
-``store``/``start``/``prior``/``cancel``, are left to tests/test_results.py on the real Redis); the worker
-heartbeats and their index (``tasks.cluster.members``); and the reads behind ``swapless status``: each model's
-placement (``tasks.cluster.view``) and the depth of the queue (``tasks.observe.queue``).
+The key layout of ``swapless.tasks.keyspace``; results as ``ResultStore`` encodes, reads and deletes them (its Lua
+scripts, ``store``/``start``/``prior``/``cancel``, are left to tests/test_results.py on the real Redis); the worker
+heartbeats and their index (``swapless.tasks.cluster.members``); and the reads behind ``swapless status``: each
+model's placement (``swapless.tasks.cluster.view``) and the depth of the queue (``swapless.tasks.observe.queue``).
 """
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ import pytest
 from celery import states
 from redis.crc import key_slot
 
-from config.errors import InputError, JobCancelled, JobFailed
-from config.settings import Settings
-from tasks.app import make_app
-from tasks.broker.results import ResultStore
-from tasks.cluster.members import CacheInfo, Heartbeat, WaitSummary, read_heartbeats
-from tasks.cluster.view import read_placement
-from tasks.keyspace import Keyspace
-from tasks.observe.accounting import GroupReport
-from tasks.observe.beats import HeartbeatPublisher
-from tasks.observe.queue import read_queue_depth
-from tasks.observe.stats import WorkerStats
-from tasks.protocol import PRIORITY_STEPS, item_id, split_item_id, storage_id
+from swapless.config.errors import InputError, JobCancelled, JobFailed
+from swapless.config.settings import Settings
+from swapless.tasks.app import make_app
+from swapless.tasks.broker.results import ResultStore
+from swapless.tasks.cluster.members import CacheInfo, Heartbeat, WaitSummary, read_heartbeats
+from swapless.tasks.cluster.view import read_placement
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.observe.accounting import GroupReport
+from swapless.tasks.observe.beats import HeartbeatPublisher
+from swapless.tasks.observe.queue import read_queue_depth
+from swapless.tasks.observe.stats import WorkerStats
+from swapless.tasks.protocol import PRIORITY_STEPS, item_id, split_item_id, storage_id
 
 PREFIX = "t:"
 KEYS = Keyspace("jobs", PREFIX)
@@ -124,6 +124,32 @@ def test_a_failure_is_rebuilt_as_the_worker_s_own_error(store: ResultStore, r: f
     assert type(failed.value) is InputError
     assert (failed.value.model_id, failed.value.problem) == ("sentiment", "empty text")
     assert str(failed.value) == "bad input for model 'sentiment': empty text"
+
+
+def test_a_failure_is_stored_under_its_public_name(store: ResultStore) -> None:
+    """Errors are stored as ``swapless.<Name>``, the name a program imports them by, not where they are defined."""
+    job = str(uuid.uuid4())
+    stored = json.loads(store._encode(job, None, InputError("sentiment", "empty text"), "2026-01-01T00:00:00"))
+    assert (stored["result"]["exc_module"], stored["result"]["exc_type"]) == ("swapless", "InputError")
+
+
+@pytest.mark.parametrize("module", ["config.errors", "swapless.config.errors", "swapless"])
+def test_a_failure_stored_by_an_older_layout_decodes_as_the_same_error(
+    store: ResultStore, r: fakeredis.FakeRedis, module: str
+) -> None:
+    """A worker from before the one import root stored ``config.errors``; a reader today rebuilds the same class.
+    A module it does not know stays Celery's stand-in, never an import of whatever that name is here."""
+    job, foreign = str(uuid.uuid4()), str(uuid.uuid4())
+    meta = {"status": "FAILURE", "traceback": None, "children": None, "date_done": "2026-01-01T00:00:00",
+            "result": {"exc_type": "InputError", "exc_module": module,
+                       "exc_message": ["sentiment", "empty text; send at least one non-blank character"]}}
+    r.set(store.key(job), json.dumps({**meta, "task_id": job}))
+    r.set(store.key(foreign), json.dumps({**meta, "task_id": foreign,
+                                          "result": {**meta["result"], "exc_module": "someone.elses"}}))
+    old, other = store.fetch([job, foreign])
+    assert type(old.value) is InputError and old.value.model_id == "sentiment"
+    assert str(old.value) == "bad input for model 'sentiment': empty text; send at least one non-blank character"
+    assert not isinstance(other.value, InputError) and type(other.value).__name__ == "InputError"
 
 
 def test_an_output_json_cannot_hold_becomes_this_job_s_failure_and_kombu_types_survive(store: ResultStore) -> None:

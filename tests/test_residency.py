@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.simulated import simulated_entry
-from tasks.client import Client
+from swapless.tasks.client import Client
 from tests.conftest import WorkerProcess
 from tests.faultkit import wait_for
 from tests.stack import run_cli

@@ -10,10 +10,10 @@ from typing import Any
 
 import redis
 
-from config.errors import JobFailed
-from tasks.app import make_app
-from tasks.broker.results import ResultStore
-from tasks.client.consumer import ResultConsumer
+from swapless.config.errors import JobFailed
+from swapless.tasks.app import make_app
+from swapless.tasks.broker.results import ResultStore
+from swapless.tasks.client.consumer import ResultConsumer
 from tests.stack import pubsub_connections
 
 

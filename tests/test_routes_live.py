@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from config.errors import InputError
-from manager.registry.store import ModelStore
-from tasks.broker.routes import read_shadow
-from tasks.client import Client
-from tasks.keyspace import Keyspace
-from tasks.protocol import PREDICT_TASK
+from swapless.config.errors import InputError
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.broker.routes import read_shadow
+from swapless.tasks.client import Client
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.protocol import PREDICT_TASK
 from tests.crashy import crashy_entry
 from tests.faultkit import FaultEnv, wait_for
 
@@ -42,7 +42,7 @@ READ_MARGIN_S = 0.25
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     """``swapless ARGS`` with this test's environment, its tables unwrapped."""
     return subprocess.run(
-        [sys.executable, "-m", "tasks.cli", *args],
+        [sys.executable, "-m", "swapless", *args],
         check=False,
         capture_output=True,
         text=True,
@@ -210,7 +210,7 @@ def test_routing_by_input_type_and_an_input_no_branch_takes(routes: FaultEnv) ->
 def test_the_gateway_routes_with_a_sticky_key_and_names_the_serving_model(routes: FaultEnv) -> None:
     from fastapi.testclient import TestClient
 
-    from tasks.gateway.app import create_app
+    from swapless.tasks.gateway.app import create_app
 
     store = _store(routes)
     picks: dict[str, str] = {}  # a key for each version: ignoring the key would send some requests elsewhere

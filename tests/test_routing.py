@@ -1,5 +1,5 @@
-"""Routes over model versions and input types: the pure policy (``manager.registry.routing``) and the store's checks of
-route entries. No Redis, no workers."""
+"""Routes over model versions and input types: the pure policy (``swapless.manager.registry.routing``) and the store's
+checks of route entries. No Redis, no workers."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from config.errors import ConfigError, InputError, UnknownModel
-from manager.registry.routing import input_type, pick, shadows_of
-from manager.registry.specs import InputType
-from manager.registry.store import ModelStore
+from swapless.config.errors import ConfigError, InputError, UnknownModel
+from swapless.manager.registry.routing import input_type, pick, shadows_of
+from swapless.manager.registry.specs import InputType
+from swapless.manager.registry.store import ModelStore
 
 pytestmark = pytest.mark.images
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from config.errors import InputError, PredictionFailed
-from manager import Backlog, Job, ModelEngine, ModelManager, ModelStore, run_group
+from swapless.config.errors import InputError, PredictionFailed
+from swapless.manager import Backlog, Job, ModelEngine, ModelManager, ModelStore, run_group
 from tests.fakes import FakeWorker, write_fake_models
 
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from tasks.client import Client, Job
-from tasks.cluster.members import Heartbeat, read_heartbeats
-from tasks.cluster.view import read_placement
-from tasks.keyspace import Keyspace
-from tasks.protocol import CHUNK_TASK, PREDICT_TASK
+from swapless.tasks.client import Client, Job
+from swapless.tasks.cluster.members import Heartbeat, read_heartbeats
+from swapless.tasks.cluster.view import read_placement
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.protocol import CHUNK_TASK, PREDICT_TASK
 from tests.conftest import WorkerProcess
 from tests.crashy import GATES_ENV, LOG_ENV, crashy_entry, executions
 from tests.faultkit import elsewhere_wrapper, settle, wait_for
@@ -59,7 +59,7 @@ class Cluster:
         }
         for name, value in self.extra.items():
             monkeypatch.setenv(name, value)
-        from config.settings import get_settings
+        from swapless.config.settings import get_settings
 
         get_settings.cache_clear()
         self._start = start_worker

@@ -1,5 +1,5 @@
-"""The autoscaling signals (``tasks.observe.scaling``): the formula, the demand's window, what Redis holds read back
-as seconds of work (jobs, chunks and plain Celery messages, the learned costs, the loads), the gateway's
+"""The autoscaling signals (``swapless.tasks.observe.scaling``): the formula, the demand's window, what Redis holds read
+back as seconds of work (jobs, chunks and plain Celery messages, the learned costs, the loads), the gateway's
 ``/metrics`` and ``swapless exporter``; and, against a real worker on the simulated device, the measured cost read
 back within 20 % and ``swapless drain`` handing its jobs over to another worker without loss."""
 
@@ -19,13 +19,13 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from bench.simulated import simulated_entry
-from config.settings import Settings
-from tasks.app import make_app
-from tasks.client import Client
-from tasks.cluster.members import Heartbeat, LoadedEntry, ModelActivity
-from tasks.gateway import create_app
-from tasks.keyspace import Keyspace
-from tasks.observe.scaling import (
+from swapless.config.settings import Settings
+from swapless.tasks.app import make_app
+from swapless.tasks.client import Client
+from swapless.tasks.cluster.members import Heartbeat, LoadedEntry, ModelActivity
+from swapless.tasks.gateway import create_app
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.observe.scaling import (
     ClusterReading,
     DemandTracker,
     ModelBacklog,
@@ -37,7 +37,7 @@ from tasks.observe.scaling import (
     removal_costs,
     signals_registry,
 )
-from tasks.protocol import PREDICT_TASK
+from swapless.tasks.protocol import PREDICT_TASK
 from tests.conftest import CliProcess, WorkerProcess
 from tests.faultkit import wait_for
 from tests.redis_server import free_port
@@ -296,14 +296,14 @@ def simulated(swapless_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.
            "SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5", "SIMULATED_LOG": str(tmp_path / "ran.log")}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    from config.settings import get_settings
+    from swapless.config.settings import get_settings
 
     get_settings.cache_clear()
     return env
 
 
 def _live(env: dict[str, str]) -> list[Heartbeat]:
-    from tasks.cluster.members import read_heartbeats
+    from swapless.tasks.cluster.members import read_heartbeats
 
     s = Settings()
     return [b for b in read_heartbeats(redis.Redis.from_url(env["SWAPLESS_REDIS_URL"]), Keyspace.of(s))

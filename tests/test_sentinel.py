@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from config.errors import QueueUnavailable
-from tasks.broker.sentinel import RECHECK_S
-from tasks.client import Client, Job
+from swapless.config.errors import QueueUnavailable
+from swapless.tasks.broker.sentinel import RECHECK_S
+from swapless.tasks.client import Client, Job
 from tests.faultkit import FaultEnv, Scenario, echoes, gate, settle, wait_for
 from tests.redis_server import RedisServer
 from tests.sentinel_cluster import MASTER, SentinelCluster
@@ -220,8 +220,8 @@ def test_a_primary_stalled_past_its_failover_is_left_at_once_and_loses_nothing_a
     """The primary stops answering (SIGSTOP: a stalled machine) until the sentinels promote a replica, then goes on,
     a primary still until they demote it (8 s or more later: Sentinel waits that long before it reconfigures a
     server that says it is a primary). The producer's and the worker's connections to it are open and answered
-    again; both leave it for the primary the sentinels name within ``RECHECK_S`` (``tasks.broker.sentinel``), not
-    when it is demoted: jobs are accepted and answered again within seconds, and none accepted is lost (writes to
+    again; both leave it for the primary the sentinels name within ``RECHECK_S`` (``swapless.tasks.broker.sentinel``),
+    not when it is demoted: jobs are accepted and answered again within seconds, and none accepted is lost (writes to
     the old primary are refused there, its replicas gone)."""
     faults.set(SWAPLESS_REDIS_URL=cluster.url(0), SWAPLESS_REDIS_SENTINEL_MASTER=MASTER,
                SWAPLESS_REDIS_MIN_REPLICAS="1", SWAPLESS_REDIS_REPLICA_TIMEOUT_S="0.5")

@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from config.errors import ConfigError, QueueUnavailable
-from config.settings import load_settings
-from tasks.app import make_app
-from tasks.broker.connection import ReplicasBehind, ReplicaWait, redact, redis_client, translate
-from tasks.broker.sentinel import SentinelOptions, SentinelURL
-from tasks.broker.transport import broker_connection
+from swapless.config.errors import ConfigError, QueueUnavailable
+from swapless.config.settings import load_settings
+from swapless.tasks.app import make_app
+from swapless.tasks.broker.connection import ReplicasBehind, ReplicaWait, redact, redis_client, translate
+from swapless.tasks.broker.sentinel import SentinelOptions, SentinelURL
+from swapless.tasks.broker.transport import broker_connection
 
 URL = "sentinel://app:s3cret@10.0.0.1:26380/2;sentinel://10.0.0.2;sentinel://10.0.0.3:26381"
 
@@ -52,7 +52,7 @@ def test_the_celery_app_reaches_the_sentinels_for_broker_and_results() -> None:
                              key_prefix="p:")
     conf = make_app(settings).conf
     assert conf.broker_url.startswith("swapless-sentinel://")
-    assert conf.result_backend == "tasks.broker.failover:SentinelBackend+" + URL
+    assert conf.result_backend == "swapless.tasks.broker.failover:SentinelBackend+" + URL
     for options in (conf.broker_transport_options, conf.result_backend_transport_options):
         assert options["master_name"] == "swapless"
         assert options["sentinel_kwargs"]["password"] == "x"

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-import config.settings as settings_module
-from config.errors import ConfigError
-from config.settings import Settings, get_settings, parse_bytes
+import swapless.config.settings as settings_module
+from swapless.config.errors import ConfigError
+from swapless.config.settings import Settings, get_settings, parse_bytes
 from tests.conftest import REPO
 
 
@@ -57,7 +57,7 @@ def test_a_bad_variable_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, v
         get_settings.cache_clear()
     assert message in str(caught.value)
     done = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", "status"],
+        [sys.executable, "-m", "swapless", "status"],
         cwd=REPO,
         check=False,
         capture_output=True,
@@ -100,6 +100,6 @@ def test_every_setting_is_documented_with_its_real_default() -> None:
             sized = unit and unit[0] in ("KiB", "MiB", "GiB")
             assert (parse_bytes(f"{number}{unit[0]}") if sized else float(number)) == default, (name, shown)
         elif name == "models_file":
-            assert shown == "config/models.json" and default.relative_to(REPO) == settings_module.Path(shown)
+            assert shown == "config/models.json" and default.resolve().relative_to(REPO) == settings_module.Path(shown)
         else:
             assert shown == str(default), (name, shown)

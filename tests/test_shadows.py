@@ -1,5 +1,5 @@
-"""Shadow comparisons (``tasks.worker.shadows``) against the real Redis: a shadow that finishes before its served
-job is compared when the served job finishes, and every pair is compared once, whichever side finishes first."""
+"""Shadow comparisons (``swapless.tasks.worker.shadows``) against the real Redis: a shadow that finishes before its
+served job is compared when the served job finishes, and every pair is compared once, whichever side finishes first."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from typing import Any
 
 import redis
 
-from config.settings import Settings
-from manager import Job, Outcome
-from tasks.app import make_app
-from tasks.broker.results import ResultStore
-from tasks.broker.routes import read_shadow
-from tasks.keyspace import Keyspace
-from tasks.observe.accounting import NULL_OBSERVER
-from tasks.worker.delivery import Delivery
-from tasks.worker.shadows import Shadows
+from swapless.config.settings import Settings
+from swapless.manager import Job, Outcome
+from swapless.tasks.app import make_app
+from swapless.tasks.broker.results import ResultStore
+from swapless.tasks.broker.routes import read_shadow
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.observe.accounting import NULL_OBSERVER
+from swapless.tasks.worker.delivery import Delivery
+from swapless.tasks.worker.shadows import Shadows
 
 
 def _answered(job_id: str, model_id: str, label: str, **delivery: Any) -> tuple[Delivery, Outcome]:

@@ -15,18 +15,18 @@ from typing import Any
 import pytest
 import redis
 
-from config.errors import InputError
-from config.settings import Settings
-from manager import Job, ModelEngine, ModelManager, ModelStore, Outcome, run_group
-from tasks.client import Client
-from tasks.cluster.members import read_heartbeats
-from tasks.cluster.view import read_placement
-from tasks.keyspace import Keyspace
-from tasks.observe.accounting import GroupAccounting, GroupReport, SentTimes
-from tasks.observe.beats import HeartbeatPublisher
-from tasks.observe.events import TaskEvents
-from tasks.observe.queue import message_model, read_queue_depth
-from tasks.observe.stats import WorkerStats
+from swapless.config.errors import InputError
+from swapless.config.settings import Settings
+from swapless.manager import Job, ModelEngine, ModelManager, ModelStore, Outcome, run_group
+from swapless.tasks.client import Client
+from swapless.tasks.cluster.members import read_heartbeats
+from swapless.tasks.cluster.view import read_placement
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.observe.accounting import GroupAccounting, GroupReport, SentTimes
+from swapless.tasks.observe.beats import HeartbeatPublisher
+from swapless.tasks.observe.events import TaskEvents
+from swapless.tasks.observe.queue import message_model, read_queue_depth
+from swapless.tasks.observe.stats import WorkerStats
 from tests.conftest import WorkerProcess
 from tests.fakes import FakeWorker, write_fake_models
 from tests.stack import listening_ports, run_cli, wait_for
@@ -173,8 +173,8 @@ def test_queue_depth_per_priority_and_model_exact_then_sampled(
 ) -> None:
     """The ingress, where plain Celery producers' jobs wait until a worker moves them to their model's lists: read
     from a sample; and the models' own lists, exact."""
-    from tasks.app import make_app
-    from tasks.protocol import PREDICT_TASK
+    from swapless.tasks.app import make_app
+    from swapless.tasks.protocol import PREDICT_TASK
 
     celery = make_app(settings)
     for i in range(30):
@@ -229,7 +229,7 @@ def test_each_model_s_own_lists_are_counted_exactly(swapless_env: dict[str, str]
 
 
 def test_heartbeat_publisher_expires_and_cleans_up(settings: Settings) -> None:
-    from tasks.cluster.members import CacheInfo, Heartbeat, WaitSummary
+    from swapless.tasks.cluster.members import CacheInfo, Heartbeat, WaitSummary
 
     r = redis.Redis.from_url(settings.broker_url)
     cache = CacheInfo(

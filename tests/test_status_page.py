@@ -23,9 +23,9 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
-from config.errors import InputError
-from tasks.broker.webhooks import Delivery, WebhookQueue
-from tasks.client import Client
+from swapless.config.errors import InputError
+from swapless.tasks.broker.webhooks import Delivery, WebhookQueue
+from swapless.tasks.client import Client
 from tests.stack import Stack as GatewayStack
 from tests.stack import run_cli, wait_for, worker_and_gateway
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from config.errors import ConfigError, UnknownModel
-from config.settings import DEFAULT_MODELS_FILE
-from manager import ModelEngine, ModelStore
+from swapless.config.errors import ConfigError, UnknownModel
+from swapless.config.settings import DEFAULT_MODELS_FILE
+from swapless.manager import ModelEngine, ModelStore
 
 
 def write(tmp_path: Path, models: object) -> Path:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from config.errors import ModelLoadError
-from manager import ModelEngine, ModelManager, ModelStore
-from manager.cache.costs import LoadCosts
-from manager.cache.entries import DEFAULT_LOAD_COST_S, HOST_COST_FRACTION, Tier
+from swapless.config.errors import ModelLoadError
+from swapless.manager import ModelEngine, ModelManager, ModelStore
+from swapless.manager.cache.costs import LoadCosts
+from swapless.manager.cache.entries import DEFAULT_LOAD_COST_S, HOST_COST_FRACTION, Tier
 from tests.fakes import FakeWorker, make_manager, use
 
 pytestmark = pytest.mark.images

@@ -13,12 +13,12 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from config.settings import Settings
-from tasks.client import Client
-from tasks.cluster.members import Heartbeat, read_heartbeats
-from tasks.cluster.plan import Demand, WorkerView, plan
-from tasks.keyspace import Keyspace
-from tasks.observe.view import render_worker
+from swapless.config.settings import Settings
+from swapless.tasks.client import Client
+from swapless.tasks.cluster.members import Heartbeat, read_heartbeats
+from swapless.tasks.cluster.plan import Demand, WorkerView, plan
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.observe.view import render_worker
 from tests.conftest import WorkerProcess
 from tests.stack import free_port
 

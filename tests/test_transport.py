@@ -1,5 +1,5 @@
-"""tasks.broker.transport against the real Redis: the atomic bulk fetch over the queue's one layout (the models'
-lists and the ingress), and everything kombu does on top of it.
+"""swapless.tasks.broker.transport against the real Redis: the atomic bulk fetch over the queue's one layout (the
+models' lists and the ingress), and everything kombu does on top of it.
 
 A kombu ``Connection`` with a worker's hooks (``ChannelHooks``: the queue, a placement that claims what the test
 says, Redis's health), as a worker's consumer has them; the messages are published the way a plain Celery producer
@@ -21,12 +21,12 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Queue
 
-from tasks.broker.connection import RedisHealth
-from tasks.broker.publish import ModelPush, push_to_models
-from tasks.broker.queues import FETCH, RECOVER, ChannelHooks
-from tasks.broker.transport import Channel, Transport, broker_connection
-from tasks.keyspace import Keyspace
-from tasks.protocol import ITEMS_HEADER
+from swapless.tasks.broker.connection import RedisHealth
+from swapless.tasks.broker.publish import ModelPush, push_to_models
+from swapless.tasks.broker.queues import FETCH, RECOVER, ChannelHooks
+from swapless.tasks.broker.transport import Channel, Transport, broker_connection
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.protocol import ITEMS_HEADER
 
 QUEUE = "jobs"
 WORKER = "w@test:1"
@@ -400,7 +400,7 @@ def test_a_queued_item_that_is_not_a_kombu_message_is_dropped_with_an_error_and_
     publish(conn, [{"n": 0}])
     r.lpush(keyspace.ingress(0), b"\x80not json")
     publish(conn, [{"n": 1}])
-    with caplog.at_level(logging.ERROR, logger="tasks.broker.transport"):
+    with caplog.at_level(logging.ERROR, logger="swapless.tasks.broker.transport"):
         got = consume(conn, 2)
     assert [m.payload for m in got] == [{"n": 0}, {"n": 1}]
     assert "is not a kombu message" in caplog.text
@@ -419,8 +419,9 @@ def test_a_channel_that_consumes_another_queue_is_kombu_s_own(
 
 
 def test_broker_urls_pick_this_transport_for_redis_and_leave_others_to_kombu() -> None:
-    assert broker_connection("redis://h:6379/0") == ("redis://h:6379/0", "tasks.broker.transport:Transport")
-    assert broker_connection("rediss://:pw@h:6380/0?ssl_cert_reqs=required")[1] == "tasks.broker.transport:Transport"
+    assert broker_connection("redis://h:6379/0") == ("redis://h:6379/0", "swapless.tasks.broker.transport:Transport")
+    secure = broker_connection("rediss://:pw@h:6380/0?ssl_cert_reqs=required")
+    assert secure[1] == "swapless.tasks.broker.transport:Transport"
     assert broker_connection("redis+socket:///tmp/r.sock") == ("swapless+socket:///tmp/r.sock", None)
     assert Connection("swapless+socket:///tmp/r.sock").get_transport_cls() is Transport
     # a Sentinel URL goes to this transport's Sentinel channel (tests/test_sentinel_config.py has the details)

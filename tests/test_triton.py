@@ -26,14 +26,14 @@ import pytest
 import tritonclient.http as httpclient
 from PIL import Image
 
-from config.errors import BackendUnavailable, InputError, ModelLoadError
-from manager.batching.runner import Job, run_group
-from manager.cache.lru import ModelManager
-from manager.frameworks.engine import ModelEngine
-from manager.frameworks.triton.worker import TritonWorker
-from manager.frameworks.worker import ModelWorker, WorkerLimits
-from manager.registry.specs import ModelSpec
-from manager.registry.store import ModelStore
+from swapless.config.errors import BackendUnavailable, InputError, ModelLoadError
+from swapless.manager.batching.runner import Job, run_group
+from swapless.manager.cache.lru import ModelManager
+from swapless.manager.frameworks.engine import ModelEngine
+from swapless.manager.frameworks.triton.worker import TritonWorker
+from swapless.manager.frameworks.worker import ModelWorker, WorkerLimits
+from swapless.manager.registry.specs import ModelSpec
+from swapless.manager.registry.store import ModelStore
 
 try:
     from tests.triton_server import REPOSITORY, TritonServer, fresh_triton, triton_server
@@ -431,7 +431,7 @@ def test_a_real_worker_serves_triton_models_beside_local_ones(
     """Through a real ``swapless worker``: Triton entries of the models file, ``SWAPLESS_TRITON_URL``,
     ``SWAPLESS_TRITON_MAX_MODELS``, the warm start leaving remote models alone, and local loads never evicting a
     Triton model (nor a Triton load a local one)."""
-    from tasks.client import Client
+    from swapless.tasks.client import Client
     from tests.crashy import crashy_entry
 
     models = tmp_path / "models.json"

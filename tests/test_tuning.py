@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from manager.batching.tuning import BatchTuner
+from swapless.manager.batching.tuning import BatchTuner
 
 
 def simulate(tuner: BatchTuner, cost_per_item: dict[int, float], passes: int) -> list[int]:
@@ -80,8 +80,8 @@ def test_a_slower_pass_moves_the_cost_up_only_gradually() -> None:
 
 
 def test_the_first_forward_pass_after_a_load_is_not_shown_to_the_tuner() -> None:
-    from manager.frameworks.worker import ModelWorker
-    from manager.registry.specs import InputType, ModelSpec
+    from swapless.manager.frameworks.worker import ModelWorker
+    from swapless.manager.registry.specs import InputType, ModelSpec
 
     class Counting(ModelWorker):
         def load(self) -> None: ...

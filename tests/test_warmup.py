@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
-from manager.batching.warmup import WARM_TEXT, warm_input, warm_start
-from manager.cache.lru import DEFAULT_LOAD_COST_S
-from manager.registry.specs import InputType
-from tasks.client import Client
+from swapless.manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
+from swapless.manager.batching.warmup import WARM_TEXT, warm_input, warm_start
+from swapless.manager.cache.lru import DEFAULT_LOAD_COST_S
+from swapless.manager.registry.specs import InputType
+from swapless.tasks.client import Client
 from tests.conftest import WorkerProcess
 
 pytestmark = pytest.mark.images
@@ -111,7 +111,7 @@ def test_what_a_worker_learned_seeds_the_next_one(start_worker: Callable[..., Wo
 
     import redis
 
-    from tasks.worker.learned import LEARNED_TTL_S
+    from swapless.tasks.worker.learned import LEARNED_TTL_S
 
     first = start_worker("--warm-start", env={"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5"})
     client = Client()

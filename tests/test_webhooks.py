@@ -14,12 +14,12 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from config.errors import WebhookRefused
-from config.settings import Settings, get_settings
-from tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, check_target
-from tasks.client import Client
-from tasks.keyspace import Keyspace
-from tasks.worker.webhooks import WebhookSender, backoff_s
+from swapless.config.errors import WebhookRefused
+from swapless.config.settings import Settings, get_settings
+from swapless.tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, check_target
+from swapless.tasks.client import Client
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.worker.webhooks import WebhookSender, backoff_s
 from tests.conftest import WorkerProcess
 from tests.faultkit import wait_for
 from tests.webhook_receiver import SECRET, Receiver

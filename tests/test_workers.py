@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import torch
 
-from config.errors import InputError, ModelLoadError
-from manager.frameworks.engine import ModelEngine
-from manager.frameworks.torchvision_worker import TorchVisionWorker
-from manager.frameworks.transformers_worker import TransformerWorker
-from manager.frameworks.worker import ModelWorker, WorkerLimits
-from manager.registry.store import ModelStore
+from swapless.config.errors import InputError, ModelLoadError
+from swapless.manager.frameworks.engine import ModelEngine
+from swapless.manager.frameworks.torchvision_worker import TorchVisionWorker
+from swapless.manager.frameworks.transformers_worker import TransformerWorker
+from swapless.manager.frameworks.worker import ModelWorker, WorkerLimits
+from swapless.manager.registry.store import ModelStore
 from tests.tinymodels import TEXT_MODELS, encode_image
 
 pytestmark = pytest.mark.images

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tasks.client import Client
+from swapless.tasks.client import Client
 from tests.crashy import executions
 from tests.faultkit import FaultEnv, wait_for
 

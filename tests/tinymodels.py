@@ -1,7 +1,7 @@
 """Small real models for the tests (and the benchmark), built on the spot with random weights.
 
-The builders live in ``manager.demo.tiny`` and ``manager.demo.models`` (``swapless demo`` uses them too); they are
-re-exported here so tests keep importing them from this module. Nothing downloads anything.
+The builders live in ``swapless.manager.demo.tiny`` and ``swapless.manager.demo.models`` (``swapless demo`` uses them
+too); they are re-exported here so tests keep importing them from this module. Nothing downloads anything.
 
 Fixtures (import them into a test module, or list this module in ``pytest_plugins``):
 
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from manager.demo.models import IMAGE_MODEL_ID, TEXT_MODELS, build_demo_models
-from manager.demo.tiny import (
+from swapless.manager.demo.models import IMAGE_MODEL_ID, TEXT_MODELS, build_demo_models
+from swapless.manager.demo.tiny import (
     TEXT_PRESETS,
     build_image_classifier,
     build_text_classifier,

@@ -13,7 +13,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tasks.worker.webhooks import WebhookIntake
+from swapless.tasks.worker.webhooks import WebhookIntake
 
 MARKER_ENV = "WEBHOOKHOOK_MARKER"
 TRIGGER = "die-before-webhook"

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.errors import (
+from swapless.config.errors import (
     BackendUnavailable,
     InputError,
     ModelLoadError,
@@ -26,9 +26,9 @@ from config.errors import (
     SwaplessError,
     UnknownModel,
 )
-from manager.batching.order import Waiting, choose_next
-from manager.cache.lru import ModelManager
-from manager.frameworks.worker import ModelWorker
+from swapless.manager.batching.order import Waiting, choose_next
+from swapless.manager.cache.lru import ModelManager
+from swapless.manager.frameworks.worker import ModelWorker
 
 __all__ = ["Backlog", "Job", "Outcome", "run_group"]
 

@@ -7,8 +7,8 @@ also starts blind and explores on real jobs. With ``SWAPLESS_WARM_START`` (on by
 reports ready, loads each local model in turn (through the cache, so the memory budget holds), runs two passes of
 a synthetic input at each candidate batch size (the first pays the one-off costs, the second is timed and seeds the
 tuner), records its load time for the scheduler, and unloads it; a model whose batch costs are known from earlier
-workers (``tasks.worker.learned``) gets one pass at its best size instead. Models with jobs waiting go first, then
-those used before, and the warm start stops at ``SWAPLESS_WARM_START_BUDGET_S`` (a registry of hundreds of models
+workers (``swapless.tasks.worker.learned``) gets one pass at its best size instead. Models with jobs waiting go first,
+then those used before, and the warm start stops at ``SWAPLESS_WARM_START_BUDGET_S`` (a registry of hundreds of models
 still starts in seconds). Start-up takes longer (a few seconds per model on a CPU), the first jobs of each model run
 at the speed of later ones. Remote models (Triton) are skipped: Triton has its own ``model_warmup``.
 
@@ -25,10 +25,10 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from config.errors import SwaplessError
-from manager.cache.lru import ModelManager
-from manager.frameworks.engine import ModelEngine
-from manager.registry.specs import InputType, ModelSpec
+from swapless.config.errors import SwaplessError
+from swapless.manager.cache.lru import ModelManager
+from swapless.manager.frameworks.engine import ModelEngine
+from swapless.manager.registry.specs import InputType, ModelSpec
 
 __all__ = ["load_kept", "warm_input", "warm_start"]
 
@@ -86,7 +86,7 @@ def warm_start(
         total_budget_s: warm no more models once the warm start has taken this long (a registry of hundreds of
             models still starts fast; the rest pay their one-off costs on their first jobs). None: no bound.
         order: models to warm first (those with jobs waiting, those used before); then the rest, in registry order.
-        tuned: models whose tuner was seeded with earlier measurements (``tasks.worker.learned``): one pass at
+        tuned: models whose tuner was seeded with earlier measurements (``swapless.tasks.worker.learned``): one pass at
             their best batch size pays the one-off costs; no size is explored again.
         skip: models not to warm (a worker joining a fleet skips those already measured: it serves sooner).
     """

@@ -1,11 +1,11 @@
 """What a cache has measured of each model: its size, its load from disk, its swap-in from host memory; plain data
-(seeded from what earlier workers learned, ``tasks.worker.learned``)."""
+(seeded from what earlier workers learned, ``swapless.tasks.worker.learned``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from manager.cache.entries import DEFAULT_LOAD_COST_S, HOST_COST_FRACTION, Tier
+from swapless.manager.cache.entries import DEFAULT_LOAD_COST_S, HOST_COST_FRACTION, Tier
 
 __all__ = ["LoadCosts"]
 

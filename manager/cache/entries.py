@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from manager.frameworks.worker import ModelWorker
+from swapless.manager.frameworks.worker import ModelWorker
 
 __all__ = ["DEFAULT_LOAD_COST_S", "HOST_COST_FRACTION", "CacheStats", "LoadedModel", "Tier"]
 

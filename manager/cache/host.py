@@ -22,8 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from manager.cache.entries import CacheStats, LoadedModel, is_out_of_memory
-from manager.cache.eviction import Cached, choose_victims
+from swapless.manager.cache.entries import CacheStats, LoadedModel, is_out_of_memory
+from swapless.manager.cache.eviction import Cached, choose_victims
 
 __all__ = ["HostEntry", "HostTier"]
 

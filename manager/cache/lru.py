@@ -12,19 +12,19 @@ load instead of starting another.
 
 Models kept loaded by their spec (``keep_loaded``), and those that served interactive jobs in the last
 ``keep_interactive_s``, are resident: a load ahead never evicts them, and a load a group needs evicts them last
-(``manager.cache.eviction``). Interactive traffic is sparse (a few jobs a second on a model, none waiting between
-them): under plain LRU a bulk burst evicts those models between two jobs, and each interactive caller then waits
+(``swapless.manager.cache.eviction``). Interactive traffic is sparse (a few jobs a second on a model, none waiting
+between them): under plain LRU a bulk burst evicts those models between two jobs, and each interactive caller then waits
 for a reload.
 
 Local loads run one at a time (remote loads, on a server, do not): two at once on one device only share its
 bandwidth, and libraries with lazy imports are not thread-safe on first use (two transformers loads in two threads
 can fail with "cannot import name AutoModelForSequenceClassification").
 
-Two tiers, with a host tier (``host_max_models`` and ``host_memory_budget_bytes`` above 0; ``manager.cache.host``):
-a model evicted from the device moves to host memory, kept built, when it fits there, and its next ``use`` is a
-copy back to the device rather than a load from disk; the host tier has its own LRU and drops to disk. Without
-it (the default), an evicted model is unloaded. ``load_cost_s`` prices each model by its tier: 0 on the device,
-its measured swap-in from host memory, else its measured load from disk.
+Two tiers, with a host tier (``host_max_models`` and ``host_memory_budget_bytes`` above 0;
+``swapless.manager.cache.host``): a model evicted from the device moves to host memory, kept built, when it fits there,
+and its next ``use`` is a copy back to the device rather than a load from disk; the host tier has its own LRU and drops
+to disk. Without it (the default), an evicted model is unloaded. ``load_cost_s`` prices each model by its tier: 0 on the
+device, its measured swap-in from host memory, else its measured load from disk.
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
-from config.errors import ModelLoadError, ModelTooLarge, SwaplessError
-from manager.cache.costs import LoadCosts
-from manager.cache.entries import DEFAULT_LOAD_COST_S, CacheStats, LoadedModel, Loading, Tier, is_out_of_memory
-from manager.cache.eviction import Cached, choose_victims
-from manager.cache.host import HostEntry, HostTier
-from manager.frameworks.worker import ModelWorker
-from manager.registry.specs import ModelSpec
-from manager.registry.store import ModelStore
+from swapless.config.errors import ModelLoadError, ModelTooLarge, SwaplessError
+from swapless.manager.cache.costs import LoadCosts
+from swapless.manager.cache.entries import DEFAULT_LOAD_COST_S, CacheStats, LoadedModel, Loading, Tier, is_out_of_memory
+from swapless.manager.cache.eviction import Cached, choose_victims
+from swapless.manager.cache.host import HostEntry, HostTier
+from swapless.manager.frameworks.worker import ModelWorker
+from swapless.manager.registry.specs import ModelSpec
+from swapless.manager.registry.store import ModelStore
 
 __all__ = ["DEFAULT_LOAD_COST_S", "CacheStats", "LoadedModel", "ModelManager", "Tier"]
 

@@ -1,10 +1,10 @@
 """The demo models: a few tiny classifiers built offline, and a sentiment model trained in seconds on the demo's
-labelled sample (``manager.demo.sample``) so that its labels mean something.
+labelled sample (``swapless.manager.demo.sample``) so that its labels mean something.
 
-The models of ``manager.demo.tiny`` have random weights, so every review would come back with the same label. Here the
-tiny ``sentiment`` BERT is fine-tuned on the sample with torch on the CPU. Nothing is downloaded: the model is built
-by ``manager.demo.tiny.build_text_classifier`` and saved back with ``save_pretrained``, so the workers load it like any
-other checkpoint. ``build_demo_models`` writes them all and a ``models.json``.
+The models of ``swapless.manager.demo.tiny`` have random weights, so every review would come back with the same label.
+Here the tiny ``sentiment`` BERT is fine-tuned on the sample with torch on the CPU. Nothing is downloaded: the model is
+built by ``swapless.manager.demo.tiny.build_text_classifier`` and saved back with ``save_pretrained``, so the workers
+load it like any other checkpoint. ``build_demo_models`` writes them all and a ``models.json``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from manager.demo.sample import SENTIMENT_LABELS, sample_reviews
-from manager.demo.tiny import build_image_classifier, build_text_classifier, write_models_file
+from swapless.manager.demo.sample import SENTIMENT_LABELS, sample_reviews
+from swapless.manager.demo.tiny import build_image_classifier, build_text_classifier, write_models_file
 
 __all__ = [
     "IMAGE_MODEL_ID",
@@ -74,7 +74,7 @@ def train_text_classifier(
     model (in eval mode) and tokenizer are then written back with ``save_pretrained``.
 
     Args:
-        directory: a model saved by ``manager.demo.tiny.build_text_classifier`` (or any local checkpoint).
+        directory: a model saved by ``swapless.manager.demo.tiny.build_text_classifier`` (or any local checkpoint).
         records: ``{"text": ..., "label": ...}`` dicts; other keys are ignored.
         labels: the class names in class-index order; they must match the model's ``id2label``.
         seconds_budget: wall time after which no new epoch starts (None: none; a dozen epochs take about ten seconds
@@ -212,8 +212,8 @@ def build_demo_models(directory: Path, *, image: bool = True, trained: bool = Fa
 
     Each text model is a ``tiny`` preset (2 layers, about 1.2 M parameters); ``vision`` is a mobilenet_v2 with
     the ImageNet categories. The weights are random, but with ``trained`` the ``sentiment`` model is fine-tuned on
-    the shipped sample of labelled reviews (``manager.demo.models``, a few seconds on a CPU), so its labels mean
-    something.
+    the shipped sample of labelled reviews (``swapless.manager.demo.models``, a few seconds on a CPU), so its labels
+    mean something.
 
     Args:
         directory: where the models and ``models.json`` go (created if missing).

@@ -1,9 +1,9 @@
 """The demo's sample: 300 short reviews, each labelled NEGATIVE or POSITIVE, generated from templates.
 
 The sample ships as ``manager/demo/data/reviews.jsonl`` (found next to this module, so from an installed package too):
-``swapless demo`` classifies it, and the demo's sentiment model learns from it (``manager.demo.models``). Its words are
-real words of ``manager.demo.tiny.vocabulary()``, so none tokenizes to ``[UNK]``. Regenerate it with
-``python -m manager.demo.sample`` (the output is the same every time; a test checks the shipped file is).
+``swapless demo`` classifies it, and the demo's sentiment model learns from it (``swapless.manager.demo.models``). Its
+words are real words of ``swapless.manager.demo.tiny.vocabulary()``, so none tokenizes to ``[UNK]``. Regenerate it with
+``python -m swapless.manager.demo.sample`` (the output is the same every time; a test checks the shipped file is).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ exactly the way real checkpoints are (``save_pretrained`` / ``safetensors.torch.
 loading code runs on them.
 
 The weights are random: the labels they give are meaningless. They show the machinery (queue, grouping, cache,
-results) without a model hub. ``manager.demo.models.build_demo_models(directory)`` writes a set of them plus a
+results) without a model hub. ``swapless.manager.demo.models.build_demo_models(directory)`` writes a set of them plus a
 ``models.json``.
 """
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable
 
-from manager.batching.tuning import BatchTuner
-from manager.frameworks.worker import ModelWorker, WorkerLimits, WorkerRegistry, registry
-from manager.registry.specs import ModelSpec
+from swapless.manager.batching.tuning import BatchTuner
+from swapless.manager.frameworks.worker import ModelWorker, WorkerLimits, WorkerRegistry, registry
+from swapless.manager.registry.specs import ModelSpec
 
 __all__ = ["BUILTIN_WORKERS", "ModelEngine", "load_builtin_workers"]
 
 #: Modules whose import registers the built-in frameworks. Imported on demand: torch is heavy and producers
 #: that only submit jobs never need it.
 BUILTIN_WORKERS = {
-    "transformers": "manager.frameworks.transformers_worker",
-    "torchvision": "manager.frameworks.torchvision_worker",
-    "triton": "manager.frameworks.triton.worker",
+    "transformers": "swapless.manager.frameworks.transformers_worker",
+    "torchvision": "swapless.manager.frameworks.torchvision_worker",
+    "triton": "swapless.manager.frameworks.triton.worker",
 }
 
 

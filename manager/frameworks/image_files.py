@@ -12,7 +12,7 @@ import os
 import re
 import stat
 
-from config.errors import InputError
+from swapless.config.errors import InputError
 
 __all__ = ["IMAGE_SIGNATURES", "looks_like_path", "read_image_file"]
 

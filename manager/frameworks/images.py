@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from PIL import Image
 
-from config.errors import InputError
-from manager.frameworks.inputs import ALLOWED_FORMATS, image_header
+from swapless.config.errors import InputError
+from swapless.manager.frameworks.inputs import ALLOWED_FORMATS, image_header
 
 __all__ = ["ALLOWED_FORMATS", "decode_image"]
 

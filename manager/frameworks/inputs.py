@@ -20,8 +20,8 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
-from config.describe import kind
-from config.errors import InputError
+from swapless.config.describe import kind
+from swapless.config.errors import InputError
 
 __all__ = ["ALLOWED_FORMATS", "base64_image", "image_header", "image_payload", "text_input"]
 

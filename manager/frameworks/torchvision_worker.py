@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from config.errors import ModelLoadError
-from manager.frameworks.images import decode_image
-from manager.frameworks.torch_utils import (
+from swapless.config.errors import ModelLoadError
+from swapless.manager.frameworks.images import decode_image
+from swapless.manager.frameworks.torch_utils import (
     free_memory,
     measure_load,
     module_bytes,
@@ -22,7 +22,7 @@ from manager.frameworks.torch_utils import (
     to_dtype,
     top_k,
 )
-from manager.frameworks.worker import ModelWorker
+from swapless.manager.frameworks.worker import ModelWorker
 
 __all__ = ["TorchVisionWorker"]
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from config.errors import ModelLoadError
-from manager.frameworks.torch_utils import (
+from swapless.config.errors import ModelLoadError
+from swapless.manager.frameworks.torch_utils import (
     free_memory,
     measure_load,
     module_bytes,
@@ -19,7 +19,7 @@ from manager.frameworks.torch_utils import (
     to_dtype,
     top_k,
 )
-from manager.frameworks.worker import ModelWorker
+from swapless.manager.frameworks.worker import ModelWorker
 
 __all__ = ["TransformerWorker"]
 

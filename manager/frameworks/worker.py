@@ -16,12 +16,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from config.errors import DuplicateFramework, InputError, UnknownFramework
-from config.settings import DEFAULT_MAX_BATCH_SIZE
-from manager.batching.tuning import BatchTuner
-from manager.frameworks.image_files import looks_like_path, read_image_file
-from manager.frameworks.inputs import base64_image, text_input
-from manager.registry.specs import InputType, ModelSpec
+from swapless.config.errors import DuplicateFramework, InputError, UnknownFramework
+from swapless.config.settings import DEFAULT_MAX_BATCH_SIZE
+from swapless.manager.batching.tuning import BatchTuner
+from swapless.manager.frameworks.image_files import looks_like_path, read_image_file
+from swapless.manager.frameworks.inputs import base64_image, text_input
+from swapless.manager.registry.specs import InputType, ModelSpec
 
 T = TypeVar("T")
 
@@ -179,12 +179,14 @@ class ModelWorker(ABC):
     # -- input helpers shared by the frameworks ------------------------------------------------------------
 
     def prepare_text(self, value: Any) -> str:
-        """A non-empty string of at most ``max_text_chars`` characters (``manager.frameworks.inputs.text_input``)."""
+        """A non-empty string of at most ``max_text_chars`` characters
+        (``swapless.manager.frameworks.inputs.text_input``)."""
         return text_input(self.spec.id, value, self.limits.max_text_chars)
 
     def prepare_image_bytes(self, value: Any) -> bytes:
         """The encoded image bytes of a base64 string (a ``data:image/...;base64,`` prefix is allowed), or of an
-        image file under ``SWAPLESS_INPUT_ROOT`` when the value is a path (``manager.frameworks.image_files``)."""
+        image file under ``SWAPLESS_INPUT_ROOT`` when the value is a path
+        (``swapless.manager.frameworks.image_files``)."""
         data = base64_image(self.spec.id, value, self.limits.max_image_bytes)
         if data is not None:
             return data

@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from manager.registry.specs import InputType, RouteSpec
+from swapless.manager.registry.specs import InputType, RouteSpec
 
 __all__ = ["Resolved", "input_type", "pick", "resolve", "shadows_of", "unit_hash"]
 

@@ -73,9 +73,9 @@ class ModelSpec(BaseModel):
 
 
 class RouteSpec(BaseModel):
-    """One id over several models (``manager.registry.routing``): a weighted ``route`` over versions, with an optional
-    ``shadow``, or a branch ``by_type`` of input. Its targets are model ids, aliases or other routes; the store checks
-    them (``ModelStore``).
+    """One id over several models (``swapless.manager.registry.routing``): a weighted ``route`` over versions, with an
+    optional ``shadow``, or a branch ``by_type`` of input. Its targets are model ids, aliases or other routes; the store
+    checks them (``ModelStore``).
 
     Attributes:
         id: what jobs address.

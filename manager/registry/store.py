@@ -8,10 +8,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from config.describe import kind
-from config.errors import ConfigError, InputError, UnknownModel
-from manager.registry.routing import NoBranch, Resolved, resolve
-from manager.registry.specs import InputType, ModelsFile, ModelSpec, RouteSpec
+from swapless.config.describe import kind
+from swapless.config.errors import ConfigError, InputError, UnknownModel
+from swapless.manager.registry.routing import NoBranch, Resolved, resolve
+from swapless.manager.registry.specs import InputType, ModelsFile, ModelSpec, RouteSpec
 
 __all__ = ["ModelStore"]
 
@@ -188,8 +188,8 @@ class ModelStore:
         paths: bool = True,
     ) -> Resolved:
         """The model that serves a job addressed to ``target`` (a model id or alias: itself, canonical; a route: the
-        version its weights and ``key`` pick, and its shadows). See ``manager.registry.routing``; ``paths``: whether an
-        input may be an image file's path (False for network callers).
+        version its weights and ``key`` pick, and its shadows). See ``swapless.manager.registry.routing``; ``paths``:
+        whether an input may be an image file's path (False for network callers).
 
         Raises:
             UnknownModel: no model, alias or route of that id.

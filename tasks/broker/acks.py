@@ -1,7 +1,7 @@
 """Acknowledging late-ack messages in bulk, and keeping held messages visible.
 
 kombu acks a Redis message with one MULTI/EXEC per message, which at thousands of jobs per second is a third of the
-consumer thread's time. ``AckQueue`` deletes many messages' records (``tasks.broker.queues``' ``ACK``) in one
+consumer thread's time. ``AckQueue`` deletes many messages' records (``swapless.tasks.broker.queues``' ``ACK``) in one
 script call per set of lists: atomic per call like kombu's MULTI, and, unlike a MULTI, taken by Redis over
 ``maxmemory`` (Redis refuses to queue any command of a transaction then, deletions included). It runs on the
 consumer's own thread (``Consumer.call_soon``), like Celery's own acks, because kombu channels are not thread-safe;
@@ -24,7 +24,7 @@ from typing import Any
 
 from kombu.transport.virtual import QoS as VirtualQoS
 
-from tasks.broker.connection import RedisHealth
+from swapless.tasks.broker.connection import RedisHealth
 
 __all__ = ["AckQueue", "refresh_visibility"]
 

@@ -8,8 +8,8 @@ each naming the URL without its password and saying what to do.
 
 A ``sentinel://host:26379;sentinel://host:26380`` URL (Celery's form) names Redis Sentinels instead of a Redis: the
 clients built for it ask the sentinels for the primary of ``SWAPLESS_REDIS_SENTINEL_MASTER`` at each connection
-(``tasks.broker.sentinel``), so after a failover their next connection reaches the new primary; each process logs
-one line when the primary it reaches moves. A plain URL whose address moves to a promoted replica
+(``swapless.tasks.broker.sentinel``), so after a failover their next connection reaches the new primary; each process
+logs one line when the primary it reaches moves. A plain URL whose address moves to a promoted replica
 (a managed Redis) needs nothing more: its connections drop, and the next ones reach whoever holds the address.
 """
 
@@ -31,11 +31,11 @@ from kombu.exceptions import OperationalError
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from config.errors import QueueFull, QueueUnavailable, SwaplessError
-from config.settings import Settings
+from swapless.config.errors import QueueFull, QueueUnavailable, SwaplessError
+from swapless.config.settings import Settings
 
 if TYPE_CHECKING:
-    from tasks.broker.sentinel import SentinelOptions
+    from swapless.tasks.broker.sentinel import SentinelOptions
 
 __all__ = [
     "WRITE_FIRST_NOTE",
@@ -117,7 +117,13 @@ def redis_client(
     Raises:
         ConfigError: a sentinel URL without ``sentinel`` options, or one that cannot be read.
     """
-    from tasks.broker.sentinel import SentinelURL, WatchedSentinel, is_sentinel_url, master_kwargs, need_sentinel
+    from swapless.tasks.broker.sentinel import (
+        SentinelURL,
+        WatchedSentinel,
+        is_sentinel_url,
+        master_kwargs,
+        need_sentinel,
+    )
 
     key = (url, connect_timeout_s, socket_timeout_s, sentinel if is_sentinel_url(url) else None)
     with _pools_lock:
@@ -154,7 +160,13 @@ def async_redis_client(
     """
     from redis.asyncio.retry import Retry as AsyncRetry
 
-    from tasks.broker.sentinel import SentinelURL, WatchedAsyncSentinel, is_sentinel_url, master_kwargs, need_sentinel
+    from swapless.tasks.broker.sentinel import (
+        SentinelURL,
+        WatchedAsyncSentinel,
+        is_sentinel_url,
+        master_kwargs,
+        need_sentinel,
+    )
 
     options = _options(connect_timeout_s, socket_timeout_s)
     options["retry"] = AsyncRetry(ExponentialBackoff(cap=0.5, base=0.05), retries=1)
@@ -202,7 +214,7 @@ def is_refused_write(err: BaseException) -> bool:
 class RedisHealth:
     """What one process has lately seen of Redis: whether it refuses writes (``OOM``, ``READONLY``, ``MISCONF``)
     or cannot be reached, since when. Thread-safe; every part of a worker reports to the one instance its context
-    holds (``tasks.worker.context``), and the heartbeat shows it.
+    holds (``swapless.tasks.worker.context``), and the heartbeat shows it.
 
     A refusal is considered over once a write succeeds again (``ok``), or ``stale_s`` after it was last seen.
     """

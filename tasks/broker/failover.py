@@ -1,12 +1,12 @@
 """Celery's result backend and kombu's transport over Redis Sentinel, with the Sentinel client that reports where it
 finds the primary.
 
-``SentinelTransport`` is the Swapless transport (``tasks.broker.transport``) over kombu's Sentinel channel; kombu
-finds it by the ``swapless-sentinel://`` scheme of its URLs. Celery's ``SentinelBackend`` asks the sentinels for the
-primary at each connection, so a worker's and a producer's result reads and writes reach the new primary after a
+``SentinelTransport`` is the Swapless transport (``swapless.tasks.broker.transport``) over kombu's Sentinel channel;
+kombu finds it by the ``swapless-sentinel://`` scheme of its URLs. Celery's ``SentinelBackend`` asks the sentinels for
+the primary at each connection, so a worker's and a producer's result reads and writes reach the new primary after a
 failover; this one also logs the move, once per process, with every other client of the process
-(``tasks.broker.sentinel.PrimaryWatch``). ``tasks.app`` names it as
-``tasks.broker.failover:SentinelBackend+sentinel://...``.
+(``swapless.tasks.broker.sentinel.PrimaryWatch``). ``swapless.tasks.app`` names it as
+``swapless.tasks.broker.failover:SentinelBackend+sentinel://...``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.url import _parse_url
 from redis import Redis
 
-from tasks.broker.sentinel import WatchedPool, WatchedSentinel
-from tasks.broker.transport import SENTINEL_SCHEME, Channel
+from swapless.tasks.broker.sentinel import WatchedPool, WatchedSentinel
+from swapless.tasks.broker.transport import SENTINEL_SCHEME, Channel
 
 __all__ = ["SentinelBackend", "SentinelChannel", "SentinelTransport"]
 
@@ -40,7 +40,7 @@ class SentinelBackend(CelerySentinelBackend):  # type: ignore[misc]
 
 class SentinelChannel(Channel, kombu_redis.SentinelChannel):
     """:class:`Channel` over the primary Redis Sentinel names (kombu's ``SentinelChannel``), logging where it
-    finds it (``tasks.broker.connection.PrimaryWatch``).
+    finds it (``swapless.tasks.broker.connection.PrimaryWatch``).
 
     Its fetches go through one connection it keeps (kombu's), which a failover whose old primary lives on (stalled,
     then back) leaves open and answered: after each round the channel asks its pool whether the sentinels still

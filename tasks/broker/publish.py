@@ -26,10 +26,10 @@ from celery import Celery
 from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 
-from config.errors import InputError
-from tasks.broker.connection import ReplicaWait
-from tasks.keyspace import ModelKeys
-from tasks.protocol import CHUNK_TASK, ITEMS_HEADER, PREDICT_TASK, SENT_AT_HEADER
+from swapless.config.errors import InputError
+from swapless.tasks.broker.connection import ReplicaWait
+from swapless.tasks.keyspace import ModelKeys
+from swapless.tasks.protocol import CHUNK_TASK, ITEMS_HEADER, PREDICT_TASK, SENT_AT_HEADER
 
 __all__ = ["ModelPush", "apush", "apush_to_models", "build_messages", "push", "push_to_models"]
 

@@ -1,11 +1,11 @@
 """The queue's one layout in Redis, the scripts over it, and what the transport asks of the worker that consumes.
 
 Jobs wait in lists, one per priority, and a job a worker fetched is recorded until it is acked
-(``tasks.keyspace.JobLists``): each model's own lists (``ModelKeys``; Swapless's producers push there) and the
+(``swapless.tasks.keyspace.JobLists``): each model's own lists (``ModelKeys``; Swapless's producers push there) and the
 ingress (kombu's lists of the queue, where a plain Celery producer pushes; the worker moves each message from there
 into its model's lists). One set of scripts serves both: ``held`` (delivery tag -> the message), ``owner`` (tag ->
 ``worker|list``) and ``seen`` (tag -> time last refreshed) are the records. Every script touches one set of lists
-only. The claims that say which workers fetch which model are the cluster's (``tasks.cluster.claims``).
+only. The claims that say which workers fetch which model are the cluster's (``swapless.tasks.cluster.claims``).
 
 A job is at every instant in one of the lists or in its ``held`` record (or acked with its result stored):
 ``FETCH`` pops and records in one step, ``RESTORE`` and ``RECOVER`` put records back at the head of their list
@@ -13,7 +13,7 @@ A job is at every instant in one of the lists or in its ``held`` record (or acke
 them back as soon as the dead worker's heartbeat has expired (its id is missing from ``live``), or, the last
 resort, once a record has not been refreshed for the visibility timeout (a worker cut off from Redis but alive).
 
-Every script starts with a write that takes no memory (``tasks.broker.connection.WRITE_FIRST_NOTE``), so all of
+Every script starts with a write that takes no memory (``swapless.tasks.broker.connection.WRITE_FIRST_NOTE``), so all of
 them go through while Redis is over ``maxmemory``.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tasks.broker.connection import RedisHealth
+from swapless.tasks.broker.connection import RedisHealth
 
 __all__ = ["ACK", "FETCH", "RECOVER", "REFRESH", "RESTORE", "WAKE", "Affinity", "ChannelHooks", "Intake"]
 
@@ -130,7 +130,7 @@ return #ARGV - 1
 """
 
 class Affinity(Protocol):
-    """What the transport asks of the worker about placement (``tasks.cluster.placer.Placer``)."""
+    """What the transport asks of the worker about placement (``swapless.tasks.cluster.placer.Placer``)."""
 
     #: This worker's id (``hostname:pid``), recorded as the owner of what it fetches.
     worker_id: str
@@ -150,7 +150,7 @@ class Affinity(Protocol):
 
 
 class Intake(Protocol):
-    """Takes the messages of one fetch round that need no Celery request (``tasks.worker.intake``)."""
+    """Takes the messages of one fetch round that need no Celery request (``swapless.tasks.worker.intake``)."""
 
     def eligible(self, payload: dict[str, Any]) -> bool:
         """Whether this message may skip Celery's request machinery."""

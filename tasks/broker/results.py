@@ -14,7 +14,7 @@ Failures are retried with backoff (0.1 s doubling to 2 s): connection failures (
 writes (``OOM`` over ``maxmemory``, ``READONLY`` during a failover), for ``retry_s`` seconds or, in the worker, for
 as long as they last: the worker keeps the jobs in hand and stores their results the moment Redis takes them.
 Every script starts with a write that takes no memory, so that Redis over ``maxmemory`` lets it through
-(``tasks.broker.connection.WRITE_FIRST_NOTE``): storing a result is how a full Redis gets drained.
+(``swapless.tasks.broker.connection.WRITE_FIRST_NOTE``): storing a result is how a full Redis gets drained.
 
 With ``replicas`` (the worker's, from ``SWAPLESS_REDIS_MIN_REPLICAS``) a store returns only once that many replicas
 hold its results: its pipeline ends with a ``PUBLISH`` of nothing to ``REPLICATED_CHANNEL`` and a ``WAIT``. The
@@ -41,9 +41,9 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import ResponseError as RedisResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from config.errors import JobCancelled, JobFailed, SwaplessError
-from tasks.broker.connection import RedisHealth, ReplicasBehind, ReplicaWait, is_refused_write
-from tasks.protocol import storage_id
+from swapless.config.errors import FORMER_MODULES, PUBLIC_MODULE, JobCancelled, JobFailed, SwaplessError
+from swapless.tasks.broker.connection import RedisHealth, ReplicasBehind, ReplicaWait, is_refused_write
+from swapless.tasks.protocol import storage_id
 
 __all__ = ["ALREADY_DONE", "CANCELLED", "REPLICATED_CHANNEL", "TOO_LATE", "ResultStore", "StoredResult"]
 
@@ -262,12 +262,13 @@ class ResultStore:
         return result_key.replace("celery-task-meta-", "swapless-attempts-", 1)
 
     def record_key(self, job_id: str) -> str:
-        """Where the gateway records who submitted a job (``tasks.gateway.ledger``); the worker marks it done with
-        the job's result."""
+        """Where the gateway records who submitted a job (``swapless.tasks.gateway.ledger``); the worker marks it done
+        with the job's result."""
         return self._record_key(self.key(job_id))
 
     def shadow_ref_key(self, job_id: str) -> str:
-        """Where a shadowed job's ``[served model, top label]`` is kept for its shadows (``tasks.worker.shadows``)."""
+        """Where a shadowed job's ``[served model, top label]`` is kept for its shadows
+        (``swapless.tasks.worker.shadows``)."""
         return self.key(job_id).replace("celery-task-meta-", "swapless-shadowref-", 1)
 
     @property
@@ -506,7 +507,11 @@ class ResultStore:
         """A job's state from its stored value (None: PENDING), errors rebuilt as the worker's own."""
         if raw is None:
             return StoredResult(job_id, states.PENDING)
-        meta = self.backend.decode_result(raw)
+        meta = self.backend.decode(raw)
+        stored_error = meta.get("result") if meta.get("status") in states.EXCEPTION_STATES else None
+        if isinstance(stored_error, dict) and stored_error.get("exc_module") in FORMER_MODULES:
+            stored_error["exc_module"] = PUBLIC_MODULE  # stored by a worker of an older layout: same class by name
+        meta = self.backend.meta_from_decoded(meta)
         if meta["status"] == states.REVOKED:  # Celery's own revoke (a plain Celery worker's): a cancel like ours
             return StoredResult(job_id, states.FAILURE, JobCancelled(job_id))
         return StoredResult(job_id, meta["status"], meta.get("result"), meta.get("model"))

@@ -1,5 +1,5 @@
 """Where a job goes: the one ``Router`` every producer, the gateway and the worker resolve routes with (the
-models file's routes, ``manager.registry.routing``, with the weights set at run time); the run-time weights
+models file's routes, ``swapless.manager.registry.routing``, with the weights set at run time); the run-time weights
 themselves (``swapless route``), kept in Redis over the models file's and read by every process within ``ttl_s`` of
 a change (no restart, no reload); and the shadow agreement counts.
 
@@ -17,11 +17,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from config.errors import ConfigError
-from manager.registry.routing import Resolved
-from manager.registry.store import ModelStore
-from tasks.keyspace import Keyspace
-from tasks.protocol import CHUNK_TASK, message_args
+from swapless.config.errors import ConfigError
+from swapless.manager.registry.routing import Resolved
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.protocol import CHUNK_TASK, message_args
 
 __all__ = ["RouteOverrides", "Router", "count_shadow", "read_shadow"]
 

@@ -9,8 +9,8 @@ more later, and never while they cannot reach it. Its connections stay open, and
 server that is no longer the primary (with ``SWAPLESS_REDIS_MIN_REPLICAS``: refused, its replicas gone; without:
 lost at its demotion). So the pools here (``WatchedPool``, ``WatchedAsyncPool``) also ask the sentinels whenever
 they hand out a connection and have not asked for ``recheck_s``, and drop the connections to a primary they no
-longer name; a connection held for good (a worker's fetches, ``tasks.broker.failover.SentinelChannel``) is checked
-against ``master_address`` by its holder.
+longer name; a connection held for good (a worker's fetches, ``swapless.tasks.broker.failover.SentinelChannel``) is
+checked against ``master_address`` by its holder.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import redis.asyncio.sentinel as asentinel
 import redis.exceptions
 import redis.sentinel
 
-from config.errors import ConfigError
-from config.settings import Settings
-from tasks.broker.connection import redact
+from swapless.config.errors import ConfigError
+from swapless.config.settings import Settings
+from swapless.tasks.broker.connection import redact
 
 __all__ = [
     "PRIMARIES", "RECHECK_S", "PrimaryWatch", "SentinelOptions", "SentinelURL", "WatchedAsyncPool",

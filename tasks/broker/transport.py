@@ -1,4 +1,4 @@
-"""kombu's Redis transport over the queue's one layout (``tasks.broker.queues``): a fetch that cannot lose a
+"""kombu's Redis transport over the queue's one layout (``swapless.tasks.broker.queues``): a fetch that cannot lose a
 message, many messages per round trip, and every message's record kept beside its list.
 
 kombu takes a message off the queue with ``BRPOP`` and only then, in a second round trip, records it as unacked
@@ -24,12 +24,12 @@ instead of at the next idle poll: a worker streaming one model keeps its next gr
 The placement rings it too when it claims new models (whose bells the outstanding wait does not listen to), and a
 wait that takes the placement bell has the placement run at once.
 
-Acks, rejects, restores and visibility refreshes go through the records' scripts (``tasks.broker.acks`` acks in
-bulk); a dead worker's records are put back by the cluster's recovery (``tasks.cluster.placer``), never by kombu's
-unacked sweep. A channel without hooks (a producer's, a tool's) is kombu's own. Key prefixes, TLS and reconnects
+Acks, rejects, restores and visibility refreshes go through the records' scripts (``swapless.tasks.broker.acks`` acks in
+bulk); a dead worker's records are put back by the cluster's recovery (``swapless.tasks.cluster.placer``), never by
+kombu's unacked sweep. A channel without hooks (a producer's, a tool's) is kombu's own. Key prefixes, TLS and reconnects
 are kombu's.
 
-``tasks.broker.failover.SentinelTransport`` is the same channel over kombu's Sentinel channel (``sentinel://``
+``swapless.tasks.broker.failover.SentinelTransport`` is the same channel over kombu's Sentinel channel (``sentinel://``
 URLs, the transport option ``master_name``): each connection asks the sentinels for the primary, so after a
 failover Celery's consumer, which reconnects when its connection drops, fetches from the new primary. Its URLs are
 written ``swapless-sentinel://`` for kombu: kombu reads each sentinel of a ``;`` list as a failover URL and takes
@@ -57,12 +57,12 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from redis.exceptions import ResponseError
 
-from tasks.broker.connection import is_refused_write
-from tasks.broker.publish import ModelPush, push_to_models
-from tasks.broker.queues import ACK, FETCH, REFRESH, RESTORE, WAKE, ChannelHooks
-from tasks.broker.sentinel import is_sentinel_url
-from tasks.keyspace import INGRESS, JobLists, Keyspace
-from tasks.protocol import ITEMS_HEADER
+from swapless.tasks.broker.connection import is_refused_write
+from swapless.tasks.broker.publish import ModelPush, push_to_models
+from swapless.tasks.broker.queues import ACK, FETCH, REFRESH, RESTORE, WAKE, ChannelHooks
+from swapless.tasks.broker.sentinel import is_sentinel_url
+from swapless.tasks.keyspace import INGRESS, JobLists, Keyspace
+from swapless.tasks.protocol import ITEMS_HEADER
 
 __all__ = ["SENTINEL_SCHEME", "Channel", "HeldQoS", "Transport", "broker_connection"]
 
@@ -542,17 +542,17 @@ class Transport(kombu_redis.Transport):
 
 #: The scheme of each sentinel's broker URL (``sentinel://`` stays for the result backend): see the module docstring.
 SENTINEL_SCHEME = "swapless-sentinel"
-TRANSPORT_ALIASES.setdefault(SENTINEL_SCHEME, "tasks.broker.failover:SentinelTransport")
+TRANSPORT_ALIASES.setdefault(SENTINEL_SCHEME, "swapless.tasks.broker.failover:SentinelTransport")
 
 #: ``swapless+socket:///path`` (a Unix socket, local mode): kombu takes the transport from a ``+`` URL's prefix.
-TRANSPORT_ALIASES.setdefault("swapless", "tasks.broker.transport:Transport")
+TRANSPORT_ALIASES.setdefault("swapless", "swapless.tasks.broker.transport:Transport")
 
 
 def broker_connection(url: str) -> tuple[str, str | None]:
     """``(broker_url, broker_transport)`` for Celery: this transport for Redis URLs, kombu's choice otherwise."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in ("redis", "rediss"):
-        return url, "tasks.broker.transport:Transport"
+        return url, "swapless.tasks.broker.transport:Transport"
     if scheme == "redis+socket":
         return "swapless+socket://" + url.split("://", 1)[1], None
     if is_sentinel_url(url):

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from config.errors import WebhookRefused
-from tasks.keyspace import Keyspace
+from swapless.config.errors import WebhookRefused
+from swapless.tasks.keyspace import Keyspace
 
 __all__ = ["Delivery", "WebhookQueue", "allowed_hosts", "check_target", "read_webhooks", "resolve_host"]
 

@@ -5,5 +5,5 @@
 - ``local``: local mode, an embedded Redis and one real worker for one command;
 - ``common``: the error line and the options the commands share.
 
-``python -m tasks.cli`` runs it as the ``swapless`` script does.
+``python -m swapless`` runs it as the ``swapless`` script does.
 """

@@ -1,5 +1,5 @@
-"""``python -m tasks.cli``: the ``swapless`` command."""
+"""``python -m swapless.tasks.cli``: the ``swapless`` command (``python -m swapless`` is the same)."""
 
-from tasks.cli.main import main
+from swapless.tasks.cli.main import main
 
 main()

@@ -1,6 +1,6 @@
 """The ``swapless bulk``, ``demo`` and ``demo-models`` commands, and local mode for ``swapless submit``.
 
-``tasks.cli.main`` calls ``register(app)``. Exit status of ``bulk`` and ``demo``:
+``swapless.tasks.cli.main`` calls ``register(app)``. Exit status of ``bulk`` and ``demo``:
 
 | status | meaning |
 |--------|---------|
@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from config.errors import JobTimeout, SwaplessError
-from config.settings import Settings
-from tasks.broker.connection import translate
-from tasks.cli.common import ModelsOption, err_console, fail, print_error, settings_with
-from tasks.client.stream import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_IN_FLIGHT
+from swapless.config.errors import JobTimeout, SwaplessError
+from swapless.config.settings import Settings
+from swapless.tasks.broker.connection import translate
+from swapless.tasks.cli.common import ModelsOption, err_console, fail, print_error, settings_with
+from swapless.tasks.client.stream import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_IN_FLIGHT
 
 if TYPE_CHECKING:
-    from tasks.client.bulk import BulkJob, BulkSummary
+    from swapless.tasks.client.bulk import BulkJob, BulkSummary
 
 __all__ = ["bulk", "demo", "demo_models", "register", "submit_local"]
 
@@ -87,12 +87,12 @@ def _run_bulk(
     callback_url: str | None = None,
 ) -> None:
     """Run a BulkJob from the command line (in local mode or against the configured Redis) and exit with its status;
-    with ``callback_url``, queue the run's webhook once it ends (``tasks.cli.run_webhook``)."""
-    from config.errors import BulkFileError, ConfigError, UnknownModel
-    from tasks.cli.local import LocalSwapless
-    from tasks.client import Client
-    from tasks.client.bulk import BulkRun
-    from tasks.client.progress import make_progress
+    with ``callback_url``, queue the run's webhook once it ends (``swapless.tasks.cli.run_webhook``)."""
+    from swapless.config.errors import BulkFileError, ConfigError, UnknownModel
+    from swapless.tasks.cli.local import LocalSwapless
+    from swapless.tasks.client import Client
+    from swapless.tasks.client.bulk import BulkRun
+    from swapless.tasks.client.progress import make_progress
 
     try:
         job.reader()  # a bad file, format or column fails here, before anything starts
@@ -150,7 +150,7 @@ def _run_bulk(
 def _send_run_webhook(
     client: Any, url: str, job: BulkJob, summary: BulkSummary, stopped_by: BaseException | None, *, local: bool
 ) -> None:
-    from tasks.cli.run_webhook import queue_run_webhook
+    from swapless.tasks.cli.run_webhook import queue_run_webhook
 
     stopped = None
     if isinstance(stopped_by, KeyboardInterrupt):
@@ -232,8 +232,8 @@ def bulk(
     models: ModelsOption = None,
 ) -> None:
     """Classify every record of a JSONL/CSV file into a JSONL file, in input order; rerun to resume."""
-    from tasks.cli.run_webhook import check_callback_url
-    from tasks.client.bulk import BulkJob
+    from swapless.tasks.cli.run_webhook import check_callback_url
+    from swapless.tasks.client.bulk import BulkJob
 
     settings = settings_with(models_file=models)
     if progress not in ("auto", "bar", "log", "none"):
@@ -261,7 +261,7 @@ def _ensure_demo_models(directory: Path) -> Path:
     sentiment model was trained: their sentiment labels meant nothing)."""
     models_file = directory / "models.json"
     if not models_file.exists() or "trained" not in _description(models_file, "sentiment"):
-        from manager.demo.models import build_demo_models
+        from swapless.manager.demo.models import build_demo_models
 
         err_console.print(
             f"building the demo models (tiny, offline; sentiment trained on the sample) in {directory} ..."
@@ -284,7 +284,7 @@ def demo_models(
     train: Annotated[bool, typer.Option(help="train the sentiment model on the demo sample (a few seconds)")] = True,
 ) -> None:
     """Build small models offline and a models.json listing them (random weights; sentiment trained on the sample)."""
-    from manager.demo.models import build_demo_models
+    from swapless.manager.demo.models import build_demo_models
 
     models_file = build_demo_models(directory, image=image, trained=train)
     err_console.print(f"built; use them with:  export SWAPLESS_MODELS_FILE={models_file.resolve()}")
@@ -304,8 +304,8 @@ def demo(
 
     Builds tiny demo models (once, into a cache dir; the sentiment model learns the sample's labels in a few
     seconds), starts an embedded Redis and a worker, classifies the shipped sample of 300 reviews and stops both."""
-    from manager.demo.sample import SAMPLE_PATH
-    from tasks.client.bulk import BulkJob
+    from swapless.manager.demo.sample import SAMPLE_PATH
+    from swapless.tasks.client.bulk import BulkJob
 
     source = input or SAMPLE_PATH
     models_file = _ensure_demo_models(models_dir or _default_demo_dir())
@@ -332,8 +332,8 @@ def demo(
 def submit_local(model: str, value: str, timeout_s: float, settings: Settings) -> None:
     """``swapless submit`` without SWAPLESS_REDIS_URL: start an embedded Redis and a worker, run the job, print
     ``{"job_id", "result"}`` and stop both (there is no queue to leave a job in, so this always waits)."""
-    from tasks.cli.local import LocalSwapless
-    from tasks.client import Client
+    from swapless.tasks.cli.local import LocalSwapless
+    from swapless.tasks.client import Client
 
     err_console.print("local mode: starting an embedded Redis and a worker (SWAPLESS_REDIS_URL is unset)")
     try:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from config.settings import Settings, load_settings
+from swapless.config.settings import Settings, load_settings
 
 __all__ = ["ModelsOption", "console", "err_console", "fail", "print_error", "routes_table", "settings_with"]
 
@@ -49,10 +49,10 @@ def routes_table(store: Any, settings: Settings) -> Table:
     overrides: dict[str, dict[str, float]] = {}
     agreement: dict[tuple[str, str, str], tuple[int, int]] = {}
     if settings.redis_url is not None:
-        from tasks.broker.connection import redis_client
-        from tasks.broker.routes import RouteOverrides, read_shadow
-        from tasks.broker.sentinel import SentinelOptions
-        from tasks.keyspace import Keyspace
+        from swapless.tasks.broker.connection import redis_client
+        from swapless.tasks.broker.routes import RouteOverrides, read_shadow
+        from swapless.tasks.broker.sentinel import SentinelOptions
+        from swapless.tasks.keyspace import Keyspace
 
         try:
             client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,

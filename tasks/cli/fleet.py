@@ -1,7 +1,7 @@
 """The ``swapless exporter`` and ``swapless drain`` commands: the autoscaling signals for deployments without the
 gateway, and the scale-down of chosen workers.
 
-``tasks.cli.main`` calls ``register(app)``.
+``swapless.tasks.cli.main`` calls ``register(app)``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from tasks.cli.common import ModelsOption, console, fail, settings_with
+from swapless.tasks.cli.common import ModelsOption, console, fail, settings_with
 
 __all__ = ["drain", "exporter", "register"]
 
@@ -39,11 +39,11 @@ def exporter(
 
     from prometheus_client import start_http_server
 
-    from config.errors import SwaplessError
-    from manager.registry.store import ModelStore
-    from tasks.broker.connection import redis_client
-    from tasks.broker.sentinel import SentinelOptions
-    from tasks.observe.scaling import ScalingSignals, signals_registry
+    from swapless.config.errors import SwaplessError
+    from swapless.manager.registry.store import ModelStore
+    from swapless.tasks.broker.connection import redis_client
+    from swapless.tasks.broker.sentinel import SentinelOptions
+    from swapless.tasks.observe.scaling import ScalingSignals, signals_registry
 
     try:
         settings = settings_with(models_file=models, queue=queue, exporter_port=port)
@@ -84,12 +84,12 @@ def drain(
     """Stop workers the way SIGTERM does, from anywhere: each gives up its claims (the other workers take its models
     over at once), finishes and acks the group in hand, hands the jobs it fetched back to their lists, and exits.
     Waits until their heartbeats are gone; exits 1 if one still runs after --timeout."""
-    from config.errors import SwaplessError
-    from tasks.app import make_app
-    from tasks.broker.connection import redis_client, translated
-    from tasks.broker.sentinel import SentinelOptions
-    from tasks.cluster.members import read_heartbeats
-    from tasks.keyspace import Keyspace
+    from swapless.config.errors import SwaplessError
+    from swapless.tasks.app import make_app
+    from swapless.tasks.broker.connection import redis_client, translated
+    from swapless.tasks.broker.sentinel import SentinelOptions
+    from swapless.tasks.cluster.members import read_heartbeats
+    from swapless.tasks.keyspace import Keyspace
 
     if not workers and not every and not here:
         fail("name the workers to drain (as `swapless status` shows them), or pass --all or --here")

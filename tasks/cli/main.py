@@ -1,6 +1,6 @@
 """The ``swapless`` command line (typer): worker, submit, result, cancel, models, reload, route, serve, batches;
-bulk, demo and demo-models live in ``tasks.cli.bulk``, status and webhooks in ``tasks.cli.status``, exporter and drain
-in ``tasks.cli.fleet``. ``main`` turns
+bulk, demo and demo-models live in ``swapless.tasks.cli.bulk``, status and webhooks in ``swapless.tasks.cli.status``,
+exporter and drain in ``swapless.tasks.cli.fleet``. ``main`` turns
 any SwaplessError into one error line and exit status 2."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Annotated, NoReturn
 import typer
 from rich.table import Table
 
-from config.errors import JobTimeout, QueueFull, QueueUnavailable, SwaplessError
-from config.settings import parse_bytes
-from tasks.cli import bulk as _bulk
-from tasks.cli import fleet as _fleet
-from tasks.cli import status as _status
-from tasks.cli.common import ModelsOption, console, fail, print_error, routes_table, settings_with
+from swapless.config.errors import JobTimeout, QueueFull, QueueUnavailable, SwaplessError
+from swapless.config.settings import parse_bytes
+from swapless.tasks.cli import bulk as _bulk
+from swapless.tasks.cli import fleet as _fleet
+from swapless.tasks.cli import status as _status
+from swapless.tasks.cli.common import ModelsOption, console, fail, print_error, routes_table, settings_with
 
 __all__ = ["app", "main"]
 
@@ -72,8 +72,8 @@ def worker(
                 parse_bytes(size)
             except ValueError as err:
                 fail(err)
-    from tasks.app import configure
-    from tasks.worker.runtime import build_runtime
+    from swapless.tasks.app import configure
+    from swapless.tasks.worker.runtime import build_runtime
 
     try:
         settings = settings_with(
@@ -85,7 +85,7 @@ def worker(
         build_runtime(settings)  # fail here, with a clear message, on a bad models file or setting
     except SwaplessError as err:
         fail(err)
-    from tasks.worker.task import app as celery_app
+    from swapless.tasks.worker.task import app as celery_app
 
     configure(celery_app, settings)
     argv = ["worker", "--pool=solo", "--concurrency=1", f"--loglevel={loglevel}", f"--queues={settings.queue}"]
@@ -127,7 +127,7 @@ def submit(
     if settings.redis_url is None:  # local mode
         _bulk.submit_local(model, _read_input(input, file), timeout, settings)
         return
-    from tasks.client import Client
+    from swapless.tasks.client import Client
 
     try:
         client = Client(settings=settings)
@@ -147,7 +147,7 @@ def result(
     wait: Annotated[float, typer.Option(help="seconds to wait for it to finish (0: just look)")] = 0.0,
 ) -> None:
     """Print a job's state and result (or error) as JSON."""
-    from tasks.client import Client
+    from swapless.tasks.client import Client
 
     job = Client(validate=False).job(job_id)
     def failed(error: object) -> NoReturn:
@@ -184,7 +184,7 @@ def cancel(
 
     Prints one JSON line per job: "cancelled", or "running" (too late: it has started, runs to its end and keeps
     its result) or "done" (it has a result already). Exit status 1 when some job could not be cancelled."""
-    from tasks.client import Client
+    from swapless.tasks.client import Client
 
     answers = Client(validate=False).cancel(job_ids)
     for job_id in job_ids:
@@ -196,9 +196,9 @@ def cancel(
 @app.command()
 def models(models: ModelsOption = None) -> None:
     """List the models in the registry."""
-    from manager.frameworks.engine import ModelEngine
-    from manager.registry.store import ModelStore
-    from tasks.worker.runtime import load_plugins
+    from swapless.manager.frameworks.engine import ModelEngine
+    from swapless.manager.registry.store import ModelStore
+    from swapless.tasks.worker.runtime import load_plugins
 
     try:
         settings = settings_with(models_file=models)
@@ -227,11 +227,11 @@ def reload(models: ModelsOption = None) -> None:
 
     The file is checked first: if it has an error, nothing changes and the error is printed. Weights set with
     `swapless route` are replaced by the file's."""
-    from manager.registry.store import ModelStore
-    from tasks.broker.connection import redis_client
-    from tasks.broker.routes import RouteOverrides
-    from tasks.broker.sentinel import SentinelOptions
-    from tasks.keyspace import Keyspace
+    from swapless.manager.registry.store import ModelStore
+    from swapless.tasks.broker.connection import redis_client
+    from swapless.tasks.broker.routes import RouteOverrides
+    from swapless.tasks.broker.sentinel import SentinelOptions
+    from swapless.tasks.keyspace import Keyspace
 
     settings = settings_with(models_file=models)
     try:
@@ -255,11 +255,11 @@ def route(
     """Set a route's split at run time (kept in Redis): producers and workers follow within a second, no restart.
 
     `swapless route sentiment sentiment-v1=50 sentiment-v2=50`; `swapless route sentiment --clear`."""
-    from manager.registry.store import ModelStore
-    from tasks.broker.connection import redis_client
-    from tasks.broker.routes import RouteOverrides
-    from tasks.broker.sentinel import SentinelOptions
-    from tasks.keyspace import Keyspace
+    from swapless.manager.registry.store import ModelStore
+    from swapless.tasks.broker.connection import redis_client
+    from swapless.tasks.broker.routes import RouteOverrides
+    from swapless.tasks.broker.sentinel import SentinelOptions
+    from swapless.tasks.keyspace import Keyspace
 
     settings = settings_with(models_file=models)
     store = ModelStore.from_file(settings.models_file)
@@ -318,7 +318,7 @@ def serve(
     try:
         import uvicorn
 
-        from tasks.gateway import create_app
+        from swapless.tasks.gateway import create_app
     except ImportError as err:
         fail(f"the gateway needs {err.name}, which is not installed: pip install 'swapless' installs it")
     try:
@@ -341,8 +341,8 @@ def batches(models: ModelsOption = None) -> None:
     import signal
     import threading
 
-    from manager.registry.store import ModelStore
-    from tasks.gateway.batches import BatchRunner
+    from swapless.manager.registry.store import ModelStore
+    from swapless.tasks.gateway.batches import BatchRunner
 
     try:
         settings = settings_with(models_file=models)

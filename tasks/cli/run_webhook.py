@@ -1,6 +1,6 @@
 """``swapless bulk --callback-url``: one signed webhook when a run ends, sent by the workers.
 
-The run queues one delivery in the queue's webhook delivery queue (``tasks.broker.webhooks``), so it is signed,
+The run queues one delivery in the queue's webhook delivery queue (``swapless.tasks.broker.webhooks``), so it is signed,
 retried and kept as failed exactly as a job's webhook is; its ``webhook-id`` is the run's id. The body::
 
     {"type": "bulk.completed" | "bulk.stopped", "timestamp": ISO-8601,
@@ -19,11 +19,11 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, check_target
+from swapless.tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, check_target
 
 if TYPE_CHECKING:
-    from tasks.client import Client
-    from tasks.client.bulk import BulkJob, BulkSummary
+    from swapless.tasks.client import Client
+    from swapless.tasks.client.bulk import BulkJob, BulkSummary
 
 __all__ = ["LOCAL_WAIT_S", "check_callback_url", "queue_run_webhook", "run_payload"]
 

@@ -1,7 +1,7 @@
 """The ``swapless status`` and ``swapless webhooks`` commands: the deployment at a glance (workers, models, queue,
 Redis, batches, webhooks), once, watched, or as JSON; the failed webhook deliveries, listed or replayed.
 
-``tasks.cli.main`` calls ``register(app)``.
+``swapless.tasks.cli.main`` calls ``register(app)``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
-from config.errors import QueueFull, QueueUnavailable
-from tasks.cli.common import console, routes_table, settings_with
+from swapless.config.errors import QueueFull, QueueUnavailable
+from swapless.tasks.cli.common import console, routes_table, settings_with
 
 __all__ = ["register", "status", "webhooks"]
 
@@ -40,17 +40,17 @@ def status(
     import redis
     from rich.console import Group
 
-    from manager.registry.store import ModelStore
-    from tasks.broker.connection import redis_client, translated
-    from tasks.broker.sentinel import SentinelOptions
-    from tasks.broker.webhooks import read_webhooks
-    from tasks.cluster.members import read_heartbeats
-    from tasks.cluster.view import read_placement
-    from tasks.keyspace import Keyspace
-    from tasks.observe.batches import read_batches
-    from tasks.observe.memory import read_redis_memory
-    from tasks.observe.queue import read_queue_depth
-    from tasks.observe.view import render_status
+    from swapless.manager.registry.store import ModelStore
+    from swapless.tasks.broker.connection import redis_client, translated
+    from swapless.tasks.broker.sentinel import SentinelOptions
+    from swapless.tasks.broker.webhooks import read_webhooks
+    from swapless.tasks.cluster.members import read_heartbeats
+    from swapless.tasks.cluster.view import read_placement
+    from swapless.tasks.keyspace import Keyspace
+    from swapless.tasks.observe.batches import read_batches
+    from swapless.tasks.observe.memory import read_redis_memory
+    from swapless.tasks.observe.queue import read_queue_depth
+    from swapless.tasks.observe.view import render_status
 
     settings = settings_with(queue=queue)
     keyspace = Keyspace.of(settings)
@@ -77,7 +77,7 @@ def status(
             return Group(*parts) if len(parts) > 1 else view
 
     if as_json:
-        from tasks.observe.status import read_status
+        from swapless.tasks.observe.status import read_status
 
         with translated(settings.broker_url):
             payload = read_status(client, keyspace, model_ids, sample)
@@ -137,9 +137,9 @@ def webhooks(
 
     With --replay, the failed deliveries (all, or the job ids given) are queued again with a fresh retry window;
     prints how many. A worker's sender delivers them."""
-    from tasks.broker.connection import redis_client, translated
-    from tasks.broker.sentinel import SentinelOptions
-    from tasks.broker.webhooks import WebhookQueue
+    from swapless.tasks.broker.connection import redis_client, translated
+    from swapless.tasks.broker.sentinel import SentinelOptions
+    from swapless.tasks.broker.webhooks import WebhookQueue
 
     settings = settings_with(queue=queue)
     client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,

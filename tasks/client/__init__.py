@@ -10,11 +10,11 @@ progress.
 - ``stream``: ``ChunkStream``, a bounded window of chunk messages read back in order;
 - ``bulk``, ``records``, ``progress``: ``BulkRun`` over a JSONL/CSV file, resumable, with its progress display.
 
-Producers never import the worker (``tasks.worker``), and the worker never imports this package.
+Producers never import the worker (``swapless.tasks.worker``), and the worker never imports this package.
 """
 
-from tasks.client.client import Client
-from tasks.client.job import Job
-from tasks.client.publisher import Routed
+from swapless.tasks.client.client import Client
+from swapless.tasks.client.job import Job
+from swapless.tasks.client.publisher import Routed
 
 __all__ = ["Client", "Job", "Routed"]

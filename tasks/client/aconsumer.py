@@ -1,15 +1,15 @@
-"""``AsyncResultConsumer``: ``ResultConsumer`` (``tasks.client.consumer``) for asyncio code: every wait of one event
-loop on one pub/sub connection. The gateway holds one for the whole process, however many requests wait.
+"""``AsyncResultConsumer``: ``ResultConsumer`` (``swapless.tasks.client.consumer``) for asyncio code: every wait of one
+event loop on one pub/sub connection. The gateway holds one for the whole process, however many requests wait.
 
     consumer = AsyncResultConsumer(aredis_client, results)
     await consumer.wait(job_id, timeout_s=30)           # POST /predict
     await consumer.wait_all(job_ids, timeout_s=30)      # /v2 infer: every element's job
     await consumer.aclose()                             # the app's shutdown
 
-It works as the thread one does (see there, and ``tasks.client.subscriptions``): opened by the first wait, read by
-one task that hands each published result (decoded once) to the waits of its key; a wait subscribes before it first
-reads, reads once more when its subscriptions are confirmed, then on a publish, every ``POLL_S`` at most and at its
-deadline; a dropped connection is replaced, every key subscribed again and every wait reads once more; with
+It works as the thread one does (see there, and ``swapless.tasks.client.subscriptions``): opened by the first wait,
+read by one task that hands each published result (decoded once) to the waits of its key; a wait subscribes before it
+first reads, reads once more when its subscriptions are confirmed, then on a publish, every ``POLL_S`` at most and at
+its deadline; a dropped connection is replaced, every key subscribed again and every wait reads once more; with
 ``failover_s`` a wait rides out a primary that cannot be reached for that long (a Sentinel failover). The event
 loop never waits on Redis: reads are awaited MGETs, and a read of many results is decoded in a worker thread.
 """
@@ -27,10 +27,10 @@ import redis
 import redis.asyncio as aredis
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
-from tasks.broker.results import ResultStore, StoredResult
-from tasks.client.consumer import POLL_S, Failover
-from tasks.client.reading import MGET_KEYS
-from tasks.client.subscriptions import Subscriptions, Waiter, batches, parse_reply
+from swapless.tasks.broker.results import ResultStore, StoredResult
+from swapless.tasks.client.consumer import POLL_S, Failover
+from swapless.tasks.client.reading import MGET_KEYS
+from swapless.tasks.client.subscriptions import Subscriptions, Waiter, batches, parse_reply
 
 __all__ = ["AsyncResultConsumer", "AsyncWatch"]
 

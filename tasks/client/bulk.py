@@ -1,6 +1,6 @@
 """Bulk jobs: classify every record of a JSONL or CSV file into a JSONL output, resumably.
 
-    from tasks.client.bulk import BulkJob, BulkRun
+    from swapless.tasks.client.bulk import BulkJob, BulkRun
     summary = BulkRun(BulkJob("sentiment", Path("reviews.jsonl"), Path("out.jsonl")), Client()).run()
 
 The output has one line per input record, in input order::
@@ -9,8 +9,8 @@ The output has one line per input record, in input order::
     {"ok":false,"key":"r-18","error":"bad input for model 'sentiment': empty text; ...","type":"InputError"}
 
 How it stays flat in memory: records are read lazily, sent as chunk messages (``chunk_size`` inputs each) with at
-most ``max_in_flight`` chunks sent and not yet written (``tasks.client.stream``), and each chunk's lines are written as
-soon as it and every chunk before it are done. Only keys are kept for chunks in flight, never the inputs.
+most ``max_in_flight`` chunks sent and not yet written (``swapless.tasks.client.stream``), and each chunk's lines are
+written as soon as it and every chunk before it are done. Only keys are kept for chunks in flight, never the inputs.
 
 How it resumes: the output is in input order and is flushed and fsynced after every chunk, so its complete lines
 are exactly the first N records. A rerun of the same command counts them, cuts a partial last line, checks that
@@ -30,10 +30,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from config.errors import BulkFileError, DeadlinePassed, JobExpired
-from tasks.client.progress import BulkProgress, NullProgress
-from tasks.client.records import Record, RecordReader
-from tasks.client.stream import (
+from swapless.config.errors import BulkFileError, DeadlinePassed, JobExpired
+from swapless.tasks.client.progress import BulkProgress, NullProgress
+from swapless.tasks.client.records import Record, RecordReader
+from swapless.tasks.client.stream import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_IN_FLIGHT,
     ChunkEvent,
@@ -53,7 +53,7 @@ class BulkJob:
 
     Attributes:
         model_id: model id or alias.
-        input_path: JSONL or CSV file (see ``tasks.client.records``).
+        input_path: JSONL or CSV file (see ``swapless.tasks.client.records``).
         output_path: JSONL file written (appended to when resuming).
         field: JSON field / CSV column with the input.
         id_field: JSON field / CSV column with each record's key (None: the line number).
@@ -192,7 +192,7 @@ class BulkRun:
     Args:
         job: what to run.
         client: the producer client (any ``ChunkSource``).
-        progress: progress display (``tasks.progress``); none by default.
+        progress: progress display (``swapless.tasks.progress``); none by default.
         on_event: told about every chunk sent and read (``ChunkEvent``; tests, instrumentation).
         watchdog: called while waiting for results; raise from it to stop (local mode: the worker died).
 

@@ -1,6 +1,6 @@
 """The producer client: submit jobs, get their results. Usable from scripts, web apps and asyncio code.
 
-    from tasks.client import Client
+    from swapless.tasks.client import Client
     client = Client()                                   # SWAPLESS_REDIS_URL, else redis://127.0.0.1:6379/0
     job = client.submit("sentiment", "What a lovely day")
     job.id                                              # keep it to look the job up later: client.job(job_id)
@@ -12,16 +12,16 @@
     jobs = client.submit_many("sentiment", texts)       # one Job per input, sent as chunks of 256
 
 ``Client`` is the facade over the producer's parts, each built here once and owning one concern: the
-``Publisher`` routes and publishes jobs (``tasks.client.publisher``); the ``ResultStore`` reads results
-(``tasks.broker.results``); the ``ResultConsumer`` serves every wait, ``Job.get``, ``gather`` and the chunk
-streams of ``map`` and bulk runs alike, on one pub/sub connection (``tasks.client.consumer``); ``Job`` is the
-handle on one job (``tasks.client.job``).
+``Publisher`` routes and publishes jobs (``swapless.tasks.client.publisher``); the ``ResultStore`` reads results
+(``swapless.tasks.broker.results``); the ``ResultConsumer`` serves every wait, ``Job.get``, ``gather`` and the chunk
+streams of ``map`` and bulk runs alike, on one pub/sub connection (``swapless.tasks.client.consumer``); ``Job`` is the
+handle on one job (``swapless.tasks.client.job``).
 
-Every message is the one Celery's ``send_task`` would send (``tasks.broker.publish``), pushed with one LPUSH per
-call, so a plain Celery producer and this client are interchangeable. The client talks to Redis through one
+Every message is the one Celery's ``send_task`` would send (``swapless.tasks.broker.publish``), pushed with one LPUSH
+per call, so a plain Celery producer and this client are interchangeable. The client talks to Redis through one
 redis-py client with a bounded connect timeout (``SWAPLESS_CONNECT_TIMEOUT_S``): a Redis that is down is
 ``QueueUnavailable`` within seconds, one that refuses writes (out of memory) ``QueueFull``
-(``tasks.broker.connection.translate``).
+(``swapless.tasks.broker.connection.translate``).
 """
 
 from __future__ import annotations
@@ -34,28 +34,28 @@ from typing import Any, Self
 
 from celery import Celery, states
 
-from config.errors import DeadlinePassed, JobCancelled, JobTimeout
-from config.settings import Settings, get_settings
-from manager.registry.specs import ModelSpec
-from manager.registry.store import ModelStore
-from tasks.app import make_app
-from tasks.broker.connection import redis_client, translated
-from tasks.broker.results import ResultStore, StoredResult
-from tasks.broker.routes import RouteOverrides
-from tasks.broker.sentinel import SentinelOptions
-from tasks.broker.webhooks import allowed_hosts, check_target
-from tasks.client.consumer import ResultConsumer
-from tasks.client.job import Job
-from tasks.client.publisher import Publisher, Routed
-from tasks.client.reading import read_results
-from tasks.client.stream import (
+from swapless.config.errors import DeadlinePassed, JobCancelled, JobTimeout
+from swapless.config.settings import Settings, get_settings
+from swapless.manager.registry.specs import ModelSpec
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.app import make_app
+from swapless.tasks.broker.connection import redis_client, translated
+from swapless.tasks.broker.results import ResultStore, StoredResult
+from swapless.tasks.broker.routes import RouteOverrides
+from swapless.tasks.broker.sentinel import SentinelOptions
+from swapless.tasks.broker.webhooks import allowed_hosts, check_target
+from swapless.tasks.client.consumer import ResultConsumer
+from swapless.tasks.client.job import Job
+from swapless.tasks.client.publisher import Publisher, Routed
+from swapless.tasks.client.reading import read_results
+from swapless.tasks.client.stream import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_REFUSED_WAIT_S,
     ChunkEvent,
     ChunkStream,
 )
-from tasks.protocol import (
+from swapless.tasks.protocol import (
     CALLBACK_URL_HEADER,
     CHUNK_TASK,
     KEYS_HEADER,
@@ -201,7 +201,7 @@ class Client:
             key: a sticky key for a route (a user id, say): the same key always gets the same version while the
                 route's weights hold (default: the job's id, a fresh pick per job).
             callback_url: where the job's final state is posted as a signed webhook once it is stored
-                (``tasks.worker.webhooks``; at least once, ``webhook-id`` the job's id).
+                (``swapless.tasks.worker.webhooks``; at least once, ``webhook-id`` the job's id).
 
         Raises:
             UnknownModel: ``validate`` is on and the id is not in the registry.

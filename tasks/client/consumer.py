@@ -10,8 +10,8 @@ in ``celery/backends/asynchronous.py``), for code that waits in threads.
 The connection is opened by the first wait (nothing is opened when the consumer is built) and read by one daemon
 thread, the listener, which hands each published result to the waits of its key (the publish carries the stored
 value: it is decoded once, with no second read). A wait subscribes its keys, counted across waits
-(``tasks.client.subscriptions``), before it first reads its results, and reads once more when Redis has confirmed
-the subscriptions, so a result stored in between is never missed; then it sleeps until the listener hands it
+(``swapless.tasks.client.subscriptions``), before it first reads its results, and reads once more when Redis has
+confirmed the subscriptions, so a result stored in between is never missed; then it sleeps until the listener hands it
 something, reading again every ``POLL_S`` at most as a safety net, and at its deadline. Reads are batched MGETs,
 made by the waiting thread itself, so their Redis errors reach it (``Client`` translates them into
 ``QueueUnavailable``).
@@ -39,9 +39,9 @@ from typing import Any
 import redis
 from redis.connection import Connection, ConnectionPool
 
-from tasks.broker.results import ResultStore, StoredResult
-from tasks.client.reading import read_stored
-from tasks.client.subscriptions import Subscriptions, Waiter, batches, parse_reply
+from swapless.tasks.broker.results import ResultStore, StoredResult
+from swapless.tasks.client.reading import read_stored
+from swapless.tasks.client.subscriptions import Subscriptions, Waiter, batches, parse_reply
 
 __all__ = ["POLL_S", "Failover", "ResultConsumer", "Watch"]
 

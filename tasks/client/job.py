@@ -1,19 +1,19 @@
 """``Job``: a handle on one submitted job, by id: its state, its result (waited for through its client's result
-consumer, ``tasks.client.consumer``), its cancellation."""
+consumer, ``swapless.tasks.client.consumer``), its cancellation."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from config.errors import JobTimeout
-from tasks.broker.connection import translated
-from tasks.broker.results import StoredResult
-from tasks.client.reading import raise_for
-from tasks.protocol import split_item_id
+from swapless.config.errors import JobTimeout
+from swapless.tasks.broker.connection import translated
+from swapless.tasks.broker.results import StoredResult
+from swapless.tasks.client.reading import raise_for
+from swapless.tasks.protocol import split_item_id
 
 if TYPE_CHECKING:
-    from tasks.client.client import Client
+    from swapless.tasks.client.client import Client
 
 __all__ = ["Job"]
 

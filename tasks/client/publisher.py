@@ -1,16 +1,16 @@
 """Sending jobs: routing them to the model that serves each, then publishing their messages.
 
 - ``Publisher.route_jobs``: each single job gets its id and, when it addresses a route, the version the route
-  picks for it (``manager.registry.routing``: by its sticky key, else by its id) and the shadows that get a copy:
-  a ``Routed`` value, decided once and carried to the send.
+  picks for it (``swapless.manager.registry.routing``: by its sticky key, else by its id) and the shadows that get a
+  copy: a ``Routed`` value, decided once and carried to the send.
 - ``Publisher.send_routed``: the routed jobs in one round trip, then their shadow copies at bulk priority (a
   shadow never fails the served job); ``asend_routed`` the same through an asyncio Redis client (the gateway's).
 - ``Publisher.publish`` (``apublish``): messages as addressed (single jobs or chunks), built as Celery's
-  ``send_task`` would build them (``tasks.broker.publish``): to each model's own lists, ringing the placement bell
-  (a model this producer cannot name: to the ingress, where a worker routes it); bounded by ``SWAPLESS_MAX_QUEUED``
+  ``send_task`` would build them (``swapless.tasks.broker.publish``): to each model's own lists, ringing the placement
+  bell (a model this producer cannot name: to the ingress, where a worker routes it); bounded by ``SWAPLESS_MAX_QUEUED``
   (``QueueFull``, naming the ids queued nonetheless); with ``SWAPLESS_REDIS_MIN_REPLICAS``, only once that many
   replicas hold them. Redis failures, and too few replicas, are ``QueueUnavailable`` / ``QueueFull``
-  (``tasks.broker.connection.translated``).
+  (``swapless.tasks.broker.connection.translated``).
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from typing import Any, NamedTuple
 import redis
 from celery import Celery
 
-from config.errors import QueueFull, SwaplessError
-from config.settings import Settings
-from manager.registry.store import ModelStore
-from tasks.broker.connection import ReplicaWait, redact, translated
-from tasks.broker.publish import ModelPush, apush, apush_to_models, build_messages, push, push_to_models
-from tasks.broker.routes import RouteOverrides
-from tasks.keyspace import Keyspace
-from tasks.protocol import (
+from swapless.config.errors import QueueFull, SwaplessError
+from swapless.config.settings import Settings
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.broker.connection import ReplicaWait, redact, translated
+from swapless.tasks.broker.publish import ModelPush, apush, apush_to_models, build_messages, push, push_to_models
+from swapless.tasks.broker.routes import RouteOverrides
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.protocol import (
     PREDICT_TASK,
     PRIORITY_STEPS,
     SHADOW_HEADER,
@@ -136,7 +136,7 @@ class Publisher:
         self, jobs: Sequence[tuple[str, Any]], keys: Sequence[str | None] | None = None, *, paths: bool = True
     ) -> list[Routed]:
         """Each job with a fresh id, addressed to the model that serves it: a route resolved
-        (``manager.registry.routing``: by its sticky key, else by its id, so a worker resolving a plain Celery
+        (``swapless.manager.registry.routing``: by its sticky key, else by its id, so a worker resolving a plain Celery
         job by its id picks the same) with the shadows it sends copies to. A job whose route cannot place its
         input goes as addressed: the worker answers it alone (``InputError``). ``paths``: whether an input may
         be an image file's path (False for inputs from the network: ``secret.png`` is then text).
@@ -240,7 +240,7 @@ class Publisher:
         """Send one message per ``(model_id, value)`` to ``task`` as addressed, in one round trip; returns their ids
         (``ids``, else new ones). Single jobs are routed before they get here (``route_jobs``, ``send_routed``).
 
-        Each model's messages go to its own lists (``tasks.keyspace.ModelKeys``) and ring the placement bell; a
+        Each model's messages go to its own lists (``swapless.tasks.keyspace.ModelKeys``) and ring the placement bell; a
         model this producer cannot name goes to the ingress, where a worker routes it or answers ``UnknownModel``.
 
         Raises:

@@ -3,7 +3,7 @@ turned into its prediction or its error.
 
 The items of a chunk (ids ``"<chunk id>:<index>"``) have no result of their own: they read their item of the
 chunk's stored list. Reads are batched MGETs of ``MGET_KEYS`` keys at most. Waiting for results that are not
-there yet is the result consumers' (``tasks.client.consumer``, ``tasks.client.aconsumer``).
+there yet is the result consumers' (``swapless.tasks.client.consumer``, ``swapless.tasks.client.aconsumer``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 from celery import states
 
-from config.errors import JobFailed, SwaplessError
-from tasks.broker.results import ResultStore, StoredResult
-from tasks.protocol import decode_outcome, split_item_id, storage_id
+from swapless.config.errors import JobFailed, SwaplessError
+from swapless.tasks.broker.results import ResultStore, StoredResult
+from swapless.tasks.protocol import decode_outcome, split_item_id, storage_id
 
 __all__ = ["MGET_KEYS", "item_result", "raise_for", "read_results", "read_stored"]
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from config.describe import kind
-from config.errors import BulkFileError, InputError
+from swapless.config.describe import kind
+from swapless.config.errors import BulkFileError, InputError
 
 __all__ = ["FORMATS", "Record", "RecordReader"]
 

@@ -6,7 +6,7 @@ At most ``max_in_flight`` chunks are sent and not yet yielded, so a producer hol
 results whatever the input's size; the queue holds no more than that either. A chunk's result is deleted from
 Redis once it has been read (``forget``), so a ten-million-record run does not fill Redis with results.
 
-Waiting is on the head chunk's result only, through the client's result consumer (``tasks.client.consumer``):
+Waiting is on the head chunk's result only, through the client's result consumer (``swapless.tasks.client.consumer``):
 woken by its publish, which carries the result itself; workers have the other in-flight chunks queued
 meanwhile. The wait is cut in slices of ``WATCHDOG_S`` at most, to call the ``watchdog`` between them.
 """
@@ -22,10 +22,10 @@ from typing import Any, Generic, TypeVar
 
 from celery import states
 
-from config.errors import JobCancelled, JobFailed, JobTimeout, QueueFull
-from tasks.broker.results import ALREADY_DONE, ResultStore
-from tasks.client.consumer import ResultConsumer
-from tasks.protocol import decode_outcome, item_id
+from swapless.config.errors import JobCancelled, JobFailed, JobTimeout, QueueFull
+from swapless.tasks.broker.results import ALREADY_DONE, ResultStore
+from swapless.tasks.client.consumer import ResultConsumer
+from swapless.tasks.protocol import decode_outcome, item_id
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "DEFAULT_MAX_IN_FLIGHT", "WATCHDOG_S", "ChunkEvent", "ChunkStream"]
 

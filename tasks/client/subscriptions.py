@@ -1,9 +1,9 @@
 """The bookkeeping behind one pub/sub connection shared by many waits: which result keys are subscribed and for
 whom, which subscriptions Redis has confirmed, and what each wait has been handed. Plain data, no I/O and no locks:
-the two result consumers (``tasks.client.consumer`` for threads, ``tasks.client.aconsumer`` for asyncio) keep it
-under their own guard (a lock; the event loop) and do the talking to Redis.
+the two result consumers (``swapless.tasks.client.consumer`` for threads, ``swapless.tasks.client.aconsumer`` for
+asyncio) keep it under their own guard (a lock; the event loop) and do the talking to Redis.
 
-A result is published on the key it is stored under (``tasks.broker.results``), so a key is a channel:
+A result is published on the key it is stored under (``swapless.tasks.broker.results``), so a key is a channel:
 
 - ``Subscriptions.add`` counts a wait's keys; a key's first wait means one ``SUBSCRIBE``, its last one's leaving one
   ``UNSUBSCRIBE`` (``remove``).
@@ -26,9 +26,9 @@ from typing import Any
 
 from celery import states
 
-from tasks.broker.results import ResultStore, StoredResult
-from tasks.client.reading import item_result
-from tasks.protocol import storage_id
+from swapless.tasks.broker.results import ResultStore, StoredResult
+from swapless.tasks.client.reading import item_result
+from swapless.tasks.protocol import storage_id
 
 __all__ = ["Subscriptions", "Waiter", "batches", "parse_reply"]
 

@@ -2,7 +2,7 @@
 (worker -> lease expiry, ms), taken, renewed and given up by one script each, so that a cold model is claimed by one
 worker however many see its jobs, and a dead worker's claims lapse with its heartbeat.
 
-Every script starts with a write that takes no memory (``tasks.broker.connection.WRITE_FIRST_NOTE``).
+Every script starts with a write that takes no memory (``swapless.tasks.broker.connection.WRITE_FIRST_NOTE``).
 """
 
 from __future__ import annotations

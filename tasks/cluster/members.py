@@ -3,9 +3,9 @@ and read back (by the placer, the status and the gateway).
 
 Every worker publishes a ``Heartbeat`` (what its cache holds, its counters, its queue wait) as JSON under
 ``Keyspace.heartbeat(worker_id)`` (``hostname:pid``) every ``SWAPLESS_HEARTBEAT_INTERVAL_S`` seconds
-(``tasks.observe.beats`` publishes it). The key expires after ``TTL_INTERVALS`` intervals, so a worker that dies
-vanishes by itself; one that stops cleanly deletes it. A sorted set, ``Keyspace.heartbeats``, lists the worker ids, so
-readers never SCAN the database (which holds every result).
+(``swapless.tasks.observe.beats`` publishes it). The key expires after ``TTL_INTERVALS`` intervals, so a worker that
+dies vanishes by itself; one that stops cleanly deletes it. A sorted set, ``Keyspace.heartbeats``, lists the worker ids,
+so readers never SCAN the database (which holds every result).
 
 Readers come in pairs, one for ``redis.Redis`` and one for ``redis.asyncio`` (the gateway), around one parser.
 """
@@ -21,7 +21,7 @@ import redis
 import redis.asyncio as aredis
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tasks.keyspace import Keyspace
+from swapless.tasks.keyspace import Keyspace
 
 __all__ = [
     "INDEX_FORGET_S",
@@ -59,7 +59,7 @@ class LoadedEntry(_Model):
     remote: bool
     busy: bool
     loaded_at: float
-    #: ``device`` or ``host`` (``manager.cache.entries.Tier``)
+    #: ``device`` or ``host`` (``swapless.manager.cache.entries.Tier``)
     tier: str = "device"
     #: Resident: it served interactive jobs lately (``SWAPLESS_KEEP_INTERACTIVE_S``) or its spec keeps it loaded
     #: (``keep_loaded``); either way its next callers would wait for its load.
@@ -152,7 +152,8 @@ class Heartbeat(_Model):
     redis_problem: str | None = None
     #: ``placement`` or ``shared`` (``SWAPLESS_ROUTING``)
     routing: str = "shared"
-    #: the kind of device it computes on (``tasks.worker.learned.device_label``): whose learned costs apply to it
+    #: the kind of device it computes on (``swapless.tasks.worker.learned.device_label``): whose learned costs apply
+    #: to it
     device: str = ""
 
     def age_s(self, now: float | None = None) -> float:

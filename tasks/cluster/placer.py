@@ -3,8 +3,8 @@ jobs back, so that several workers on one Redis act as one model cache. It is th
 
 A daemon thread, ``swapless-placement``, every ``SWAPLESS_PLACEMENT_INTERVAL_S``:
 
-- reads where every model stands (``tasks.cluster.view``: its lists, its held jobs, its holders) and the
-  live workers (their heartbeats), and runs the pure policy (``tasks.cluster.plan.plan``) for this worker;
+- reads where every model stands (``swapless.tasks.cluster.view``: its lists, its held jobs, its holders) and the
+  live workers (their heartbeats), and runs the pure policy (``swapless.tasks.cluster.plan.plan``) for this worker;
 - claims what the plan gives it (``CLAIM``: atomic, so a cold model is claimed by one worker however many see its
   jobs) and releases what it takes away;
 - sets how many jobs of each model it may hold (``hold_limit``): with other workers live, about
@@ -19,9 +19,9 @@ A daemon thread, ``swapless-placement``, every ``SWAPLESS_PLACEMENT_INTERVAL_S``
 With ``SWAPLESS_ROUTING=shared`` it claims nothing: every worker fetches every model's lists (one worker, or the
 baseline placement is measured against), and the thread only recovers.
 
-The transport fetches from the models ``claimed()`` returns (``tasks.broker.transport``), and moves each ingress
-message to the model ``route`` names. On a warm shutdown the claims are released first, so that other workers take
-the models over at once; the jobs still held come back when the channel closes (``restore_unacked``).
+The transport fetches from the models ``claimed()`` returns (``swapless.tasks.broker.transport``), and moves each
+ingress message to the model ``route`` names. On a warm shutdown the claims are released first, so that other workers
+take the models over at once; the jobs still held come back when the channel closes (``restore_unacked``).
 """
 
 from __future__ import annotations
@@ -37,17 +37,17 @@ from typing import Any
 
 import redis
 
-from config.settings import Settings
-from manager import ModelManager, ModelStore
-from manager.cache.entries import DEFAULT_LOAD_COST_S, HOST_COST_FRACTION
-from tasks.broker.connection import RedisHealth
-from tasks.broker.queues import RECOVER, WAKE
-from tasks.broker.routes import Router
-from tasks.cluster.claims import CLAIM, RELEASE, RENEW
-from tasks.cluster.members import TTL_INTERVALS, Heartbeat, ModelActivity, read_heartbeats
-from tasks.cluster.plan import Demand, WorkerView, plan
-from tasks.cluster.view import ModelPlacement, read_placement
-from tasks.keyspace import Keyspace, ModelKeys
+from swapless.config.settings import Settings
+from swapless.manager import ModelManager, ModelStore
+from swapless.manager.cache.entries import DEFAULT_LOAD_COST_S, HOST_COST_FRACTION
+from swapless.tasks.broker.connection import RedisHealth
+from swapless.tasks.broker.queues import RECOVER, WAKE
+from swapless.tasks.broker.routes import Router
+from swapless.tasks.cluster.claims import CLAIM, RELEASE, RENEW
+from swapless.tasks.cluster.members import TTL_INTERVALS, Heartbeat, ModelActivity, read_heartbeats
+from swapless.tasks.cluster.plan import Demand, WorkerView, plan
+from swapless.tasks.cluster.view import ModelPlacement, read_placement
+from swapless.tasks.keyspace import Keyspace, ModelKeys
 
 __all__ = ["Placer"]
 

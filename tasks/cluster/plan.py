@@ -1,7 +1,7 @@
 """Placement across workers: which worker holds which model, as a pure function over plain data.
 
 Several workers on one Redis act as one model cache: each model's jobs are fetched only by the workers that hold
-a claim on it (``tasks.worker.placement`` reads the cluster and carries out the moves; the claims are atomic in
+a claim on it (``swapless.tasks.worker.placement`` reads the cluster and carries out the moves; the claims are atomic in
 Redis, so two workers that reach different conclusions from slightly different views still cannot both take a
 cold model). Every worker runs the same ``plan`` over the same reading and carries out only its own moves; ties
 are broken by a hash of (model, worker), so that the workers agree without talking to each other.

@@ -1,8 +1,8 @@
 """Where each model stands across the workers: its jobs waiting in its own lists (exact), the jobs workers hold,
-and the workers holding a claim on it, read in one round trip (``tasks.keyspace`` names the keys).
+and the workers holding a claim on it, read in one round trip (``swapless.tasks.keyspace`` names the keys).
 
-Read by the worker's placer (``tasks.cluster.placer``) several times a second, and by ``swapless status`` and the
-gateway's ``GET /models``.
+Read by the worker's placer (``swapless.tasks.cluster.placer``) several times a second, and by ``swapless status`` and
+the gateway's ``GET /models``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio as aredis
 
-from tasks.keyspace import Keyspace, ModelKeys
-from tasks.protocol import PRIORITY_STEPS
+from swapless.tasks.keyspace import Keyspace, ModelKeys
+from swapless.tasks.protocol import PRIORITY_STEPS
 
 __all__ = ["ModelPlacement", "aread_placement", "read_placement"]
 

@@ -3,10 +3,10 @@
 ``quotas`` and ``ledger``), one error map (``errors``, ``http``), REST (``rest``, ``schema``), the Open Inference
 Protocol (``v2``, ``signature``, ``tensors``) and the status page (``status_page``).
 
-A producer: it submits through ``tasks.client`` and reads the observers' views; it never imports the worker.
-Run it with ``swapless serve``, or ``uvicorn --factory tasks.gateway:create_app``.
+A producer: it submits through ``swapless.tasks.client`` and reads the observers' views; it never imports the worker.
+Run it with ``swapless serve``, or ``uvicorn --factory swapless.tasks.gateway:create_app``.
 """
 
-from tasks.gateway.app import create_app
+from swapless.tasks.gateway.app import create_app
 
 __all__ = ["create_app"]

@@ -13,7 +13,7 @@
 - ``plane.DataPlane``: what every route does with jobs (``quotas``, ``ledger``);
 - ``batches.BatchRunner``: drives batches in this process (``SWAPLESS_BATCH_RUNNER``), a thread per batch.
 
-Run it with ``swapless serve`` (uvicorn), or ``uvicorn --factory tasks.gateway:create_app``. The docs are at
+Run it with ``swapless serve`` (uvicorn), or ``uvicorn --factory swapless.tasks.gateway:create_app``. The docs are at
 ``/docs`` (schema at ``/openapi.json``); ``/`` redirects to the status page.
 """
 
@@ -26,20 +26,20 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from config.settings import Settings, get_settings
-from manager.registry.specs import InputType
-from manager.registry.store import ModelStore
-from tasks.client import Client
-from tasks.gateway.auth import install_api_keys
-from tasks.gateway.batches import BatchRunner, batch_router
-from tasks.gateway.batches.routes import UPLOAD_ENVELOPE_BYTES
-from tasks.gateway.errors import LogThrottle
-from tasks.gateway.framing import LOOPBACK_HOSTS, BodyLimit, RequestGuard, host_name
-from tasks.gateway.keys import KeyRing
-from tasks.gateway.plane import DataPlane
-from tasks.gateway.rest import rest_router
-from tasks.gateway.status_page import status_router
-from tasks.gateway.v2 import v2_router
+from swapless.config.settings import Settings, get_settings
+from swapless.manager.registry.specs import InputType
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.client import Client
+from swapless.tasks.gateway.auth import install_api_keys
+from swapless.tasks.gateway.batches import BatchRunner, batch_router
+from swapless.tasks.gateway.batches.routes import UPLOAD_ENVELOPE_BYTES
+from swapless.tasks.gateway.errors import LogThrottle
+from swapless.tasks.gateway.framing import LOOPBACK_HOSTS, BodyLimit, RequestGuard, host_name
+from swapless.tasks.gateway.keys import KeyRing
+from swapless.tasks.gateway.plane import DataPlane
+from swapless.tasks.gateway.rest import rest_router
+from swapless.tasks.gateway.status_page import status_router
+from swapless.tasks.gateway.v2 import v2_router
 
 __all__ = ["allowed_hosts", "create_app", "job_body_limit"]
 

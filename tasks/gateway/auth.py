@@ -1,13 +1,13 @@
 """Who is calling: ``Callers``, an ASGI middleware, turns each request's API key (``Authorization: Bearer <key>``,
-checked against ``tasks.gateway.keys``) into a ``Caller`` before any route runs or any body is read.
+checked against ``swapless.tasks.gateway.keys``) into a ``Caller`` before any route runs or any body is read.
 
 Each route declares what it needs in its decorator (``needs(...)``, which also puts the Bearer scheme in the
 OpenAPI schema):
 
 - ``Need.NOTHING``: the health checks, the server metadata, the docs;
 - ``Need.KEY``: any valid key; the route itself checks the model a request addresses (``Caller.may_call``) and whose
-  job it reads (``tasks.gateway.plane``); the status page and its data also take the key as ``?key=`` (a browser
-  cannot send the header when it opens a page), taken out of the query before anything downstream sees it and
+  job it reads (``swapless.tasks.gateway.plane``); the status page and its data also take the key as ``?key=`` (a
+  browser cannot send the header when it opens a page), taken out of the query before anything downstream sees it and
   redacted in uvicorn's access log (``RedactKeyFilter``);
 - ``Need.EVERY_MODEL``: a key for every model (an operator's); also what any route that declares nothing needs.
 
@@ -30,11 +30,11 @@ from fastapi import FastAPI, Security
 from fastapi.security import HTTPBearer
 from starlette.routing import BaseRoute, Match, Route
 
-from config.settings import Settings
-from manager.registry.store import ModelStore
-from tasks.gateway.framing import ASGIApp, Receive, Scope, Send, reply
-from tasks.gateway.keys import KeyRing, KeyRule, load_keys
-from tasks.gateway.turns import NoTurn, Turns
+from swapless.config.settings import Settings
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.gateway.framing import ASGIApp, Receive, Scope, Send, reply
+from swapless.tasks.gateway.keys import KeyRing, KeyRule, load_keys
+from swapless.tasks.gateway.turns import NoTurn, Turns
 
 __all__ = ["Caller", "Callers", "Need", "RedactKeyFilter", "install_api_keys", "needs"]
 
@@ -88,8 +88,8 @@ class Callers:
         keys: the accepted keys; empty: no key is asked for.
         routes: the app's routes, whose declarations (``needs``) say what each request needs.
         open_paths: paths of routes that declare nothing and need nothing (the framework's own docs).
-        turns: each caller's turns at the gateway's work (``tasks.gateway.turns``): a request that needs a caller
-            runs in one of its caller's turns.
+        turns: each caller's turns at the gateway's work (``swapless.tasks.gateway.turns``): a request that needs
+            a caller runs in one of its caller's turns.
     """
 
     def __init__(self, app: ASGIApp, keys: KeyRing, routes: list[BaseRoute], open_paths: frozenset[str],

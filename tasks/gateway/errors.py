@@ -6,12 +6,13 @@
     ├── ModelForbidden      the caller's key may not call that model (403)
     ├── BodyTooLarge        a compressed body is over the limit once decompressed (413)
     ├── TooManyElements     an Open Inference Protocol request declares more jobs than allowed (413; ``tensors``)
-    ├── UnknownFile         no batch file of that id for this caller (404; ``tasks.gateway.batches``)
+    ├── UnknownFile         no batch file of that id for this caller (404; ``swapless.tasks.gateway.batches``)
     ├── UnknownBatch        no batch of that id for this caller (404)
     ├── BadBatchFile        an uploaded batch file is refused: the line and what is wrong with it (400)
     ├── BadBatch            a batch cannot be created or changed as asked (400, or 409 for a finished one)
-    ├── OverLimit           a caller is over its rate or in-flight limit (429; ``tasks.gateway.quotas``)
-    └── GatewayBusy         the gateway holds as many waiting requests as it may (503; ``tasks.gateway.quotas``)
+    ├── OverLimit           a caller is over its rate or in-flight limit (429; ``swapless.tasks.gateway.quotas``)
+    └── GatewayBusy         the gateway holds as many waiting requests as it may (503;
+    ``swapless.tasks.gateway.quotas``)
 
 ``problem(err, protocol)`` gives every error its status, one-line message and headers for both protocols (the REST
 routes' ``{"detail"}`` and the Open Inference Protocol's ``{"error"}``): the model side's and the queue's errors
@@ -30,7 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
-from config.errors import (
+from swapless.config.errors import (
     BackendUnavailable,
     InputError,
     JobCancelled,
@@ -43,10 +44,10 @@ from config.errors import (
     UnknownModel,
     WebhookRefused,
 )
-from tasks.broker.connection import translate
-from tasks.gateway.quotas import GatewayBusy, OverLimit
-from tasks.gateway.signature import UnknownVersion
-from tasks.gateway.tensors import TooManyElements
+from swapless.tasks.broker.connection import translate
+from swapless.tasks.gateway.quotas import GatewayBusy, OverLimit
+from swapless.tasks.gateway.signature import UnknownVersion
+from swapless.tasks.gateway.tensors import TooManyElements
 
 __all__ = [
     "BadBatch",

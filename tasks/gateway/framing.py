@@ -90,7 +90,7 @@ class RequestGuard:
         app: the application it guards.
         max_body_bytes: the most bytes a request body may have, unless its path has a bound of its own.
         body_timeout_s: the most seconds a body may take to arrive, from when the app first reads it (a request
-            waiting for its caller's turn, ``tasks.gateway.turns``, is not reading yet).
+            waiting for its caller's turn, ``swapless.tasks.gateway.turns``, is not reading yet).
         allowed_hosts: host names answered to (lower case, no port); None: any.
         allowed_origins: origins (``scheme://host[:port]``) whose cross-origin requests are let through.
         body_limits: per path of a ``POST``, a bound for its body and the setting that sets it (larger than

@@ -2,7 +2,7 @@
 
 - A JSON body is parsed off the event loop when it is large (a 32 MiB body would hold the loop for a while), and
   one nested too deeply is an ordinary invalid-JSON 422, not a crash.
-- Any error a route raises becomes its response through ``tasks.gateway.errors.problem``: ``{"detail": ...}``
+- Any error a route raises becomes its response through ``swapless.tasks.gateway.errors.problem``: ``{"detail": ...}``
   (FastAPI's own validation errors as their list) on the REST routes, ``{"error": ...}`` under ``/v2``; never a
   traceback.
 """
@@ -18,7 +18,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from tasks.gateway.errors import problem
+from swapless.tasks.gateway.errors import problem
 
 __all__ = ["GuardedRoute", "error_response", "loads"]
 

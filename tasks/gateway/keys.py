@@ -20,9 +20,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from config.errors import ConfigError
-from config.settings import Settings
-from manager.registry.store import ModelStore
+from swapless.config.errors import ConfigError
+from swapless.config.settings import Settings
+from swapless.manager.registry.store import ModelStore
 
 __all__ = ["MAX_KEY_CHARS", "MIN_KEY_CHARS", "KeyEntry", "KeyRing", "KeyRule", "load_keys", "parse_keys"]
 

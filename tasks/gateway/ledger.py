@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import redis.asyncio as aredis
 
-from tasks.broker.results import ResultStore, StoredResult
-from tasks.keyspace import Keyspace
+from swapless.tasks.broker.results import ResultStore, StoredResult
+from swapless.tasks.keyspace import Keyspace
 
 __all__ = ["JobLedger", "Record"]
 

@@ -5,14 +5,14 @@ Protocol's alike), so each check is made once, in one place.
   here, with inputs typed as a network caller's (no file paths), and its input checked against the model that
   will serve it (type, ``SWAPLESS_MAX_TEXT_CHARS``, ``_MAX_IMAGE_BYTES``, ``_MAX_IMAGE_PIXELS``), off the event
   loop when it is large; then the caller's rate and in-flight limits (``OverLimit``), the jobs' records
-  (``tasks.gateway.ledger``), and one publish. A publish that fails forgets the records: nothing half-accepted.
+  (``swapless.tasks.gateway.ledger``), and one publish. A publish that fails forgets the records: nothing half-accepted.
 - ``read(caller, job_id)`` / ``cancel(caller, job_id)``: only the caller that submitted a job (or an operator)
   sees it; any other id is ``UnknownJob``, the same answer as an id never submitted, so ids cannot be probed; a
   finished job whose result has expired is ``ResultExpired``; a cancel writes nothing for an unknown id, and
   holds as long as the job's record (its deadline, else ``SWAPLESS_CANCEL_HOLD_S``).
 - ``wait(...)`` / ``wait_all(...)``: results as they are published, each wait holding one of the process's wait
   slots (``GatewayBusy`` past ``SWAPLESS_GATEWAY_MAX_WAITS``); every wait of the process goes through one
-  ``AsyncResultConsumer`` (``tasks.client.aconsumer``): one pub/sub connection however many requests wait.
+  ``AsyncResultConsumer`` (``swapless.tasks.client.aconsumer``): one pub/sub connection however many requests wait.
 """
 
 from __future__ import annotations
@@ -25,24 +25,24 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from config.errors import InputError, JobCancelled
-from config.settings import Settings
-from manager.frameworks.inputs import base64_image, image_header, text_input
-from manager.registry.specs import InputType, ModelSpec
-from manager.registry.store import ModelStore
-from tasks.broker.connection import async_redis_client
-from tasks.broker.results import StoredResult
-from tasks.broker.sentinel import SentinelOptions
-from tasks.broker.webhooks import allowed_hosts, check_target
-from tasks.client import Client, Routed
-from tasks.client.aconsumer import AsyncResultConsumer
-from tasks.gateway.auth import Caller
-from tasks.gateway.errors import ModelForbidden, ResultExpired, UnknownJob
-from tasks.gateway.ledger import JobLedger
-from tasks.gateway.quotas import OverLimit, RateLimit, WaitSlots
-from tasks.gateway.turns import give_back
-from tasks.keyspace import Keyspace
-from tasks.protocol import CALLBACK_URL_HEADER
+from swapless.config.errors import InputError, JobCancelled
+from swapless.config.settings import Settings
+from swapless.manager.frameworks.inputs import base64_image, image_header, text_input
+from swapless.manager.registry.specs import InputType, ModelSpec
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.broker.connection import async_redis_client
+from swapless.tasks.broker.results import StoredResult
+from swapless.tasks.broker.sentinel import SentinelOptions
+from swapless.tasks.broker.webhooks import allowed_hosts, check_target
+from swapless.tasks.client import Client, Routed
+from swapless.tasks.client.aconsumer import AsyncResultConsumer
+from swapless.tasks.gateway.auth import Caller
+from swapless.tasks.gateway.errors import ModelForbidden, ResultExpired, UnknownJob
+from swapless.tasks.gateway.ledger import JobLedger
+from swapless.tasks.gateway.quotas import OverLimit, RateLimit, WaitSlots
+from swapless.tasks.gateway.turns import give_back
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.protocol import CALLBACK_URL_HEADER
 
 __all__ = ["Ask", "DataPlane", "check_input"]
 
@@ -242,7 +242,7 @@ class DataPlane:
 
     async def wait(self, job_id: str, timeout_s: float) -> StoredResult:
         """The job's result once ready, or its PENDING state after ``timeout_s``; woken by the backend's publish.
-        The request gives its caller's turn back while it waits (``tasks.gateway.turns``)."""
+        The request gives its caller's turn back while it waits (``swapless.tasks.gateway.turns``)."""
         give_back()
         return await self.consumer.wait(job_id, timeout_s)
 

@@ -8,7 +8,7 @@
   per gateway process: each holds a Redis subscription, and the next one past the cap is answered 503 before the
   connections run out.
 
-The in-flight cap per caller is the ledger's (``tasks.gateway.ledger``): it needs the jobs' records.
+The in-flight cap per caller is the ledger's (``swapless.tasks.gateway.ledger``): it needs the jobs' records.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from limits import RateLimitItemPerSecond
 from limits.aio.storage import RedisStorage
 from limits.aio.strategies import SlidingWindowCounterRateLimiter
 
-from config.errors import SwaplessError
-from tasks.keyspace import Keyspace
+from swapless.config.errors import SwaplessError
+from swapless.tasks.keyspace import Keyspace
 
 __all__ = ["GatewayBusy", "OverLimit", "RateLimit", "WaitSlots"]
 

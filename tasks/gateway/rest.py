@@ -1,4 +1,4 @@
-"""The gateway's REST routes, over the data plane (``tasks.gateway.plane``):
+"""The gateway's REST routes, over the data plane (``swapless.tasks.gateway.plane``):
 
     POST   /jobs       {model_id, input}   202 {job_id}
     GET    /jobs/{id}                      200 {job_id, state, result | error}; 404 not this caller's; 410 expired
@@ -21,15 +21,15 @@ from celery import states
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from tasks.broker.connection import aping
-from tasks.broker.results import CANCELLED, TOO_LATE, StoredResult
-from tasks.cluster.members import aread_heartbeats
-from tasks.cluster.view import aread_placement
-from tasks.gateway.auth import Caller, Need, needs
-from tasks.gateway.errors import job_status
-from tasks.gateway.http import GuardedRoute
-from tasks.gateway.plane import Ask, DataPlane
-from tasks.gateway.schema import (
+from swapless.tasks.broker.connection import aping
+from swapless.tasks.broker.results import CANCELLED, TOO_LATE, StoredResult
+from swapless.tasks.cluster.members import aread_heartbeats
+from swapless.tasks.cluster.view import aread_placement
+from swapless.tasks.gateway.auth import Caller, Need, needs
+from swapless.tasks.gateway.errors import job_status
+from swapless.tasks.gateway.http import GuardedRoute
+from swapless.tasks.gateway.plane import Ask, DataPlane
+from swapless.tasks.gateway.schema import (
     CancelReply,
     ErrorInfo,
     Health,
@@ -44,7 +44,7 @@ from tasks.gateway.schema import (
     PredictTimeout,
     WorkerView,
 )
-from tasks.observe.queue import aread_queue_depth
+from swapless.tasks.observe.queue import aread_queue_depth
 
 __all__ = ["rest_router"]
 

@@ -1,4 +1,4 @@
-"""A Swapless model as the Open Inference Protocol shows it (``tasks.gateway.v2``): its signature, the jobs a
+"""A Swapless model as the Open Inference Protocol shows it (``swapless.tasks.gateway.v2``): its signature, the jobs a
 request makes, and the tensors their predictions give. Pure functions over the registry and parsed requests.
 
 - ``signature(store, name, version)``: a model (by id or alias) or a route as one v2 model. A model takes one input,
@@ -21,10 +21,10 @@ import binascii
 from dataclasses import dataclass
 from typing import Any
 
-from config.errors import InputError, PredictionFailed, SwaplessError
-from manager.registry.specs import InputType, ModelSpec
-from manager.registry.store import ModelStore
-from tasks.gateway.tensors import InferRequest, OutputTensor, bytes_elements
+from swapless.config.errors import InputError, PredictionFailed, SwaplessError
+from swapless.manager.registry.specs import InputType, ModelSpec
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.gateway.tensors import InferRequest, OutputTensor, bytes_elements
 
 __all__ = [
     "INPUTS",

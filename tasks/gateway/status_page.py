@@ -1,10 +1,11 @@
 """The live status page: ``GET /status`` (one static HTML page, its CSS and JavaScript inline), the data it draws
-every 2 s at ``GET /status.json`` (what ``swapless status --json`` prints: ``tasks.observe.status``), and ``GET /``
-redirecting to the page; and ``GET /metrics``, the cluster-wide autoscaling signals (``tasks.observe.scaling``).
+every 2 s at ``GET /status.json`` (what ``swapless status --json`` prints: ``swapless.tasks.observe.status``), and
+``GET /`` redirecting to the page; and ``GET /metrics``, the cluster-wide autoscaling signals
+(``swapless.tasks.observe.scaling``).
 
-With API keys set, both need a key (``tasks.gateway.auth``); since a browser cannot send a header when it opens a
-page, they also take it as ``?key=``. The page sends the key it was opened with as a Bearer header when it fetches
-the data, so the key is in one request line, not in one every 2 s.
+With API keys set, both need a key (``swapless.tasks.gateway.auth``); since a browser cannot send a header when it
+opens a page, they also take it as ``?key=``. The page sends the key it was opened with as a Bearer header when it
+fetches the data, so the key is in one request line, not in one every 2 s.
 """
 
 from __future__ import annotations
@@ -22,17 +23,17 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from config.settings import Settings
-from manager.registry.store import ModelStore
-from tasks.broker.connection import redis_client
-from tasks.broker.sentinel import SentinelOptions
-from tasks.gateway.auth import Need, needs
-from tasks.gateway.http import GuardedRoute
-from tasks.keyspace import Keyspace
-from tasks.observe.queue import DEFAULT_SAMPLE
-from tasks.observe.scaling import ScalingSignals, signals_registry
-from tasks.observe.status import aread_status
-from tasks.protocol import PRIORITY_BULK
+from swapless.config.settings import Settings
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.broker.connection import redis_client
+from swapless.tasks.broker.sentinel import SentinelOptions
+from swapless.tasks.gateway.auth import Need, needs
+from swapless.tasks.gateway.http import GuardedRoute
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.observe.queue import DEFAULT_SAMPLE
+from swapless.tasks.observe.scaling import ScalingSignals, signals_registry
+from swapless.tasks.observe.status import aread_status
+from swapless.tasks.protocol import PRIORITY_BULK
 
 __all__ = ["page_html", "status_router"]
 
@@ -41,7 +42,7 @@ _NO_STORE = {"Cache-Control": "no-store"}
 
 def page_html() -> str:
     """The status page, its constants filled in."""
-    text = (files("tasks.gateway") / "static" / "status.html").read_text(encoding="utf-8")
+    text = (files("swapless.tasks.gateway") / "static" / "status.html").read_text(encoding="utf-8")
     return text.replace("{{PRIORITY_BULK}}", str(PRIORITY_BULK))
 
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from config.describe import kind
-from config.errors import InputError, SwaplessError
+from swapless.config.describe import kind
+from swapless.config.errors import InputError, SwaplessError
 
 __all__ = [
     "HEADER_LENGTH",

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 
-from tasks.gateway.quotas import OverLimit
+from swapless.tasks.gateway.quotas import OverLimit
 
 __all__ = ["NoTurn", "Turns", "give_back"]
 

@@ -13,12 +13,12 @@ JSON an image is a base64 string), and gives ``LABELS`` (BYTES) and ``SCORES`` (
 ``top_k``, best first (padded with "" and 0.0). A model that is not loaded is ready all the same: a worker loads it
 for its first job. A route is a model of its targets' type (a ``by_type`` route over both takes either input) whose
 k is the largest of theirs, and has no version. Tensors go as JSON or in Triton's binary tensor extension
-(``tasks.gateway.tensors``); a gzip or deflate request body is decompressed, up to the gateway's body limit.
+(``swapless.tasks.gateway.tensors``); a gzip or deflate request body is decompressed, up to the gateway's body limit.
 
 An infer request's jobs are bounded before anything is parsed but its JSON header: the shapes it declares may
 total ``SWAPLESS_GATEWAY_MAX_ELEMENTS`` elements (413 past it). Decompressing and parsing run off the event loop.
-The jobs go through the data plane (``tasks.gateway.plane``): the caller's key may call the model, each input fits
-it, the caller's limits hold.
+The jobs go through the data plane (``swapless.tasks.gateway.plane``): the caller's key may call the model, each input
+fits it, the caller's limits hold.
 
 Every error is ``{"error": "..."}``: 400 bad input (the job's own ``InputError`` too), 403 a key for another model,
 404 unknown model, version or endpoint, 413 too large (body, decompressed body, elements), 429 over a limit, 503
@@ -37,15 +37,15 @@ from celery import states
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from config.errors import InputError
-from tasks.broker.connection import aping
-from tasks.cluster.members import aread_heartbeats
-from tasks.gateway.auth import Need, needs
-from tasks.gateway.errors import BodyTooLarge, job_status
-from tasks.gateway.http import GuardedRoute, loads
-from tasks.gateway.plane import Ask, DataPlane
-from tasks.gateway.rest import caller_of
-from tasks.gateway.signature import (
+from swapless.config.errors import InputError
+from swapless.tasks.broker.connection import aping
+from swapless.tasks.cluster.members import aread_heartbeats
+from swapless.tasks.gateway.auth import Need, needs
+from swapless.tasks.gateway.errors import BodyTooLarge, job_status
+from swapless.tasks.gateway.http import GuardedRoute, loads
+from swapless.tasks.gateway.plane import Ask, DataPlane
+from swapless.tasks.gateway.rest import caller_of
+from swapless.tasks.gateway.signature import (
     Signature,
     chosen_outputs,
     job_inputs,
@@ -54,7 +54,7 @@ from tasks.gateway.signature import (
     route_models,
     signature,
 )
-from tasks.gateway.tensors import HEADER_LENGTH, InferRequest, check_declared, encode_response, parse_request
+from swapless.tasks.gateway.tensors import HEADER_LENGTH, InferRequest, check_declared, encode_response, parse_request
 
 __all__ = ["v2_router"]
 

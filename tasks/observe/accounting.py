@@ -9,7 +9,7 @@ caused them. That is exact because only the scheduler thread uses the cache: wha
 group (a hit or a miss, the load and its time, the models that left the cache) happened during this one.
 
 Queue wait is measured from the producer's send time (the ``swapless_sent_at`` header every producer that imports
-``tasks.app`` adds; wall clocks, so it includes any clock skew between hosts, clamped at 0) to the start of the
+``swapless.tasks.app`` adds; wall clocks, so it includes any clock skew between hosts, clamped at 0) to the start of the
 job's group. Jobs sent without the header are measured from their receipt by this worker.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from manager import Job, ModelManager, Outcome
+from swapless.manager import Job, ModelManager, Outcome
 
 __all__ = [
     "NULL_OBSERVER",

@@ -1,5 +1,5 @@
 """The batches' standing for the status: every batch not final yet and the newest finished ones, with their
-progress, read from the batch API's hashes in Redis (``tasks.gateway.batches.state`` writes them).
+progress, read from the batch API's hashes in Redis (``swapless.tasks.gateway.batches.state`` writes them).
 
 What any valid key's status shows of a batch is its progress only: its id, status, counts and times; never its
 owner, metadata or files (those stay behind the owner's own ``GET /v1/batches/{id}``).
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.keyspace import Keyspace
+from swapless.tasks.keyspace import Keyspace
 
 __all__ = ["read_batches"]
 

@@ -1,5 +1,5 @@
-"""Publishing a worker's heartbeat (``tasks.cluster.members``): building it from the worker's cache, counters and
-stats, and a daemon thread that publishes it every interval."""
+"""Publishing a worker's heartbeat (``swapless.tasks.cluster.members``): building it from the worker's cache, counters
+and stats, and a daemon thread that publishes it every interval."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 
 import redis
 
-from manager import ModelManager
-from tasks.broker.connection import RedisHealth
-from tasks.cluster.members import (
+from swapless.manager import ModelManager
+from swapless.tasks.broker.connection import RedisHealth
+from swapless.tasks.cluster.members import (
     INDEX_FORGET_S,
     TTL_INTERVALS,
     CacheInfo,
@@ -22,8 +22,8 @@ from tasks.cluster.members import (
     LoadedEntry,
     ModelActivity,
 )
-from tasks.keyspace import Keyspace
-from tasks.observe.stats import WorkerStats
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.observe.stats import WorkerStats
 
 __all__ = ["HeartbeatPublisher", "build_heartbeat"]
 
@@ -166,7 +166,8 @@ class HeartbeatPublisher:
 
     def beat(self) -> None:
         """Publish one heartbeat now (one script: it replaces the last one, so it goes through even while Redis
-        is over ``maxmemory``, when the heartbeat has most to say; ``tasks.broker.connection.WRITE_FIRST_NOTE``)."""
+        is over ``maxmemory``, when the heartbeat has most to say;
+        ``swapless.tasks.broker.connection.WRITE_FIRST_NOTE``)."""
         payload = self.build().model_dump_json()
         now = time.time()
         self.client.eval(

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from manager import Job, Outcome
+from swapless.manager import Job, Outcome
 
 __all__ = ["TaskEvents"]
 

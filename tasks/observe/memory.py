@@ -14,8 +14,8 @@ from typing import Any
 
 import redis
 
-from config.describe import format_bytes
-from tasks.keyspace import Keyspace
+from swapless.config.describe import format_bytes
+from swapless.tasks.keyspace import Keyspace
 
 __all__ = ["DEFAULT_KEY_SAMPLE", "RedisMemory", "WriteRefusals", "read_redis_memory"]
 
@@ -102,8 +102,8 @@ class WriteRefusals:
     """Whether Redis is refusing writes for lack of memory, as one heartbeat after another sees it.
 
     Redis at its ``maxmemory`` with ``noeviction`` refuses new jobs while workers go on
-    (``tasks.broker.connection.WRITE_FIRST_NOTE``); its memory hovers just under the limit and over it as writes
-    are refused and buffers shrink, so the limit alone flickers. Redis counts the ``OOM`` errors it replies
+    (``swapless.tasks.broker.connection.WRITE_FIRST_NOTE``); its memory hovers just under the limit and over it as
+    writes are refused and buffers shrink, so the limit alone flickers. Redis counts the ``OOM`` errors it replies
     (``INFO errorstats``): any since the last check means it refused writes in between.
     """
 

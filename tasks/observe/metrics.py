@@ -37,9 +37,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from config.errors import MetricsUnavailable
-from manager import ModelManager
-from tasks.observe.accounting import GroupReport
+from swapless.config.errors import MetricsUnavailable
+from swapless.manager import ModelManager
+from swapless.tasks.observe.accounting import GroupReport
 
 __all__ = ["WorkerMetrics"]
 

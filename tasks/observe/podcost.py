@@ -3,8 +3,8 @@ annotation current, so that a Deployment scaling down (KEDA or the HPA lowering 
 pod whose loss costs the fleet least: Kubernetes deletes the pods with the lowest cost first (every pod counts 0
 without the annotation).
 
-The cost is this worker's ``RemovalCost.rank`` (``tasks.observe.scaling``, read from every live worker's heartbeat)
-as one integer (``deletion_cost``): the load seconds of the interactive models only it holds weigh most, then
+The cost is this worker's ``RemovalCost.rank`` (``swapless.tasks.observe.scaling``, read from every live worker's
+heartbeat) as one integer (``deletion_cost``): the load seconds of the interactive models only it holds weigh most, then
 whether it holds jobs, then the load seconds of the models only it holds. Kubernetes asks that the annotation not
 be updated often (each update is a write of the pod on the API server): the worker writes it after a heartbeat
 only when the cost changed, and at most once per ``SWAPLESS_POD_DELETION_COST_INTERVAL_S`` (10 s).
@@ -25,10 +25,10 @@ from pathlib import Path
 import httpx
 import redis
 
-from config.settings import Settings
-from tasks.cluster.members import read_heartbeats
-from tasks.keyspace import Keyspace
-from tasks.observe.scaling import RemovalCost, removal_costs
+from swapless.config.settings import Settings
+from swapless.tasks.cluster.members import read_heartbeats
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.observe.scaling import RemovalCost, removal_costs
 
 __all__ = ["ANNOTATION", "PodDeletionCost", "deletion_cost"]
 

@@ -17,8 +17,8 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from tasks.keyspace import Keyspace
-from tasks.protocol import PRIORITY_STEPS, message_args
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.protocol import PRIORITY_STEPS, message_args
 
 __all__ = ["DEFAULT_SAMPLE", "QueueDepth", "aread_queue_depth", "message_model", "read_queue_depth"]
 

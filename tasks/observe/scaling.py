@@ -2,7 +2,7 @@
 is, whether work waits with no worker to do it, and how many workers the fleet should have.
 
 Read from what Redis holds (every model's lists and the ingress, the live workers' heartbeats, what workers
-learned of each model on their kind of device: ``tasks.worker.learned``), never from one worker's view, so an
+learned of each model on their kind of device: ``swapless.tasks.worker.learned``), never from one worker's view, so an
 autoscaler sees the whole queue under placement routing (jobs wait in per-model lists, which a Redis list-length
 scaler never sees) and the jobs workers hold. Exported by ``swapless serve``'s ``GET /metrics`` and by
 ``swapless exporter``:
@@ -59,10 +59,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from config.settings import Settings
-from tasks.cluster.members import Heartbeat, read_heartbeats
-from tasks.keyspace import Keyspace
-from tasks.protocol import CHUNK_TASK, PRIORITIES, PRIORITY_STEPS, SENT_AT_HEADER, message_args
+from swapless.config.settings import Settings
+from swapless.tasks.cluster.members import Heartbeat, read_heartbeats
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.protocol import CHUNK_TASK, PRIORITIES, PRIORITY_STEPS, SENT_AT_HEADER, message_args
 
 __all__ = [
     "DEFAULT_SAMPLE",

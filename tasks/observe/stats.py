@@ -8,8 +8,8 @@ import threading
 import time
 from collections import deque
 
-from tasks.cluster.members import ModelActivity, WaitSummary
-from tasks.observe.accounting import GroupReport
+from swapless.tasks.cluster.members import ModelActivity, WaitSummary
+from swapless.tasks.observe.accounting import GroupReport
 
 __all__ = ["WorkerStats"]
 

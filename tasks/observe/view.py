@@ -8,13 +8,13 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from config.describe import format_bytes
-from tasks.cluster.members import Heartbeat
-from tasks.cluster.view import ModelPlacement
-from tasks.observe.memory import RedisMemory
-from tasks.observe.queue import QueueDepth
-from tasks.observe.scaling import RemovalCost, removal_costs
-from tasks.protocol import is_urgent
+from swapless.config.describe import format_bytes
+from swapless.tasks.cluster.members import Heartbeat
+from swapless.tasks.cluster.view import ModelPlacement
+from swapless.tasks.observe.memory import RedisMemory
+from swapless.tasks.observe.queue import QueueDepth
+from swapless.tasks.observe.scaling import RemovalCost, removal_costs
+from swapless.tasks.protocol import is_urgent
 
 __all__ = ["render_status"]
 

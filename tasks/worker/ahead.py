@@ -11,8 +11,8 @@ one taken, the scheduler uses the answer instead of asking.
 A job counted ahead counts as started from then on, one forward pass before its own: a cancel answers ``running``,
 and the job runs and keeps its result. Only a job never started before is counted ahead, and once: one that then
 never runs here (its worker died during the pass before it) carries one attempt it did not make, and runs again with
-the jobs in flight at one death (together, as ``tasks.worker.attempts`` decides), never alone or as poison for it.
-What this worker counted ahead is its own and not an earlier life's: ``own`` takes it out of later reads, and a job
+the jobs in flight at one death (together, as ``swapless.tasks.worker.attempts`` decides), never alone or as poison for
+it. What this worker counted ahead is its own and not an earlier life's: ``own`` takes it out of later reads, and a job
 handed over or left at a clean stop has its count cleared (``forget``, ``close``).
 """
 
@@ -23,8 +23,8 @@ import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from tasks.broker.results import ResultStore
-from tasks.protocol import storage_id
+from swapless.tasks.broker.results import ResultStore
+from swapless.tasks.protocol import storage_id
 
 __all__ = ["ReadAhead"]
 

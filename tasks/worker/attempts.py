@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from manager import Job
+from swapless.manager import Job
 
 __all__ = ["AttemptPlan", "plan_attempts"]
 

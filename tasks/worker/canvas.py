@@ -32,9 +32,9 @@ from celery.app.task import Context
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from config.errors import SwaplessError
-from tasks.broker.results import ResultStore
-from tasks.protocol import CHUNK_TASK, PREDICT_TASK
+from swapless.config.errors import SwaplessError
+from swapless.tasks.broker.results import ResultStore
+from swapless.tasks.protocol import CHUNK_TASK, PREDICT_TASK
 
 __all__ = ["CANVAS_FIELDS", "Canvas", "embed_of"]
 

@@ -1,11 +1,11 @@
 """Chunk messages in the worker: each chunk's items collected back into its one result.
 
 A bulk producer sends ``swapless.predict_chunk`` messages whose args are ``[model_id, [input, ...]]``. Decoding
-(``tasks.worker.delivery``) expands each chunk into one ``Job`` per input (ids ``"<chunk id>:<index>"``,
-``tasks.protocol.item_id``) in the same backlog as single jobs, so grouping, caching and failure isolation are
+(``swapless.tasks.worker.delivery``) expands each chunk into one ``Job`` per input (ids ``"<chunk id>:<index>"``,
+``swapless.tasks.protocol.item_id``) in the same backlog as single jobs, so grouping, caching and failure isolation are
 exactly those of single jobs; one bad input fails alone. When every item of a chunk has an outcome, the chunk's
-result is stored once, as a list of ``tasks.protocol.encode_outcome`` dicts in input order, and only then is the
-chunk's message acked. A chunk whose payload is malformed, or that names an unknown model, fails as a whole (its
+result is stored once, as a list of ``swapless.tasks.protocol.encode_outcome`` dicts in input order, and only then is
+the chunk's message acked. A chunk whose payload is malformed, or that names an unknown model, fails as a whole (its
 stored result is that error, like a single job's).
 
 Plain data: no Redis, no Celery, no torch. ``ChunkAssembler`` is what the batch scheduler holds.
@@ -18,10 +18,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.errors import SwaplessError
-from manager import Job, Outcome
-from tasks.protocol import encode_outcome, split_item_id
-from tasks.worker.delivery import Delivery
+from swapless.config.errors import SwaplessError
+from swapless.manager import Job, Outcome
+from swapless.tasks.protocol import encode_outcome, split_item_id
+from swapless.tasks.worker.delivery import Delivery
 
 __all__ = ["ChunkAssembler"]
 

@@ -17,7 +17,7 @@ Its ``start`` (before the consumer starts, which Celery starts last) seeds what 
 warm start on the scheduler's thread, starts the heartbeat, the webhook sender and then placement (a model is not
 claimed by a worker still warming up). The consumer's ``FinishInHand`` step finishes the group in hand on a warm
 shutdown while the broker connection is still open; the worker step's ``stop`` stops the rest and unloads every
-model. The batch task binds to the context of the consumer that serves it (``tasks.worker.task``).
+model. The batch task binds to the context of the consumer that serves it (``swapless.tasks.worker.task``).
 """
 
 from __future__ import annotations
@@ -34,31 +34,31 @@ import redis
 from celery import Celery, bootsteps
 from celery.worker import state as worker_state
 
-from config.errors import SwaplessError
-from config.settings import Settings, get_settings
-from manager import ModelEngine
-from manager.batching.warmup import load_kept, warm_start
-from tasks.broker.acks import AckQueue
-from tasks.broker.connection import RedisHealth, ReplicaWait, redis_client
-from tasks.broker.queues import ChannelHooks
-from tasks.broker.results import ResultStore
-from tasks.broker.routes import RouteOverrides, Router
-from tasks.broker.sentinel import SentinelOptions
-from tasks.broker.webhooks import WebhookQueue
-from tasks.cluster.members import read_heartbeats
-from tasks.cluster.placer import Placer
-from tasks.cluster.view import read_placement
-from tasks.keyspace import Keyspace
-from tasks.observe.podcost import PodDeletionCost
-from tasks.worker.canvas import Canvas
-from tasks.worker.followups import Followups
-from tasks.worker.intake import Intake, answer_malformed
-from tasks.worker.learned import LearnedStore, device_label
-from tasks.worker.reporting import WorkerReporting
-from tasks.worker.runtime import Runtime, build_runtime, tune_interpreter
-from tasks.worker.scheduler import BatchScheduler
-from tasks.worker.shadows import Shadows
-from tasks.worker.webhooks import WebhookIntake, WebhookSender
+from swapless.config.errors import SwaplessError
+from swapless.config.settings import Settings, get_settings
+from swapless.manager import ModelEngine
+from swapless.manager.batching.warmup import load_kept, warm_start
+from swapless.tasks.broker.acks import AckQueue
+from swapless.tasks.broker.connection import RedisHealth, ReplicaWait, redis_client
+from swapless.tasks.broker.queues import ChannelHooks
+from swapless.tasks.broker.results import ResultStore
+from swapless.tasks.broker.routes import RouteOverrides, Router
+from swapless.tasks.broker.sentinel import SentinelOptions
+from swapless.tasks.broker.webhooks import WebhookQueue
+from swapless.tasks.cluster.members import read_heartbeats
+from swapless.tasks.cluster.placer import Placer
+from swapless.tasks.cluster.view import read_placement
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.observe.podcost import PodDeletionCost
+from swapless.tasks.worker.canvas import Canvas
+from swapless.tasks.worker.followups import Followups
+from swapless.tasks.worker.intake import Intake, answer_malformed
+from swapless.tasks.worker.learned import LearnedStore, device_label
+from swapless.tasks.worker.reporting import WorkerReporting
+from swapless.tasks.worker.runtime import Runtime, build_runtime, tune_interpreter
+from swapless.tasks.worker.scheduler import BatchScheduler
+from swapless.tasks.worker.shadows import Shadows
+from swapless.tasks.worker.webhooks import WebhookIntake, WebhookSender
 
 __all__ = ["FinishInHand", "SwaplessWorker", "WorkerContext", "build_context", "settings_of"]
 
@@ -70,7 +70,7 @@ SETTINGS_KEY = "swapless_settings"
 
 def settings_of(app: Celery) -> Settings:
     """The settings the worker runs with: those ``swapless worker`` put in the app's configuration, else the
-    environment's (``celery -A tasks worker``)."""
+    environment's (``celery -A swapless worker``)."""
     given = app.conf.get(SETTINGS_KEY)
     return given if isinstance(given, Settings) else get_settings()
 
@@ -92,7 +92,7 @@ class WorkerContext:
     intake: Intake | None
     hooks: ChannelHooks
     webhooks: WebhookSender
-    #: answers a message that is not a job with its error (``tasks.worker.intake.answer_malformed``)
+    #: answers a message that is not a job with its error (``swapless.tasks.worker.intake.answer_malformed``)
     answer_malformed: Callable[[Any, Exception], None]
 
     def start(self) -> None:

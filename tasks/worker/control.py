@@ -27,8 +27,8 @@ from celery.utils.functional import maybe_list
 from celery.worker import state as worker_state
 from celery.worker.control import control_command, ok
 
-from config.errors import JobCancelled
-from tasks.broker.results import ResultStore
+from swapless.config.errors import JobCancelled
+from swapless.tasks.broker.results import ResultStore
 
 __all__ = ["revoke", "swapless_drain"]
 

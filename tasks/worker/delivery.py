@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from config.errors import InputError
-from config.settings import Settings
-from manager import Job
-from tasks.broker.routes import Router
-from tasks.protocol import (
+from swapless.config.errors import InputError
+from swapless.config.settings import Settings
+from swapless.manager import Job
+from swapless.tasks.broker.routes import Router
+from swapless.tasks.protocol import (
     CHUNK_TASK,
     KEYS_HEADER,
     SENT_AT_HEADER,

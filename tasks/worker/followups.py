@@ -1,6 +1,6 @@
 """What happens after a job's result is stored and before its message is acked: its Celery canvas follow-ups
-(``tasks.worker.canvas``) and its webhook's delivery, queued in Redis for the worker's sender
-(``tasks.worker.webhooks``).
+(``swapless.tasks.worker.canvas``) and its webhook's delivery, queued in Redis for the worker's sender
+(``swapless.tasks.worker.webhooks``).
 
 Both happen between the store and the ack, on the thread that stores (the results thread while more work waits),
 never on the forward pass's: a worker that dies in between has its jobs redelivered, and the worker that takes them
@@ -15,10 +15,10 @@ from typing import Any
 
 from celery import states
 
-from config.errors import SwaplessError
-from tasks.broker.results import ResultStore, StoredResult
-from tasks.worker.canvas import Canvas
-from tasks.worker.webhooks import WebhookIntake
+from swapless.config.errors import SwaplessError
+from swapless.tasks.broker.results import ResultStore, StoredResult
+from swapless.tasks.worker.canvas import Canvas
+from swapless.tasks.worker.webhooks import WebhookIntake
 
 __all__ = ["Followups"]
 

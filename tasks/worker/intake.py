@@ -4,7 +4,7 @@ Celery turns every message into a ``Request`` (protocol conversion, promises, si
 flush) before the batch task's scheduler sees it: about a third of a millisecond of the worker's CPU per job, more
 than a small model's forward pass on a GPU. Messages of ``swapless.predict`` and ``swapless.predict_chunk`` that
 need none of it (JSON, no ETA, task events off) skip it: the transport hands every such message of one fetch round
-to ``Intake`` at once (``tasks.broker.placed.use_intake``), which decodes its body and gives the scheduler one
+to ``Intake`` at once (``swapless.tasks.broker.placed.use_intake``), which decodes its body and gives the scheduler one
 ``LeanRequest`` per message, in one hand-over. The message format is Celery's (producers are unchanged); acks,
 rejects and restores go through kombu's message and channel as Celery's would. Any other message (another task, an
 ETA, another content type, task events on) takes Celery's own path.
@@ -19,10 +19,10 @@ from typing import Any
 
 from kombu.exceptions import ContentDisallowed, DecodeError
 
-from config.describe import kind
-from config.errors import InputError
-from tasks.broker.results import ResultStore
-from tasks.protocol import CHUNK_TASK, PREDICT_TASK, SENT_AT_HEADER
+from swapless.config.describe import kind
+from swapless.config.errors import InputError
+from swapless.tasks.broker.results import ResultStore
+from swapless.tasks.protocol import CHUNK_TASK, PREDICT_TASK, SENT_AT_HEADER
 
 __all__ = ["Intake", "LeanRequest", "answer_malformed", "eligible"]
 
@@ -82,7 +82,7 @@ class LeanRequest:
         self.name: str = headers["task"]
         self.args = args
         self.kwargs = kwargs
-        #: the message's embed (``callbacks``, ``errbacks``, ``chain``, ``chord``: ``tasks.worker.canvas``)
+        #: the message's embed (``callbacks``, ``errbacks``, ``chain``, ``chord``: ``swapless.tasks.worker.canvas``)
         self.embed = embed
         self.request_dict: dict[str, Any] = headers
         info = dict(message.delivery_info or {})

@@ -17,8 +17,8 @@ from typing import Any
 
 import redis
 
-from manager import ModelEngine, ModelManager
-from tasks.keyspace import Keyspace
+from swapless.manager import ModelEngine, ModelManager
+from swapless.tasks.keyspace import Keyspace
 
 __all__ = ["LEARNED_TTL_S", "LearnedStore", "device_label"]
 
@@ -35,7 +35,7 @@ def device_label(device: str) -> str:
     starts without importing torch (a second of CPU per start)."""
     if device != "auto" and not device.startswith("cuda"):
         return device.split(":", 1)[0]
-    from manager.frameworks.torch_utils import resolve_device
+    from swapless.manager.frameworks.torch_utils import resolve_device
 
     resolved = resolve_device(device)
     if resolved.type == "cuda":

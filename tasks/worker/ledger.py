@@ -16,14 +16,14 @@ import threading
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from config.errors import SwaplessError
-from manager import Job
-from tasks.broker.acks import AckQueue
-from tasks.broker.results import ResultStore
-from tasks.protocol import split_item_id
-from tasks.worker.chunks import ChunkAssembler
-from tasks.worker.delivery import Delivery
-from tasks.worker.followups import Followups
+from swapless.config.errors import SwaplessError
+from swapless.manager import Job
+from swapless.tasks.broker.acks import AckQueue
+from swapless.tasks.broker.results import ResultStore
+from swapless.tasks.protocol import split_item_id
+from swapless.tasks.worker.chunks import ChunkAssembler
+from swapless.tasks.worker.delivery import Delivery
+from swapless.tasks.worker.followups import Followups
 
 __all__ = ["RequestLedger"]
 
@@ -115,8 +115,8 @@ class RequestLedger:
         models: Mapping[str, str] | None = None,
     ) -> None:
         """End requests: store each ``(request, result, error)`` (unless ``store`` is off: a job with a result
-        already), then send its follow-ups (``tasks.worker.followups``), then ack it and its copies; count it done
-        or failed (unless ``count`` is off)."""
+        already), then send its follow-ups (``swapless.tasks.worker.followups``), then ack it and its copies; count it
+        done or failed (unless ``count`` is off)."""
         if store:
             results.store([(request.id, result, error) for request, result, error in items], models=models)
             if self.followups is not None:

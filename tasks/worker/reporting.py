@@ -1,9 +1,9 @@
 """What a worker tells the world: its heartbeat, its Prometheus metrics and Celery's task events.
 
-``WorkerReporting`` is built by the worker's context (``tasks.worker.context``) before the scheduler, whose
+``WorkerReporting`` is built by the worker's context (``swapless.tasks.worker.context``) before the scheduler, whose
 ``observer`` it provides (every group feeds the heartbeat's per-model activity, the metrics and the task events),
 and opens the metrics endpoint when ``metrics_port`` is set; ``start(...)`` then starts the heartbeat thread, and
-``stop`` stops both and deletes the heartbeat. The parts themselves live in ``tasks.observe``.
+``stop`` stops both and deletes the heartbeat. The parts themselves live in ``swapless.tasks.observe``.
 """
 
 from __future__ import annotations
@@ -18,20 +18,22 @@ from typing import TYPE_CHECKING, Any
 import redis
 from celery import signals
 
-from config.errors import MetricsUnavailable
-from tasks.broker.connection import RedisHealth
-from tasks.keyspace import Keyspace
-from tasks.observe.accounting import GroupAccounting, GroupReport, Observers, SentTimes
-from tasks.observe.beats import HeartbeatPublisher, build_heartbeat
-from tasks.observe.events import TaskEvents
-from tasks.observe.memory import WriteRefusals
-from tasks.observe.stats import WorkerStats
-from tasks.protocol import SENT_AT_HEADER
-from tasks.worker.runtime import Runtime
-from tasks.worker.scheduler import BatchScheduler
+from swapless.config.errors import MetricsUnavailable
+from swapless.tasks.broker.connection import RedisHealth
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.observe.accounting import GroupAccounting, GroupReport, Observers, SentTimes
+from swapless.tasks.observe.beats import HeartbeatPublisher, build_heartbeat
+from swapless.tasks.observe.events import TaskEvents
+from swapless.tasks.observe.memory import WriteRefusals
+from swapless.tasks.observe.stats import WorkerStats
+from swapless.tasks.protocol import SENT_AT_HEADER
+from swapless.tasks.worker.runtime import Runtime
+from swapless.tasks.worker.scheduler import BatchScheduler
 
 if TYPE_CHECKING:
-    from tasks.observe.metrics import WorkerMetrics  # prometheus-client: imported only when metrics are asked for
+    from swapless.tasks.observe.metrics import (
+        WorkerMetrics,  # prometheus-client: imported only when metrics are asked for
+    )
 
 __all__ = ["WorkerReporting"]
 
@@ -89,7 +91,7 @@ class WorkerReporting:
 
     def _serve_metrics(self, host: str, port: int) -> WorkerMetrics:
         try:
-            from tasks.observe.metrics import (
+            from swapless.tasks.observe.metrics import (
                 WorkerMetrics,  # prometheus-client: only when asked for
             )
         except ImportError as err:

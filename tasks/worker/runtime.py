@@ -1,5 +1,5 @@
 """What one worker holds of the model side: the settings, the registry and the model cache, built by
-``build_runtime`` (the worker's start-up builds one, ``tasks.worker.context``; ``swapless worker`` builds one
+``build_runtime`` (the worker's start-up builds one, ``swapless.tasks.worker.context``; ``swapless worker`` builds one
 first to check the models file and the settings).
 """
 
@@ -10,9 +10,9 @@ import importlib
 import sys
 from dataclasses import dataclass
 
-from config.errors import ConfigError
-from config.settings import Settings
-from manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
+from swapless.config.errors import ConfigError
+from swapless.config.settings import Settings
+from swapless.manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
 
 __all__ = ["Runtime", "build_runtime", "load_plugins", "tune_interpreter"]
 

@@ -1,15 +1,15 @@
 """BatchScheduler: one worker's backlog and the thread that runs it.
 
-The consumer thread hands every request to ``submit``, which decodes each once (``tasks.worker.delivery``) and
+The consumer thread hands every request to ``submit``, which decodes each once (``swapless.tasks.worker.delivery``) and
 puts its jobs in the backlog; the scheduler thread takes the next group the moment it is idle
 (``Backlog.next_group``: loaded models first, then the cold model with the most waiting work per second of load, a
 starved job first), runs it through the model cache, stores each job's result in one pipeline and acks the
-messages in bulk (``tasks.worker.ledger``). While the backlog has more work, the storing and acking of a group is
-handed to a second thread (``swapless-results``; at most three groups' results wait for it) so that it overlaps the
+messages in bulk (``swapless.tasks.worker.ledger``). While the backlog has more work, the storing and acking of a group
+is handed to a second thread (``swapless-results``; at most three groups' results wait for it) so that it overlaps the
 next group's forward passes instead of leaving the device idle; an idle worker stores at once, on its own thread (no
 hand-over in a lone job's path). Results are stored in the order their groups ran. A job in flight when its worker
-died runs again as ``tasks.worker.attempts`` decides; at ``SWAPLESS_MAX_ATTEMPTS`` deaths it fails as a poison job.
-Nothing is acked before its result is stored.
+died runs again as ``swapless.tasks.worker.attempts`` decides; at ``SWAPLESS_MAX_ATTEMPTS`` deaths it fails as a poison
+job. Nothing is acked before its result is stored.
 
 A job with a deadline that has not started by then leaves the backlog before the next group is chosen and is
 answered ``JobExpired``: it costs neither a load nor a forward pass. A group with deadlines runs one forward pass at
@@ -38,21 +38,21 @@ from celery.worker import state as worker_state
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from config.errors import JobCancelled, JobExpired, PoisonJob, PredictionFailed, SwaplessError
-from manager import Backlog, Job, Outcome, run_group
-from tasks.broker.acks import AckQueue
-from tasks.broker.results import ResultStore
-from tasks.broker.routes import Router
-from tasks.observe.accounting import NULL_OBSERVER, SchedulerObserver
-from tasks.protocol import deadline_text, item_id, split_item_id, storage_id
-from tasks.worker.ahead import ReadAhead
-from tasks.worker.attempts import plan_attempts
-from tasks.worker.chunks import ChunkAssembler
-from tasks.worker.delivery import decode
-from tasks.worker.followups import Followups
-from tasks.worker.ledger import RequestLedger
-from tasks.worker.runtime import Runtime
-from tasks.worker.shadows import Shadows
+from swapless.config.errors import JobCancelled, JobExpired, PoisonJob, PredictionFailed, SwaplessError
+from swapless.manager import Backlog, Job, Outcome, run_group
+from swapless.tasks.broker.acks import AckQueue
+from swapless.tasks.broker.results import ResultStore
+from swapless.tasks.broker.routes import Router
+from swapless.tasks.observe.accounting import NULL_OBSERVER, SchedulerObserver
+from swapless.tasks.protocol import deadline_text, item_id, split_item_id, storage_id
+from swapless.tasks.worker.ahead import ReadAhead
+from swapless.tasks.worker.attempts import plan_attempts
+from swapless.tasks.worker.chunks import ChunkAssembler
+from swapless.tasks.worker.delivery import decode
+from swapless.tasks.worker.followups import Followups
+from swapless.tasks.worker.ledger import RequestLedger
+from swapless.tasks.worker.runtime import Runtime
+from swapless.tasks.worker.shadows import Shadows
 
 __all__ = ["BatchScheduler"]
 
@@ -223,7 +223,8 @@ class BatchScheduler:
             self._clear_counts(self.ahead.close())
 
     def _clear_counts(self, job_ids: Sequence[str]) -> None:
-        """Clear the attempts this worker counted ahead for jobs that leave it unrun (``tasks.worker.ahead``)."""
+        """Clear the attempts this worker counted ahead for jobs that leave it unrun
+        (``swapless.tasks.worker.ahead``)."""
         if not job_ids:
             return
         try:
@@ -423,7 +424,7 @@ class BatchScheduler:
 
     def _read_next(self) -> None:
         """Send the reads of the group the backlog would give next, answered during this group's last pass (called
-        as that pass begins: ``tasks.worker.ahead``)."""
+        as that pass begins: ``swapless.tasks.worker.ahead``)."""
         manager = self.runtime.manager
         with self._cond:
             upcoming = self.backlog.peek_group(manager.loaded_ids(), manager.load_cost_s,

@@ -16,12 +16,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from manager import Outcome
-from tasks.broker.results import ResultStore
-from tasks.broker.routes import count_shadow
-from tasks.keyspace import Keyspace
-from tasks.observe.accounting import SchedulerObserver
-from tasks.worker.delivery import Delivery
+from swapless.manager import Outcome
+from swapless.tasks.broker.results import ResultStore
+from swapless.tasks.broker.routes import count_shadow
+from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.observe.accounting import SchedulerObserver
+from swapless.tasks.worker.delivery import Delivery
 
 __all__ = ["SHADOW_REF_S", "Shadows"]
 

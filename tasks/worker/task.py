@@ -5,13 +5,13 @@ its flushing is replaced. celery-batches flushes every ``flush_every`` messages 
 seconds, hands the batch to the pool, and acks late messages when the batch returns, even if it raised. Here:
 
 - most messages skip Celery's requests altogether: the transport hands them to the worker's intake
-  (``tasks.worker.intake``); those that take Celery's path (an ETA, task events on) go into the worker's backlog as
-  soon as they arrive: everything one read of the transport delivered is flushed at once, on the event loop's next
-  tick (``_flush_per_tick``);
+  (``swapless.tasks.worker.intake``); those that take Celery's path (an ETA, task events on) go into the worker's
+  backlog as soon as they arrive: everything one read of the transport delivered is flushed at once, on the event loop's
+  next tick (``_flush_per_tick``);
 - one scheduler thread takes the next group from the backlog the moment it is idle, so a lone job never waits
   for a timer and, while a group computes, the consumer keeps fetching (the backlog grows in the meantime);
 - the scheduler sees the whole backlog (up to ``SWAPLESS_PREFETCH`` unacked jobs), serves loaded models first,
-  then the cold model with the most waiting work per second of load (``manager.batching.order``);
+  then the cold model with the most waiting work per second of load (``swapless.manager.batching.order``);
 - each job's own result or error is stored (pipelined, first result wins), and only then is its message acked.
   A job that never got a result is never acked: a dead worker's jobs are redelivered.
 
@@ -20,8 +20,8 @@ kinds of message grouped by model together. ``predict.apply(args=[model_id, inpu
 ``predict_chunk.apply(args=[model_id, inputs])`` run eagerly through the same model code (a cache built for the
 call: for tests and debugging).
 
-The worker's collaborators are built once, by its composition root (``tasks.worker.context``, a bootstep of this
-app); the task binds to the consumer that serves it when that consumer starts, as celery-batches binds its pool.
+The worker's collaborators are built once, by its composition root (``swapless.tasks.worker.context``, a bootstep of
+this app); the task binds to the consumer that serves it when that consumer starts, as celery-batches binds its pool.
 """
 
 from __future__ import annotations
@@ -34,26 +34,26 @@ from typing import Any
 from celery.exceptions import InvalidTaskError
 from celery_batches import Batches
 
-from config.errors import SwaplessError
-from config.settings import get_settings
-from manager import run_group
-from tasks.app import make_app
-from tasks.broker.acks import refresh_visibility
-from tasks.broker.results import ResultStore
-from tasks.broker.routes import Router
-from tasks.protocol import CHUNK_TASK, PREDICT_TASK
-from tasks.worker import control as _control  # noqa: F401 - registers Swapless's revoke in place of Celery's
-from tasks.worker.chunks import ChunkAssembler
-from tasks.worker.context import FinishInHand, SwaplessWorker, WorkerContext
-from tasks.worker.delivery import decode
-from tasks.worker.runtime import build_runtime
-from tasks.worker.scheduler import BatchScheduler
+from swapless.config.errors import SwaplessError
+from swapless.config.settings import get_settings
+from swapless.manager import run_group
+from swapless.tasks.app import make_app
+from swapless.tasks.broker.acks import refresh_visibility
+from swapless.tasks.broker.results import ResultStore
+from swapless.tasks.broker.routes import Router
+from swapless.tasks.protocol import CHUNK_TASK, PREDICT_TASK
+from swapless.tasks.worker import control as _control  # noqa: F401 - registers Swapless's revoke in place of Celery's
+from swapless.tasks.worker.chunks import ChunkAssembler
+from swapless.tasks.worker.context import FinishInHand, SwaplessWorker, WorkerContext
+from swapless.tasks.worker.delivery import decode
+from swapless.tasks.worker.runtime import build_runtime
+from swapless.tasks.worker.scheduler import BatchScheduler
 
 __all__ = ["SwaplessBatches", "app", "predict", "predict_chunk", "run_now"]
 
 logger = logging.getLogger(__name__)
 
-#: The worker's Celery app: ``celery -A tasks worker`` and ``swapless worker`` run it.
+#: The worker's Celery app: ``celery -A swapless worker`` and ``swapless worker`` run it.
 app = make_app(include=[__name__])
 app.steps["worker"].add(SwaplessWorker)
 app.steps["consumer"].add(FinishInHand)

@@ -36,10 +36,10 @@ from typing import Any
 import httpx
 from standardwebhooks import Webhook
 
-from config.errors import SwaplessError, WebhookRefused
-from config.settings import Settings
-from tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, connect_address, pinned, resolve_host
-from tasks.protocol import CALLBACK_URL_HEADER, SENT_AT_HEADER, encode_outcome
+from swapless.config.errors import SwaplessError, WebhookRefused
+from swapless.config.settings import Settings
+from swapless.tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, connect_address, pinned, resolve_host
+from swapless.tasks.protocol import CALLBACK_URL_HEADER, SENT_AT_HEADER, encode_outcome
 
 __all__ = ["WebhookIntake", "WebhookSender", "backoff_s", "job_payload"]
 

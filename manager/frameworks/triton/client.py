@@ -25,12 +25,12 @@ import tritonclient.http as httpclient
 from gevent import Timeout as GeventTimeout
 from tritonclient.utils import InferenceServerException
 
-from config.errors import BackendUnavailable
+from swapless.config.errors import BackendUnavailable
 
 __all__ = ["TritonConnection", "TritonSettings"]
 
 # The worker's logger, so that what is logged about a Triton model all comes from one place, as it always has.
-logger = logging.getLogger("manager.frameworks.triton.worker")
+logger = logging.getLogger("swapless.manager.frameworks.triton.worker")
 
 T = TypeVar("T")
 

@@ -29,8 +29,8 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import triton_to_np_dtype
 
-from config.errors import InputError, ModelLoadError, PredictionFailed
-from manager.frameworks.images import decode_image
+from swapless.config.errors import InputError, ModelLoadError, PredictionFailed
+from swapless.manager.frameworks.images import decode_image
 
 __all__ = [
     "ModelInfo",

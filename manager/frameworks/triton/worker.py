@@ -3,14 +3,14 @@
 The model lives in the server (``remote = True``, ``memory_bytes == 0``); the cache counts these workers in
 their own pool (``remote_max_models``). Nothing about a model is hard-coded: names, datatypes, shapes and
 ``max_batch_size`` come from the server's metadata and config, read by ``load()``. This module holds the
-worker's contract; the HTTP calls, retries and waits are in ``manager.frameworks.triton.client``, and the tensors
-(metadata, input shaping, output decoding) in ``manager.frameworks.triton.io``.
+worker's contract; the HTTP calls, retries and waits are in ``swapless.manager.frameworks.triton.client``, and the
+tensors (metadata, input shaping, output decoding) in ``swapless.manager.frameworks.triton.io``.
 
 - ``load()``: ``POST /v2/repository/models/{name}/load`` (the server runs with ``--model-control-mode=explicit``),
   then waits for readiness (at most ``load_timeout_s``) and reads metadata, config and the ``labels_file``.
 - ``prepare(value)`` checks one job against the metadata; a bad input fails its job alone (``InputError``): a
   base64 image, for a model with one image-shaped input (resized, normalised, NCHW or NHWC), or raw tensors
-  ``{"inputs": {input_name: nested list}}`` (see ``manager.frameworks.triton.io`` for the details).
+  ``{"inputs": {input_name: nested list}}`` (see ``swapless.manager.frameworks.triton.io`` for the details).
 - ``predict(batch)``: the whole group in as few requests as the model's ``max_batch_size`` allows (or the
   entry's ``max_batch_size`` when smaller; ``max_batch_size: 0`` models get one job per request; jobs of
   different shapes go in different requests). With a ``labels_file`` (line i names class i) a job gets the
@@ -43,11 +43,18 @@ import numpy as np
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from config.errors import InputError, ModelLoadError, PredictionFailed
-from manager.frameworks.triton.client import TritonConnection
-from manager.frameworks.triton.io import ModelInfo, decode_outputs, image_input, parse_info, read_labels, tensor_inputs
-from manager.frameworks.worker import ModelWorker, WorkerLimits
-from manager.registry.specs import InputType, ModelSpec
+from swapless.config.errors import InputError, ModelLoadError, PredictionFailed
+from swapless.manager.frameworks.triton.client import TritonConnection
+from swapless.manager.frameworks.triton.io import (
+    ModelInfo,
+    decode_outputs,
+    image_input,
+    parse_info,
+    read_labels,
+    tensor_inputs,
+)
+from swapless.manager.frameworks.worker import ModelWorker, WorkerLimits
+from swapless.manager.registry.specs import InputType, ModelSpec
 
 __all__ = ["TritonWorker"]
 

@@ -5,7 +5,7 @@ Redis), ``driver`` (one batch from validating to its end, as bulk runs) and ``ru
 batch: in ``swapless serve``, or ``swapless batches``).
 """
 
-from tasks.gateway.batches.routes import batch_router
-from tasks.gateway.batches.runner import BatchRunner
+from swapless.tasks.gateway.batches.routes import batch_router
+from swapless.tasks.gateway.batches.runner import BatchRunner
 
 __all__ = ["BatchRunner", "batch_router"]

@@ -1,4 +1,4 @@
-"""Driving one batch to its end on the bulk machinery (``tasks.client.bulk``): ``BatchDriver.run``.
+"""Driving one batch to its end on the bulk machinery (``swapless.tasks.client.bulk``): ``BatchDriver.run``.
 
 1. **validating**: the input file is read once, line by line; a line the batch's key may not send (403), for an
    unknown model (404) or with an input its model would refuse (422) is failed at once (``prefailed.jsonl``);
@@ -30,21 +30,21 @@ from typing import IO, Any
 
 from pydantic_core import to_json
 
-from config.errors import DeadlinePassed, InputError
-from config.settings import Settings
-from manager.registry.specs import ModelSpec
-from manager.registry.store import ModelStore
-from tasks.broker.webhooks import Delivery, WebhookQueue
-from tasks.client.bulk import BulkJob, BulkRun, ChunkSource
-from tasks.client.progress import NullProgress
-from tasks.gateway.auth import Caller
-from tasks.gateway.batches.files import FileStore
-from tasks.gateway.batches.lines import parse_line
-from tasks.gateway.batches.shaping import Shaper
-from tasks.gateway.batches.state import BatchStatus, BatchStore, public_batch
-from tasks.gateway.errors import BadBatchFile
-from tasks.gateway.keys import KeyRule
-from tasks.gateway.plane import check_input
+from swapless.config.errors import DeadlinePassed, InputError
+from swapless.config.settings import Settings
+from swapless.manager.registry.specs import ModelSpec
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.broker.webhooks import Delivery, WebhookQueue
+from swapless.tasks.client.bulk import BulkJob, BulkRun, ChunkSource
+from swapless.tasks.client.progress import NullProgress
+from swapless.tasks.gateway.auth import Caller
+from swapless.tasks.gateway.batches.files import FileStore
+from swapless.tasks.gateway.batches.lines import parse_line
+from swapless.tasks.gateway.batches.shaping import Shaper
+from swapless.tasks.gateway.batches.state import BatchStatus, BatchStore, public_batch
+from swapless.tasks.gateway.errors import BadBatchFile
+from swapless.tasks.gateway.keys import KeyRule
+from swapless.tasks.gateway.plane import check_input
 
 __all__ = ["BatchDriver", "LeaseLost", "Stopped", "file_id_for"]
 

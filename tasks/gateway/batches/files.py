@@ -23,7 +23,7 @@ from typing import IO, Any
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
-from config.settings import Settings
+from swapless.config.settings import Settings
 
 __all__ = ["FileInfo", "FileStore", "default_files_url", "new_file_id"]
 

@@ -22,10 +22,10 @@ from typing import Any, TypeGuard
 from pydantic import ValidationError
 from pydantic_core import from_json, to_json
 
-import config.errors
-from config.describe import kind
-from tasks.gateway.errors import BadBatchFile, ModelForbidden, job_status
-from tasks.gateway.schema import JobRequest
+import swapless.config.errors
+from swapless.config.describe import kind
+from swapless.tasks.gateway.errors import BadBatchFile, ModelForbidden, job_status
+from swapless.tasks.gateway.schema import JobRequest
 
 __all__ = ["ENDPOINT", "BatchLine", "LineChecker", "error_line", "output_line", "parse_line", "status_of"]
 
@@ -159,8 +159,8 @@ def status_of(type_name: str) -> int:
     """The status ``/predict`` answers a failed job of this error type with (500 for a type of no kind of ours)."""
     if type_name == ModelForbidden.__name__:
         return 403
-    found = getattr(config.errors, type_name, None)
-    if not isinstance(found, type) or not issubclass(found, config.errors.SwaplessError):
+    found = getattr(swapless.config.errors, type_name, None)
+    if not isinstance(found, type) or not issubclass(found, swapless.config.errors.SwaplessError):
         return 500
     return job_status(found.__new__(found), "rest")
 

@@ -29,20 +29,20 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from config.settings import Settings
-from manager.registry.store import ModelStore
-from tasks.broker.connection import redis_client
-from tasks.broker.sentinel import SentinelOptions
-from tasks.broker.webhooks import allowed_hosts, check_target
-from tasks.gateway.auth import Caller, Need, needs
-from tasks.gateway.batches.files import FileInfo, FileStore, new_file_id
-from tasks.gateway.batches.lines import ENDPOINT, LineChecker
-from tasks.gateway.batches.runner import work_root
-from tasks.gateway.batches.state import FINAL, BatchStatus, BatchStore, new_batch_id, public_batch
-from tasks.gateway.batches.upload import LineWriter, MultipartReader, boundary_of
-from tasks.gateway.errors import BadBatch, BadBatchFile, UnknownBatch, UnknownFile
-from tasks.gateway.http import GuardedRoute
-from tasks.keyspace import Keyspace
+from swapless.config.settings import Settings
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.broker.connection import redis_client
+from swapless.tasks.broker.sentinel import SentinelOptions
+from swapless.tasks.broker.webhooks import allowed_hosts, check_target
+from swapless.tasks.gateway.auth import Caller, Need, needs
+from swapless.tasks.gateway.batches.files import FileInfo, FileStore, new_file_id
+from swapless.tasks.gateway.batches.lines import ENDPOINT, LineChecker
+from swapless.tasks.gateway.batches.runner import work_root
+from swapless.tasks.gateway.batches.state import FINAL, BatchStatus, BatchStore, new_batch_id, public_batch
+from swapless.tasks.gateway.batches.upload import LineWriter, MultipartReader, boundary_of
+from swapless.tasks.gateway.errors import BadBatch, BadBatchFile, UnknownBatch, UnknownFile
+from swapless.tasks.gateway.http import GuardedRoute
+from swapless.tasks.keyspace import Keyspace
 
 __all__ = ["BatchRequest", "batch_router", "parse_window"]
 

@@ -17,15 +17,15 @@ import threading
 import time
 from pathlib import Path
 
-from config.settings import Settings
-from manager.registry.store import ModelStore
-from tasks.broker.connection import redis_client
-from tasks.broker.sentinel import SentinelOptions
-from tasks.client import Client
-from tasks.gateway.batches.driver import BatchDriver, LeaseLost, Stopped
-from tasks.gateway.batches.files import FileStore
-from tasks.gateway.batches.state import BatchStore
-from tasks.keyspace import Keyspace
+from swapless.config.settings import Settings
+from swapless.manager.registry.store import ModelStore
+from swapless.tasks.broker.connection import redis_client
+from swapless.tasks.broker.sentinel import SentinelOptions
+from swapless.tasks.client import Client
+from swapless.tasks.gateway.batches.driver import BatchDriver, LeaseLost, Stopped
+from swapless.tasks.gateway.batches.files import FileStore
+from swapless.tasks.gateway.batches.state import BatchStore
+from swapless.tasks.keyspace import Keyspace
 
 __all__ = ["BatchRunner", "work_root"]
 

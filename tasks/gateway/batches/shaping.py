@@ -13,7 +13,7 @@ from typing import IO, Any
 
 from pydantic_core import from_json
 
-from tasks.gateway.batches.lines import error_line, output_line
+from swapless.tasks.gateway.batches.lines import error_line, output_line
 
 __all__ = ["EXPIRED", "Shaper", "read_jsonl"]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from tasks.keyspace import Keyspace
+from swapless.tasks.keyspace import Keyspace
 
 __all__ = ["FINAL", "BatchStatus", "BatchStore", "new_batch_id", "public_batch"]
 

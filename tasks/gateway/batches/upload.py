@@ -3,7 +3,7 @@
 The body is never held whole: ``MultipartReader`` takes the body's blocks as they arrive, finds the parts by their
 boundary, keeps the small fields (``purpose``, at most ``_FIELD_BYTES``), and hands the ``file`` part's bytes to
 ``LineWriter``, which checks each line (``lines.LineChecker``) before it writes it. The first bad line stops the
-upload with its line number; the request guard (``tasks.gateway.framing``) bounds the body's bytes and time.
+upload with its line number; the request guard (``swapless.tasks.gateway.framing``) bounds the body's bytes and time.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import IO
 
-from tasks.gateway.batches.lines import LineChecker
-from tasks.gateway.errors import BadBatchFile
+from swapless.tasks.gateway.batches.lines import LineChecker
+from swapless.tasks.gateway.errors import BadBatchFile
 
 __all__ = ["LineWriter", "MultipartReader", "Upload", "boundary_of"]
 

@@ -1,0 +1,5 @@
+"""``python -m swapless``: the ``swapless`` command."""
+
+from swapless.tasks.cli.main import main
+
+main()
