@@ -42,8 +42,8 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_TASK_EVENTS            | false                      | Celery task events per job (Flower); they cost 10-25 % of single-model throughput |
 | SWAPLESS_LOAD_AHEAD             | true                       | while a group computes, load the model the next group needs when there is room (never evicting a model with work); a bulk group's cold model loads aside while interactive jobs run |
 | SWAPLESS_KEEP_INTERACTIVE_S     | 60 s                       | a model that served interactive jobs stays loaded this long after: loads ahead never evict it, other loads evict it last (0: plain LRU) |
-| SWAPLESS_WARM_START             | true                       | warm each local model and measure its batch sizes before taking jobs (``--no-warm-start``) |
-| SWAPLESS_WARM_START_BUDGET_S    | 30 s                       | the warm start warms no more models once it has taken this long (models with jobs waiting first) |
+| SWAPLESS_WARM_START             | true                       | warm each local model and measure its batch sizes while idle, until the first job (``--no-warm-start``) |
+| SWAPLESS_WARM_START_BUDGET_S    | 30 s                       | the warm start warms no more models once it has taken this long (it also ends at the first job) |
 | SWAPLESS_PLUGINS                | unset                      | comma-separated modules imported at worker start (custom frameworks) |
 | SWAPLESS_VISIBILITY_TIMEOUT_S   | 60 s                       | a dead worker's jobs are redelivered after this (plus the sweep) |
 | SWAPLESS_VISIBILITY_REFRESH_S   | 10 s                       | a live worker re-stamps the jobs it holds this often; must be ≤ timeout / 3 |

@@ -1,18 +1,22 @@
-"""Warm start: every local model warmed once before the first job, its tuner seeded, nothing left loaded."""
+"""Warm start: every local model warmed once while the worker is idle, its tuner seeded, nothing left loaded; the
+first job ends it, so a job never waits for the registry's warm-up, only for the one model being warmed."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from swapless.config.settings import get_settings
 from swapless.manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
 from swapless.manager.batching.warmup import WARM_TEXT, warm_input, warm_start
 from swapless.manager.cache.lru import DEFAULT_LOAD_COST_S
 from swapless.manager.registry.specs import InputType
 from swapless.tasks.client import Client
 from tests.conftest import WorkerProcess
+from tests.faultkit import wait_for
 
 pytestmark = pytest.mark.images
 
@@ -72,14 +76,74 @@ def test_warm_inputs_pass_the_models_own_checks(models_file: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_worker_with_warm_start_warms_before_ready_and_serves(start_worker: Callable[..., WorkerProcess]) -> None:
+def test_an_idle_worker_warms_every_model_after_ready_and_serves(
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
     worker = start_worker("--warm-start")
+    wait_for(lambda: "warm start on" in worker.log(), 60, "the warm start to end")
     log = worker.log()
-    assert log.count("warmed ") >= 2, log[-3000:]
-    assert log.index("warmed ") < log.index("ready."), "warmed before taking jobs"
+    assert log.count("] warmed ") == 4, log[-3000:]  # the four models of the models file, none skipped
+    assert log.index("ready.") < log.index("] warmed "), "ready at once: the warm start is idle work"
     # on the thread that runs the jobs: part of what is warmed is per thread
-    assert "warm start on swapless-scheduler:" in log, log[-3000:]
+    assert "warm start on swapless-scheduler: 4 model(s)" in log and "all warmed" in log, log[-3000:]
     assert Client().submit("sentiment", "a fine day").get(timeout=60)
+
+
+def _simulated_registry(tmp_path: Path, count: int, load_s: float) -> dict[str, str]:
+    """A models file of ``count`` simulated models (``m000``...) that each load in ``load_s``, and its env."""
+    from bench.simulated import simulated_entry
+    from tests.tinymodels import write_models_file
+
+    entries = [simulated_entry(f"m{i:03d}", load_s, 0.005, 0.0002) for i in range(count)]
+    models = write_models_file(tmp_path, entries)
+    return {"SWAPLESS_MODELS_FILE": str(models), "SWAPLESS_PLUGINS": "bench.simulated",
+            "SIMULATED_LOG": str(tmp_path / "ran.log")}
+
+
+@pytest.mark.slow
+def test_jobs_queued_before_the_worker_starts_are_served_before_any_warm_up(
+    swapless_env: dict[str, str], start_worker: Callable[..., WorkerProcess], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A registry of 40 models, each loading in 0.5 s (20 s to warm them all): a job waiting when the worker
+    starts is answered within its own model's load, and the warm start ends before warming anything."""
+    env = _simulated_registry(tmp_path, 40, 0.5)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    client = Client()
+    job = client.submit("m020", "waiting at start")
+    worker = start_worker("--warm-start", "--max-models", "4", env=env)
+    ready_at = time.monotonic()
+    assert job.get(timeout=30) and time.monotonic() - ready_at < 5.0
+    wait_for(lambda: "warm start on" in worker.log(), 10, "the warm start's end")
+    log = worker.log()
+    assert "warm start on swapless-scheduler: 0 model(s)" in log and "ended by the first job" in log, log[-3000:]
+    assert "] warmed " not in log
+
+
+@pytest.mark.slow
+def test_the_first_job_ends_the_warm_start_after_the_model_in_progress(
+    swapless_env: dict[str, str], start_worker: Callable[..., WorkerProcess], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job that comes while the warm start runs waits for the one model being warmed, not for the registry:
+    the warm start stops there, with most of the 40 models left to warm on their first jobs."""
+    env = _simulated_registry(tmp_path, 40, 0.5)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    worker = start_worker("--warm-start", "--max-models", "4", env=env)
+    wait_for(lambda: worker.log().count("] warmed ") >= 2, 30, "two models warmed")
+    sent = time.monotonic()
+    assert Client().submit("m039", "during the warm start").get(timeout=30)
+    waited = time.monotonic() - sent
+    wait_for(lambda: "warm start on" in worker.log(), 10, "the warm start's end")
+    log = worker.log()
+    warmed = log.count("] warmed ")
+    assert "ended by the first job" in log and warmed < 10, (warmed, log[-3000:])
+    # one model's warm-up (a 0.5 s load and its passes) and m039's own load, with room for a loaded machine
+    assert waited < 4.0, waited
 
 
 def test_the_warm_start_goes_in_order_and_stops_at_its_total_budget(models_file: Path) -> None:
@@ -114,6 +178,7 @@ def test_what_a_worker_learned_seeds_the_next_one(start_worker: Callable[..., Wo
     from swapless.tasks.worker.learned import LEARNED_TTL_S
 
     first = start_worker("--warm-start", env={"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5"})
+    wait_for(lambda: "warm start on" in first.log(), 60, "the idle worker's warm start")  # it measured each model
     client = Client()
     client.gather(client.submit_jobs([("spam", f"win a prize {i}") for i in range(40)]), timeout=60)
     key = f"{key_prefix}swapless:learned:cpu"

@@ -3,17 +3,17 @@
 A fresh worker process pays, on the first forward passes of each architecture and batch shape, costs that later
 passes do not (kernel selection and primitive creation in oneDNN/cuDNN, allocator growth, lazy imports): here a
 first group of 100 mobilenet_v2 images took 3.7 s in a fresh process and 1.6 s in a warm one. The batch-size tuner
-also starts blind and explores on real jobs. With ``SWAPLESS_WARM_START`` (on by default) the worker, before it
-reports ready, loads each local model in turn (through the cache, so the memory budget holds), runs two passes of
-a synthetic input at each candidate batch size (the first pays the one-off costs, the second is timed and seeds the
-tuner), records its load time for the scheduler, and unloads it; a model whose batch costs are known from earlier
-workers (``swapless.tasks.worker.learned``) gets one pass at its best size instead. Models with jobs waiting go first,
-then those used before, and the warm start stops at ``SWAPLESS_WARM_START_BUDGET_S`` (a registry of hundreds of models
-still starts in seconds). Start-up takes longer (a few seconds per model on a CPU), the first jobs of each model run
-at the speed of later ones. Remote models (Triton) are skipped: Triton has its own ``model_warmup``.
+also starts blind and explores on real jobs. With ``SWAPLESS_WARM_START`` (on by default) the worker, once ready
+and while no job has come, loads each local model in turn (through the cache, so the memory budget holds), runs two
+passes of a synthetic input at each candidate batch size (the first pays the one-off costs, the second is timed and
+seeds the tuner), records its load time for the scheduler, and unloads it; a model whose batch costs are known from
+earlier workers (``swapless.tasks.worker.learned``) gets one pass at its best size instead. Models used before go
+first; the warm start stops at ``SWAPLESS_WARM_START_BUDGET_S``, and at the first job (``warm_steps`` yields after
+each model, and the scheduler stops between two): a job waits for one model's warm-up at most, whatever the size of
+the registry. Remote models (Triton) are skipped: Triton has its own ``model_warmup``.
 
-Models kept loaded by their spec (``keep_loaded``) are warmed last and stay loaded; ``load_kept`` then loads those
-the warm start did not reach (or all of them, with the warm start off), as many as the cache holds.
+Models kept loaded by their spec (``keep_loaded``) are loaded before the worker is ready (``load_kept``), as many as
+the cache holds; the warm start warms them last, in place.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import base64
 import io
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from swapless.config.errors import SwaplessError
@@ -30,7 +30,7 @@ from swapless.manager.cache.lru import ModelManager
 from swapless.manager.frameworks.engine import ModelEngine
 from swapless.manager.registry.specs import InputType, ModelSpec
 
-__all__ = ["load_kept", "warm_input", "warm_start"]
+__all__ = ["load_kept", "warm_input", "warm_start", "warm_steps"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,25 @@ def warm_start(
     tuned: Collection[str] = (),
     skip: Collection[str] = (),
 ) -> dict[str, float]:
-    """Warm the local models of ``manager``'s registry in turn; returns the seconds each took.
+    """Warm the local models of ``manager``'s registry in turn; returns the seconds each took (``warm_steps``, all
+    of them at once)."""
+    return dict(warm_steps(manager, engine, give_up_after, budget_s, total_budget_s=total_budget_s, order=order,
+                           tuned=tuned, skip=skip))
+
+
+def warm_steps(
+    manager: ModelManager,
+    engine: ModelEngine,
+    give_up_after: float = 1.5,
+    budget_s: float = 3.0,
+    *,
+    total_budget_s: float | None = None,
+    order: Sequence[str] = (),
+    tuned: Collection[str] = (),
+    skip: Collection[str] = (),
+) -> Iterator[tuple[str, float]]:
+    """Warm the local models of ``manager``'s registry one at a time, yielding ``(model id, seconds)`` after each,
+    so that a caller can stop between two models (the worker stops when its first job comes).
 
     Args:
         manager: the worker's cache (models load through it and are evicted afterwards).
@@ -90,7 +108,7 @@ def warm_start(
             their best batch size pays the one-off costs; no size is explored again.
         skip: models not to warm (a worker joining a fleet skips those already measured: it serves sooner).
     """
-    took: dict[str, float] = {}
+    took = 0
     began = time.perf_counter()
     ids = [m for m in dict.fromkeys([*[m for m in order if m in manager.store.ids()], *manager.store.ids()])
            if m not in skip]
@@ -99,8 +117,8 @@ def warm_start(
         spec = manager.store.get(model_id)
         if total_budget_s is not None and time.perf_counter() - began >= total_budget_s:
             logger.info("warm start budget of %.0f s spent; %d model(s) left to warm on their first jobs",
-                        total_budget_s, len(ids) - len(took))
-            break
+                        total_budget_s, len(ids) - took)
+            return
         probe = engine.build(spec)
         if probe.remote:
             continue
@@ -117,13 +135,14 @@ def warm_start(
         finally:
             if not spec.keep_loaded:
                 manager.evict(spec.id)
-        took[spec.id] = time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        took += 1
         tuner = engine.tuner(spec.id)
         costs = ", ".join(
             f"{size}: {cost * 1000:.1f} ms" for size, cost in sorted((tuner.cost_s if tuner else {}).items())
         )
-        logger.info("warmed %s in %.2f s (per input at batch size %s)", spec.id, took[spec.id], costs or "-")
-    return took
+        logger.info("warmed %s in %.2f s (per input at batch size %s)", spec.id, seconds, costs or "-")
+        yield spec.id, seconds
 
 
 def load_kept(manager: ModelManager, skip: Collection[str] = ()) -> list[str]:

@@ -26,7 +26,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ from celery.worker import state as worker_state
 from swapless.config.errors import SwaplessError
 from swapless.config.settings import Settings, get_settings
 from swapless.manager import ModelEngine
-from swapless.manager.batching.warmup import load_kept, warm_start
+from swapless.manager.batching.warmup import load_kept, warm_steps
 from swapless.tasks.broker.acks import AckQueue
 from swapless.tasks.broker.connection import RedisHealth, ReplicaWait, redis_client
 from swapless.tasks.broker.queues import ChannelHooks
@@ -47,7 +47,6 @@ from swapless.tasks.broker.sentinel import SentinelOptions
 from swapless.tasks.broker.webhooks import WebhookQueue
 from swapless.tasks.cluster.members import read_heartbeats
 from swapless.tasks.cluster.placer import Placer
-from swapless.tasks.cluster.view import read_placement
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.observe.podcost import PodDeletionCost
 from swapless.tasks.worker.canvas import Canvas
@@ -114,23 +113,34 @@ class WorkerContext:
         warming = engine if s.warm_start and isinstance(engine, ModelEngine) else None
         kept = [spec.id for spec in runtime.store if spec.keep_loaded]
         if warming is not None or kept:
-            order = [*self._models_with_jobs_waiting(), *records]
             others = self._others_live()
             skip = self._measured_if_joining(records, kind, others) if others else set()
             # a worker joining a fleet under placement loads no kept model: the fleet holds them, placement gives
             # this one what it needs
             skip_kept = set(kept) if others and s.routing == "placement" else set()
 
-            def warm() -> None:
-                started = time.perf_counter()
-                if warming is not None:
-                    took = warm_start(runtime.manager, warming, total_budget_s=s.warm_start_budget_s, order=order,
-                                      tuned=set(records), skip=skip | skip_kept)
-                    logger.info("warm start on %s: %d model(s) in %.1f s", threading.current_thread().name,
-                                len(took), time.perf_counter() - started)
-                load_kept(runtime.manager, skip=skip_kept)
+            def warm() -> Iterator[None]:
+                """The warm start, a model at a time while no job has come (the scheduler stops it at the first)."""
+                assert warming is not None
+                started, took, ended = time.perf_counter(), 0, "all warmed or its budget spent"
+                try:
+                    yield  # primed here: closed before any model, it still says so
+                    for _ in warm_steps(runtime.manager, warming, total_budget_s=s.warm_start_budget_s,
+                                        order=list(records), tuned=set(records), skip=skip | skip_kept):
+                        took += 1
+                        yield
+                except GeneratorExit:
+                    ended = "ended by the first job; the others warm on their first jobs"
+                    raise
+                finally:
+                    logger.info("warm start on %s: %d model(s) in %.1f s (%s)", threading.current_thread().name,
+                                took, time.perf_counter() - started, ended)
 
-            self.scheduler.start(first=warm)  # on the thread that will run the jobs
+            idle = warm() if warming is not None else None
+            if idle is not None:
+                next(idle)
+            # on the thread that will run the jobs: the kept models before ready, the warm start while idle
+            self.scheduler.start(first=functools.partial(load_kept, runtime.manager, skip=skip_kept), idle=idle)
             self.scheduler.ready.wait()
         beats = redis_client(s.broker_url, connect_timeout_s=5, socket_timeout_s=5, sentinel=SentinelOptions.of(s))
         pod_cost = PodDeletionCost.from_environment(s, beats, self.keyspace, self.reporting.worker_id)
@@ -159,14 +169,6 @@ class WorkerContext:
         logger.info("joining %d live worker(s) on %s: not warming the %d model(s) measured there before (%s)",
                     others, kind, len(measured), ", ".join(sorted(measured)) or "-")
         return measured
-
-    def _models_with_jobs_waiting(self) -> list[str]:
-        """Models with jobs in their lists now, most first (what the warm start does first)."""
-        try:
-            places = read_placement(self.control, self.keyspace, self.runtime.store.ids())
-        except Exception:  # noqa: BLE001 - only an order
-            return []
-        return [p.model_id for p in sorted(places, key=lambda p: -p.waiting) if p.waiting]
 
     def finish_in_hand(self) -> None:
         """Warm shutdown, while the broker connection is open: give up claims (other workers take the models over

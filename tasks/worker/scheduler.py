@@ -31,7 +31,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 from celery.worker import state as worker_state
@@ -57,6 +57,10 @@ from swapless.tasks.worker.shadows import Shadows
 __all__ = ["BatchScheduler"]
 
 logger = logging.getLogger(__name__)
+
+#: The idle work (the warm start) begins once the backlog has been empty this long after start-up, so that jobs
+#: already queued when the worker starts are fetched first and it does not begin at all.
+IDLE_AFTER_S = 0.5
 
 
 class BatchScheduler:
@@ -108,9 +112,11 @@ class BatchScheduler:
         self._deferred: tuple[Callable[[ResultStore], None], Sequence[Job]] | None = None
         self._thread: threading.Thread | None = None
         self._first: Callable[[], Any] | None = None
+        #: Work done a step at a time until the first job comes (the warm start); None once it ended.
+        self._idle: Iterator[Any] | None = None
         #: The model a bulk group waits for, loading aside (scheduler thread only).
         self._aside: str | None = None
-        #: Set once the scheduler thread is running and has done its ``first`` work (the warm start).
+        #: Set once the scheduler thread is running and has done its ``first`` work (loading the kept models).
         self.ready = threading.Event()
 
     @property
@@ -166,14 +172,18 @@ class BatchScheduler:
         with self._cond:
             return self.backlog.counts()
 
-    def start(self, first: Callable[[], Any] | None = None) -> None:
-        """Start the scheduler thread (once); it runs ``first`` before any job, then sets ``ready``.
+    def start(self, first: Callable[[], Any] | None = None, idle: Iterator[Any] | None = None) -> None:
+        """Start the scheduler thread (once); it runs ``first`` before any job, then sets ``ready``. ``idle`` is
+        stepped while no job has come yet, once the backlog has been empty for ``IDLE_AFTER_S``; the first job ends
+        it (closed), after the step in progress.
 
-        The warm start runs there (``first``): part of what it warms is per thread (oneDNN and OpenMP state), so
-        warming on another thread left mobilenet's first groups 30-80 % slower.
+        The warm start runs there (``idle``): part of what it warms is per thread (oneDNN and OpenMP state), so
+        warming on another thread left mobilenet's first groups 30-80 % slower. As idle work, it never delays a job
+        by more than the one model being warmed, however large the registry.
         """
         if self._thread is None:
             self._first = first
+            self._idle = idle
             self._thread = threading.Thread(target=self._loop, name="swapless-scheduler", daemon=True)
             self._thread.start()
 
@@ -193,6 +203,9 @@ class BatchScheduler:
             idle = not self._stopping and not self.ledger.has_rejected and not len(self.backlog)
         if idle:
             self._hand_over_deferred()  # nothing to run next: store now
+        grace = IDLE_AFTER_S
+        while self._idle is not None and self._idle_step(grace):
+            grace = 0.0
         with self._cond:
             while not self._stopping and not self.ledger.has_rejected and not len(self.backlog):
                 self._cond.wait()
@@ -203,12 +216,35 @@ class BatchScheduler:
             group = self.backlog.next_group(manager.loaded_ids(), manager.load_cost_s, self.runtime.settings.max_group)
             return rejected, expired, group
 
+    def _idle_step(self, grace_s: float) -> bool:
+        """One step of the idle work if no job comes within ``grace_s``; False once it has ended."""
+        with self._cond:
+            if grace_s > 0 and not self._has_work():
+                self._cond.wait(grace_s)
+            ended = self._has_work()
+        if not ended:
+            try:
+                next(self._idle)  # type: ignore[arg-type]
+                return True
+            except StopIteration:
+                pass
+            except Exception:  # a failed warm-up only costs speed
+                logger.exception("the warm start failed; going on without it")
+        idle, self._idle = self._idle, None
+        close = getattr(idle, "close", None)
+        if close is not None:
+            close()
+        return False
+
+    def _has_work(self) -> bool:
+        return self._stopping or self.ledger.has_rejected or bool(len(self.backlog))
+
     def _loop(self) -> None:
         try:
             if self._first is not None:
                 self._first()
-        except Exception:  # a failed warm-up only costs speed
-            logger.exception("the warm start failed; going on without it")
+        except Exception:  # a failed load of a kept model only costs its first job a load
+            logger.exception("loading the models kept loaded failed; going on without them")
         finally:
             self.ready.set()
         results = self.results_factory()
