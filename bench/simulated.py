@@ -7,7 +7,8 @@ way) takes 0.2 s (``host`` unset: a tenth of ``load``). Sleeping uses no CPU, as
 queue scales with the number of workers can be measured on a 2-core machine. Every input succeeds with one label.
 
 With ``SIMULATED_LOG`` set, every input that reaches a forward pass is appended to that file, one per line (the
-overload benchmark reads from it which jobs reached the model).
+overload benchmark reads from it which jobs reached the model). With ``SIMULATED_LOADS`` set, every load appends
+``<model id>\t<pid>`` to that file once it is done (the long-tail benchmark counts loads exactly from it).
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ class SimulatedWorker(ModelWorker, framework="simulated"):
     def load(self) -> None:
         time.sleep(costs(self.spec.name)["load"])
         self.memory_bytes = MEMORY_BYTES
+        loads = os.environ.get("SIMULATED_LOADS")
+        if loads:
+            with open(loads, "a", encoding="utf-8") as file:  # one short append: whole lines across processes
+                file.write(f"{self.spec.id}\t{os.getpid()}\n")
 
     def prepare(self, value: Any) -> Any:
         return self.prepare_text(value)

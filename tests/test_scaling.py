@@ -326,6 +326,7 @@ def test_a_queue_of_n_jobs_reads_n_times_the_measured_cost(
     # a second worker joins the fleet: it warms nothing measured, so it serves as soon as it starts
     joining = start_worker(env={**simulated, "SWAPLESS_WARM_START": "true"})
     assert "joining 1 live worker(s) on cpu: not warming the 2 model(s) measured there before" in joining.log()
+    wait_for(lambda: "warm start on" in joining.log(), 10, "the joining worker's warm start")
     assert "warm start on swapless-scheduler: 0 model(s)" in joining.log()
     assert "warm start on swapless-scheduler: 2 model(s)" in worker.log()
 

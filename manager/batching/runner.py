@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +73,10 @@ class Backlog:
         self.max_wait_s = max_wait_s
         self.clock = clock
         self._groups: OrderedDict[str, deque[Job]] = OrderedDict()
+        #: Jobs of each model waiting outside this backlog, not fetched yet (in Redis; set by the worker): counted
+        #: in each model's work when the next model is chosen, so a model whose jobs come a fetch at a time is
+        #: chosen, and kept, for all of its work.
+        self.queued: Callable[[], Mapping[str, int]] = dict
         self._deadlines = 0  # jobs added with a deadline (an upper bound of those waiting): none, no scan
         self._urgent = 0  # interactive jobs waiting (the scheduler asks at every wake: no scan)
 
@@ -103,10 +107,11 @@ class Backlog:
 
     def waiting(self, load_cost_s: Callable[[str], float]) -> list[Waiting]:
         now = self.clock()
+        queued = self.queued()
         return [
             Waiting(
                 model_id=model_id,
-                jobs=len(group),
+                jobs=len(group) + queued.get(model_id, 0),
                 oldest_wait_s=now - min(job.received_s for job in group),
                 urgent=sum(1 for job in group if job.urgent),
                 load_cost_s=load_cost_s(model_id),
@@ -230,7 +235,7 @@ def run_group(
     """
     outcomes: dict[str, Outcome] = {}
     try:
-        with manager.use(model_id, waiting, interactive=any(job.urgent for job in jobs)) as worker:
+        with manager.use(model_id, waiting, interactive=sum(1 for job in jobs if job.urgent)) as worker:
             if on_loaded is not None:
                 on_loaded()
             ready: list[tuple[Job, Any]] = []

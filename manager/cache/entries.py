@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from enum import StrEnum
 
 from swapless.manager.frameworks.worker import ModelWorker
 
-__all__ = ["DEFAULT_LOAD_COST_S", "HOST_COST_FRACTION", "CacheStats", "LoadedModel", "Tier"]
+__all__ = ["DEFAULT_LOAD_COST_S", "HOST_COST_FRACTION", "CacheStats", "InteractiveDemand", "LoadedModel", "Tier"]
 
 #: Seconds a model is assumed to take to load before it has been loaded once (used by the scheduler).
 DEFAULT_LOAD_COST_S = 1.0
@@ -85,3 +86,26 @@ class CacheStats:
 def is_out_of_memory(err: BaseException) -> bool:
     """Whether ``err`` says memory ran out (``MemoryError``, or torch's ``OutOfMemoryError``, on any device)."""
     return isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"
+
+
+class InteractiveDemand:
+    """Interactive jobs per second of each model, an average that forgets with time constant ``tau_s``: which models
+    are hot now. A model's rate decays by e every ``tau_s`` without jobs."""
+
+    def __init__(self, tau_s: float) -> None:
+        self.tau_s = max(tau_s, 1e-3)
+        self._rates: dict[str, tuple[float, float]] = {}  # model -> (rate at ``at``, at)
+
+    def add(self, model_id: str, jobs: int, now: float) -> None:
+        self._rates[model_id] = (self.rate(model_id, now) + jobs / self.tau_s, now)
+
+    def rate(self, model_id: str, now: float) -> float:
+        rate, at = self._rates.get(model_id, (0.0, now))
+        return rate * math.exp(-(now - at) / self.tau_s)
+
+    def hottest(self, count: int, now: float) -> set[str]:
+        """The ``count`` models with the highest rates now."""
+        if count <= 0:
+            return set()
+        ranked = sorted(self._rates, key=lambda model_id: -self.rate(model_id, now))
+        return set(ranked[:count])

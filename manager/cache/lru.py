@@ -38,7 +38,15 @@ from contextlib import contextmanager
 
 from swapless.config.errors import ModelLoadError, ModelTooLarge, SwaplessError
 from swapless.manager.cache.costs import LoadCosts
-from swapless.manager.cache.entries import DEFAULT_LOAD_COST_S, CacheStats, LoadedModel, Loading, Tier, is_out_of_memory
+from swapless.manager.cache.entries import (
+    DEFAULT_LOAD_COST_S,
+    CacheStats,
+    InteractiveDemand,
+    LoadedModel,
+    Loading,
+    Tier,
+    is_out_of_memory,
+)
 from swapless.manager.cache.eviction import Cached, choose_victims
 from swapless.manager.cache.host import HostEntry, HostTier
 from swapless.manager.frameworks.worker import ModelWorker
@@ -87,6 +95,7 @@ class ModelManager:
         self.remote_max_models = remote_max_models
         self.pin_wait_s = pin_wait_s
         self.keep_interactive_s = keep_interactive_s
+        self.demand = InteractiveDemand(keep_interactive_s)
         self.stats = CacheStats()
         self._entries: OrderedDict[str, LoadedModel] = OrderedDict()  # least recently used first
         self._costs = LoadCosts()
@@ -133,18 +142,30 @@ class ModelManager:
         with self._cond:
             return list(self._loading)
 
+    def in_cache(self) -> list[str]:
+        """Models loaded, then those being loaded now."""
+        with self._cond:
+            return [*self._entries, *self._loading]
+
     def is_loading(self, model_id: str) -> bool:
         """Whether ``model_id`` is being loaded now (ahead of its group, or for it)."""
         with self._cond:
             return model_id in self._loading
 
     def resident(self, entry: LoadedModel, now: float | None = None) -> bool:
-        """Whether ``entry`` is kept loaded (``ModelSpec.keep_loaded``) or served interactive jobs in the last
-        ``keep_interactive_s`` (see the module docstring)."""
+        """Whether ``entry`` is kept loaded (``ModelSpec.keep_loaded``), or served interactive jobs in the last
+        ``keep_interactive_s`` and is among the models with most interactive jobs lately: as many as its pool's
+        slots but one, less those kept loaded, so that one slot always serves the rest (see the module docstring)."""
         if entry.worker.spec.keep_loaded:
             return True
         now = time.monotonic() if now is None else now
-        return entry.interactive_at is not None and now - entry.interactive_at < self.keep_interactive_s
+        if entry.interactive_at is None or now - entry.interactive_at >= self.keep_interactive_s:
+            return False
+        with self._cond:
+            pool = [e for e in self._entries.values() if e.remote == entry.remote]
+        slots = self.remote_max_models if entry.remote else self.max_models
+        hot = slots - 1 - sum(1 for e in pool if e.worker.spec.keep_loaded)
+        return entry.model_id in self.demand.hottest(hot, now)
 
     def load_cost_s(self, model_id: str) -> float:
         """Expected seconds to bring ``model_id`` onto the device (``LoadCosts.cost_s``): 0 when loaded or being
@@ -158,7 +179,7 @@ class ModelManager:
 
     @contextmanager
     def use(
-        self, model_id: str, waiting: Mapping[str, int] | None = None, *, interactive: bool = False
+        self, model_id: str, waiting: Mapping[str, int] | None = None, *, interactive: int = 0
     ) -> Iterator[ModelWorker]:
         """Yield the loaded worker for ``model_id``, loading it (and evicting others) if needed.
 
@@ -167,7 +188,8 @@ class ModelManager:
         Args:
             model_id: the model.
             waiting: jobs still waiting per model; models with none are evicted before models with some.
-            interactive: the jobs it runs for are interactive: the model is resident for ``keep_interactive_s``.
+            interactive: how many of the jobs it runs for are interactive: the model may be resident for
+                ``keep_interactive_s``, if it is among the models with most interactive jobs (``resident``).
 
         Raises:
             UnknownModel: the id is not in the store.
@@ -177,6 +199,7 @@ class ModelManager:
         entry = self._acquire(model_id, waiting or {})
         if interactive:
             entry.interactive_at = time.monotonic()
+            self.demand.add(model_id, int(interactive), entry.interactive_at)
         try:
             yield entry.worker
         finally:

@@ -19,7 +19,7 @@ them go through while Redis is over ``maxmemory``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -140,6 +140,9 @@ class Affinity(Protocol):
 
     def claimed(self) -> Sequence[str]:
         """The models whose lists this worker fetches from now."""
+
+    def fetch_first(self) -> Collection[str] | None:
+        """Models whose lists get the fetch credit first, one job held of each other (optional; None: all alike)."""
 
     def wake(self) -> None:
         """Place now: the placement bell rang (optional; the transport calls it when present)."""

@@ -315,6 +315,18 @@ class Channel(kombu_redis.Channel):
         if claimed:  # start with another model each round, so that no model always gets the credit first
             self._rotation = (self._rotation + 1) % len(claimed)
             claimed = claimed[self._rotation :] + claimed[: self._rotation]
+        # With more models than the cache holds, those loaded (or loading) first, each up to its share of the
+        # window: their jobs run without a load, so a model with more jobs than one fetch is not evicted and loaded
+        # again between two fetches, and one hot model's jobs leave room for the next model's. Of each other model
+        # one job is held: seen (the scheduler weighs its jobs still in Redis too), not a share of the window.
+        first = getattr(affinity, "fetch_first", None)
+        chosen = first() if first is not None and claimed else None
+        loaded = set(claimed) if chosen is None else set(chosen)
+        claimed.sort(key=lambda model_id: model_id not in loaded)
+        share = None
+        if chosen is not None and self.qos.prefetch_count:
+            ahead = sum(1 for model_id in claimed if model_id in loaded)
+            share = max(1, (self.qos.prefetch_count - (len(claimed) - ahead)) // max(1, ahead))
         now = repr(time.time())
         commands: list[tuple[Any, ...]] = []
         self._plan = []
@@ -325,6 +337,10 @@ class Channel(kombu_redis.Channel):
                 self._messages_for(model_id, affinity.hold_limit(model_id) - self._held_per_model[model_id]), credit,
                 self.swapless_fetch_limit,
             )
+            if model_id not in loaded:
+                room = min(room, 1 - self._held_per_model[model_id])
+            elif share is not None:
+                room = min(room, share - self._held_per_model[model_id])
             if room <= 0:
                 self._full.add(model_id)
                 continue

@@ -117,6 +117,7 @@ class Placer:
         self.lease_ms = int(settings.heartbeat_interval_s * TTL_INTERVALS * 1000)
         self._claimed: list[str] = [] if self.claims else store.ids()
         self._limits: dict[str, int] = {}
+        self._queued: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._poke = threading.Event()  # a tick now (the placement bell rang), not at the next interval
@@ -130,6 +131,17 @@ class Placer:
         """The models this worker fetches from now."""
         with self._lock:
             return list(self._claimed)
+
+    def fetch_first(self) -> list[str] | None:
+        """With more models claimed than the cache holds, those loaded or loading: the transport fetches their jobs
+        first, and one job of each other (a long tail's jobs would fill the window); None: all alike."""
+        with self._lock:
+            claimed = len(self._claimed)
+        return self.manager.in_cache() if claimed > self.manager.max_models else None
+
+    def queued(self) -> dict[str, int]:
+        """Jobs waiting in Redis per model this worker claims (not fetched yet), as the last round read them."""
+        return self._queued
 
     def hold_limit(self, model_id: str) -> int:
         """Most jobs of ``model_id`` this worker holds at once (see the module docstring)."""
@@ -211,6 +223,7 @@ class Placer:
                 self.recover(models, self._live()[1])
             return
         places = read_placement(self.client, self.keyspace, models)
+        self._queued = {p.model_id: p.waiting for p in places if p.waiting and self.worker_id in p.holder_ids}
         beats, live = self._live()
         dead = sorted({h for p in places for h in p.holder_ids if h not in live})
         workers = self._workers(beats)

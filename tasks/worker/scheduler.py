@@ -61,6 +61,9 @@ logger = logging.getLogger(__name__)
 #: The idle work (the warm start) begins once the backlog has been empty this long after start-up, so that jobs
 #: already queued when the worker starts are fetched first and it does not begin at all.
 IDLE_AFTER_S = 0.5
+#: How long the scheduler waits for more jobs of the model that ran last before it loads another (``_stay_on``): a
+#: fetch round, which waits for a bell up to the transport's idle poll (0.1 s).
+STAY_S = 0.15
 
 
 class BatchScheduler:
@@ -114,6 +117,8 @@ class BatchScheduler:
         self._first: Callable[[], Any] | None = None
         #: Work done a step at a time until the first job comes (the warm start); None once it ended.
         self._idle: Iterator[Any] | None = None
+        #: The loaded models last waited for (``_stay_on``; scheduler thread only).
+        self._stayed_for: frozenset[str] = frozenset()
         #: The model a bulk group waits for, loading aside (scheduler thread only).
         self._aside: str | None = None
         #: Set once the scheduler thread is running and has done its ``first`` work (loading the kept models).
@@ -172,6 +177,13 @@ class BatchScheduler:
         with self._cond:
             return self.backlog.counts()
 
+    def _waiting(self, held: dict[str, int]) -> dict[str, int]:
+        """Jobs waiting per model: ``held`` here, and those still in Redis (``Backlog.queued``): the cache keeps a
+        model with work left there as it keeps one with work held here."""
+        for model_id, count in self.backlog.queued().items():
+            held[model_id] = held.get(model_id, 0) + count
+        return held
+
     def start(self, first: Callable[[], Any] | None = None, idle: Iterator[Any] | None = None) -> None:
         """Start the scheduler thread (once); it runs ``first`` before any job, then sets ``ready``. ``idle`` is
         stepped while no job has come yet, once the backlog has been empty for ``IDLE_AFTER_S``; the first job ends
@@ -209,12 +221,33 @@ class BatchScheduler:
         with self._cond:
             while not self._stopping and not self.ledger.has_rejected and not len(self.backlog):
                 self._cond.wait()
+            loaded = manager.loaded_ids()
+            if self._stay_on(loaded, manager.load_cost_s):
+                self._cond.wait(STAY_S)
+                loaded = manager.loaded_ids()
             if self._stopping:
                 return None
             rejected = self.ledger.take_rejected()
             expired = self.backlog.take_expired(time.time())
-            group = self.backlog.next_group(manager.loaded_ids(), manager.load_cost_s, self.runtime.settings.max_group)
+            group = self.backlog.next_group(loaded, manager.load_cost_s, self.runtime.settings.max_group)
+            if group and group[0].model_id in self._stayed_for:
+                self._stayed_for = frozenset()  # its jobs came: worth waiting for again
             return rejected, expired, group
+
+    def _stay_on(self, loaded: list[str], load_cost_s: Callable[[str], float]) -> bool:
+        """Whether to wait a moment for more jobs of loaded models before loading another (under ``_cond``): some
+        loaded model has none here but some still in Redis (on their way: loaded models get the fetch first), and
+        the next group would need a load, which would evict a model to be loaded again for those jobs. Not again for
+        the same models until one of them has run."""
+        held, queued = self.backlog.counts(), self.backlog.queued()
+        coming = frozenset(m for m in loaded if not held.get(m) and queued.get(m))
+        if not coming or coming <= self._stayed_for:
+            return False
+        upcoming = self.backlog.peek_next(loaded, load_cost_s, exclude="")
+        if upcoming is None or upcoming in loaded:
+            return False
+        self._stayed_for = coming
+        return True
 
     def _idle_step(self, grace_s: float) -> bool:
         """One step of the idle work if no job comes within ``grace_s``; False once it has ended."""
@@ -387,7 +420,7 @@ class BatchScheduler:
         with self._cond:
             loaded = [*manager.loaded_ids(), running]
             upcoming = self.backlog.peek_next(loaded, manager.load_cost_s, exclude=running)
-            waiting = self.backlog.counts()
+            waiting = self._waiting(self.backlog.counts())
         waiting[running] = waiting.get(running, 0) + 1  # its jobs are in the group now, none left waiting: keep it
         if upcoming is not None and upcoming not in loaded and manager.load_ahead(upcoming, waiting):
             logger.info("loading %s ahead while %s computes", upcoming, running)
@@ -409,7 +442,7 @@ class BatchScheduler:
             if waited:
                 return False
             with self._cond:
-                waiting = self.backlog.counts()
+                waiting = self._waiting(self.backlog.counts())
             waiting[model_id] = waiting.get(model_id, 0) + len(group)
             if not manager.load_ahead(model_id, waiting):
                 return False
@@ -538,7 +571,7 @@ class BatchScheduler:
         if not batch:
             return []
         try:
-            waiting = self.backlog_counts()
+            waiting = self._waiting(self.backlog_counts())
             warm = model_id in self.runtime.manager.loaded_ids()
             started = time.perf_counter()
             ahead = (lambda: self._load_ahead(model_id)) if self.runtime.settings.load_ahead else None
