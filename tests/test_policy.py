@@ -31,6 +31,32 @@ def test_interactive_jobs_before_bulk() -> None:
     assert choose_next(waiting, ["bulk"], 30) == "web"
 
 
+def test_cold_interactive_models_take_turns_by_their_oldest_job() -> None:
+    """A long tail of interactive models cycles in arrival order: a rare model with one job is not passed over by
+    models with more, so its wait is bounded by the loads ahead of it, not by how popular the others are."""
+    waiting = [Waiting("popular", 30, oldest_wait_s=0.5, urgent=30), Waiting("rare", 1, oldest_wait_s=2.0, urgent=1)]
+    assert choose_next(waiting, [], 30) == "rare"
+    bulk = [Waiting("popular", 30, oldest_wait_s=0.5), Waiting("rare", 1, oldest_wait_s=2.0)]
+    assert choose_next(bulk, [], 30) == "popular"  # bulk: the most work per load
+
+
+def test_forty_tail_models_are_each_served_within_the_loads_ahead_of_them() -> None:
+    """40 cold interactive models, one arriving every 0.1 s while the hot ones keep a loaded model busy: run in
+    the order chosen, each waits for the loads of the models that came before it, never more."""
+    load_s, arrivals = 1.0, {f"m{i:02d}": 0.1 * i for i in range(40)}
+    now, served = 4.0, []
+    pending = dict(arrivals)
+    while pending:
+        waiting = [Waiting(m, 1 + int(m[1:]) % 5, oldest_wait_s=now - at, urgent=1, load_cost_s=load_s)
+                   for m, at in pending.items() if at <= now]
+        chosen = choose_next(waiting, [], max_wait_s=1e9)
+        assert chosen is not None
+        served.append(chosen)
+        del pending[chosen]
+        now += load_s
+    assert served == sorted(arrivals, key=arrivals.__getitem__)
+
+
 def test_no_eviction_when_it_fits() -> None:
     assert choose_victims([Cached("a", 10)], incoming_bytes=10, max_models=2, memory_budget_bytes=None) == []
 

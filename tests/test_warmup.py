@@ -195,3 +195,19 @@ def test_what_a_worker_learned_seeds_the_next_one(start_worker: Callable[..., Wo
     assert "learned from earlier workers:" in log and "spam" in log.split("learned from earlier workers:")[1]
     assert client.submit("spam", "free money").get(timeout=60)
     r.close()
+
+
+def test_a_worker_on_a_machine_without_a_gpu_labels_its_device_without_importing_torch() -> None:
+    """``--device auto`` with no GPU driver is ``cpu``: a worker of models that need no torch starts without it."""
+    import os
+    import subprocess
+    import sys
+
+    from swapless.tasks.worker.learned import GPU_DEVICE_FILES
+
+    if any(os.path.exists(path) for path in GPU_DEVICE_FILES):
+        pytest.skip("this machine has a GPU driver")
+    probe = ("import sys; from swapless.tasks.worker.learned import device_label; "
+             "print(device_label('auto'), device_label('cpu'), 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["cpu", "cpu", "False"]

@@ -36,7 +36,9 @@ def choose_next(waiting: Sequence[Waiting], loaded: Sequence[str], max_wait_s: f
          first (a long backlog whose jobs are all past it keeps its model instead of switching at every group),
          then the oldest;
       3. loaded models (no load needed), the one with most waiting jobs first;
-      4. cold models, by most waiting jobs per second of load cost.
+      4. cold models: for interactive jobs, the one whose oldest job has waited longest (the tail cycles through
+         the free slots in arrival order, so each model's wait is bounded by the loads ahead of it, however few
+         jobs it has); for bulk jobs, by most waiting jobs per second of load cost (the most work per load).
 
     Returns:
         the model id, or None when nothing waits.
@@ -52,4 +54,6 @@ def choose_next(waiting: Sequence[Waiting], loaded: Sequence[str], max_wait_s: f
     warm = [w for w in pool if w.model_id in loaded_set]
     if warm:
         return max(warm, key=lambda w: (w.jobs, w.oldest_wait_s)).model_id
+    if pool[0].urgent > 0:
+        return max(pool, key=lambda w: (w.oldest_wait_s, w.jobs)).model_id
     return max(pool, key=lambda w: (w.jobs / max(w.load_cost_s, 1e-3), w.oldest_wait_s)).model_id

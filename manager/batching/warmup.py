@@ -22,7 +22,7 @@ import base64
 import io
 import logging
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 from swapless.config.errors import SwaplessError
@@ -91,6 +91,7 @@ def warm_steps(
     order: Sequence[str] = (),
     tuned: Collection[str] = (),
     skip: Collection[str] = (),
+    keep: Callable[[str], bool] = lambda model_id: False,
 ) -> Iterator[tuple[str, float]]:
     """Warm the local models of ``manager``'s registry one at a time, yielding ``(model id, seconds)`` after each,
     so that a caller can stop between two models (the worker stops when its first job comes).
@@ -107,6 +108,7 @@ def warm_steps(
         tuned: models whose tuner was seeded with earlier measurements (``swapless.tasks.worker.learned``): one pass at
             their best batch size pays the one-off costs; no size is explored again.
         skip: models not to warm (a worker joining a fleet skips those already measured: it serves sooner).
+        keep: whether to leave a model loaded once warmed (jobs for it came meanwhile), not evict it.
     """
     took = 0
     began = time.perf_counter()
@@ -133,7 +135,7 @@ def warm_steps(
             logger.warning("warm start of %s skipped: %s", spec.id, err)
             continue
         finally:
-            if not spec.keep_loaded:
+            if not spec.keep_loaded and not keep(spec.id):
                 manager.evict(spec.id)
         seconds = time.perf_counter() - started
         took += 1

@@ -63,6 +63,9 @@ __all__ = ["FinishInHand", "SwaplessWorker", "WorkerContext", "build_context", "
 
 logger = logging.getLogger(__name__)
 
+#: Models named in the "ready" line at most (a registry of a thousand is counted, not listed).
+READY_NAMES = 20
+
 #: The app configuration key under which ``swapless worker`` hands its settings to the worker (flags included).
 SETTINGS_KEY = "swapless_settings"
 
@@ -126,7 +129,8 @@ class WorkerContext:
                 try:
                     yield  # primed here: closed before any model, it still says so
                     for _ in warm_steps(runtime.manager, warming, total_budget_s=s.warm_start_budget_s,
-                                        order=list(records), tuned=set(records), skip=skip | skip_kept):
+                                        order=list(records), tuned=set(records), skip=skip | skip_kept,
+                                        keep=self.scheduler.wants):
                         took += 1
                         yield
                 except GeneratorExit:
@@ -152,7 +156,9 @@ class WorkerContext:
         if s.routing == "placement":
             logger.info("placement: %s claims models of queue %s with the other workers", self.reporting.worker_id,
                         s.queue)
-        logger.info("swapless worker ready: models %s", ", ".join(runtime.store.ids()))
+        ids = runtime.store.ids()
+        shown = ", ".join(ids[:READY_NAMES]) + (f" and {len(ids) - READY_NAMES} more" if len(ids) > READY_NAMES else "")
+        logger.info("swapless worker ready: %d model(s): %s", len(ids), shown)
 
     def _others_live(self) -> int:
         """How many other workers are live on this queue (0 when their heartbeats cannot be read)."""

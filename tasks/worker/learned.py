@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 import redis
@@ -28,11 +29,19 @@ logger = logging.getLogger(__name__)
 LEARNED_TTL_S = 30 * 24 * 3600
 
 
+#: Device files a GPU driver makes (NVIDIA's, WSL's, AMD ROCm's, which torch also reaches as ``cuda``): without
+#: any of them torch finds no CUDA device either.
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
+
+
 def device_label(device: str) -> str:
     """The kind of device a worker computes on: what it learned applies to workers on the same kind.
 
-    A device named outright other than CUDA (``cpu``, ``mps``) is its own kind: a worker that serves no torch model
-    starts without importing torch (a second of CPU per start)."""
+    A device named outright other than CUDA (``cpu``, ``mps``) is its own kind, and so is ``auto`` on a machine with
+    no GPU driver (``cpu``): a worker that serves no torch model starts without importing torch (seconds per start).
+    """
+    if device == "auto" and not any(os.path.exists(path) for path in GPU_DEVICE_FILES):
+        return "cpu"
     if device != "auto" and not device.startswith("cuda"):
         return device.split(":", 1)[0]
     from swapless.manager.frameworks.torch_utils import resolve_device

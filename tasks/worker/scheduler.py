@@ -177,6 +177,11 @@ class BatchScheduler:
         with self._cond:
             return self.backlog.counts()
 
+    def wants(self, model_id: str) -> bool:
+        """Whether jobs of ``model_id`` wait, here or in Redis (safe from any thread)."""
+        with self._cond:
+            return bool(self.backlog.counts().get(model_id) or self.backlog.queued().get(model_id))
+
     def _waiting(self, held: dict[str, int]) -> dict[str, int]:
         """Jobs waiting per model: ``held`` here, and those still in Redis (``Backlog.queued``): the cache keeps a
         model with work left there as it keeps one with work held here."""
