@@ -136,3 +136,16 @@ def test_load_failure_fails_the_whole_group_with_the_reason(manager: ModelManage
     assert [str(o.error) for o in outcomes] == ["could not load model 'b': RuntimeError: weights file is corrupt"] * 2
     # the cache is still usable afterwards
     assert run_group(manager, "a", [job(3, "a")])[0].ok
+
+
+def test_jobs_still_in_redis_count_in_a_model_s_work_and_a_loaded_model_s_are_waited_for() -> None:
+    """``queued`` (jobs not fetched yet) weighs in the choice, and a loaded model with jobs on their way is worth a
+    moment's wait before a load, not when the next group needs no load or nothing is on its way."""
+    backlog = Backlog()
+    backlog.add([job(1, "tail", at=0.0), job(2, "big", at=0.0)])
+    backlog.queued = lambda: {"big": 500, "hot": 40}
+    assert backlog.waiting(lambda m: 1.0)[1].jobs == 501  # "big": one held, 500 in Redis
+    assert backlog.coming(["hot"], lambda m: 1.0) == {"hot"}  # next would load "big": wait for hot's jobs first
+    assert backlog.coming(["hot", "big"], lambda m: 0.0) == frozenset()  # big is loaded: no load, no wait
+    backlog.queued = dict
+    assert backlog.coming(["hot"], lambda m: 1.0) == frozenset()  # nothing on its way

@@ -125,6 +125,17 @@ class Backlog:
         waiting = [w for w in self.waiting(load_cost_s) if w.model_id != exclude]
         return choose_next(waiting, loaded, self.max_wait_s)
 
+    def coming(self, loaded: Sequence[str], load_cost_s: Callable[[str], float]) -> frozenset[str]:
+        """The loaded models worth waiting a moment for before the next group: none of their jobs is here but some
+        are still in Redis (``queued``: on their way, as loaded models get the fetch first), and the next group would
+        need a load, which would evict one of them to be loaded again for those jobs. Empty: take the next group."""
+        held, queued = self.counts(), self.queued()
+        coming = frozenset(m for m in loaded if not held.get(m) and queued.get(m))
+        if not coming:
+            return coming
+        upcoming = choose_next(self.waiting(load_cost_s), loaded, self.max_wait_s)
+        return coming if upcoming is not None and upcoming not in loaded else frozenset()
+
     def jobs_of(self, model_id: str) -> list[Job]:
         """The jobs of ``model_id`` waiting now, in arrival order (a copy)."""
         return list(self._groups.get(model_id, ()))

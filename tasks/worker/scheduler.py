@@ -50,6 +50,7 @@ from swapless.tasks.worker.attempts import plan_attempts
 from swapless.tasks.worker.chunks import ChunkAssembler
 from swapless.tasks.worker.delivery import decode
 from swapless.tasks.worker.followups import Followups
+from swapless.tasks.worker.idle import IdleWork
 from swapless.tasks.worker.ledger import RequestLedger
 from swapless.tasks.worker.runtime import Runtime
 from swapless.tasks.worker.shadows import Shadows
@@ -58,11 +59,8 @@ __all__ = ["BatchScheduler"]
 
 logger = logging.getLogger(__name__)
 
-#: The idle work (the warm start) begins once the backlog has been empty this long after start-up, so that jobs
-#: already queued when the worker starts are fetched first and it does not begin at all.
-IDLE_AFTER_S = 0.5
-#: How long the scheduler waits for more jobs of the model that ran last before it loads another (``_stay_on``): a
-#: fetch round, which waits for a bell up to the transport's idle poll (0.1 s).
+#: How long the scheduler waits for the coming jobs of loaded models before it loads another (``Backlog.coming``):
+#: a fetch round, which waits for a bell up to the transport's idle poll (0.1 s).
 STAY_S = 0.15
 
 
@@ -116,8 +114,8 @@ class BatchScheduler:
         self._thread: threading.Thread | None = None
         self._first: Callable[[], Any] | None = None
         #: Work done a step at a time until the first job comes (the warm start); None once it ended.
-        self._idle: Iterator[Any] | None = None
-        #: The loaded models last waited for (``_stay_on``; scheduler thread only).
+        self._idle: IdleWork | None = None
+        #: The loaded models last waited for (``Backlog.coming``; scheduler thread only).
         self._stayed_for: frozenset[str] = frozenset()
         #: The model a bulk group waits for, loading aside (scheduler thread only).
         self._aside: str | None = None
@@ -200,7 +198,8 @@ class BatchScheduler:
         """
         if self._thread is None:
             self._first = first
-            self._idle = idle
+            if idle is not None:
+                self._idle = IdleWork(idle, self._cond, self._has_work)
             self._thread = threading.Thread(target=self._loop, name="swapless-scheduler", daemon=True)
             self._thread.start()
 
@@ -220,14 +219,16 @@ class BatchScheduler:
             idle = not self._stopping and not self.ledger.has_rejected and not len(self.backlog)
         if idle:
             self._hand_over_deferred()  # nothing to run next: store now
-        grace = IDLE_AFTER_S
-        while self._idle is not None and self._idle_step(grace):
-            grace = 0.0
+        if self._idle is not None:
+            self._idle.run()
+            self._idle = None
         with self._cond:
             while not self._stopping and not self.ledger.has_rejected and not len(self.backlog):
                 self._cond.wait()
             loaded = manager.loaded_ids()
-            if self._stay_on(loaded, manager.load_cost_s):
+            coming = self.backlog.coming(loaded, manager.load_cost_s)
+            if coming and not coming <= self._stayed_for:  # once for these models, until one of them has run
+                self._stayed_for = coming
                 self._cond.wait(STAY_S)
                 loaded = manager.loaded_ids()
             if self._stopping:
@@ -238,41 +239,6 @@ class BatchScheduler:
             if group and group[0].model_id in self._stayed_for:
                 self._stayed_for = frozenset()  # its jobs came: worth waiting for again
             return rejected, expired, group
-
-    def _stay_on(self, loaded: list[str], load_cost_s: Callable[[str], float]) -> bool:
-        """Whether to wait a moment for more jobs of loaded models before loading another (under ``_cond``): some
-        loaded model has none here but some still in Redis (on their way: loaded models get the fetch first), and
-        the next group would need a load, which would evict a model to be loaded again for those jobs. Not again for
-        the same models until one of them has run."""
-        held, queued = self.backlog.counts(), self.backlog.queued()
-        coming = frozenset(m for m in loaded if not held.get(m) and queued.get(m))
-        if not coming or coming <= self._stayed_for:
-            return False
-        upcoming = self.backlog.peek_next(loaded, load_cost_s, exclude="")
-        if upcoming is None or upcoming in loaded:
-            return False
-        self._stayed_for = coming
-        return True
-
-    def _idle_step(self, grace_s: float) -> bool:
-        """One step of the idle work if no job comes within ``grace_s``; False once it has ended."""
-        with self._cond:
-            if grace_s > 0 and not self._has_work():
-                self._cond.wait(grace_s)
-            ended = self._has_work()
-        if not ended:
-            try:
-                next(self._idle)  # type: ignore[arg-type]
-                return True
-            except StopIteration:
-                pass
-            except Exception:  # a failed warm-up only costs speed
-                logger.exception("the warm start failed; going on without it")
-        idle, self._idle = self._idle, None
-        close = getattr(idle, "close", None)
-        if close is not None:
-            close()
-        return False
 
     def _has_work(self) -> bool:
         return self._stopping or self.ledger.has_rejected or bool(len(self.backlog))
