@@ -263,12 +263,12 @@ def test_a_model_kept_loaded_by_its_spec_is_resident_without_any_traffic(tmp_pat
 
 def test_kept_models_are_loaded_at_start_as_many_as_the_cache_holds(tmp_path: Path,
                                                                     caplog: pytest.LogCaptureFixture) -> None:
-    from swapless.manager.batching.warmup import load_kept, warm_start
+    from swapless.manager.batching.warmup import load_kept, warm_steps
 
     manager = make_manager(tmp_path, {"bulk": 1, "chat": 1, "code": 1, "vision": 1}, kept={"chat", "code", "vision"},
                            max_models=2)
     # the warm start warms every model, the kept ones last, and leaves those loaded
-    took = warm_start(manager, manager.factory)  # type: ignore[arg-type]
+    took = dict(warm_steps(manager, manager.factory))  # type: ignore[arg-type]
     assert next(iter(took)) == "bulk" and sorted(took) == ["bulk", "chat", "code", "vision"]
     assert manager.loaded_ids() == ["code", "vision"]
     manager.evict("code")

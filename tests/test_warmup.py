@@ -11,7 +11,7 @@ import pytest
 
 from swapless.config.settings import get_settings
 from swapless.manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
-from swapless.manager.batching.warmup import WARM_TEXT, warm_input, warm_start
+from swapless.manager.batching.warmup import WARM_TEXT, warm_input, warm_steps
 from swapless.manager.cache.lru import DEFAULT_LOAD_COST_S
 from swapless.manager.registry.specs import InputType
 from swapless.tasks.client import Client
@@ -27,7 +27,7 @@ def test_warm_start_warms_each_local_model_seeds_its_tuner_and_leaves_the_cache_
     engine = ModelEngine(WorkerLimits(device="cpu", max_batch_size=4))
     store = ModelStore.from_file(models_file, engine.frameworks)
     manager = ModelManager(store, engine, max_models=1)
-    took = warm_start(manager, engine, budget_s=float("inf"))
+    took = dict(warm_steps(manager, engine, budget_s=float("inf")))
     local = [spec.id for spec in store if not engine.build(spec).remote]
     assert sorted(took) == sorted(local) and local
     assert manager.loaded_ids() == []
@@ -43,7 +43,7 @@ def test_a_tight_budget_stops_the_climb_early(models_file: Path) -> None:
     engine = ModelEngine(WorkerLimits(device="cpu", max_batch_size=64))
     store = ModelStore.from_file(models_file, engine.frameworks)
     manager = ModelManager(store, engine, max_models=1)
-    took = warm_start(manager, engine, budget_s=0.0)
+    took = dict(warm_steps(manager, engine, budget_s=0.0))
     assert sorted(took) == sorted(store.ids()) == sorted(["sentiment", "spam", "topic", "vision"])  # all local
     for spec in store:
         tuner = engine.tuner(spec.id)
@@ -150,10 +150,10 @@ def test_the_warm_start_goes_in_order_and_stops_at_its_total_budget(models_file:
     engine = ModelEngine(WorkerLimits(device="cpu", max_batch_size=4))
     store = ModelStore.from_file(models_file, engine.frameworks)
     manager = ModelManager(store, engine, max_models=1)
-    assert warm_start(manager, engine, total_budget_s=0.0) == {}  # a registry of hundreds: none warmed up front
-    took = warm_start(manager, engine, order=["vision", "spam"], total_budget_s=1e-9 + 0.0001)
+    assert dict(warm_steps(manager, engine, total_budget_s=0.0)) == {}  # a registry of hundreds: none warmed up front
+    took = dict(warm_steps(manager, engine, order=["vision", "spam"], total_budget_s=1e-9 + 0.0001))
     assert list(took) == ["vision"]  # the first in the order, then the budget was spent
-    everything = warm_start(manager, engine, order=["spam"])
+    everything = dict(warm_steps(manager, engine, order=["spam"]))
     assert next(iter(everything)) == "spam" and sorted(everything) == sorted(store.ids())
 
 
@@ -162,7 +162,7 @@ def test_a_model_tuned_before_is_warmed_with_one_pass(models_file: Path) -> None
     store = ModelStore.from_file(models_file, engine.frameworks)
     manager = ModelManager(store, engine, max_models=1)
     engine.seed_tuner(store.get("spam"), {4: 0.001, 8: 0.0008})
-    warm_start(manager, engine, tuned={"spam"})
+    dict(warm_steps(manager, engine, tuned={"spam"}))
     assert engine.tuner("spam").cost_s == {4: 0.001, 8: 0.0008}  # nothing explored again
     assert len(engine.tuner("topic").cost_s) >= 2  # the others were measured as before
 

@@ -30,7 +30,7 @@ from swapless.manager.cache.lru import ModelManager
 from swapless.manager.frameworks.engine import ModelEngine
 from swapless.manager.registry.specs import InputType, ModelSpec
 
-__all__ = ["load_kept", "warm_input", "warm_start", "warm_steps"]
+__all__ = ["load_kept", "warm_input", "warm_steps"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,23 +62,6 @@ class _Fixed:
 
     def record(self, size: int, items: int, seconds: float) -> None:
         pass
-
-
-def warm_start(
-    manager: ModelManager,
-    engine: ModelEngine,
-    give_up_after: float = 1.5,
-    budget_s: float = 3.0,
-    *,
-    total_budget_s: float | None = None,
-    order: Sequence[str] = (),
-    tuned: Collection[str] = (),
-    skip: Collection[str] = (),
-) -> dict[str, float]:
-    """Warm the local models of ``manager``'s registry in turn; returns the seconds each took (``warm_steps``, all
-    of them at once)."""
-    return dict(warm_steps(manager, engine, give_up_after, budget_s, total_budget_s=total_budget_s, order=order,
-                           tuned=tuned, skip=skip))
 
 
 def warm_steps(
