@@ -113,14 +113,14 @@ class Naive(System):
 
 
 class Swapless(System):
-    """``swapless worker --warm-start``: every model warmed and its batch sizes measured before "ready" (the limit,
-    too, leaves its warm-up pass out)."""
+    """``swapless worker --warm-start`` with ``SWAPLESS_WARM_BEFORE_READY_S=60``: every model warmed and its batch
+    sizes measured before "ready" (the limit, too, leaves its warm-up pass out)."""
 
     name = "swapless"
     #: command-line flags after ``swapless worker --max-models 2``
     flags: tuple[str, ...] = ("--warm-start",)
     #: environment on top of the queue's
-    env: ClassVar[Mapping[str, str]] = {}
+    env: ClassVar[Mapping[str, str]] = {"SWAPLESS_WARM_BEFORE_READY_S": "60"}
     #: How jobs are sent: ``Client.submit_jobs`` (one pipeline, messages built directly) or Celery's ``send_task``.
     producer = "submit_jobs"
 
@@ -168,11 +168,12 @@ class Swapless(System):
 
 
 class DefaultSwapless(Swapless):
-    """``swapless worker`` with no flags, restarted on the Redis an earlier worker used: its default warm start
-    (bounded) warms what that worker learned, with the batch costs it measured."""
+    """``swapless worker`` with no flags, restarted on the Redis an earlier worker used: its batch tuners seeded
+    with what that worker learned; its default warm start runs while idle, so a burst sent at once ends it."""
 
     name = "swapless (default flags, restart)"
     flags = ()
+    env: ClassVar[Mapping[str, str]] = {}
 
 
 class SimulatedSwapless(Swapless):

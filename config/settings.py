@@ -44,6 +44,7 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_KEEP_INTERACTIVE_S     | 60 s                       | a model that served interactive jobs stays loaded this long after: loads ahead never evict it, other loads evict it last (0: plain LRU) |
 | SWAPLESS_WARM_START             | true                       | warm each local model and measure its batch sizes while idle, until the first job (``--no-warm-start``) |
 | SWAPLESS_WARM_START_BUDGET_S    | 30 s                       | the warm start warms no more models once it has taken this long (it also ends at the first job) |
+| SWAPLESS_WARM_BEFORE_READY_S    | 0 s                        | seconds of the warm start done before the worker reports ready (behind a readiness probe: warm before traffic); 0: all of it while idle |
 | SWAPLESS_PLUGINS                | unset                      | comma-separated modules imported at worker start (custom frameworks) |
 | SWAPLESS_VISIBILITY_TIMEOUT_S   | 60 s                       | a dead worker's jobs are redelivered after this (plus the sweep) |
 | SWAPLESS_VISIBILITY_REFRESH_S   | 10 s                       | a live worker re-stamps the jobs it holds this often; must be ≤ timeout / 3 |
@@ -199,6 +200,8 @@ class Settings(BaseSettings):
     #: Load each local model once at start-up, warm it and seed its batch-size tuner (manager.batching.warmup).
     warm_start: bool = True
     warm_start_budget_s: float = Field(30.0, gt=0)
+    #: Seconds of the warm start run before "ready" (the rest runs while idle, until the first job).
+    warm_before_ready_s: float = Field(0.0, ge=0)
     #: While a group computes, load the model the next group needs (ModelManager.load_ahead); a bulk group's cold
     #: model loads aside while interactive jobs keep running (tasks.worker.scheduler).
     load_ahead: bool = True

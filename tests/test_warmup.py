@@ -211,3 +211,20 @@ def test_a_worker_on_a_machine_without_a_gpu_labels_its_device_without_importing
              "print(device_label('auto'), device_label('cpu'), 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["cpu", "cpu", "False"]
+
+
+@pytest.mark.slow
+def test_warm_before_ready_warms_within_its_budget_before_the_worker_takes_jobs(
+    swapless_env: dict[str, str], start_worker: Callable[..., WorkerProcess], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``SWAPLESS_WARM_BEFORE_READY_S`` (behind a readiness probe): that much of the warm start runs before "ready"
+    (here all of 6 models), so the first jobs find every model measured."""
+    env = {**_simulated_registry(tmp_path, 6, 0.1), "SWAPLESS_WARM_BEFORE_READY_S": "60"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    worker = start_worker("--warm-start", "--max-models", "2", env=env)
+    log = worker.log()
+    assert log.count("] warmed ") == 6 and log.rindex("] warmed ") < log.index("ready."), log[-3000:]
+    assert Client().submit("m003", "after the warm start").get(timeout=30)

@@ -143,8 +143,16 @@ class WorkerContext:
             idle = warm() if warming is not None else None
             if idle is not None:
                 next(idle)
-            # on the thread that will run the jobs: the kept models before ready, the warm start while idle
-            self.scheduler.start(first=functools.partial(load_kept, runtime.manager, skip=skip_kept), idle=idle)
+
+            def first() -> None:
+                """The kept models, and ``SWAPLESS_WARM_BEFORE_READY_S`` of the warm start, before ready."""
+                load_kept(runtime.manager, skip=skip_kept)
+                ends = time.perf_counter() + s.warm_before_ready_s
+                while idle is not None and time.perf_counter() < ends and next(idle, StopIteration) is None:
+                    pass
+
+            # on the thread that will run the jobs: those before ready, the rest of the warm start while idle
+            self.scheduler.start(first=first, idle=idle)
             self.scheduler.ready.wait()
         beats = redis_client(s.broker_url, connect_timeout_s=5, socket_timeout_s=5, sentinel=SentinelOptions.of(s))
         pod_cost = PodDeletionCost.from_environment(s, beats, self.keyspace, self.reporting.worker_id)
