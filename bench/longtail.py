@@ -1,6 +1,6 @@
 """Does a worker serve a long tail of models? A real ``swapless worker --max-models 4`` on *simulated* models.
 
-    python -m bench.longtail                     # 4 scenarios x 3 repetitions, 15-20 min on 2 cores; bench/LONGTAIL.md
+    python -m bench.longtail                     # 5 scenarios x 3 repetitions, 20-25 min on 2 cores; bench/LONGTAIL.md
     python -m bench.longtail --quick             # smoke test: smaller, 1 repetition; bench/out/LONGTAIL-quick.md
     python -m bench.longtail --scenarios burst,fleet --repeats 1 --write /tmp/LONGTAIL.md
 
@@ -43,8 +43,24 @@ measurement. Loads are counted exactly: with ``SIMULATED_LOADS`` set, each load 
 4. **Three workers** (40 models): the burst of 2 against 3 workers started together (``--hostname w{i}@bench``), all
    ready (and heartbeating) before the submit: loads across the fleet and models touched.
 
+5. **A registry of 1,000 models** (``registry``): one worker on 1,000 models, after a burst of 2,000 Zipf jobs over
+   m000-m039 and 2,000 more over m000-m003 (bulk, gathered: heartbeats, learned costs, claims and results exist).
+   Before each read, 10 bulk jobs each go to fresh models (m100 ..) until 20 models have jobs queued or held (the
+   worker drains them meanwhile). Each read is timed over 20 calls (``--quick``: 10) after one untimed call, in this
+   process, with the worker and a ``swapless serve`` (no API keys, loopback) running beside it:
+   ``swapless models`` (tasks/cli/main.py's calls, its table printed to a string; and the whole process once, not
+   judged), ``swapless status --json`` (``read_status`` + ``json.dumps``; the process once), the gateway's
+   ``GET /models`` and ``GET /metrics`` (httpx), a heartbeat built by ``build_heartbeat`` and published by
+   ``HeartbeatPublisher.beat`` under a keyspace of its own (with the worker's activity now, and with every model of
+   the registry in it) and ``read_heartbeats``, ``read_placement`` of the 1,000 ids, a placer tick's reads and its
+   pure part (``Placer._workers``, ``Placer._demand``, ``plan``, as the worker, never carried out), and
+   ``read_cluster``. Redis: ``MEMORY USAGE .. SAMPLES 0`` of every key under the run's prefix, grouped per job (a
+   job id in the name), per model (``{queue/model}`` in the name) and the rest; bounded? the keys but the per-job
+   ones are read after the first burst and after the second (2,000 more jobs, no new model): their change.
+
 Targets: start-up ≤ 5 s; burst loads ≤ touched x 1.1 and limit / wall ≥ 0.9; stream hot p95 ≤ one load + two
-passes of 64 (0.8356 s), tail p95 ≤ 1.2 x the bound; fleet loads ≤ touched + 3. Medians of the repetitions are judged.
+passes of 64 (0.8356 s), tail p95 ≤ 1.2 x the bound; fleet loads ≤ touched + 3; each read of 5 ≤ 100 ms (median of
+every timed call). Medians of the repetitions are judged.
 
 Every worker is stopped at the end (SIGTERM, then SIGKILL after a timeout), on errors too, and every Redis key under
 the run's prefixes is deleted. Worker logs and load files stay in ``bench/out/longtail/<time>-<pid>/``.
@@ -107,7 +123,7 @@ FLEET_EXTRA_LOADS_TARGET = 3
 FLEET_WORKERS = 3
 #: Seconds any wait may take at most: a worker's readiness, a result, a stop.
 READY_TIMEOUT_S, RESULT_TIMEOUT_S, STOP_TIMEOUT_S = 180.0, 600.0, 20.0
-SCENARIOS = ("startup", "burst", "stream", "fleet")
+SCENARIOS = ("startup", "burst", "stream", "fleet", "registry")
 
 
 @dataclass(frozen=True)
@@ -116,10 +132,15 @@ class Sizes:
     models: int
     burst_jobs: int
     stream_s: float
+    #: The registry scenario: the jobs of its burst over ``models`` models, and the timed calls per read.
+    registry_burst_jobs: int = 2000
+    registry_calls: int = 20
 
 
-FULL = Sizes(registries=(40, 200, 1000), models=40, burst_jobs=6000, stream_s=30.0)
-QUICK = Sizes(registries=(40, 200), models=40, burst_jobs=1500, stream_s=10.0)
+FULL = Sizes(registries=(40, 200, 1000), models=40, burst_jobs=6000, stream_s=30.0, registry_burst_jobs=2000,
+             registry_calls=20)
+QUICK = Sizes(registries=(40, 200), models=40, burst_jobs=1500, stream_s=10.0, registry_burst_jobs=1000,
+              registry_calls=10)
 
 
 def say(message: str) -> None:
@@ -613,6 +634,401 @@ def stream(rep: int, duration_s: float, models: Sequence[str]) -> dict[str, dict
     return {"worker": worker, "fifo": fifo, "bound": bound}
 
 
+# -- 5. a registry of 1,000 models -----------------------------------------------------------------------------------
+
+#: The registry scenario: its models, the models of its burst (m000 ..), the models kept with jobs waiting and the
+#: jobs sent to each, the models of the boundedness check's extra jobs (m000 ..), and the reads' target.
+REGISTRY_MODELS = 1000
+WAITING_MODELS, WAITING_JOBS = 20, 10
+AGAIN_MODELS = 4
+READ_TARGET_MS = 100.0
+#: A key's part that names a model: ``swapless:{<queue>/<model>}:<part>``; and a job id (uuid4) in a key's name.
+MODEL_KEY = re.compile(r"\{[^{}/]*/(m\d{3})\}")
+JOB_KEY = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+#: The rows of section 5, by key: (name, what it runs on, judged against READ_TARGET_MS).
+REGISTRY_ROWS: dict[str, tuple[str, str, bool]] = {
+    "models": ("`swapless models`: settings, plugins, models file → ModelStore, table rendered (ms)", "host CPU", True),
+    "store": ("… of which the models file → ModelStore (ms)", "host CPU", False),
+    "models process": ("`swapless models`, process incl. interpreter start (ms)", "host CPU", False),
+    "status": ("`swapless status --json`: read_status + json.dumps (ms)", "host CPU", True),
+    "status process": ("`swapless status --json`, process incl. interpreter start (ms)", "host CPU", False),
+    "get models": ("gateway GET /models (ms)", "host CPU", True),
+    "get models bytes": ("gateway GET /models, body (bytes)", "host CPU", False),
+    "beat": ("heartbeat: build_heartbeat + publish (ms)", "simulated device", True),
+    "read beats": ("heartbeat: read_heartbeats (ms)", "host CPU", True),
+    "beat models": ("heartbeat: models in the worker's activity (`models`), at that read", "simulated device",
+                    False),
+    "beat bytes": ("heartbeat: the worker's JSON in Redis after the reads (bytes)", "simulated device", False),
+    "beat all": ("heartbeat, all 1,000 models in its activity: build_heartbeat + publish (ms)", "simulated device",
+                 True),
+    "read beats all": ("heartbeat, all 1,000 models in its activity: read_heartbeats (ms)", "host CPU", True),
+    "beat all bytes": ("heartbeat, all 1,000 models in its activity: JSON (bytes)", "simulated device", False),
+    "placement": ("placement: read_placement, 1,000 ids (ms)", "host CPU", True),
+    "tick reads": ("placement: a tick's reads, read_placement + live heartbeats (ms)", "simulated device", True),
+    "tick plan": ("placement: a tick's pure part, views + demand + plan (ms)", "simulated device", True),
+    "idle cpu": ("worker process CPU with nothing waiting, over 5 s (% of one core)", "simulated device", False),
+    "cluster": ("autoscaling: read_cluster (ms)", "host CPU", True),
+    "get metrics": ("gateway GET /metrics (ms)", "host CPU", True),
+    "busy start": ("models with jobs waiting or held, at a read's start", "simulated device", False),
+    "busy end": ("models with jobs waiting or held, at a read's end", "simulated device", False),
+    "jobs start": ("jobs waiting or held, at a read's start", "simulated device", False),
+    "keys": ("Redis: keys under the run's prefix", "simulated device", False),
+    "bytes": ("Redis: bytes under the run's prefix", "simulated device", False),
+    "job keys": ("Redis: per-job keys (results, attempts…): keys", "simulated device", False),
+    "job bytes": ("Redis: per-job keys: bytes", "simulated device", False),
+    "model keys": ("Redis: per-model keys: keys", "simulated device", False),
+    "models with keys": ("Redis: models with keys", "simulated device", False),
+    "model mean": ("Redis: bytes per model with keys, mean", "simulated device", False),
+    "model max": ("Redis: bytes per model with keys, max", "simulated device", False),
+    "shared keys": ("Redis: per-queue and per-deployment keys: keys", "simulated device", False),
+    "shared bytes": ("Redis: per-queue and per-deployment keys: bytes", "simulated device", False),
+    "job no ttl": ("Redis: per-job keys without a TTL", "simulated device", False),
+    "model no ttl": ("Redis: per-model keys without a TTL", "simulated device", False),
+    "shared no ttl": ("Redis: per-queue and per-deployment keys without a TTL", "simulated device", False),
+    "per registry model": ("Redis: all but per-job bytes / registry model", "simulated device", False),
+    "grown bytes": ("bounded? per-model + per-queue bytes, change after the extra jobs", "simulated device", False),
+    "grown job keys": ("bounded? per-job keys, change after the extra jobs", "simulated device", False),
+}
+
+
+def timed_ms(call: Callable[[], Any], n: int) -> list[float]:
+    """Milliseconds of ``n`` calls of ``call``, after one untimed call (imports, connections, caches)."""
+    call()
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def key_memory(client: redis.Redis, prefix: str) -> dict[str, Any]:
+    """``MEMORY USAGE`` (every element: ``SAMPLES 0``) of every key under ``prefix``, grouped: per job (a job id in
+    the name), per model (``{<queue>/<model>}`` in the name), the rest (per queue, per deployment)."""
+    keys = [k.decode() for k in client.scan_iter(match=f"{prefix}*", count=5000)]
+    sizes: list[int] = []
+    ttls: list[int] = []
+    for start in range(0, len(keys), 5000):
+        pipe = client.pipeline(transaction=False)
+        for key in keys[start : start + 5000]:
+            pipe.memory_usage(key, samples=0)
+            pipe.pttl(key)
+        replies = pipe.execute()
+        sizes += [int(n or 0) for n in replies[::2]]
+        ttls += [int(n) for n in replies[1::2]]
+    per_job: dict[str, int] = {}
+    per_model: dict[str, int] = {}
+    model_keys: dict[str, int] = {}
+    shared: dict[str, int] = {}
+    no_ttl: dict[str, int] = {"per_job": 0, "model_keys": 0, "shared": 0}
+    for key, size, ttl in zip(keys, sizes, ttls, strict=True):
+        name = key.removeprefix(prefix)
+        model = MODEL_KEY.search(name)
+        if JOB_KEY.search(name):
+            per_job[name], group = size, "per_job"
+        elif model:
+            model_keys[name], group = size, "model_keys"
+            per_model[model[1]] = per_model.get(model[1], 0) + size
+        else:
+            shared[name], group = size, "shared"
+        no_ttl[group] += ttl == -1
+    return {"keys": len(keys), "bytes": sum(sizes), "per_job": per_job, "per_model": per_model,
+            "model_keys": model_keys, "shared": shared, "no_ttl": no_ttl}
+
+
+def key_parts(memory: dict[str, Any]) -> str:
+    """The per-model keys of a ``key_memory`` reading by their last part (``p9``, ``holders`` ...): keys, bytes."""
+    parts: dict[str, list[int]] = {}
+    for name, size in memory["model_keys"].items():
+        part = parts.setdefault(name.rsplit(":", 1)[-1], [0, 0])
+        part[0], part[1] = part[0] + 1, part[1] + size
+    return ", ".join(f"{k} {n} keys {b} B" for k, (n, b) in sorted(parts.items()))
+
+
+class WaitingWork:
+    """Keeps ``WAITING_MODELS`` models with jobs waiting (queued in Redis or held by the worker): before each read,
+    ``WAITING_JOBS`` bulk jobs each to as many fresh models (m100 .., never run before) as are missing."""
+
+    def __init__(self, client: Any, redis_client: redis.Redis, keyspace: Any, ids: Sequence[str]) -> None:
+        self.client = client
+        self.redis = redis_client
+        self.keyspace = keyspace
+        self.ids = list(ids)
+        self.fresh = iter(self.ids[100:])
+        self.sent = 0
+
+    def count(self) -> tuple[int, int]:
+        """(models with jobs waiting or held, those jobs) now."""
+        from swapless.tasks.cluster.view import read_placement
+
+        busy = [p for p in read_placement(self.redis, self.keyspace, self.ids) if p.waiting or p.held]
+        return len(busy), sum(p.waiting + p.held for p in busy)
+
+    def top_up(self) -> tuple[int, int]:
+        models, _ = self.count()
+        if models < WAITING_MODELS:
+            fresh = list(itertools.islice(self.fresh, WAITING_MODELS - models))
+            jobs = [(m, f"waiting {self.sent + i}")
+                    for i, m in enumerate(m for m in fresh for _ in range(WAITING_JOBS))]
+            if jobs:
+                self.client.submit_jobs(jobs, priority="bulk")
+                self.sent += len(jobs)
+        return self.count()
+
+
+def process_cpu_share(pid: int, seconds: float) -> float:
+    """CPU seconds per second of process ``pid`` and its children over the next ``seconds``."""
+    import psutil
+
+    def cpu() -> float:
+        total = 0.0
+        parent = psutil.Process(pid)
+        for process in [parent, *parent.children(recursive=True)]:
+            with suppress(psutil.NoSuchProcess):
+                times = process.cpu_times()
+                total += times.user + times.system
+        return total
+
+    started, at = cpu(), time.monotonic()
+    time.sleep(seconds)
+    return (cpu() - started) / (time.monotonic() - at)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cli_process_ms(workers: Workers, *args: str) -> float:
+    """Milliseconds of one ``python -m swapless <args>`` process, interpreter start included."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "swapless", *args], env={**os.environ, **workers.env()}, cwd=REPO,
+                   capture_output=True, check=True, timeout=120)
+    return (time.perf_counter() - started) * 1000
+
+
+def registry_scenario(rep: int, sizes: Sizes) -> dict[str, list[float]]:
+    """Section 5: the reads of a registry of ``REGISTRY_MODELS`` models with one worker (the module docstring, 5);
+    rows by ``REGISTRY_ROWS``'s keys, every timed call of a read in its row."""
+    import io
+
+    import httpx
+    from rich.console import Console
+    from rich.table import Table
+
+    from swapless.config.settings import load_settings
+    from swapless.manager import ModelEngine, ModelManager, ModelStore
+    from swapless.tasks.broker.connection import RedisHealth
+    from swapless.tasks.broker.routes import Router
+    from swapless.tasks.cluster.members import read_heartbeats
+    from swapless.tasks.cluster.placer import Placer
+    from swapless.tasks.cluster.plan import plan
+    from swapless.tasks.cluster.view import read_placement
+    from swapless.tasks.keyspace import Keyspace
+    from swapless.tasks.observe.accounting import GroupReport
+    from swapless.tasks.observe.beats import HeartbeatPublisher, build_heartbeat
+    from swapless.tasks.observe.scaling import read_cluster
+    from swapless.tasks.observe.stats import WorkerStats
+    from swapless.tasks.observe.status import read_status
+    from swapless.tasks.worker.runtime import load_plugins
+
+    ids = model_ids(REGISTRY_MODELS)
+    models_file = registry(REGISTRY_MODELS)
+    tag = f"registry-rep{rep}"
+    rows: dict[str, list[float]] = {}
+    with Workers(tag, models_file) as workers:
+        workers.spawn()
+        ready_s = workers.wait_ready()
+        client = workers.client()
+        r = workers.redis
+        keyspace = Keyspace(workers.queue, workers.prefix)
+
+        def run_burst(jobs: list[tuple[str, str]]) -> None:
+            got = client.gather(client.submit_jobs(jobs, priority="bulk"), timeout=RESULT_TIMEOUT_S)
+            if any(s.state != "SUCCESS" for s in got):
+                raise RuntimeError(f"{tag}: a job of the burst failed; see {LOGS}/{tag}-w0.log")
+            time.sleep(2.5)  # a heartbeat after the last group (every 2 s by default)
+
+        say(f"  {tag}: ready in {ready_s:.1f} s; a burst of {sizes.registry_burst_jobs} jobs over {sizes.models} "
+            f"models, then as many over {AGAIN_MODELS}")
+        run_burst(burst_jobs(rep, ids[: sizes.models], sizes.registry_burst_jobs))
+        before = key_memory(r, workers.prefix)
+        # bounded? as many jobs again, over models that have run already: no key but the per-job ones may grow
+        run_burst(burst_jobs(rep + 1000, ids[:AGAIN_MODELS], sizes.registry_burst_jobs))
+        after = key_memory(r, workers.prefix)
+        kept_before = before["model_keys"] | before["shared"]
+        kept_after = after["model_keys"] | after["shared"]
+        rows["grown bytes"] = [sum(kept_after.values()) - sum(kept_before.values())]
+        rows["grown job keys"] = [len(after["per_job"]) - len(before["per_job"])]
+        grown = sorted((v - kept_before.get(k, 0), k) for k, v in kept_after.items())
+        say(f"  {tag}: per-job keys {len(before['per_job'])} → {len(after['per_job'])}, other keys "
+            f"{len(kept_before)} ({sum(kept_before.values())} B) → {len(kept_after)} ({sum(kept_after.values())} B); "
+            "most grown: " + ", ".join(f"{k} {d:+d} B" for d, k in grown[-3:] if d))
+        say(f"  {tag}: per-model keys by part, before: {key_parts(before)}; after: {key_parts(after)}")
+        rows["idle cpu"] = [process_cpu_share(workers.processes[0].proc.pid, 5.0) * 100]
+
+        port = free_port()
+        gateway = Process([sys.executable, "-m", "swapless", "serve", "--port", str(port), "--log-level", "warning"],
+                          workers.env(), LOGS / f"{tag}-gateway.log")
+        http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+        try:
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while True:
+                with suppress(httpx.HTTPError):
+                    if http.get("/healthz").status_code == 200:
+                        break
+                if gateway.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the gateway did not start:\n{gateway.text()[-3000:]}")
+                time.sleep(0.1)
+            settings = load_settings(redis_url=REDIS_URL, key_prefix=workers.prefix, queue=workers.queue,
+                                     models_file=models_file, plugins="bench.simulated")
+
+            def cli_models() -> None:
+                """``swapless models`` (tasks/cli/main.py) with its table printed to a string, 120 columns."""
+                s = load_settings(models_file=models_file, plugins="bench.simulated")
+                load_plugins(s)
+                store = ModelStore.from_file(s.models_file, ModelEngine().frameworks)
+                table = Table(title=f"{len(store)} models")
+                for column in ("id", "aliases", "type", "framework", "name", "version", "description"):
+                    table.add_column(column, overflow="fold")
+                for spec in store:
+                    table.add_row(spec.id, ", ".join(spec.aliases), spec.type.value, spec.framework, spec.name,
+                                  spec.version, spec.description)
+                Console(file=io.StringIO(), width=120).print(table)
+
+            # The heartbeat: built by build_heartbeat from a cache of the worker's size (empty: what it has
+            # loaded is at most 4 entries) and stats fed with the worker's activity per model as its last heartbeat
+            # has it (read again just before the read), or with that of one of its models for every model of the
+            # registry (the most a heartbeat holds: one entry per model run since the worker started); published
+            # under a keyspace of its own (within the run's prefix), so that the worker never sees a second member.
+            store = ModelStore.from_file(models_file, ModelEngine().frameworks)
+            manager = ModelManager(store, ModelEngine().build, max_models=MAX_MODELS)
+            aside = Keyspace(workers.queue, workers.prefix + "aside:")
+
+            def worker_beat() -> Any:
+                return next(b for b in read_heartbeats(r, keyspace) if b.queue == workers.queue)
+
+            def publisher(beat: Any, activity: dict[str, Any]) -> Any:
+                stats = WorkerStats()
+                waits = 1000 // max(1, len(activity))
+                for model_id, a in activity.items():
+                    stats(GroupReport(model_id=model_id, succeeded=a.jobs_done, errors={},
+                                      run_s=a.run_s_total + a.load_s_total,
+                                      queue_wait_s=(1.0,) * min(a.jobs_done, waits), hits=a.hits, misses=a.misses,
+                                      load_s=(LOAD_S,) * a.loads, load_failures=0, evicted=()))
+                claimed = [m for m, a in beat.models.items() if a.claimed]
+                return HeartbeatPublisher(
+                    r, aside, "bench@registry:0",
+                    lambda: build_heartbeat(hostname="bench@registry", worker_id="bench@registry:0",
+                                            queue=workers.queue, started_at=beat.started_at,
+                                            interval_s=beat.interval_s, manager=manager, stats=stats,
+                                            backlog={m: a.backlog for m, a in beat.models.items()},
+                                            jobs_done=beat.jobs_done, jobs_failed=beat.jobs_failed,
+                                            routing=beat.routing, claimed=claimed, device=beat.device),
+                    beat.interval_s)
+
+            beat = worker_beat()
+            typical = beat.models.get(ids[sizes.models - 1]) or next(iter(beat.models.values()))
+            publishers = {"beat": publisher(beat, beat.models),
+                          "beat all": publisher(beat, {m: typical.model_copy() for m in ids})}
+
+            def beat_now() -> None:  # the publisher prepare_beat made
+                publishers["beat"].beat()
+
+            def prepare_beat() -> None:
+                now = worker_beat()
+                publishers["beat"] = publisher(now, now.models)
+                rows["beat models"] = [len(now.models)]
+
+            # One placer tick of the worker's, read and planned as the worker (its id and activity; a cache of its
+            # size, empty), never carried out: plan is pure, and nothing here claims.
+            placer = Placer(settings, keyspace, store, manager, Router(store), r, RedisHealth(), beat.worker_id,
+                            activity=lambda: beat.models)
+
+            def tick_reads() -> Any:
+                return read_placement(r, keyspace, ids), placer._live()
+
+            tick: dict[str, Any] = {}
+
+            def prepare_tick() -> None:  # the reading the plan works on: the backlog's, now
+                tick["places"], (tick["beats"], tick["live"]) = tick_reads()
+
+            def tick_plan() -> Any:
+                return plan(beat.worker_id, placer._workers(tick["beats"]),
+                            placer._demand(tick["places"], tick["beats"], tick["live"]),
+                            copy_backlog_s=settings.copy_backlog_s, max_copies=settings.max_copies,
+                            copy_idle_s=settings.copy_idle_s)
+
+            reads: dict[str, Callable[[], Any]] = {
+                "models": cli_models,
+                "store": lambda: ModelStore.from_file(models_file, ModelEngine().frameworks),
+                "status": lambda: json.dumps(read_status(r, keyspace, ids)),
+                "get models": lambda: http.get("/models").raise_for_status(),
+                "beat": beat_now,
+                "read beats": lambda: read_heartbeats(r, keyspace),
+                "beat all": publishers["beat all"].beat,
+                "read beats all": lambda: read_heartbeats(r, aside),
+                "placement": lambda: read_placement(r, keyspace, ids),
+                "tick reads": tick_reads,
+                "tick plan": tick_plan,
+                "cluster": lambda: read_cluster(r, keyspace, ids, unknown_job_s=settings.scale_unknown_job_s,
+                                                unknown_load_s=settings.scale_unknown_load_s),
+                "get metrics": lambda: http.get("/metrics").raise_for_status(),
+            }
+            waiting = WaitingWork(client, r, keyspace, ids)
+            prepare = {"beat": prepare_beat, "read beats all": publishers["beat all"].beat, "tick plan": prepare_tick}
+            for key, call in reads.items():
+                models_now, jobs_now = waiting.top_up()
+                if key in prepare:
+                    prepare[key]()
+                times = timed_ms(call, sizes.registry_calls)
+                rows.setdefault(key, []).extend(times)
+                add(rows, {"busy start": models_now, "jobs start": jobs_now, "busy end": waiting.count()[0]})
+                say(f"    {key}: {statistics.median(times):.1f} ms [{min(times):.1f}–{max(times):.1f}], "
+                    f"{models_now} models ({jobs_now} jobs) waiting at the start")
+            r.delete(aside.heartbeat("bench@registry:0"), aside.heartbeats)
+            rows["get models bytes"] = [len(http.get("/models").content)]
+            rows["beat bytes"] = [r.strlen(keyspace.heartbeat(beat.worker_id))]
+            rows["beat all bytes"] = [len(publishers["beat all"].build().model_dump_json())]
+            say(f"  {tag}: the worker's heartbeat now {rows['beat bytes'][0]} B; the one built for the read "
+                f"{len(publishers['beat'].build().model_dump_json())} B with {rows['beat models'][0]} models")
+            waiting.top_up()
+            memory = key_memory(r, workers.prefix)
+        finally:
+            http.close()
+            stop_all([gateway])
+        rows["models process"] = [cli_process_ms(workers, "models")]
+        rows["status process"] = [cli_process_ms(workers, "status", "--json")]
+    per_model = memory["per_model"]
+    add(rows, {
+        "keys": memory["keys"],
+        "bytes": memory["bytes"],
+        "job keys": len(memory["per_job"]),
+        "job bytes": sum(memory["per_job"].values()),
+        "model keys": len(memory["model_keys"]),
+        "models with keys": len(per_model),
+        "model mean": statistics.fmean(per_model.values()) if per_model else 0.0,
+        "model max": max(per_model.values(), default=0),
+        "shared keys": len(memory["shared"]),
+        "shared bytes": sum(memory["shared"].values()),
+        "job no ttl": memory["no_ttl"]["per_job"],
+        "model no ttl": memory["no_ttl"]["model_keys"],
+        "shared no ttl": memory["no_ttl"]["shared"],
+        "per registry model": (sum(per_model.values()) + sum(memory["shared"].values())) / REGISTRY_MODELS,
+    })
+    largest = max(per_model, key=per_model.__getitem__, default="-")
+    kinds: dict[str, int] = {}
+    for name in memory["per_job"]:
+        kinds[JOB_KEY.sub("<id>", name)] = kinds.get(JOB_KEY.sub("<id>", name), 0) + 1
+    say(f"  {tag}: per-model keys by part: {key_parts(memory)}; per-job keys: {kinds}")
+    say(f"  {tag}: largest model {largest} ({per_model.get(largest, 0)} B); largest shared keys: "
+        + ", ".join(f"{k} {v} B" for k, v in sorted(memory["shared"].items(), key=lambda kv: -kv[1])[:6]))
+    return rows
+
+
 # -- the report ------------------------------------------------------------------------------------------------------
 
 Rows = dict[str, list[float]]
@@ -748,7 +1164,49 @@ def render(results: dict[str, Any], sizes: Sizes, repeats: int, command: str, to
             *table(rows, FLEET_ROWS, {"loads − touched": (FLEET_EXTRA_LOADS_TARGET, True)}),
             "",
         ]
+    if "registry" in results:
+        rows = results["registry"]
+        lines += [
+            f"## 5. A registry of {REGISTRY_MODELS:,} models",
+            "",
+            (f"One worker (`swapless worker --max-models {MAX_MODELS}`, default flags) on a registry of "
+             f"{REGISTRY_MODELS:,} simulated models, after a burst of {sizes.registry_burst_jobs:,} Zipf jobs over "
+             f"m000-m{sizes.models - 1:03d} and as many again over m000-m{AGAIN_MODELS - 1:03d} (bulk, gathered: "
+             "heartbeats, learned costs, claims and results exist). Before each read, jobs waiting: "
+             f"{WAITING_JOBS} bulk jobs each to fresh models (m100 ..) until {WAITING_MODELS} models have jobs "
+             "queued or held, so the reads find a backlog, which the worker drains meanwhile. Each read: "
+             f"{sizes.registry_calls} timed calls after one untimed, in this process (the gateway: HTTP over "
+             "loopback to `swapless serve`, no API keys, with httpx, one connection), the worker and the gateway "
+             "running beside it on the same 2 cores; median [min–max] over every timed call of every repetition. "
+             "`swapless models` prints its table to a string (rich, 120 columns). The heartbeat is built by "
+             "`build_heartbeat` (an empty cache of the worker's size, stats fed with the worker's activity per model "
+             "as its heartbeat has it just before the read, or with one model's for each of the 1,000) and "
+             "published with `HeartbeatPublisher.beat` under a keyspace of its own. The placer's tick is the "
+             "worker's own (its id, its heartbeat), planned on a reading taken just before, never carried out. "
+             "Redis: `MEMORY USAGE … SAMPLES 0` of every key under the "
+             "run's prefix, taken after the reads with the backlog topped up: per job (a job id in the name), per "
+             "model (`{queue/model}` in the name), the rest per queue or deployment. Bounded? The keys but the "
+             "per-job ones, after the first burst and again after the second: what grows with the jobs run."),
+            "",
+            "| measurement | target | median [min–max] | met? |",
+            "|---|---|---|---|",
+        ]
+        for key, (name, marker, judge) in REGISTRY_ROWS.items():
+            values = rows.get(key)
+            if not values:
+                continue
+            target, verdict = judged(rows, key, READ_TARGET_MS, True) if judge else ("-", "-")
+            lines.append(f"| {name} ({marker}) | {target} | {registry_cell(values, '(ms)' in name)} | {verdict} |")
+        lines.append("")
     return "\n".join(lines)
+
+
+def registry_cell(values: Sequence[float], ms: bool) -> str:
+    """``median [min–max]``: milliseconds to 4 significant digits, the rest (counts, bytes) as whole numbers."""
+    show = (lambda v: f"{v:.4g}") if ms else (lambda v: f"{v:,.0f}")
+    if len(values) == 1:
+        return show(values[0])
+    return f"{show(statistics.median(values))} [{show(min(values))}–{show(max(values))}]"
 
 
 # -- main ------------------------------------------------------------------------------------------------------------
@@ -799,6 +1257,9 @@ def run(scenarios: Sequence[str], sizes: Sizes, repeats: int, priority: str) -> 
             add(results.setdefault("fleet", {}), row)
             say(f"  fleet: {row['wall (s)']:.1f} s, {row['loads']:.0f} loads of {row['models touched']:.0f} "
                 f"models by {row['workers that loaded']:.0f} worker(s)")
+        if "registry" in scenarios:
+            for key, values in registry_scenario(rep, sizes).items():
+                results.setdefault("registry", {}).setdefault(key, []).extend(values)
     return results
 
 
@@ -809,7 +1270,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--write", type=Path, default=None,
                         help="default bench/LONGTAIL.md, --quick bench/out/LONGTAIL-quick.md")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke test: start-up at 40 and 200 models, a burst of 1,500, a 10 s stream, 1 repetition")
+                        help="smoke test: start-up at 40 and 200 models, a burst of 1,500, a 10 s stream, registry "
+                             "reads of 10 calls after bursts of 1,000, 1 repetition")
     parser.add_argument("--burst-priority", choices=("bulk", "interactive"), default="bulk",
                         help="the burst's and the fleet's submit_jobs priority (default bulk)")
     args = parser.parse_args(argv)
