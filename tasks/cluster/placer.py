@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_JOB_S = 0.01
 #: Seconds between two recovery sweeps.
 RECOVER_EVERY_S = 1.0
+#: How often placement reads the cluster while the queue is quiet (no job, no claim): the placement bell wakes it.
+QUIET_INTERVAL_S = 1.0
 
 
 def _gone_from_this_machine(beat: Heartbeat) -> bool:
@@ -118,6 +120,7 @@ class Placer:
         self._claimed: list[str] = [] if self.claims else store.ids()
         self._limits: dict[str, int] = {}
         self._queued: dict[str, int] = {}
+        self._quiet = False  # the last round found no job and no claim on any model
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._poke = threading.Event()  # a tick now (the placement bell rang), not at the next interval
@@ -192,7 +195,9 @@ class Placer:
                 if not self._failing:
                     logger.warning("placement failed (%s); retrying every %.1f s", err, interval, exc_info=True)
                 self._failing = True
-            self._poke.wait(interval)
+            # nothing waiting, held or claimed anywhere: a producer's jobs ring the placement bell, which wakes this
+            # at once, so a quiet queue is read less often (a registry of a thousand models costs a read each tick)
+            self._poke.wait(max(interval, QUIET_INTERVAL_S) if self._quiet else interval)
             self._poke.clear()
 
     def wake(self) -> None:
@@ -224,6 +229,7 @@ class Placer:
             return
         places = read_placement(self.client, self.keyspace, models)
         self._queued = {p.model_id: p.waiting for p in places if p.waiting and self.worker_id in p.holder_ids}
+        self._quiet = not any(p.waiting or p.held or p.holders for p in places)
         beats, live = self._live()
         dead = sorted({h for p in places for h in p.holder_ids if h not in live})
         workers = self._workers(beats)
