@@ -149,3 +149,15 @@ def test_jobs_still_in_redis_count_in_a_model_s_work_and_a_loaded_model_s_are_wa
     assert backlog.coming(["hot", "big"], lambda m: 0.0) == frozenset()  # big is loaded: no load, no wait
     backlog.queued = dict
     assert backlog.coming(["hot"], lambda m: 1.0) == frozenset()  # nothing on its way
+
+
+def test_after_a_starved_model_s_turn_the_loaded_models_go_before_the_next_starved_one() -> None:
+    """Two tail models past the starvation bound and a hot loaded model with jobs: one tail model, then the hot
+    model's jobs, then the other tail model; never two starved loads in a row ahead of a resident model's jobs."""
+    clock = Clock()
+    backlog = Backlog(max_wait_s=30.0, clock=clock)
+    backlog.add([job(1, "tail-a", at=0.0, urgent=True), job(2, "tail-b", at=1.0, urgent=True)])
+    clock.now = 40.0
+    backlog.add([job(3, "hot", at=40.0, urgent=True)])
+    order = [backlog.next_group(["hot"], lambda m: 0.0 if m == "hot" else 1.0, 10)[0].model_id for _ in range(3)]
+    assert order == ["tail-a", "hot", "tail-b"]

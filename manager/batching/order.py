@@ -27,7 +27,9 @@ class Waiting:
     load_cost_s: float = 1.0
 
 
-def choose_next(waiting: Sequence[Waiting], loaded: Sequence[str], max_wait_s: float) -> str | None:
+def choose_next(
+    waiting: Sequence[Waiting], loaded: Sequence[str], max_wait_s: float, *, starved_first: bool = True
+) -> str | None:
     """The model whose jobs should run next.
 
     Order of precedence:
@@ -40,6 +42,10 @@ def choose_next(waiting: Sequence[Waiting], loaded: Sequence[str], max_wait_s: f
          the free slots in arrival order, so each model's wait is bounded by the loads ahead of it, however few
          jobs it has); for bulk jobs, by most waiting jobs per second of load cost (the most work per load).
 
+    ``starved_first`` False skips rule 2 once: after a starved cold model's turn, the loaded models' jobs go before
+    the next starved one, so a resident model's jobs wait for one load at most, and the tail still moves a model
+    per turn.
+
     Returns:
         the model id, or None when nothing waits.
     """
@@ -48,7 +54,7 @@ def choose_next(waiting: Sequence[Waiting], loaded: Sequence[str], max_wait_s: f
         return None
     loaded_set = set(loaded)
     pool = [w for w in candidates if w.urgent > 0] or candidates
-    starved = [w for w in pool if w.oldest_wait_s > max_wait_s]
+    starved = [w for w in pool if w.oldest_wait_s > max_wait_s] if starved_first else []
     if starved:
         return max(starved, key=lambda w: (w.model_id in loaded_set, w.oldest_wait_s)).model_id
     warm = [w for w in pool if w.model_id in loaded_set]

@@ -79,6 +79,7 @@ class Backlog:
         self.queued: Callable[[], Mapping[str, int]] = dict
         self._deadlines = 0  # jobs added with a deadline (an upper bound of those waiting): none, no scan
         self._urgent = 0  # interactive jobs waiting (the scheduler asks at every wake: no scan)
+        self._starved_turn = False  # the last group taken was a starved cold model's (``choose_next``)
 
     def add(self, jobs: Iterable[Job]) -> None:
         for job in jobs:
@@ -183,6 +184,8 @@ class Backlog:
         model_id, ordered = self._next(loaded, load_cost_s)
         if model_id is None:
             return []
+        oldest = self.clock() - min(job.received_s for job in ordered)
+        self._starved_turn = model_id not in loaded and oldest > self.max_wait_s
         taken, rest = ordered[:limit], ordered[limit:]
         if rest:
             self._groups[model_id] = deque(sorted(rest, key=lambda job: job.received_s))
@@ -195,7 +198,8 @@ class Backlog:
         return self._next(loaded, load_cost_s)[1][:limit]
 
     def _next(self, loaded: Sequence[str], load_cost_s: Callable[[str], float]) -> tuple[str | None, list[Job]]:
-        model_id = choose_next(self.waiting(load_cost_s), loaded, self.max_wait_s)
+        waiting = self.waiting(load_cost_s)
+        model_id = choose_next(waiting, loaded, self.max_wait_s, starved_first=not self._starved_turn)
         if model_id is None:
             return None, []
         return model_id, sorted(self._groups[model_id], key=lambda job: (not job.urgent, job.received_s))

@@ -162,9 +162,10 @@ def rest_router(plane: DataPlane) -> APIRouter:
     async def models() -> ModelsView:
         """What exists (the models file) beside what is loaded on which live worker right now (their heartbeats)."""
         store = plane.store
-        beats, depth, places = await asyncio.gather(
-            aread_heartbeats(plane.redis, plane.keyspace), aread_queue_depth(plane.redis, plane.keyspace, store.ids()),
-            aread_placement(plane.redis, plane.keyspace, store.ids()),
+        places = await aread_placement(plane.redis, plane.keyspace, store.ids())
+        beats, depth = await asyncio.gather(
+            aread_heartbeats(plane.redis, plane.keyspace),
+            aread_queue_depth(plane.redis, plane.keyspace, store.ids(), known={p.model_id: p.queued for p in places}),
         )
         placed = {p.model_id: p for p in places}
         now = time.time()

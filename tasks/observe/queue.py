@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,13 +63,16 @@ def message_model(raw: bytes | str) -> str | None:
 
 
 def _depth(
-    keyspace: Keyspace, model_ids: Sequence[str], replies: Sequence[Any], sample: int
+    keyspace: Keyspace, model_ids: Sequence[str], replies: Sequence[Any], sample: int,
+    known: Mapping[str, Mapping[int, int]] | None = None,
 ) -> QueueDepth:
-    """The depth from the replies of ``_commands``: per model its four list lengths, then per ingress level its
-    length and its sample."""
+    """The depth from the replies of ``_commands``: per model its four list lengths (unless ``known``), then per
+    ingress level its length and its sample."""
     width = len(PRIORITY_STEPS)
     by_priority = dict.fromkeys(PRIORITY_STEPS, 0)
     estimated: dict[str, float] = {}
+    if known is not None:
+        replies = [*(known.get(m, {}).get(p, 0) for m in model_ids for p in PRIORITY_STEPS), *replies]
     for index, model_id in enumerate(model_ids):
         lengths = [int(n) for n in replies[index * width : (index + 1) * width]]
         for priority, n in zip(PRIORITY_STEPS, lengths, strict=True):
@@ -99,6 +102,7 @@ def _depth(
 
 
 def _commands(pipe: Any, keyspace: Keyspace, model_ids: Sequence[str], sample: int) -> None:
+    """``LLEN`` of each of ``model_ids``' lists (none: their lengths are known), then each ingress level's."""
     for model_id in model_ids:
         for key in keyspace.model(model_id).lists:
             pipe.llen(key)
@@ -108,19 +112,22 @@ def _commands(pipe: Any, keyspace: Keyspace, model_ids: Sequence[str], sample: i
 
 
 def read_queue_depth(
-    client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int = DEFAULT_SAMPLE
+    client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int = DEFAULT_SAMPLE,
+    known: Mapping[str, Mapping[int, int]] | None = None,
 ) -> QueueDepth:
     """The queue's depth in one round trip (``LLEN`` of every model's lists, ``LLEN`` and a bounded ``LRANGE`` of
-    each ingress level)."""
+    each ingress level). ``known``: each model's list lengths by priority, read already (``ModelPlacement.queued``):
+    not read again."""
     pipe = client.pipeline(transaction=False)
-    _commands(pipe, keyspace, model_ids, sample)
-    return _depth(keyspace, model_ids, pipe.execute(), sample)
+    _commands(pipe, keyspace, model_ids if known is None else (), sample)
+    return _depth(keyspace, model_ids, pipe.execute(), sample, known)
 
 
 async def aread_queue_depth(
-    client: aredis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int = DEFAULT_SAMPLE
+    client: aredis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int = DEFAULT_SAMPLE,
+    known: Mapping[str, Mapping[int, int]] | None = None,
 ) -> QueueDepth:
     """``read_queue_depth`` for asyncio code."""
     pipe = client.pipeline(transaction=False)
-    _commands(pipe, keyspace, model_ids, sample)
-    return _depth(keyspace, model_ids, await pipe.execute(), sample)
+    _commands(pipe, keyspace, model_ids if known is None else (), sample)
+    return _depth(keyspace, model_ids, await pipe.execute(), sample, known)

@@ -74,6 +74,11 @@ def status_payload(
     }
 
 
+def _active(places: Sequence[ModelPlacement]) -> list[str]:
+    """The models with jobs waiting or held, or a claim: the only ones whose keys hold anything."""
+    return [p.model_id for p in places if p.waiting or p.held or p.holders]
+
+
 def read_status(
     client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int = DEFAULT_SAMPLE
 ) -> dict[str, Any]:
@@ -85,11 +90,12 @@ def read_status(
         model_ids: the models of the models file (the layout is read per model).
         sample: ingress messages read per priority level to count messages per model.
     """
+    places = read_placement(client, keyspace, model_ids)
     return status_payload(
-        depth=read_queue_depth(client, keyspace, model_ids, sample),
+        depth=read_queue_depth(client, keyspace, model_ids, sample, {p.model_id: p.queued for p in places}),
         workers=read_heartbeats(client, keyspace),
-        places=read_placement(client, keyspace, model_ids),
-        memory=read_redis_memory(client, keyspace, model_ids),
+        places=places,
+        memory=read_redis_memory(client, keyspace, _active(places)),
         shadow=read_shadow(client, keyspace),
         now=time.time(),
         webhooks=read_webhooks(client, keyspace),
@@ -106,11 +112,11 @@ async def aread_status(
 ) -> dict[str, Any]:
     """``read_status`` for asyncio code: ``client`` for the readers that have an asyncio twin, ``sync_client`` (in a
     worker thread, so the event loop never waits on Redis) for the others."""
-    depth, workers, places, memory, shadow, (webhooks, batches) = await asyncio.gather(
-        aread_queue_depth(client, keyspace, model_ids, sample),
+    places = await aread_placement(client, keyspace, model_ids)
+    depth, workers, memory, shadow, (webhooks, batches) = await asyncio.gather(
+        aread_queue_depth(client, keyspace, model_ids, sample, {p.model_id: p.queued for p in places}),
         aread_heartbeats(client, keyspace),
-        aread_placement(client, keyspace, model_ids),
-        asyncio.to_thread(read_redis_memory, sync_client, keyspace, model_ids),
+        asyncio.to_thread(read_redis_memory, sync_client, keyspace, _active(places)),
         asyncio.to_thread(read_shadow, sync_client, keyspace),
         asyncio.to_thread(lambda: (read_webhooks(sync_client, keyspace), read_batches(sync_client, keyspace))),
     )
