@@ -38,9 +38,10 @@ def choose_next(
          first (a long backlog whose jobs are all past it keeps its model instead of switching at every group),
          then the oldest;
       3. loaded models (no load needed), the one with most waiting jobs first;
-      4. cold models: for interactive jobs, the one whose oldest job has waited longest (the tail cycles through
-         the free slots in arrival order, so each model's wait is bounded by the loads ahead of it, however few
-         jobs it has); for bulk jobs, by most waiting jobs per second of load cost (the most work per load).
+      4. cold models: for interactive jobs, the one whose jobs have waited longest together (jobs x the oldest's
+         wait): a model many callers wait for goes before a rare one, and a rare one's score grows with its wait,
+         so the tail cycles through the free slots and each model's wait stays bounded however few jobs it has;
+         for bulk jobs, by most waiting jobs per second of load cost (the most work per load).
 
     ``starved_first`` False skips rule 2 once: after a starved cold model's turn, the loaded models' jobs go before
     the next starved one, so a resident model's jobs wait for one load at most, and the tail still moves a model
@@ -61,5 +62,5 @@ def choose_next(
     if warm:
         return max(warm, key=lambda w: (w.jobs, w.oldest_wait_s)).model_id
     if pool[0].urgent > 0:
-        return max(pool, key=lambda w: (w.oldest_wait_s, w.jobs)).model_id
+        return max(pool, key=lambda w: (w.jobs * w.oldest_wait_s, w.oldest_wait_s)).model_id
     return max(pool, key=lambda w: (w.jobs / max(w.load_cost_s, 1e-3), w.oldest_wait_s)).model_id
