@@ -280,28 +280,37 @@ def test_bad_requests_are_400_and_unknown_models_404(stack: Stack) -> None:
 
 
 def test_repository_index_says_what_is_loaded_and_every_model_takes_requests(stack: Stack) -> None:
-    for model in ("vision", "spam", "topic"):  # two models fit the worker: vision is evicted
+    # two models fit the worker: topic, called last, and one more (residency by interactive demand decides which:
+    # this module's earlier tests called some models many times); the others are evicted
+    for model in ("vision", "spam", "topic"):
         tensor = texts_input(["hello"]) if model != "vision" else httpclient.InferInput("IMAGE", [1], "BYTES")
         if model == "vision":
             tensor.set_data_from_numpy(np.array([base64.b64decode(encode_image(5))], dtype=np.object_))
         stack.triton.infer(model, [tensor])
 
+    called = {"vision", "spam", "topic"}
+
     def settled() -> list[dict[str, Any]] | None:
         index = stack.triton.get_model_repository_index()
         ready = {entry["name"] for entry in index if entry["state"] == "READY"}
-        return index if ready == {"spam", "topic"} else None
+        return index if len(ready) == 2 and "topic" in ready else None
 
     index = {
-        entry["name"]: entry for entry in wait_for(settled, 15, what="the heartbeat to show spam and topic loaded")
+        entry["name"]: entry for entry in wait_for(settled, 15, what="the heartbeat to show two of them loaded")
     }
+    ready = {name for name, entry in index.items() if entry["state"] == "READY"}
+    evicted = sorted(called - ready)
+    assert evicted
     assert list(index) == ["sentiment", "spam", "topic", "vision", "mood", "classify"]
     assert index["topic"]["version"] == "1" and index["topic"]["reason"].startswith("loaded on v2@")
-    assert index["vision"] == {"name": "vision", "version": "1", "state": "UNAVAILABLE",
+    for name in evicted:
+        assert index[name] == {"name": name, "version": "1", "state": "UNAVAILABLE",
                                "reason": "not loaded on any live worker: its first request loads it"}
-    assert index["mood"]["state"] == "UNAVAILABLE" and "sentiment not loaded" in index["mood"]["reason"]
-    assert stack.triton.is_model_ready("vision"), "not loaded, and ready all the same"
+    if "sentiment" not in ready:  # mood routes to sentiment: it reads as its target does
+        assert index["mood"]["state"] == "UNAVAILABLE" and "sentiment not loaded" in index["mood"]["reason"]
+    assert all(stack.triton.is_model_ready(name) for name in evicted), "not loaded, and ready all the same"
     only_ready = stack.http.post("/v2/repository/index", json={"ready": True}).json()
-    assert [entry["name"] for entry in only_ready] == ["spam", "topic"]
+    assert [entry["name"] for entry in only_ready] == [name for name in index if name in ready]
 
 
 def test_no_result_in_time_is_504_naming_the_jobs(stack: Stack) -> None:

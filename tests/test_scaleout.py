@@ -186,7 +186,7 @@ def test_a_killed_worker_s_models_and_jobs_move_within_the_heartbeat_ttl(cluster
     pids = {_pid_of(first), _pid_of(second)}
     wait_for(lambda: {pid for ran in cluster.ran().values() for pid in ran} == pids, 30, "both workers to run jobs")
     victim = cluster.worker_id(first)
-    assert cluster.held_by(victim) > 0, "the worker to kill holds jobs"
+    wait_for(lambda: cluster.held_by(victim) > 0, 5, "the worker to kill to hold jobs", pause_s=0.01)
     heartbeat_key = next(iter(cluster.redis.scan_iter(match=f"{cluster.env['SWAPLESS_KEY_PREFIX']}*worker*elsewhere*")))
     first.proc.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()

@@ -445,6 +445,9 @@ def test_a_real_worker_serves_triton_models_beside_local_ones(
            "SWAPLESS_TRITON_URL": fresh_triton.url, "SWAPLESS_TRITON_MAX_MODELS": "1", "SWAPLESS_MAX_MODELS": "1",
            "SWAPLESS_WARM_START": "true"}
     worker = start_worker(env=env)
+    from tests.faultkit import wait_for
+
+    wait_for(lambda: "warm start on" in worker.log(), 30, "the idle warm start to end")
     states = {e["name"]: e.get("state", "UNAVAILABLE") for e in fresh_triton.repository_index()}
     assert states == {"densenet_like": "UNAVAILABLE", "adder": "UNAVAILABLE"}, "the warm start loads no remote model"
     assert "warmed echo " in worker.log() and "warmed classifier" not in worker.log()  # local ones only
