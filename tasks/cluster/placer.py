@@ -57,8 +57,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_JOB_S = 0.01
 #: Seconds between two recovery sweeps.
 RECOVER_EVERY_S = 1.0
-#: How often placement reads the cluster while the queue is quiet (no job, no claim): the placement bell wakes it.
-QUIET_INTERVAL_S = 1.0
+#: Claimed models past this many times the cache's slots are a long tail (``fetch_first``).
+LONG_TAIL_FACTOR = 2
 
 
 def _gone_from_this_machine(beat: Heartbeat) -> bool:
@@ -120,7 +120,6 @@ class Placer:
         self._claimed: list[str] = [] if self.claims else store.ids()
         self._limits: dict[str, int] = {}
         self._queued: dict[str, int] = {}
-        self._quiet = False  # the last round found no job and no claim on any model
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._poke = threading.Event()  # a tick now (the placement bell rang), not at the next interval
@@ -136,11 +135,12 @@ class Placer:
             return list(self._claimed)
 
     def fetch_first(self) -> list[str] | None:
-        """With more models claimed than the cache holds, those loaded or loading: the transport fetches their jobs
-        first, and one job of each other (a long tail's jobs would fill the window); None: all alike."""
+        """With a long tail claimed (more than twice the models the cache holds), those loaded or loading: the
+        transport fetches their jobs first, and one job of each other (the tail's jobs would fill the window); None:
+        all alike (a model or two beyond the cache are fetched ahead, so their groups are ready when they load)."""
         with self._lock:
             claimed = len(self._claimed)
-        return self.manager.in_cache() if claimed > self.manager.max_models else None
+        return self.manager.in_cache() if claimed > LONG_TAIL_FACTOR * self.manager.max_models else None
 
     def queued(self) -> dict[str, int]:
         """Jobs waiting in Redis per model this worker claims (not fetched yet), as the last round read them."""
@@ -195,9 +195,7 @@ class Placer:
                 if not self._failing:
                     logger.warning("placement failed (%s); retrying every %.1f s", err, interval, exc_info=True)
                 self._failing = True
-            # nothing waiting, held or claimed anywhere: a producer's jobs ring the placement bell, which wakes this
-            # at once, so a quiet queue is read less often (a registry of a thousand models costs a read each tick)
-            self._poke.wait(max(interval, QUIET_INTERVAL_S) if self._quiet else interval)
+            self._poke.wait(interval)
             self._poke.clear()
 
     def wake(self) -> None:
@@ -229,7 +227,6 @@ class Placer:
             return
         places = read_placement(self.client, self.keyspace, models)
         self._queued = {p.model_id: p.waiting for p in places if p.waiting and self.worker_id in p.holder_ids}
-        self._quiet = not any(p.waiting or p.held or p.holders for p in places)
         beats, live = self._live()
         dead = sorted({h for p in places for h in p.holder_ids if h not in live})
         workers = self._workers(beats)
