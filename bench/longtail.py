@@ -48,7 +48,7 @@ measurement. Loads are counted exactly: with ``SIMULATED_LOADS`` set, each load 
    Before each read, 10 bulk jobs each go to fresh models (m100 ..) until 20 models have jobs queued or held (the
    worker drains them meanwhile). Each read is timed over 20 calls (``--quick``: 10) after one untimed call, in this
    process, with the worker and a ``swapless serve`` (no API keys, loopback) running beside it:
-   ``swapless models`` (tasks/cli/main.py's calls, its table printed to a string; and the whole process once, not
+   ``swapless models`` (tasks/cli/main.py's calls, its listing drawn 120 columns wide; and the whole process once, not
    judged), ``swapless status --json`` (``read_status`` + ``json.dumps``; the process once), the gateway's
    ``GET /models`` and ``GET /metrics`` (httpx), a heartbeat built by ``build_heartbeat`` and published by
    ``HeartbeatPublisher.beat`` under a keyspace of its own (with the worker's activity now, and with every model of
@@ -647,7 +647,7 @@ MODEL_KEY = re.compile(r"\{[^{}/]*/(m\d{3})\}")
 JOB_KEY = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 #: The rows of section 5, by key: (name, what it runs on, judged against READ_TARGET_MS).
 REGISTRY_ROWS: dict[str, tuple[str, str, bool]] = {
-    "models": ("`swapless models`: settings, plugins, models file → ModelStore, table rendered (ms)", "host CPU", True),
+    "models": ("`swapless models`: settings, plugins, models file → ModelStore, listing drawn (ms)", "host CPU", True),
     "store": ("… of which the models file → ModelStore (ms)", "host CPU", False),
     "models process": ("`swapless models`, process incl. interpreter start (ms)", "host CPU", False),
     "status": ("`swapless status --json`: read_status + json.dumps (ms)", "host CPU", True),
@@ -813,16 +813,13 @@ def cli_process_ms(workers: Workers, *args: str) -> float:
 def registry_scenario(rep: int, sizes: Sizes) -> dict[str, list[float]]:
     """Section 5: the reads of a registry of ``REGISTRY_MODELS`` models with one worker (the module docstring, 5);
     rows by ``REGISTRY_ROWS``'s keys, every timed call of a read in its row."""
-    import io
-
     import httpx
-    from rich.console import Console
-    from rich.table import Table
 
     from swapless.config.settings import load_settings
     from swapless.manager import ModelEngine, ModelManager, ModelStore
     from swapless.tasks.broker.connection import RedisHealth
     from swapless.tasks.broker.routes import Router
+    from swapless.tasks.cli.main import models_text
     from swapless.tasks.cluster.members import read_heartbeats
     from swapless.tasks.cluster.placer import Placer
     from swapless.tasks.cluster.plan import plan
@@ -887,17 +884,10 @@ def registry_scenario(rep: int, sizes: Sizes) -> dict[str, list[float]]:
                                      models_file=models_file, plugins="bench.simulated")
 
             def cli_models() -> None:
-                """``swapless models`` (tasks/cli/main.py) with its table printed to a string, 120 columns."""
+                """``swapless models`` (tasks/cli/main.py): the registry read, its listing drawn 120 columns wide."""
                 s = load_settings(models_file=models_file, plugins="bench.simulated")
                 load_plugins(s)
-                store = ModelStore.from_file(s.models_file, ModelEngine().frameworks)
-                table = Table(title=f"{len(store)} models")
-                for column in ("id", "aliases", "type", "framework", "name", "version", "description"):
-                    table.add_column(column, overflow="fold")
-                for spec in store:
-                    table.add_row(spec.id, ", ".join(spec.aliases), spec.type.value, spec.framework, spec.name,
-                                  spec.version, spec.description)
-                Console(file=io.StringIO(), width=120).print(table)
+                models_text(ModelStore.from_file(s.models_file, ModelEngine().frameworks), width=120)
 
             # The heartbeat: built by build_heartbeat from a cache of the worker's size (empty: what it has
             # loaded is at most 4 entries) and stats fed with the worker's activity per model as its last heartbeat
@@ -1178,7 +1168,7 @@ def render(results: dict[str, Any], sizes: Sizes, repeats: int, command: str, to
              f"{sizes.registry_calls} timed calls after one untimed, in this process (the gateway: HTTP over "
              "loopback to `swapless serve`, no API keys, with httpx, one connection), the worker and the gateway "
              "running beside it on the same 2 cores; median [min–max] over every timed call of every repetition. "
-             "`swapless models` prints its table to a string (rich, 120 columns). The heartbeat is built by "
+             "`swapless models` draws its listing (one line per model) for 120 columns. The heartbeat is built by "
              "`build_heartbeat` (an empty cache of the worker's size, stats fed with the worker's activity per model "
              "as its heartbeat has it just before the read, or with one model's for each of the 1,000) and "
              "published with `HeartbeatPublisher.beat` under a keyspace of its own. The placer's tick is the "

@@ -82,7 +82,7 @@ def private_env(redis_url: str, models_file: Path, **extra: str) -> Iterator[dic
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m tasks.cli ARGS`` with a wide terminal, so tables are not cut."""
+    """Run ``python -m swapless ARGS`` with a wide terminal, so tables are not cut."""
     return subprocess.run(
         [sys.executable, "-m", "swapless", *args],
         check=False,

@@ -3,6 +3,7 @@ than the cache holds and than the fetch window sees at once."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections import Counter
@@ -85,3 +86,35 @@ def test_a_hot_model_stays_loaded_and_its_job_waits_one_tail_load_at_most(
     log = worker.log()
     assert "unloading m000" not in log and log.count("loaded m000 (") == 1, log[-3000:]
     assert max(latencies) < 1.9, latencies  # one tail load (1 s) at most, never two
+
+
+def test_the_registry_listing_prints_one_aligned_line_per_model_for_a_thousand_models(tmp_path: Path) -> None:
+    """``swapless models`` on a registry of 1,000: a count, a header, one line per model with every column aligned
+    (the description cut to a terminal's width, whole when piped), and ``--json`` one object per model."""
+    from swapless.config.settings import load_settings
+    from swapless.manager.frameworks.engine import ModelEngine
+    from swapless.manager.registry.store import ModelStore
+    from swapless.tasks.cli.main import models_text
+    from swapless.tasks.worker.runtime import load_plugins
+    from tests.stack import run_cli
+
+    entries = [simulated_entry(f"m{i:04d}", 0.8, 0.005, 0.0002) for i in range(1000)]
+    entries[7]["aliases"] = ["seventh", "lucky"]
+    models_file = write_models_file(tmp_path, entries)
+    load_plugins(load_settings(plugins="bench.simulated"))
+    store = ModelStore.from_file(models_file, ModelEngine().frameworks)
+    count, header, *rows = models_text(store).splitlines()
+    assert count == "1000 model(s)" and len(rows) == 1000
+    assert header.split() == ["ID", "ALIASES", "TYPE", "FRAMEWORK", "NAME", "VERSION", "DESCRIPTION"]
+    starts = [header.index(name) for name in header.split()]
+    assert rows[7][starts[1]:starts[2]].strip() == "seventh,lucky" and rows[8][starts[1]:starts[2]].strip() == ""
+    assert all(row[starts[3]:starts[4]].strip() == "simulated" for row in rows)  # aligned on every line
+    assert rows[999][starts[6]:] == " ".join(entries[999]["description"].split())
+    cut = models_text(store, width=starts[6] + 20).splitlines()
+    assert all(len(line) <= starts[6] + 20 for line in cut) and cut[2].endswith("…")
+
+    listed = run_cli("models", "--json", env={"SWAPLESS_MODELS_FILE": str(models_file),
+                                              "SWAPLESS_PLUGINS": "bench.simulated"})
+    assert listed.returncode == 0, listed.stderr
+    objects = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [o["id"] for o in objects] == [e["id"] for e in entries] and objects[7]["aliases"] == ["seventh", "lucky"]

@@ -4,6 +4,7 @@ go on running, instead of holding them for its load."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -75,7 +76,11 @@ def test_a_model_kept_loaded_by_the_models_file_is_loaded_before_ready_and_stays
     assert log.count("unloading bulk-") >= 2  # the bulk models made room for each other
     listed = run_cli("models", env=env)
     assert listed.returncode == 0, listed.stderr
-    assert [line.split("│")[7].strip() for line in listed.stdout.splitlines() if "simulated" in line] == ["", "yes", ""]
+    count, header, *rows = listed.stdout.splitlines()
+    kept = header.index("KEPT")
+    assert count == "3 model(s)" and [row[kept:kept + 4].strip() for row in rows] == ["", "yes", ""], listed.stdout
+    as_json = run_cli("models", "--json", env=env)
+    assert [json.loads(line)["keep_loaded"] for line in as_json.stdout.splitlines()] == [False, True, False]
 
 
 def test_a_worker_joining_a_fleet_leaves_the_kept_models_to_it(

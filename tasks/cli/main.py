@@ -9,19 +9,29 @@ import base64
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
-from rich.table import Table
 
 from swapless.config.errors import JobTimeout, QueueFull, QueueUnavailable, SwaplessError
 from swapless.config.settings import parse_bytes
 from swapless.tasks.cli import bulk as _bulk
 from swapless.tasks.cli import fleet as _fleet
 from swapless.tasks.cli import status as _status
-from swapless.tasks.cli.common import ModelsOption, console, fail, print_error, routes_table, settings_with
+from swapless.tasks.cli.common import (
+    ModelsOption,
+    columns,
+    console,
+    fail,
+    print_error,
+    routes_table,
+    settings_with,
+)
 
-__all__ = ["app", "main"]
+if TYPE_CHECKING:
+    from swapless.manager.registry.store import ModelStore
+
+__all__ = ["app", "main", "models_text"]
 
 app = typer.Typer(
     name="swapless",
@@ -193,9 +203,22 @@ def cancel(
         raise typer.Exit(1)
 
 
+def models_text(store: ModelStore, width: int | None = None) -> str:
+    """``swapless models``' listing of ``store``: a count, then one line per model (see ``columns``)."""
+    kept = any(spec.keep_loaded for spec in store)  # the column only where the file keeps some model loaded
+    headers = ("id", "aliases", "type", "framework", "name", "version", *(["kept"] if kept else []), "description")
+    rows = ((spec.id, ",".join(spec.aliases), spec.type.value, spec.framework, spec.name, spec.version,
+             *(["yes" if spec.keep_loaded else ""] if kept else []), " ".join(spec.description.split()))
+            for spec in store)
+    return f"{len(store)} model(s)\n" + columns(headers, rows, width)
+
+
 @app.command()
-def models(models: ModelsOption = None) -> None:
-    """List the models in the registry."""
+def models(
+    models: ModelsOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per model, one per line")] = False,
+) -> None:
+    """List the models in the registry: one line each (any size of registry), then the routes."""
     from swapless.manager.frameworks.engine import ModelEngine
     from swapless.manager.registry.store import ModelStore
     from swapless.tasks.worker.runtime import load_plugins
@@ -206,17 +229,10 @@ def models(models: ModelsOption = None) -> None:
         store = ModelStore.from_file(settings.models_file, ModelEngine().frameworks)
     except SwaplessError as err:
         fail(err)
-    table = Table(title=f"{len(store)} models")
-    kept = any(spec.keep_loaded for spec in store)  # the column only where the file keeps some model loaded
-    for column in ("id", "aliases", "type", "framework", "name", "version", *(["kept loaded"] if kept else []),
-                   "description"):
-        table.add_column(column, overflow="fold")
-    for spec in store:
-        table.add_row(
-            spec.id, ", ".join(spec.aliases), spec.type.value, spec.framework, spec.name, spec.version,
-            *(["yes" if spec.keep_loaded else ""] if kept else []), spec.description,
-        )
-    console.print(table)
+    if as_json:
+        sys.stdout.write("".join(json.dumps(spec.model_dump(mode="json")) + "\n" for spec in store))
+        return
+    sys.stdout.write(models_text(store, console.width if console.is_terminal else None))
     if store.routes:
         console.print(routes_table(store, settings))
 
