@@ -1,5 +1,5 @@
 """Where each model stands across the workers: its jobs waiting in its own lists (exact), the jobs workers hold,
-and the workers holding a claim on it, read in one round trip (``swapless.tasks.keyspace`` names the keys).
+and the workers holding a claim on it, read in one call inside Redis (``swapless.tasks.keyspace`` names the keys).
 
 Read by the worker's placer (``swapless.tasks.cluster.placer``) several times a second, and by ``swapless status`` and
 the gateway's ``GET /models``.
@@ -46,42 +46,80 @@ class ModelPlacement:
         return tuple(worker for worker, _ in self.holders)
 
 
-def _commands(pipe: object, keys: Sequence[ModelKeys], now_ms: int) -> None:
-    for k in keys:
-        for key in k.lists:
-            pipe.llen(key)  # type: ignore[attr-defined]
-        pipe.hlen(k.held)  # type: ignore[attr-defined]
-        pipe.zrangebyscore(k.holders, now_ms, "+inf", withscores=True)  # type: ignore[attr-defined]
+#: Reads every model's counts inside Redis and answers only for the models with anything queued, held or claimed:
+#: a registry of 1,000 idle models costs one call and an empty answer, not 6,000 replies to parse. KEYS: per model,
+#: its priority lists, its held hash and its holders zset (ARGV[2] keys each, in that order); ARGV[1]: now, in ms.
+#: Answer: a flat list of (model's index, [list lengths..., held, holders with scores]).
+_READ = """
+local width = tonumber(ARGV[2])
+local found = {}
+for base = 0, #KEYS - 1, width do
+  local row = {}
+  local busy = false
+  for i = 1, width - 1 do
+    local n
+    if i < width - 1 then n = redis.call('LLEN', KEYS[base + i]) else n = redis.call('HLEN', KEYS[base + i]) end
+    row[i] = n
+    if n > 0 then busy = true end
+  end
+  local holders = redis.call('ZRANGEBYSCORE', KEYS[base + width], ARGV[1], '+inf', 'WITHSCORES')
+  row[width] = holders
+  if busy or #holders > 0 then
+    found[#found + 1] = base / width
+    found[#found + 1] = row
+  end
+end
+return found
+"""
+
+_WIDTH = len(PRIORITY_STEPS) + 2
 
 
-def _parse(keys: Sequence[ModelKeys], replies: Sequence[object]) -> list[ModelPlacement]:
-    width = len(PRIORITY_STEPS) + 2
+def _keys(keyspace: Keyspace, model_ids: Sequence[str]) -> tuple[list[ModelKeys], list[str]]:
+    keys = [keyspace.model(m) for m in model_ids]
+    return keys, [name for k in keys for name in (*k.lists, k.held, k.holders)]
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _parse(keys: Sequence[ModelKeys], answer: Sequence[object]) -> list[ModelPlacement]:
+    busy = {}
+    for index, row in zip(answer[::2], answer[1::2], strict=True):
+        busy[int(index)] = row  # type: ignore[call-overload]
+    idle = dict.fromkeys(PRIORITY_STEPS, 0)
     found = []
     for index, k in enumerate(keys):
-        row = replies[index * width : (index + 1) * width]
-        lengths = [int(n) for n in row[: len(PRIORITY_STEPS)]]  # type: ignore[call-overload]
-        holders = tuple(
-            (worker.decode() if isinstance(worker, bytes) else str(worker), float(score) / 1000)
-            for worker, score in row[-1]  # type: ignore[attr-defined]
-        )
+        row = busy.get(index)
+        if row is None:
+            found.append(ModelPlacement(k.model_id, dict(idle), 0, ()))
+            continue
+        lengths = [int(n) for n in row[: len(PRIORITY_STEPS)]]
+        flat = row[-1]
+        holders = tuple((_text(worker), float(score) / 1000)
+                        for worker, score in zip(flat[::2], flat[1::2], strict=True))
         # order of claim: a lease is renewed as a whole, so the earliest claim is not the smallest score;
         # by name then, which every reader sees the same way
         found.append(ModelPlacement(k.model_id, dict(zip(PRIORITY_STEPS, lengths, strict=True)),
-                                    int(row[len(PRIORITY_STEPS)]), tuple(sorted(holders))))  # type: ignore[call-overload]
+                                    int(row[len(PRIORITY_STEPS)]), tuple(sorted(holders))))
     return found
 
 
 def read_placement(client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str]) -> list[ModelPlacement]:
-    """Every model's place now (one round trip: six commands per model)."""
-    keys = [keyspace.model(m) for m in model_ids]
-    pipe = client.pipeline(transaction=False)
-    _commands(pipe, keys, int(time.time() * 1000))
-    return _parse(keys, pipe.execute())
+    """Every model's place now (one call, read inside Redis; its cost there grows with the registry, its answer
+    with the models that have work or claims)."""
+    if not model_ids:
+        return []
+    keys, names = _keys(keyspace, model_ids)
+    answer = client.register_script(_READ)(keys=names, args=[int(time.time() * 1000), _WIDTH])
+    return _parse(keys, answer)  # type: ignore[arg-type]
 
 
 async def aread_placement(client: aredis.Redis, keyspace: Keyspace, model_ids: Sequence[str]) -> list[ModelPlacement]:
     """``read_placement`` for asyncio code."""
-    keys = [keyspace.model(m) for m in model_ids]
-    pipe = client.pipeline(transaction=False)
-    _commands(pipe, keys, int(time.time() * 1000))
-    return _parse(keys, await pipe.execute())
+    if not model_ids:
+        return []
+    keys, names = _keys(keyspace, model_ids)
+    answer = await client.register_script(_READ)(keys=names, args=[int(time.time() * 1000), _WIDTH])
+    return _parse(keys, answer)
