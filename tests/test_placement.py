@@ -84,6 +84,26 @@ def test_a_hot_model_gets_one_more_copy_on_a_free_worker() -> None:
     assert len(copies) == 1 and copies[0] != "a"  # one copy per round, admitting a second holder only
 
 
+def test_a_copy_waits_for_the_models_own_cost_not_a_guess() -> None:
+    """Work priced from other models' costs (the model has not run yet) earns no copy: its first pass measures it,
+    and a guess ten times too high would make a load for nothing."""
+    workers = _workers("a", "b", "c")
+    guessed = [Demand("hot", queued=2000, job_s=0.01, holders=("a",), measured=False)]
+    assert all(not mv.claim for mv in _everyone(workers, guessed, copy_backlog_s=2.0).values())
+    measured = [Demand("hot", queued=2000, job_s=0.01, holders=("a",))]
+    assert sum(1 for mv in _everyone(workers, measured, copy_backlog_s=2.0).values() if mv.claim) == 1
+
+
+def test_a_model_being_loaded_is_not_handed_over() -> None:
+    """A worker over its slots hands over a model it alone holds and has not loaded; one whose load has begun
+    counts as loaded (the placer's own view says so), so its load is not made twice."""
+    demand = [Demand(f"m{i}", queued=100, job_s=0.01, holders=("a",)) for i in range(4)]
+    idle_b = WorkerView("b", slots=2)
+    assert plan("a", [WorkerView("a", slots=2), idle_b], demand).release  # over its slots: one goes to b
+    loading = WorkerView("a", slots=2, loaded=frozenset({"m0", "m1", "m2", "m3"}))
+    assert not plan("a", [loading, idle_b], demand).release
+
+
 def test_a_model_with_little_work_gets_no_copy() -> None:
     workers = _workers("a", "b")
     demand = [Demand("warm", queued=50, job_s=0.01, holders=("a",))]  # 0.5 s of work

@@ -123,6 +123,35 @@ def test_jobs_queued_before_the_worker_starts_are_served_before_any_warm_up(
 
 
 @pytest.mark.slow
+def test_a_worker_joining_while_the_fleets_jobs_wait_warms_nothing(
+    swapless_env: dict[str, str], start_worker: Callable[..., WorkerProcess], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Jobs waiting in the queue's lists go to some worker within a placement round, so a worker that finds them
+    there begins no warm-up load, even when none of them is given to it (one copy per model here)."""
+    from bench.simulated import simulated_entry
+    from tests.tinymodels import write_models_file
+
+    busy = simulated_entry("busy", 0.2, 0.05, 0.002)  # 3,000 jobs: ~8 s of passes
+    models = write_models_file(tmp_path, [busy, *(simulated_entry(f"m{i:03d}", 0.5, 0.005, 0.0002)
+                                                 for i in range(10))])
+    env = {"SWAPLESS_MODELS_FILE": str(models), "SWAPLESS_PLUGINS": "bench.simulated", "SWAPLESS_MAX_COPIES": "1"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    first = start_worker("--no-warm-start", "--max-models", "4", env=env)
+    client = Client()
+    jobs = client.submit_jobs([("busy", f"job {i}") for i in range(3000)], priority="bulk")
+    wait_for(lambda: "loaded busy (" in first.log(), 10, "the first worker's load of busy")
+    joining = start_worker("--warm-start", "--max-models", "4", env=env)
+    wait_for(lambda: "warm start on" in joining.log(), 10, "the joining worker's warm start to end")
+    log = joining.log()
+    assert "warm start on swapless-scheduler: 0 model(s)" in log and "ended by jobs waiting" in log, log[-3000:]
+    assert "] warmed " not in log and "loaded " not in log
+    assert len(client.gather(jobs, timeout=60)) == 3000
+
+
+@pytest.mark.slow
 def test_the_first_job_ends_the_warm_start_after_the_model_in_progress(
     swapless_env: dict[str, str], start_worker: Callable[..., WorkerProcess], tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

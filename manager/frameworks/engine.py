@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Iterable
 
 from swapless.manager.batching.tuning import BatchTuner
@@ -75,6 +76,16 @@ class ModelEngine:
     def tuner(self, model_id: str) -> BatchTuner | None:
         """The batch-size tuner of ``model_id`` (None before its first build, or with tuning off)."""
         return self._tuners.get(model_id)
+
+    def per_input_s(self) -> dict[str, float]:
+        """Per model measured so far, the seconds per input at its cheapest batch size (what a full queue costs a
+        job)."""
+        found = {}
+        for model_id, tuner in list(self._tuners.items()):
+            costs = [c for c in tuner.cost_s.values() if c > 0 and math.isfinite(c)]
+            if costs:
+                found[model_id] = min(costs)
+        return found
 
     def warm_up(self, frameworks: Iterable[str]) -> None:
         """Import the libraries of ``frameworks`` now (worker start-up) so the first job does not pay for it."""

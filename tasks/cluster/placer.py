@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import socket
+import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -53,7 +54,8 @@ __all__ = ["Placer"]
 
 logger = logging.getLogger(__name__)
 
-#: Seconds per job assumed for a model no worker has run yet.
+#: Seconds per job assumed for a model no worker has run or measured, while no other model has run either (once some
+#: have, the median of theirs: models served together tend to cost alike).
 DEFAULT_JOB_S = 0.01
 #: Seconds between two recovery sweeps.
 RECOVER_EVERY_S = 1.0
@@ -120,6 +122,7 @@ class Placer:
         self._claimed: list[str] = [] if self.claims else store.ids()
         self._limits: dict[str, int] = {}
         self._queued: dict[str, int] = {}
+        self._jobs_waiting = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._poke = threading.Event()  # a tick now (the placement bell rang), not at the next interval
@@ -145,6 +148,11 @@ class Placer:
     def queued(self) -> dict[str, int]:
         """Jobs waiting in Redis per model this worker claims (not fetched yet), as the last round read them."""
         return self._queued
+
+    def jobs_waiting(self) -> bool:
+        """Whether the last round found jobs waiting in any model's lists of the queue, claimed or not (placement
+        is about to hand work to the fleet)."""
+        return self._jobs_waiting
 
     def hold_limit(self, model_id: str) -> int:
         """Most jobs of ``model_id`` this worker holds at once (see the module docstring)."""
@@ -227,6 +235,7 @@ class Placer:
             return
         places = read_placement(self.client, self.keyspace, models)
         self._queued = {p.model_id: p.waiting for p in places if p.waiting and self.worker_id in p.holder_ids}
+        self._jobs_waiting = any(p.waiting for p in places)
         beats, live = self._live()
         dead = sorted({h for p in places for h in p.holder_ids if h not in live})
         workers = self._workers(beats)
@@ -312,7 +321,8 @@ class Placer:
         manager = self.manager  # this worker's own view, fresher than its last heartbeat
         idle = {m: now - a.last_run_at for m, a in self.activity().items() if a.last_run_at is not None}
         loaded = manager.snapshot()
-        views[self.worker_id] = WorkerView(self.worker_id, manager.max_models, frozenset(e.model_id for e in loaded),
+        # a model being loaded counts as loaded: its load is paid already, and handing it over would pay another
+        views[self.worker_id] = WorkerView(self.worker_id, manager.max_models, frozenset(manager.in_cache()),
                                            idle, frozenset(manager.host.ids()),
                                            frozenset(e.model_id for e in loaded if manager.resident(e)))
         return list(views.values())
@@ -322,6 +332,12 @@ class Placer:
         cache learned (its own, or earlier workers' through the learned store); None when unknown."""
         learned = self.manager.learned(model_id).get(tier)
         return float(learned) if learned is not None else None
+
+    def _measured_job_s(self) -> dict[str, float]:
+        """Seconds per job of the models this worker's tuners have measured, at each one's cheapest batch size (its
+        warm start, or earlier workers' measurements on this kind of device)."""
+        per_input_s = getattr(self.manager.factory, "per_input_s", None)
+        return per_input_s() if per_input_s is not None else {}
 
     def _demand(self, places: list[ModelPlacement], beats: list[Heartbeat], live: set[str]) -> list[Demand]:
         run_s: dict[str, float] = {}
@@ -339,16 +355,21 @@ class Placer:
                 loads[model_id] = loads.get(model_id, 0) + a.loads
                 swap_s[model_id] = swap_s.get(model_id, 0.0) + a.swap_s_total
                 swaps[model_id] = swaps.get(model_id, 0) + a.swap_ins
+        ran = {m: run_s[m] / n for m, n in jobs.items() if n and math.isfinite(run_s[m] / n)}
+        measured = self._measured_job_s()
+        known = ran or measured
+        like_the_others = statistics.median(known.values()) if known else DEFAULT_JOB_S
         demand = []
         for p in places:
             holders = tuple(h for h in p.holder_ids if h in live)  # a dead worker's claims are void already
             if not (p.waiting or p.held or holders):
                 continue
-            job_s = run_s[p.model_id] / jobs[p.model_id] if jobs.get(p.model_id) else DEFAULT_JOB_S
+            job_s = ran.get(p.model_id) or measured.get(p.model_id) or like_the_others
             load = load_s[p.model_id] / loads[p.model_id] if loads.get(p.model_id) else self._known_load_s(p.model_id)
             load = DEFAULT_LOAD_COST_S if load is None else load
             swap = swap_s[p.model_id] / swaps[p.model_id] if swaps.get(p.model_id) else self._known_load_s(
                 p.model_id, "host_load_s")
-            demand.append(Demand(p.model_id, p.waiting, p.held, job_s if math.isfinite(job_s) else DEFAULT_JOB_S,
-                                 holders, load, load * HOST_COST_FRACTION if swap is None else swap))
+            demand.append(Demand(p.model_id, p.waiting, p.held, job_s, holders, load,
+                                 load * HOST_COST_FRACTION if swap is None else swap,
+                                 measured=p.model_id in ran or p.model_id in measured))
         return demand

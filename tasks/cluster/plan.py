@@ -15,7 +15,8 @@ The rules, in order:
    and not resident: it served no interactive jobs lately; it releases it), takes it as it is; one with neither
    pays a reload on top (it will swap models in its own cache, as one worker alone does). Ties go to a free slot,
    then to the victim idle longest, then to fewer claims.
-2. **Hot models** get one more copy per plan when their waiting work per copy passes ``copy_backlog_s`` and
+2. **Hot models** get one more copy per plan when their waiting work per copy, on a measured cost per job (not one
+   guessed from other models: a model's first group measures it within a pass), passes ``copy_backlog_s`` and
    their holders are the long pole: even the least busy holder would finish more than one load of the model after
    the cluster's average worker. The copy goes to the worker that would be ready for it soonest (rule 1's choice,
    a reload counted where it has no room), and only if it would be ready before the holders are done. A copy
@@ -23,14 +24,14 @@ The rules, in order:
 3. **Idle copies** are dropped: a worker holding a copy of a model that has had no work for ``copy_idle_s``, with
    another copy elsewhere, releases it; the holder first by id keeps the last copy, so the model stays warm until
    its slot is needed.
-4. **Joining and idle workers** take a share: a worker holding more models than it has slots hands over one it
-   alone holds and has not loaded, one per plan: one with waiting work when another worker with a free slot or an
-   idle victim would be done with it sooner than it would get to it (the model turns cold and rule 1 places it
-   there; its waiting jobs go back to its lists), one with none whenever another worker has a free slot (the
-   claim would only make this worker swap it in later while that slot stays empty) or none is live but it (it
-   claims the model again at its next job). A worker alone releases such a claim with a slot to spare too, once the
-   model has been idle there longer than its load with no jobs waiting or held: evicted, not on its way in (its
-   slots hold other models; it loads this one again at its next job either way).
+4. **Joining and idle workers** take a share: a worker holding more models than it has slots hands over one it alone
+   holds and has not loaded nor begun loading, one per plan: one with waiting work when another worker with a free slot
+   or an idle victim would be done with it sooner than it would get to it (the model turns cold and rule 1 places it
+   there; its waiting jobs go back to its lists), one with none whenever another worker has a free slot (the claim would
+   only make this worker swap it in later while that slot stays empty) or none is live but it (it claims the model again
+   at its next job). A worker alone releases such a claim with a slot to spare too, once the model has been idle there
+   longer than its load with no jobs waiting or held: evicted, not on its way in (its slots hold other models; it loads
+   this one again at its next job either way).
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class Demand:
         load_s: estimated seconds to load it from disk.
         host_load_s: estimated seconds to swap it in on a worker that holds it in its host tier (None: ``load_s``).
         holders: the workers that hold a live claim on it, by id (every reader sees the same order).
+        measured: whether ``job_s`` was measured on this model (run by a worker, or timed by a warm start) rather
+            than guessed from other models: only measured work earns a copy.
     """
 
     model_id: str
@@ -86,6 +89,7 @@ class Demand:
     holders: tuple[str, ...] = ()
     load_s: float = 1.0
     host_load_s: float | None = None
+    measured: bool = True
 
     def load_on(self, worker: WorkerView) -> float:
         """Seconds to bring it onto ``worker``'s device: 0 when loaded there, a swap-in from its host tier, else a
@@ -248,7 +252,7 @@ def plan(
 
     hot = sorted((d for d in demand if d.holders), key=lambda d: (-d.backlog_s(len(d.holders)), d.model_id))
     for d in hot:
-        if len(d.holders) >= copies_cap or d.backlog_s(len(d.holders)) <= copy_backlog_s:
+        if len(d.holders) >= copies_cap or not d.measured or d.backlog_s(len(d.holders)) <= copy_backlog_s:
             continue
         holders_s = [board.busy_s(h) for h in d.holders if h in board.claims]
         if not holders_s:

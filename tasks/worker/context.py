@@ -126,17 +126,25 @@ class WorkerContext:
                 """The warm start, a model at a time while no job has come (the scheduler stops it at the first)."""
                 assert warming is not None
                 started, took, ended = time.perf_counter(), 0, "all warmed or its budget spent"
+                steps = warm_steps(runtime.manager, warming, total_budget_s=s.warm_start_budget_s,
+                                   order=list(records), tuned=set(records), skip=skip | skip_kept,
+                                   keep=self.scheduler.wants)
                 try:
                     yield  # primed here: closed before any model, it still says so
-                    for _ in warm_steps(runtime.manager, warming, total_budget_s=s.warm_start_budget_s,
-                                        order=list(records), tuned=set(records), skip=skip | skip_kept,
-                                        keep=self.scheduler.wants):
+                    # jobs waiting in the queue's lists go to some worker of the fleet within a placement round:
+                    # a load begun for the warm start now would only hold them up (or be made twice)
+                    while not self.placer.jobs_waiting():
+                        if next(steps, None) is None:
+                            break
                         took += 1
                         yield
+                    else:
+                        ended = "ended by jobs waiting; the others warm on their first jobs"
                 except GeneratorExit:
                     ended = "ended by the first job; the others warm on their first jobs"
                     raise
                 finally:
+                    steps.close()
                     logger.info("warm start on %s: %d model(s) in %.1f s (%s)", threading.current_thread().name,
                                 took, time.perf_counter() - started, ended)
 
