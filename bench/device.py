@@ -13,6 +13,8 @@ gap between passes is the queue's too. Every row is simulated; no GPU is involve
 3. a fresh ``swapless worker`` (``--no-warm-start``) fed a single-model stream by ``Client.submit_jobs`` (calls of
    256 jobs, one after the other), then by ``send_task``: jobs/s against the limit (send_task: against
    min(limit, send_task's rate)), and the worker's CPU per job (all its threads, from ``/proc``);
+   and the user's path: a fresh ``swapless worker`` at its default flags, one ``submit_jobs`` call of every job as
+   soon as it is ready, one ``gather``: jobs/s from the call's start to the gather's end, against the limit;
 4. lone jobs on a zero-cost model of the same worker: submit to the result in the caller, p50;
 5. interactive jobs, one every 0.1 s, while a bulk backlog of the device model drains: their p50 in device passes
    (one pass of 64 inputs, measured in 1.);
@@ -93,6 +95,32 @@ class DeviceSwapless(SimulatedSwapless):
     flags = ("--no-warm-start", "--max-models", "4")  # type: ignore[assignment]  # the base's is one flag
     env: ClassVar[Mapping[str, str]] = {"SWAPLESS_PLUGINS": "bench.simulated", "OMP_NUM_THREADS": "1",
                                         "PYTHONPATH": str(REPO)}
+
+
+class UserPathSwapless(DeviceSwapless):
+    """``swapless worker`` at its default flags (the warm start as shipped), fresh: what a user starts."""
+
+    name = "swapless (sim device, default flags)"
+    flags = ()
+
+
+def user_path(system: DeviceSwapless, jobs: list[tuple[str, str]], timeout_s: float = 600) -> dict[str, float]:
+    """The user's path: one ``Client.submit_jobs`` call of every job (its default priority), then one
+    ``Client.gather``; seconds of the call, of the whole, and from the call's start to its first result stored."""
+    from swapless.tasks.client import Client
+
+    client = Client(settings=system.client.settings)  # a fresh producer: its registry read is part of the call
+    started = time.perf_counter()
+    at = time.time()
+    handles = client.submit_jobs(jobs)
+    call_s = time.perf_counter() - started
+    results = client.gather(handles, timeout=timeout_s)
+    wall_s = time.perf_counter() - started
+    if any(r.state != "SUCCESS" for r in results):
+        raise RuntimeError(f"{system.name}: jobs failed; see {system.log}")
+    stored = collect(system.redis, system.prefix, [job.id for job in handles], 60)  # the worker's store times
+    client.close()
+    return {"call_s": call_s, "wall_s": wall_s, "first_s": min(stored.done_wall.values()) - at}
 
 
 #: Jobs per ``submit_jobs`` call of the stream: the producer keeps sending while the worker runs the first jobs.
@@ -184,6 +212,15 @@ def main(argv: list[str] | None = None) -> None:
             add("interactive during bulk: p50 in passes", run.p50_s / pass_s)
         finally:
             system.stop()
+        user = UserPathSwapless(args.redis_url, models_file, f"device-user-rep{rep}")
+        try:
+            user.start()
+            path = user_path(user, [("dev", f"text {i}") for i in range(sizes.stream_jobs)])
+        finally:
+            user.stop()
+        add("user's path, one submit_jobs + gather: vs limit", sizes.stream_jobs / path["wall_s"] / limit)
+        add("user's path: the submit_jobs call (ms)", path["call_s"] * 1000)
+        add("user's path: call start → first result (ms)", path["first_s"] * 1000)
         if sizes.overlap:
             files = simulated_models(OUT / "simulated-models")
             import random
@@ -215,6 +252,7 @@ NOTES = "## Where the time goes"
 #: (row, target, at most?) of every target
 TARGETS = [
     ("stream, submit_jobs: vs limit", 0.9, False),
+    ("user's path, one submit_jobs + gather: vs limit", 0.9, False),
     ("stream, send_task: vs min(limit, send_task alone)", 0.8, False),
     ("stream, send_task: worker CPU (ms/job)", 0.3, True),
     ("lone job, zero-cost model: p50 (ms)", 1.0, True),
@@ -235,7 +273,10 @@ def render(rows: dict[str, list[float]], args: argparse.Namespace, sizes: Sizes,
         f"back to back in the benchmark's process over {sizes.stream_jobs} inputs. Stream: {sizes.stream_jobs} jobs "
         f"by `Client.submit_jobs` in calls of {STREAM_CHUNK}, {sizes.send_task_jobs} by Celery's `send_task`, "
         f"to one fresh `swapless worker --no-warm-start`; worker CPU is user + system time of the worker process "
-        f"(all threads) per job. Lone: "
+        f"(all threads) per job. User's path: a fresh `swapless worker` at its default flags (the warm start as "
+        f"shipped), and as soon as it is ready one `Client.submit_jobs` of {sizes.stream_jobs} jobs (default "
+        f"priority) from a fresh `Client`, then one `Client.gather`: jobs / (call start → gather end) against the "
+        f"limit. Lone: "
         f"{sizes.lone_jobs} jobs one at a time on a zero-cost model, submit to result in the caller. Interactive: "
         f"{sizes.interactive_jobs} jobs 0.1 s apart on a second device model while {sizes.bulk_jobs} bulk jobs "
         f"drain, p50 in passes of {MAX_BATCH}. Overlap: `bench.scheduler`'s overlap workload, load ahead on."),

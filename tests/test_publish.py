@@ -122,3 +122,67 @@ def test_a_real_worker_answers_each_job_like_submit(start_worker: Callable[..., 
             assert [p["score"] for p in got.value] == pytest.approx([p["score"] for p in want.value], abs=1e-5)
     empty = results[25]
     assert empty.state == "FAILURE" and isinstance(empty.value, InputError) and "empty text" in str(empty.value)
+
+
+def test_a_long_call_is_pushed_in_growing_slices_in_order(
+    swapless_env: dict[str, str], redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """6,000 jobs over two models: the first 64 reach Redis in the first round trip (a worker starts on them while
+    the rest are built), then slices doubling to 1,024; every job is queued once, each model's in the order given."""
+    from swapless.tasks.broker import publish as publishing
+    from swapless.tasks.client import publisher
+
+    pushed: list[int] = []
+    real = publishing.push_to_models
+
+    def counted(client: Any, pushes: Any, **kwargs: Any) -> Any:
+        pushed.append(sum(len(p.messages) for p in pushes))
+        return real(client, pushes, **kwargs)
+
+    monkeypatch.setattr(publisher, "push_to_models", counted)
+    client = Client()
+    pairs = [("sentiment" if i % 3 else "spam", f"text {i}") for i in range(6000)]
+    jobs = client.submit_jobs(pairs, priority="bulk")
+    assert pushed == [64, 128, 256, 512, 1024, 1024, 1024, 1024, 944]
+    r = redis.Redis.from_url(redis_url)
+    keyspace = Keyspace.of(client.settings)
+    for model in ("sentiment", "spam"):
+        queued = [json.loads(m)["headers"]["id"] for m in reversed(r.lrange(keyspace.model(model).list_for(6), 0, -1))]
+        assert queued == [job.id for job, (m, _) in zip(jobs, pairs, strict=True) if m == model]
+    r.close()
+
+
+def test_a_long_call_queues_each_models_jobs_whole_or_not_at_all(
+    swapless_env: dict[str, str], redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With SWAPLESS_MAX_QUEUED at 1,000: a call of 1,500 jobs of one model and 100 of another sends the second's
+    100 and none of the first's (its first slice already counts all 1,500), naming what was queued; an input that
+    cannot be encoded, or a message over the byte bound, at the call's end sends nothing at all."""
+    from swapless.config.errors import QueueFull
+    from swapless.config.settings import get_settings
+
+    monkeypatch.setenv("SWAPLESS_MAX_QUEUED", "1000")
+    monkeypatch.setenv("SWAPLESS_MAX_MESSAGE_BYTES", "65536")
+    get_settings.cache_clear()
+    client = Client()
+    r = redis.Redis.from_url(redis_url)
+    keyspace = Keyspace.of(client.settings)
+
+    def queued(model: str) -> int:
+        return sum(r.llen(key) for key in keyspace.model(model).lists)
+
+    bad = [("spam", f"s {i}") for i in range(1999)]
+    with pytest.raises(ValueError, match=r"job 1999 \(spam\): its input cannot be sent as JSON"):
+        client.submit_jobs([*bad, ("spam", {1, 2})])
+    with pytest.raises(InputError, match="over the limit of 65536 bytes"):
+        client.submit_jobs([*bad, ("spam", "x" * 70_000)])
+    assert queued("spam") == queued("sentiment") == 0
+
+    pairs = [("sentiment", f"a {i}") if i % 16 else ("spam", f"b {i}") for i in range(1600)]
+    with pytest.raises(QueueFull, match="model 'sentiment' has 0 messages queued, its bound is 1000") as caught:
+        client.submit_jobs(pairs, priority="bulk")
+    assert queued("sentiment") == 0 and queued("spam") == 100
+    assert len(caught.value.queued) == 100 and "(100 of these jobs were queued)" in str(caught.value)
+    assert len(client.submit_jobs([("sentiment", f"c {i}") for i in range(900)], priority="bulk")) == 900
+    assert queued("sentiment") == 900
+    r.close()

@@ -17,6 +17,7 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis
 from celery import states
 from redis.crc import key_slot
 
@@ -246,20 +247,25 @@ def test_worker_stats_add_up_group_reports_and_summarise_recent_queue_waits() ->
 # -- what status reads (tasks.cluster.view, tasks.observe.queue) ----------------------------------------------
 
 
-def test_read_placement_counts_each_model_s_lists_held_jobs_and_live_claims(r: fakeredis.FakeRedis) -> None:
+def test_read_placement_counts_each_model_s_lists_held_jobs_and_live_claims(redis_url: str, key_prefix: str) -> None:
+    """On a real Redis: the read is a server-side script (fakeredis runs no Lua here)."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keyspace(key_prefix + "jobs", key_prefix)
     now_ms = int(time.time() * 1000)
-    model = KEYS.model("sentiment")
+    model = keys.model("sentiment")
     r.rpush(model.list_for(0), "m1", "m2")
     r.rpush(model.list_for(6), "m3")
     r.hset(model.held, mapping={"tag1": "m0"})
     r.zadd(model.holders, {"w2@h:2": now_ms + 30_000, "w1@h:1": now_ms + 60_000, "dead@h:3": now_ms - 1})  # one ended
-    sentiment, spam = read_placement(r, KEYS, ["sentiment", "spam"])
+    sentiment, spam = read_placement(r, keys, ["sentiment", "spam"])
     assert (sentiment.model_id, sentiment.queued, sentiment.waiting, sentiment.held) == (
         "sentiment", {0: 2, 3: 0, 6: 1, 9: 0}, 3, 1)
     assert sentiment.holder_ids == ("w1@h:1", "w2@h:2")  # live claims only, by name
     assert dict(sentiment.holders)["w1@h:1"] == pytest.approx((now_ms + 60_000) / 1000)  # lease end, in seconds
     assert (spam.waiting, spam.held, spam.holders) == (0, 0, ())
-    assert read_placement(r, Keyspace("other", PREFIX), ["sentiment"])[0].waiting == 0  # another queue's are apart
+    assert read_placement(r, Keyspace(key_prefix + "other", key_prefix), ["sentiment"])[0].waiting == 0  # apart
+    assert read_placement(r, keys, []) == []
+    r.close()
 
 
 def _message(args: list[Any]) -> bytes:

@@ -31,7 +31,7 @@ from swapless.tasks.broker.connection import ReplicaWait
 from swapless.tasks.keyspace import ModelKeys
 from swapless.tasks.protocol import CHUNK_TASK, ITEMS_HEADER, PREDICT_TASK, SENT_AT_HEADER
 
-__all__ = ["ModelPush", "apush", "apush_to_models", "build_messages", "push", "push_to_models"]
+__all__ = ["ModelPush", "apush", "apush_to_models", "build_messages", "check_messages", "push", "push_to_models"]
 
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 _ARGSREPR_MAX = 1024  # Celery's argsrepr_maxsize
@@ -111,17 +111,48 @@ def build_messages(
     return out
 
 
-# KEYS: the list to push to, then every list of the queue (counted). ARGV: the bound, then the messages, in order.
+#: What a message holds besides its base64 body and its extra headers, at most: Celery's header and property
+#: names, two ids, the argsrepr (``_ARGSREPR_MAX``), the origin, the queue's name twice (``check_messages``).
+_MESSAGE_OVERHEAD_BYTES = 8192
+
+
+def check_messages(
+    app: Celery, queue: str, jobs: Sequence[tuple[str, Any]], priority: int, task: str = PREDICT_TASK,
+    expires: str | None = None, headers: Sequence[dict[str, Any]] | None = None, max_bytes: int | None = None,
+) -> None:
+    """Raise what ``build_messages`` would raise for these jobs, without building their messages (a few
+    microseconds a job): a producer that sends a long call in slices checks it all before it sends the first.
+
+    Raises:
+        ValueError: an input JSON cannot encode (the index of the job is named).
+        InputError: a message would be over ``max_bytes``.
+    """
+    margin = _MESSAGE_OVERHEAD_BYTES + 2 * len(queue) + len(task) + len(expires or "")
+    for index, (model_id, value) in enumerate(jobs):
+        try:
+            body = json.dumps([[model_id, value], {}, _EMBED])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"job {index} ({model_id}): its input cannot be sent as JSON ({err})") from None
+        if max_bytes is None:
+            continue
+        extra = len(json.dumps(headers[index], default=str)) if headers is not None and headers[index] else 0
+        if 4 * (len(body.encode()) + 2) // 3 + margin + extra > max_bytes:  # near the limit: build it to know
+            build_messages(app, queue, [(model_id, value)], priority, task=task, expires=expires,
+                           headers=[headers[index]] if headers is not None else None, max_bytes=max_bytes)
+
+
+# KEYS: the list to push to, then every list of the queue (counted). ARGV: the bound, the messages still to come
+# in later pushes of the same call (counted against the bound now), then the messages, in order.
 # Returns {1, messages queued after the push}, or {0, messages queued} when the push would pass the bound.
 _PUSH_BOUNDED = """
 local queued = 0
 for i = 2, #KEYS do queued = queued + redis.call('LLEN', KEYS[i]) end
 local bound = tonumber(ARGV[1])
-if queued + #ARGV - 1 > bound then return {0, queued} end
-for start = 2, #ARGV, 1000 do
+if queued + #ARGV - 2 + tonumber(ARGV[2]) > bound then return {0, queued} end
+for start = 3, #ARGV, 1000 do
   redis.call('LPUSH', KEYS[1], unpack(ARGV, start, math.min(start + 999, #ARGV)))
 end
-return {1, queued + #ARGV - 1}
+return {1, queued + #ARGV - 2}
 """
 
 
@@ -134,6 +165,7 @@ def push(
     bound: int | None = None,
     counted: Sequence[str] = (),
     replicas: ReplicaWait | None = None,
+    coming: int = 0,
 ) -> tuple[bool, int] | None:
     """LPUSH ``messages`` to ``key`` in order (the first is consumed first), in one round trip.
 
@@ -145,6 +177,8 @@ def push(
         bound: most messages the queue may hold (``SWAPLESS_MAX_QUEUED``): all of ``messages`` are pushed, or none.
         counted: the queue's lists whose lengths count toward ``bound``.
         replicas: how many replicas must hold the messages before this returns.
+        coming: messages the caller will push after these, unbounded, if these are pushed: counted against
+            ``bound`` now, so that a call sent in slices is queued whole or not at all.
 
     Returns:
         None without a bound; with one, ``(pushed, queued)``: whether the messages were pushed (all of them, or
@@ -154,7 +188,7 @@ def push(
         ReplicasBehind: the messages were pushed, and too few replicas confirmed them.
     """
     pipe = client.pipeline(transaction=False)
-    _push_commands(pipe, key, messages, per_command, bound, counted, replicas)
+    _push_commands(pipe, key, messages, per_command, bound, counted, replicas, coming)
     return _push_outcome(pipe.execute(), bound, replicas)
 
 
@@ -175,9 +209,9 @@ async def apush(
 
 
 def _push_commands(pipe: Any, key: str, messages: Sequence[str], per_command: int, bound: int | None,
-                   counted: Sequence[str], replicas: ReplicaWait | None) -> None:
+                   counted: Sequence[str], replicas: ReplicaWait | None, coming: int = 0) -> None:
     if bound is not None:
-        pipe.eval(_PUSH_BOUNDED, 1 + len(counted), key, *counted, bound, *messages)
+        pipe.eval(_PUSH_BOUNDED, 1 + len(counted), key, *counted, bound, coming, *messages)
     else:
         for start in range(0, len(messages), per_command):
             pipe.lpush(key, *messages[start : start + per_command])
@@ -197,15 +231,15 @@ def _push_outcome(replies: list[Any], bound: int | None, replicas: ReplicaWait |
 
 
 # KEYS: the list to push to, the model's four lists (counted), its bell, its holders. ARGV: the bound (-1: none),
-# now (ms), then the messages, in order. Rings the bell (one token at most). Returns {pushed (1/0), queued after
-# (or now), live holders}.
+# now (ms), the messages still to come in later pushes of the same call (counted against the bound now), then the
+# messages, in order. Rings the bell (one token at most). Returns {pushed (1/0), queued after (or now), live holders}.
 _PUSH_MODEL = """
 local bound = tonumber(ARGV[1])
 local queued = 0
 for i = 2, 5 do queued = queued + redis.call('LLEN', KEYS[i]) end
-local n = #ARGV - 2
-if bound >= 0 and queued + n > bound then return {0, queued, 0} end
-for start = 3, #ARGV, 1000 do
+local n = #ARGV - 3
+if bound >= 0 and queued + n + tonumber(ARGV[3]) > bound then return {0, queued, 0} end
+for start = 4, #ARGV, 1000 do
   redis.call('LPUSH', KEYS[1], unpack(ARGV, start, math.min(start + 999, #ARGV)))
 end
 redis.call('LPUSH', KEYS[6], '1')
@@ -216,11 +250,15 @@ return {1, queued + n, redis.call('ZCOUNT', KEYS[7], ARGV[2], '+inf')}
 
 @dataclass(frozen=True)
 class ModelPush:
-    """One model's share of a push: its messages for one priority."""
+    """One model's share of a push: its messages for one priority; ``coming``: its messages the caller will push
+    after these, unbounded, if these are pushed (counted against the bound now: a call sent in slices is queued
+    whole or not at all); ``bounded``: whether the bound applies (False for a later slice of an admitted call)."""
 
     keys: ModelKeys
     priority: int
     messages: Sequence[str]
+    coming: int = 0
+    bounded: bool = True
 
 
 def push_to_models(
@@ -271,7 +309,7 @@ def _model_push_commands(pipe: Any, pushes: Sequence[ModelPush], bound: int | No
     for one in pushes:
         keys = one.keys
         pipe.eval(_PUSH_MODEL, 7, keys.list_for(one.priority), *keys.lists, keys.bell, keys.holders,
-                  -1 if bound is None else bound, now_ms, *one.messages)
+                  -1 if bound is None or not one.bounded else bound, now_ms, one.coming, *one.messages)
     if replicas is not None:
         pipe.execute_command(*replicas.command())
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,7 +30,15 @@ from swapless.config.errors import QueueFull, SwaplessError
 from swapless.config.settings import Settings
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks.broker.connection import ReplicaWait, redact, translated
-from swapless.tasks.broker.publish import ModelPush, apush, apush_to_models, build_messages, push, push_to_models
+from swapless.tasks.broker.publish import (
+    ModelPush,
+    apush,
+    apush_to_models,
+    build_messages,
+    check_messages,
+    push,
+    push_to_models,
+)
 from swapless.tasks.broker.routes import RouteOverrides
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.protocol import (
@@ -44,6 +53,11 @@ from swapless.tasks.protocol import (
 __all__ = ["Publisher", "Routed"]
 
 logger = logging.getLogger(__name__)
+
+#: A publish of more jobs than this goes in slices, the first of this many jobs (see ``_publish_in_slices``).
+FIRST_SLICE = 64
+#: The largest slice of a publish in slices.
+LARGEST_SLICE = 1024
 
 
 @dataclass(frozen=True)
@@ -248,16 +262,96 @@ class Publisher:
                 is out of memory; ``queued`` lists the ids that were queued nonetheless (other models' jobs).
             QueueUnavailable: Redis cannot be reached.
         """
-        plan = self._plan(task, jobs, level, expires, ids, headers)
+        ids = list(ids) if ids is not None else [str(uuid.uuid4()) for _ in jobs]
+        if len(jobs) <= FIRST_SLICE:
+            plan = self._plan(task, jobs, level, expires, ids, headers)
+            with translated(self.settings.broker_url):
+                outcomes, shared = self._push(plan, level, {}, {})
+            return self._settle(plan, outcomes, shared)
+        return self._publish_in_slices(task, jobs, level, ids, headers, expires)
+
+    def _push(self, plan: _Plan, level: int, coming: dict[str | None, int], admitted: dict[str | None, bool]
+              ) -> tuple[list[tuple[bool, int]], tuple[bool, int] | None]:
+        """One round trip: ``plan``'s pushes, each model's bounded with its ``coming`` messages unless ``admitted``
+        already (the ingress under the key None); returns each model's outcome and the ingress's."""
         s, keyspace = self.settings, self.keyspace
+        pushes = [ModelPush(p.keys, p.priority, p.messages, coming.get(m, 0), m not in admitted)
+                  for m, p in zip(plan.by_model, plan.pushes, strict=True)]
+        outcomes = (push_to_models(self.redis, pushes, bound=s.max_queued, placement_bell=keyspace.placement_bell,
+                                   replicas=self.replicas)
+                    if pushes else [])
+        shared = None
+        if plan.shared:
+            bound = s.max_queued if None not in admitted else None
+            shared = push(self.redis, keyspace.ingress(level), plan.shared_messages, bound=bound,
+                          counted=list(keyspace.ingress_lists.lists), replicas=self.replicas,
+                          coming=coming.get(None, 0))
+            if shared is None:
+                shared = (True, 0)
+        return outcomes, shared
+
+    def _publish_in_slices(
+        self, task: str, jobs: Sequence[tuple[str, Any]], level: int, ids: list[str],
+        headers: Sequence[dict[str, Any]] | None, expires: float | datetime | None,
+    ) -> list[str]:
+        """``publish`` of a long call: every input checked first (an input error sends nothing), then the messages
+        built and pushed a slice at a time, the first of ``FIRST_SLICE`` jobs, doubling up to ``LARGEST_SLICE``:
+        workers start on the first jobs within milliseconds while the rest are built. A model's first slice counts
+        all its jobs of the call against ``SWAPLESS_MAX_QUEUED``, so each model's jobs are queued whole or not at
+        all, as in one round trip; a failure partway (Redis lost) leaves the earlier slices queued: the error's
+        ``queued`` names them."""
+        s = self.settings
+        check_messages(self.app, s.queue, jobs, level, task=task, expires=expires_header(expires), headers=headers,
+                       max_bytes=s.max_message_bytes)
+        canonical: dict[str, str | None] = {}
+        for model_id, _ in jobs:
+            if model_id not in canonical:
+                canonical[model_id] = self._canonical(model_id)
+        coming = Counter(canonical[model_id] for model_id, _ in jobs)
+        admitted: dict[str | None, bool] = {}
+        refused: dict[str | None, int] = {}
+        sent: list[str] = []
+        start, size = 0, FIRST_SLICE
         with translated(s.broker_url):
-            outcomes = (push_to_models(self.redis, plan.pushes, bound=s.max_queued,
-                                       placement_bell=keyspace.placement_bell, replicas=self.replicas)
-                        if plan.pushes else [])
-            shared = (push(self.redis, keyspace.ingress(level), plan.shared_messages, bound=s.max_queued,
-                           counted=list(keyspace.ingress_lists.lists), replicas=self.replicas)
-                      if plan.shared else None)
-        return self._settle(plan, outcomes, shared)
+            while start < len(jobs):
+                stop = min(len(jobs), start + size)
+                chosen = [i for i in range(start, stop) if admitted.get(canonical[jobs[i][0]], True)]
+                start, size = stop, min(2 * size, LARGEST_SLICE)
+                if not chosen:
+                    continue
+                for i in chosen:
+                    coming[canonical[jobs[i][0]]] -= 1  # what is left after this slice
+                plan = self._plan(task, [jobs[i] for i in chosen], level, expires, [ids[i] for i in chosen],
+                                  [headers[i] for i in chosen] if headers is not None else None)
+                try:
+                    outcomes, shared = self._push(plan, level, coming, admitted)
+                except SwaplessError as err:
+                    err.queued = list(sent)  # type: ignore[attr-defined]
+                    raise
+                results: list[tuple[str | None, list[int], tuple[bool, int]]] = [
+                    (m, indices, outcome) for (m, indices), outcome in zip(plan.by_model.items(), outcomes, strict=True)
+                ]
+                if shared is not None:
+                    results.append((None, plan.shared, shared))
+                for m, indices, (pushed, held) in results:
+                    admitted.setdefault(m, pushed)
+                    if pushed:
+                        sent.extend(plan.built[i][0] for i in indices)
+                    else:
+                        refused[m] = held
+        if refused:
+            m, held = next(iter(refused.items()))
+            where = (f"model {m!r} has {held} messages queued" if m is not None
+                     else f"queue {s.queue!r} holds {held} messages")
+            queued = [ids[i] for i in range(len(jobs)) if admitted.get(canonical[jobs[i][0]])]
+            error = QueueFull(
+                redact(s.broker_url),
+                f"{where}, its bound is {s.max_queued} (SWAPLESS_MAX_QUEUED); wait for the workers to take "
+                "some, then send again" + (f" ({len(queued)} of these jobs were queued)" if queued else ""),
+            )
+            error.queued = queued
+            raise error
+        return ids
 
     async def apublish(
         self,
