@@ -93,6 +93,7 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_BATCH_FILES_URL        | unset (~/.local/share/swapless/files) | where the batch API (``/v1/files``, ``/v1/batches``) keeps its files: a directory, or any fsspec URL (``s3://bucket/swapless``, ``gs://...``; the filesystem's own package must be installed) |
 | SWAPLESS_BATCH_WORK_DIR         | unset (see meaning)        | a local directory for the files a batch's driver writes while it runs (per-model inputs and outputs, fsynced per chunk: what a takeover resumes from); default: ``work/`` under a local SWAPLESS_BATCH_FILES_URL, else ~/.cache/swapless/batch-work. Share it between gateway hosts for a takeover on another host to resume rather than start the batch over |
 | SWAPLESS_BATCH_FILE_RETENTION_S | 2592000 s (30 days)        | a batch file (input, output, errors) is deleted this long after it was written |
+| SWAPLESS_BATCH_RETENTION_S      | 2592000 s (30 days)        | a batch's record (status, counts, metadata) is deleted this long after it ended |
 | SWAPLESS_BATCH_MAX_FILE_BYTES   | 209715200 bytes (200 MiB)  | larger uploads to ``POST /v1/files`` get 413 (counted as they arrive) |
 | SWAPLESS_BATCH_UPLOAD_TIMEOUT_S | 600 s                      | an upload to ``POST /v1/files`` that takes longer to arrive gets 408 (in place of SWAPLESS_GATEWAY_BODY_TIMEOUT_S) |
 | SWAPLESS_BATCH_MAX_LINES        | 100000 lines               | most requests one batch input file may hold; more get 400 naming the line |
@@ -118,8 +119,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from swapless.config.errors import ConfigError
 
 __all__ = [
-    "DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MODELS_FILE", "DEFAULT_REDIS_URL", "Settings", "get_settings", "load_settings",
+    "DEFAULT_MAX_BATCH_SIZE",
+    "DEFAULT_MODELS_FILE",
+    "DEFAULT_REDIS_URL",
+    "Settings",
+    "get_settings",
+    "load_settings",
     "parse_bytes",
+    "unknown_variables",
 ]
 
 DEFAULT_MODELS_FILE = Path(__file__).with_name("models.json")
@@ -261,6 +268,7 @@ class Settings(BaseSettings):
     batch_files_url: str | None = None
     batch_work_dir: Path | None = None
     batch_file_retention_s: int = Field(30 * 24 * 3600, ge=1)
+    batch_retention_s: int = Field(30 * 24 * 3600, ge=1)
     batch_max_file_bytes: int = Field(200 * 1024 * 1024, ge=1024)
     batch_upload_timeout_s: float = Field(600.0, gt=0)
     batch_max_lines: int = Field(100_000, ge=1)
@@ -355,6 +363,24 @@ def _misspelt_variable() -> ConfigError | None:
         if close:
             return ConfigError(variable, f"no such setting; did you mean {_PREFIX}{close[0]}? (see config/settings.py)")
     return None
+
+
+#: Variables under the prefix that belong to other tools (the test suite, the benchmarks, CI), not to settings.
+_OTHER_TOOLS = ("SWAPLESS_TEST_", "SWAPLESS_BENCH_", "SWAPLESS_FAULTS_", "SWAPLESS_PYTHON")
+
+
+def unknown_variables() -> list[str]:
+    """The environment's ``SWAPLESS_*`` variables that are no setting (and no other tool's): each ignored, each
+    named with the setting it most resembles, if any (``SWAPLESS_FILES_DIR (SWAPLESS_BATCH_FILES_URL?)``)."""
+    known = [name.upper() for name in Settings.model_fields]
+    found = []
+    for variable in sorted(os.environ):
+        name = variable[len(_PREFIX) :]
+        if not variable.startswith(_PREFIX) or name in known or variable.startswith(_OTHER_TOOLS):
+            continue
+        close = difflib.get_close_matches(name, known, 1, 0.5)
+        found.append(f"{variable} ({_PREFIX}{close[0]}?)" if close else variable)
+    return found
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -40,13 +40,12 @@ def request_line(custom_id: str, model: str, text: Any, **body: Any) -> str:
     (b'["a"]\n', "line 1: a list, not an object with custom_id, method, url and body"),
     (b'{"custom_id": "a", "method": "GET", "url": "/predict", "body": {}}\n', "line 1: method must be \"POST\""),
     (b'{"custom_id": "a", "method": "POST", "url": "/jobs", "body": {}}\n', "line 1: url must be '/predict'"),
-    (b'{"custom_id": "a", "method": "POST", "url": "/predict", "body": {"input": "x"}}\n',
-     "line 1: body.model_id: Field required"),
-    (b'{"custom_id": "a", "method": "POST", "url": "/predict", "body": {"model_id": "m", "input": "x", "colour": 1}}',
-     "line 1: body.colour: Extra inputs are not permitted"),
+    (b'{"custom_id": "a", "method": "POST", "url": "/predict", "body": ["x"]}\n',
+     "line 1: body must be an object (a /predict body), not a list"),
     (b'{"custom_id": "", "method": "POST", "url": "/predict", "body": {}}\n', "line 1: custom_id must be a string"),
 ])
 def test_a_bad_line_is_refused_naming_its_line_and_field(line: bytes, message: str) -> None:
+    """A line's envelope is the file's: one wrong refuses the upload (a body's own errors are its request's)."""
     with pytest.raises(BadBatchFile) as refused:
         LineChecker(10, 10_000).check(line)
     assert str(refused.value).startswith(message)
@@ -63,10 +62,10 @@ def test_a_bad_line_is_refused_naming_its_line_and_field(line: bytes, message: s
     {"model_id": "m", "input": "x", "priority": None}, {"model_id": "m", "input": "x", "key": ""},
     {"model_id": "m", "input": "x", "key": 7}, {"model_id": "m", "input": "x", "key": "k" * 257},
     {"model_id": "m", "input": "x", "colour": 1}, {"model_id": "m", "input": "x", "expires_s": -1},
-    [], "m", None,
 ])
 def test_a_line_s_body_is_taken_exactly_as_predict_would_take_it(body: Any) -> None:
-    """Lines are checked by hand where their body is plain: the same bodies pass and fail as ``JobRequest``'s."""
+    """Lines are checked by hand where their body is plain: the same bodies pass and fail as ``JobRequest``'s; a body
+    it refuses is that request's error (named by field), never the file's."""
     from pydantic import ValidationError
 
     from swapless.tasks.gateway.batches.lines import parse_line
@@ -75,11 +74,14 @@ def test_a_line_s_body_is_taken_exactly_as_predict_would_take_it(body: Any) -> N
     line = json.dumps({"custom_id": "a", "method": "POST", "url": "/predict", "body": body}).encode()
     try:
         job = JobRequest.model_validate(body)
-    except ValidationError:
-        with pytest.raises(BadBatchFile, match="line 3: body"):
-            parse_line(line, 3)
+    except ValidationError as err:
+        first = err.errors()[0]
+        failed = parse_line(line, 3)
+        assert failed.error == ".".join(["body", *(str(part) for part in first["loc"])]) + ": " + first["msg"]
+        assert failed.custom_id == "a" and failed.input is None
         return
     parsed = parse_line(line, 3)
+    assert parsed.error is None
     assert (parsed.model_id, parsed.input, parsed.priority, parsed.key) == (job.model_id, job.input, job.priority,
                                                                             job.key)
 
@@ -134,6 +136,20 @@ def test_the_multipart_reader_stops_at_the_first_bad_line_and_at_a_cut_body() ->
     assert boundary_of('multipart/form-data; boundary="a b"') == b"a b"
     with pytest.raises(BadBatchFile, match="send the file as multipart/form-data"):
         boundary_of("application/json")
+
+
+def test_the_multipart_reader_keeps_only_purpose_and_bounds_the_parts() -> None:
+    """A body of many distinct form fields is neither held (only ``purpose`` is kept) nor read past 8 parts."""
+    fields = [(f"junk{i}", None, b"z" * 1000) for i in range(6)]
+    file = ("file", "in.jsonl", request_line("a", "s", "x").encode())
+    body = _multipart("b0", [("purpose", None, b"batch"), *fields, file])
+    upload = asyncio.run(MultipartReader(b"b0", "file", LineWriter(io.BytesIO(), LineChecker(9, 999))).read(
+        _blocks(body, 64)))
+    assert upload.fields == {"purpose": "batch"}
+    many = _multipart("b0", [("purpose", None, b"batch"), *fields, *fields])
+    with pytest.raises(BadBatchFile, match="more than 8 parts: send the fields purpose and file"):
+        asyncio.run(MultipartReader(b"b0", "file", LineWriter(io.BytesIO(), LineChecker(9, 999))).read(
+            _blocks(many, 64)))
 
 
 def test_windows_and_the_lines_written() -> None:
@@ -225,6 +241,8 @@ def test_a_batch_runs_to_completed_with_the_openai_client(deployment: Deployment
     lines = [request_line(f"r{i}", "sentiment" if i % 2 else "spam", f"review number {i}") for i in range(300)]
     lines[7] = request_line("r7", "sentiment", "   ")  # a blank text: 422 for that line alone
     lines[8] = request_line("r8", "nope", "hello")  # an unknown model: 404
+    lines[9] = json.dumps({"custom_id": "r9", "method": "POST", "url": "/predict", "body": {"model_id": "spam"}}) + "\n"
+    lines[10] = request_line("r10", "spam", "hi", colour="red")  # bodies /predict refuses: 400 for each alone
     uploaded = _upload(client, tmp_path, lines)
     assert uploaded.purpose == "batch" and uploaded.bytes == len("".join(lines).encode())
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/predict", completion_window="24h",
@@ -232,12 +250,15 @@ def test_a_batch_runs_to_completed_with_the_openai_client(deployment: Deployment
     assert batch.status == "validating" and batch.metadata == {"run": "nightly"}
     done = _wait_final(client, batch.id)
     assert done.status == "completed", done
-    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (300, 298, 2)
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (300, 296, 4)
     assert done.in_progress_at and done.finalizing_at and done.completed_at
     output, errors = _lines(client, done.output_file_id), _lines(client, done.error_file_id)
-    assert len(output) == 298 and {line["response"]["status_code"] for line in output} == {200}
+    assert len(output) == 296 and {line["response"]["status_code"] for line in output} == {200}
     assert all(line["response"]["body"]["result"][0]["label"] for line in output)
-    assert {line["custom_id"]: line["response"]["status_code"] for line in errors} == {"r7": 422, "r8": 404}
+    assert {line["custom_id"]: line["response"]["status_code"] for line in errors} == {
+        "r7": 422, "r8": 404, "r9": 400, "r10": 400}
+    by_id = {line["custom_id"]: line["error"]["message"] for line in errors}
+    assert by_id["r9"] == "body.input: Field required" and by_id["r10"].startswith("body.colour: Extra inputs")
     assert sorted(line["custom_id"] for line in output + errors) == sorted(f"r{i}" for i in range(300))
     assert batch.id in [b.id for b in client.batches.list(limit=5)]
     assert {uploaded.id, done.output_file_id} <= {f.id for f in client.files.list()}
@@ -261,10 +282,19 @@ def test_a_malformed_file_is_refused_with_its_line_number(deployment: Deployment
     lines = [request_line("a", "spam", "x"), request_line("b", "spam", "y"), '{"custom_id": "c", "method": "POST"}\n']
     with pytest.raises(BadRequestError) as refused:
         _upload(client, tmp_path, lines)
-    assert refused.value.body["detail"] == (  # type: ignore[index]
-        "line 3: url must be '/predict' (the batch's endpoint), not None; nothing was kept: fix it and upload the "
-        "file again")
+    message = ("line 3: url must be '/predict' (the batch's endpoint), not None; nothing was kept: fix it and "
+               "upload the file again")
+    assert refused.value.body == {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    assert str(refused.value) == f"Error code: 400 - {message}"  # what the openai client shows
     assert not any(f.purpose == "batch" and f.bytes == len("".join(lines)) for f in client.files.list())
+    good = _upload(client, tmp_path, lines[:2])
+    with pytest.raises(BadRequestError, match="String should have at most 512 characters") as refused:
+        client.batches.create(input_file_id=good.id, endpoint="/predict", completion_window="1h",
+                              metadata={"note": "x" * 513})  # OpenAI's limits: 16 pairs, 64 / 512 characters
+    assert refused.value.param == "metadata.note"
+    with pytest.raises(BadRequestError, match="its port must be a number from 1 to 65535"):
+        client.batches.create(input_file_id=good.id, endpoint="/predict", completion_window="1h",
+                              extra_body={"callback_url": "http://93.184.216.34:99999/done"})
 
 
 @pytest.mark.slow
@@ -325,7 +355,7 @@ def test_a_batch_survives_a_gateway_kill_and_a_worker_kill(deployment: Deploymen
 
 @pytest.mark.slow
 def test_a_batch_past_its_window_expires_and_its_end_is_posted_signed(deployment: Deployment, tmp_path: Path) -> None:
-    from openai import UnprocessableEntityError
+    from openai import BadRequestError
 
     client = deployment.client(deployment.gateways[-1])
     receiver = Receiver().start()
@@ -340,7 +370,7 @@ def test_a_batch_past_its_window_expires_and_its_end_is_posted_signed(deployment
                                          completion_window="3s", extra_body={"callback_url": receiver.url})
         done, expired = _wait_final(client, done_batch.id), _wait_final(client, expiring.id)
         events = {payload["data"]["id"]: (headers, payload) for headers, payload in receiver.wait_for(2, 30)}
-        with pytest.raises(UnprocessableEntityError) as refused:
+        with pytest.raises(BadRequestError) as refused:  # OpenAI answers an invalid request 400
             client.batches.create(input_file_id=_upload(client, tmp_path, small).id, endpoint="/predict",
                                   completion_window="1h", extra_body={"callback_url": "http://10.0.0.1/hook"})
     finally:
@@ -357,4 +387,24 @@ def test_a_batch_past_its_window_expires_and_its_end_is_posted_signed(deployment
     assert event["data"]["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
     assert event["data"]["output_file_id"] == done.output_file_id and event["data"]["metadata"] == {"run": "hooked"}
     assert events[expired.id][1]["type"] == "batch.expired"
-    assert "SWAPLESS_WEBHOOK_ALLOWED_HOSTS" in str(refused.value.body)
+    assert "SWAPLESS_WEBHOOK_ALLOWED_HOSTS" in str(refused.value)
+
+
+def test_a_batch_record_is_kept_for_its_window_and_the_retention_then_goes(redis_url: str, key_prefix: str) -> None:
+    """A batch's record expires: created, it lives its completion window plus SWAPLESS_BATCH_RETENTION_S; ended,
+    the retention from then; the listing forgets ids older than both."""
+    import redis
+
+    from swapless.tasks.gateway.batches.state import BatchStatus, BatchStore
+    from swapless.tasks.keyspace import Keyspace
+
+    r = redis.Redis.from_url(redis_url)
+    keys = Keyspace(key_prefix + "jobs", key_prefix)
+    store = BatchStore(r, keys, retention_s=1000, max_window_s=3600)
+    r.zadd(keys.batches, {"batch_ancient": time.time() - 1000 - 3600 - 5, "batch_recent": time.time() - 10})
+    store.create("batch_a", {"owner": "k", "expires_at": int(time.time()) + 3600, "metadata": {"run": "1"}})
+    assert 4590 <= r.ttl(keys.batch("batch_a")) <= 4600
+    assert [m.decode() for m in r.zrange(keys.batches, 0, -1)] == ["batch_recent", "batch_a"]
+    assert store.set_status("batch_a", BatchStatus.COMPLETED) is BatchStatus.COMPLETED
+    assert 990 <= r.ttl(keys.batch("batch_a")) <= 1000
+    r.close()

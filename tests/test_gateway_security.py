@@ -569,3 +569,21 @@ def test_without_keys_the_limits_count_per_client_address(redis_url: str, secure
                 assert second.post("/jobs", json=job).status_code == 202  # another address, its own budget
         finally:
             gateway.stop()
+
+
+def test_a_client_gone_mid_body_is_one_warning_line_not_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """Starlette's ClientDisconnect (a caller that hung up mid-upload) maps to a 400 and one throttled warning, never
+    to the internal-error path that logs a traceback."""
+    import logging
+
+    from starlette.requests import ClientDisconnect
+
+    from swapless.tasks.gateway.errors import LogThrottle, problem
+
+    log = LogThrottle()
+    with caplog.at_level(logging.WARNING):
+        found = [problem(ClientDisconnect(), "rest", "redis://127.0.0.1:6379/0", log) for _ in range(3)]
+    assert {p.status for p in found} == {400}
+    assert [r.getMessage() for r in caplog.records] == [
+        "a client disconnected before its request body had arrived; the request was dropped"]
+    assert not any(r.exc_info for r in caplog.records)

@@ -79,6 +79,22 @@ def test_other_tools_variables_under_the_prefix_are_left_alone(monkeypatch: pyte
         get_settings.cache_clear()
 
 
+def test_a_variable_that_is_no_setting_is_named_in_one_warning_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SWAPLESS_FILES_DIR (what a user guesses) is no setting: every command names it, with the setting it most
+    resembles, in one line on stderr, and goes on; other tools' variables are not named."""
+    from tests.stack import run_cli
+
+    monkeypatch.setenv("SWAPLESS_FILES_DIR", "/srv/batches")
+    monkeypatch.setenv("SWAPLESS_ZEBRA", "1")
+    monkeypatch.setenv("SWAPLESS_TEST_ANYTHING", "1")
+    assert settings_module.unknown_variables() == ["SWAPLESS_FILES_DIR (SWAPLESS_BATCH_FILES_URL?)", "SWAPLESS_ZEBRA"]
+    listed = run_cli("models", env={"SWAPLESS_FILES_DIR": "/srv/batches", "SWAPLESS_ZEBRA": "1"})
+    assert listed.returncode == 0 and "model(s)" in listed.stdout
+    warning = ("warning: ignoring SWAPLESS_FILES_DIR (SWAPLESS_BATCH_FILES_URL?), SWAPLESS_ZEBRA: no such setting "
+               "(the settings are listed in config/settings.py)")
+    assert listed.stderr.splitlines() == [warning]
+
+
 def _documented() -> dict[str, str]:
     """``{field name: default column}`` of the table in config/settings.py's docstring."""
     rows = re.findall(r"^\| SWAPLESS_([A-Z_]+)\s*\| ([^|]+?)\s*\|", settings_module.__doc__ or "", re.MULTILINE)

@@ -39,6 +39,9 @@ from tests.webhook_receiver import SECRET, Receiver
         ("http://internal.corp/x", "", "internal address (192.168.1.5)"),
         ("https://other.example/x", "hooks.example", "'other.example' is not in SWAPLESS_WEBHOOK_ALLOWED_HOSTS"),
         ("https://user:pw@hooks.example/x", "hooks.example", "must not carry a user or password"),
+        ("https://hooks.example:99999/x", "hooks.example", "its port must be a number from 1 to 65535"),
+        ("https://hooks.example:0/x", "hooks.example", "its port must be a number from 1 to 65535"),
+        ("https://hooks.example:http/x", "hooks.example", "its port must be a number from 1 to 65535"),
     ],
 )
 def test_a_target_that_is_not_allowed_is_refused_saying_why(url: str, allowed: str, message: str) -> None:

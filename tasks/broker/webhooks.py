@@ -125,8 +125,8 @@ def check_target(
             literal address, ``localhost``), as producers do.
 
     Raises:
-        WebhookRefused: not http(s), no host, a host outside the allow-list, or one that is (or resolves to) an
-            address that is not public.
+        WebhookRefused: not http(s), no host, a port out of range, a host outside the allow-list, or one that is
+            (or resolves to) an address that is not public.
     """
     if not isinstance(url, str) or len(url) > 2048:
         raise WebhookRefused(str(url)[:100], "it must be an http or https URL of at most 2048 characters")
@@ -135,6 +135,12 @@ def check_target(
         raise WebhookRefused(url, "it must be an http:// or https:// URL with a host")
     if parts.username or parts.password:
         raise WebhookRefused(url, "it must not carry a user or password (the signature authenticates the sender)")
+    try:
+        parts.port  # noqa: B018 - raises for a port that is not a number from 0 to 65535
+    except ValueError:
+        raise WebhookRefused(url, "its port must be a number from 1 to 65535") from None
+    if parts.port == 0:
+        raise WebhookRefused(url, "its port must be a number from 1 to 65535")
     host = parts.hostname.lower()
     if allowed:
         if not _listed(host, allowed):

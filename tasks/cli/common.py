@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from swapless.config.settings import Settings, load_settings
+from swapless.config.settings import Settings, load_settings, unknown_variables
 
 __all__ = ["ModelsOption", "columns", "console", "err_console", "fail", "print_error", "routes_table", "settings_with"]
 
@@ -64,7 +64,12 @@ def settings_with(**flags: Any) -> Settings:
     Raises:
         ConfigError: a variable or a flag is invalid (``main`` prints it as one line).
     """
-    return load_settings(**flags)
+    settings = load_settings(**flags)
+    unknown = unknown_variables()
+    if unknown:
+        err_console.print(f"[yellow]warning:[/] ignoring {escape(', '.join(unknown))}: no such setting (the "
+                          "settings are listed in config/settings.py)", highlight=False)
+    return settings
 
 
 def routes_table(store: Any, settings: Settings) -> Table:

@@ -30,6 +30,7 @@ from typing import Literal
 from fastapi.exceptions import RequestValidationError
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from swapless.config.errors import (
     BackendUnavailable,
@@ -233,6 +234,9 @@ def problem(err: BaseException, protocol: Literal["rest", "v2"], redis_url: str,
         return Problem(429, str(err), {"Retry-After": str(err.retry_after_s)})
     if isinstance(err, GatewayBusy):
         return Problem(503, str(err), {"Retry-After": str(err.retry_after_s)})
+    if isinstance(err, ClientDisconnect):  # the caller went away mid-body: nothing of its request was kept
+        log.warning("disconnect", "a client disconnected before its request body had arrived; the request was dropped")
+        return Problem(400, "the client disconnected before the request body had arrived")
     if not isinstance(err, SwaplessError):
         logger.exception("%s in a gateway request", type(err).__name__, exc_info=err)
         return Problem(500, f"internal error ({type(err).__name__}): see the gateway's log")

@@ -28,7 +28,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMappi
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LOOPBACK_HOSTS", "ASGIApp", "BodyLimit", "Receive", "RequestGuard", "Scope", "Send", "reply"]
+__all__ = [
+    "LOOPBACK_HOSTS", "ASGIApp", "BodyLimit", "Receive", "RequestGuard", "Scope", "Send", "openai_error", "reply",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -42,13 +44,33 @@ _DIGITS = re.compile(rb"[0-9]{1,19}")
 _DISCONNECT: Message = {"type": "http.disconnect"}
 
 
+#: OpenAI's error ``type`` by status (what its clients map to their exception classes).
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                 404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
+                 422: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def openai_error(status: int, message: str, errors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An error body in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: the ``openai`` client
+    shows its message. ``param``: the first invalid field of a body that failed validation, else None."""
+    param = None
+    if errors:
+        loc = [str(part) for part in errors[0].get("loc", ()) if part not in ("body", "query", "path")]
+        param = ".".join(loc) or None
+    kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
 async def reply(scope: Scope, send: Send, status: int, detail: str, headers: Iterable[tuple[bytes, bytes]] = (),
                 *, close: bool = False) -> None:
-    """Send a whole JSON error response: ``{"detail": ...}``, or the Open Inference Protocol's ``{"error": ...}``
-    under ``/v2/``; ``close``: ask the server to close the connection after it (the rest of a refused body is
-    then never read)."""
-    field = "error" if scope.get("path", "").startswith("/v2/") else "detail"
-    payload = json.dumps({field: detail}).encode()
+    """Send a whole JSON error response: ``{"detail": ...}``, the Open Inference Protocol's ``{"error": ...}``
+    under ``/v2/``, or OpenAI's ``{"error": {"message", ...}}`` under ``/v1/``; ``close``: ask the server to close
+    the connection after it (the rest of a refused body is then never read)."""
+    path = scope.get("path", "")
+    if path == "/v1" or path.startswith("/v1/"):
+        payload = json.dumps(openai_error(status, detail)).encode()
+    else:
+        payload = json.dumps({"error" if path.startswith("/v2/") else "detail": detail}).encode()
     head = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *headers]
     if close:
         head.append((b"connection", b"close"))

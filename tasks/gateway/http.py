@@ -3,8 +3,8 @@
 - A JSON body is parsed off the event loop when it is large (a 32 MiB body would hold the loop for a while), and
   one nested too deeply is an ordinary invalid-JSON 422, not a crash.
 - Any error a route raises becomes its response through ``swapless.tasks.gateway.errors.problem``: ``{"detail": ...}``
-  (FastAPI's own validation errors as their list) on the REST routes, ``{"error": ...}`` under ``/v2``; never a
-  traceback.
+  (FastAPI's own validation errors as their list) on the REST routes, ``{"error": ...}`` under ``/v2``, OpenAI's
+  ``{"error": {"message", "type", "param", "code"}}`` under ``/v1`` (the batch API); never a traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from swapless.tasks.gateway.errors import problem
+from swapless.tasks.gateway.framing import openai_error
 
 __all__ = ["GuardedRoute", "error_response", "loads"]
 
@@ -51,11 +52,16 @@ class _OffLoopJson(Request):
 
 def error_response(request: Request, err: BaseException) -> JSONResponse:
     """The response for ``err`` raised while answering ``request`` (its protocol by its path)."""
-    v2 = request.url.path.startswith("/v2")
+    path = request.url.path
+    v2 = path.startswith("/v2")
     state = request.app.state
     found = problem(err, "v2" if v2 else "rest", state.redis_url, state.log)
+    if path == "/v1" or path.startswith("/v1/"):
+        status = 400 if found.status == 422 else found.status  # OpenAI answers a malformed request 400
+        content: dict[str, Any] = openai_error(status, found.message, found.errors)
+        return JSONResponse(status_code=status, content=content, headers=found.headers or None)
     if v2:
-        content: dict[str, Any] = {"error": found.message}
+        content = {"error": found.message}
     elif found.errors is not None:
         content = {"detail": found.errors}
     else:

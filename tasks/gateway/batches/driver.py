@@ -231,6 +231,8 @@ class BatchDriver:
             line = parse_line(raw, number)
         except BadBatchFile as err:
             return f"line-{number}", "", "", None, None, ("BadBatchFile", str(err), 400)
+        if line.error is not None:  # its body would be refused by /predict: this request fails alone
+            return line.custom_id, "", "", None, None, ("InvalidRequest", line.error, 400)
         model, refusal, spec = self._model(line.model_id, caller)
         if refusal is None and spec is not None:
             try:

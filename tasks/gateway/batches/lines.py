@@ -40,21 +40,25 @@ _PRIORITIES = frozenset({"interactive", "bulk"})
 
 @dataclass(frozen=True, slots=True)
 class BatchLine:
-    """One request of a batch input file: its id and the fields of its ``/predict`` body a batch uses."""
+    """One request of a batch input file: its id and the fields of its ``/predict`` body a batch uses; ``error``:
+    why ``/predict`` would refuse its body (that request fails alone, as a 400 in the error file), else None."""
 
     custom_id: str
     model_id: str
     input: Any
     priority: str = "interactive"
     key: str | None = None
+    error: str | None = None
 
 
 def parse_line(line: bytes, number: int) -> BatchLine:
-    """One input line, checked.
+    """One input line, checked: its envelope for the file (as OpenAI checks a batch file), its body for its own
+    request (a body ``/predict`` would refuse is that request's error, ``BatchLine.error``: one bad record does not
+    stop the file's others).
 
     Raises:
-        BadBatchFile: not JSON, not an object of the four fields, not ``POST /predict``, or a body ``/predict``
-            would refuse; the message names the line and the field.
+        BadBatchFile: not JSON, not an object of the four fields, not ``POST /predict``, or a body that is not an
+            object; the message names the line and the field.
     """
     try:
         data = from_json(line)
@@ -73,6 +77,8 @@ def parse_line(line: bytes, number: int) -> BatchLine:
     if data.get("url") != ENDPOINT:
         raise BadBatchFile(number, f"url must be {ENDPOINT!r} (the batch's endpoint), not {data.get('url')!r}")
     body = data.get("body")
+    if type(body) is not dict:
+        raise BadBatchFile(number, f"body must be an object (a /predict body), not {kind(body)}")
     if _plain(body):
         return BatchLine(custom_id, body["model_id"], body["input"], body.get("priority", "interactive"),
                          body.get("key"))
@@ -81,7 +87,9 @@ def parse_line(line: bytes, number: int) -> BatchLine:
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(["body", *(str(part) for part in first["loc"])])
-        raise BadBatchFile(number, f"{where}: {first['msg']}") from None
+        model_id = body.get("model_id")
+        return BatchLine(custom_id, model_id if isinstance(model_id, str) else "", None,
+                         error=f"{where}: {first['msg']}")
     return BatchLine(custom_id, job.model_id, job.input, job.priority, job.key)
 
 

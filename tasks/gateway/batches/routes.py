@@ -23,11 +23,11 @@ import re
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from swapless.config.settings import Settings
 from swapless.manager.registry.store import ModelStore
@@ -52,6 +52,11 @@ _WINDOW = re.compile(r"([0-9]{1,7})([smh])")
 _ID = r"^[A-Za-z0-9_-]{1,128}$"
 
 
+#: OpenAI's limits on a batch's metadata: 16 pairs, keys of 64 characters, values of 512.
+MetadataKey = Annotated[str, StringConstraints(max_length=64)]
+MetadataValue = Annotated[str, StringConstraints(max_length=512)]
+
+
 class BatchRequest(BaseModel):
     """``POST /v1/batches``'s body."""
 
@@ -60,7 +65,8 @@ class BatchRequest(BaseModel):
     input_file_id: str = Field(min_length=1, max_length=128, pattern=_ID)
     endpoint: Literal["/predict"]
     completion_window: str = Field("24h", max_length=16, description="24h, or a shorter 90m or 30s")
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(
+        None, max_length=16, description="at most 16 pairs, keys of 64 characters, values of 512 (OpenAI's limits)")
     callback_url: str | None = Field(None, max_length=2048,
                                      description="where the batch's end is posted (openai: extra_body)")
 
@@ -91,7 +97,8 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
     router = APIRouter(prefix="/v1", route_class=GuardedRoute)
     files = FileStore.of(settings)
     store = BatchStore(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
-                                    sentinel=SentinelOptions.of(settings)), Keyspace.of(settings))
+                                    sentinel=SentinelOptions.of(settings)), Keyspace.of(settings),
+                       settings.batch_retention_s, settings.batch_max_window_s)
     uploads = work_root(settings, files) / "uploads"
 
     def caller_of(request: Request) -> Caller:

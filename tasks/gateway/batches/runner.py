@@ -65,7 +65,8 @@ class BatchRunner:
         s = self.settings
         self.files = FileStore.of(s)
         self.store = BatchStore(redis_client(s.broker_url, connect_timeout_s=s.connect_timeout_s,
-                                             sentinel=SentinelOptions.of(s)), Keyspace.of(s))
+                                             sentinel=SentinelOptions.of(s)), Keyspace.of(s), s.batch_retention_s,
+                                s.batch_max_window_s)
         self._client = Client(settings=s, validate=False)
         self._thread = threading.Thread(target=self._loop, name="swapless-batches", daemon=True)
         self._thread.start()

@@ -39,7 +39,8 @@ class BatchStatus(str, Enum):  # noqa: UP042 - stored as the plain string
 #: Statuses a batch never leaves.
 FINAL = frozenset({BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED})
 
-# KEYS: the batch's hash, the active set. ARGV: the new status, its timestamp field, now, the batch id.
+# KEYS: the batch's hash, the active set. ARGV: the new status, its timestamp field, now, the batch id, the seconds
+# a final batch's record is kept.
 _SET_STATUS = """
 local now = redis.call('HGET', KEYS[1], 'status')
 if not now then return false end
@@ -49,6 +50,7 @@ redis.call('HSET', KEYS[1], 'status', ARGV[1])
 if ARGV[2] ~= '' and redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0 then redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) end
 if ARGV[1] == 'completed' or ARGV[1] == 'failed' or ARGV[1] == 'expired' or ARGV[1] == 'cancelled' then
   redis.call('SREM', KEYS[2], ARGV[4])
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
 end
 return ARGV[1]
 """
@@ -80,11 +82,18 @@ class BatchStore:
     Args:
         client: a synchronous Redis client.
         keyspace: the deployment's keys.
+        retention_s: how long a batch's record is kept after it ended (``SWAPLESS_BATCH_RETENTION_S``); one never
+            ended goes this long after its completion window (a deployment stopped for good leaves nothing behind).
+        max_window_s: the longest completion window (``SWAPLESS_BATCH_MAX_WINDOW_S``): listed ids older than it and
+            the retention are dropped from the listing.
     """
 
-    def __init__(self, client: redis.Redis, keyspace: Keyspace) -> None:
+    def __init__(self, client: redis.Redis, keyspace: Keyspace, retention_s: int = 30 * 24 * 3600,
+                 max_window_s: int = 24 * 3600) -> None:
         self.redis = client
         self.keys = keyspace
+        self.retention_s = retention_s
+        self.max_window_s = max_window_s
         self._set_status = client.register_script(_SET_STATUS)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
@@ -94,10 +103,14 @@ class BatchStore:
         now = time.time()
         stored = {name: json.dumps(value) if isinstance(value, (dict, list)) else str(value)
                   for name, value in fields.items() if value is not None}
+        window_s = max(0, int(fields.get("expires_at") or now) - int(now))
         pipe = self.redis.pipeline()
         pipe.hset(self.keys.batch(batch_id), mapping={**stored, "status": BatchStatus.VALIDATING.value,
                                                       "created_at": str(int(now))})
+        pipe.expire(self.keys.batch(batch_id), window_s + self.retention_s)
         pipe.zadd(self.keys.batches, {batch_id: now})
+        # the listing forgets the ids whose records have surely expired
+        pipe.zremrangebyscore(self.keys.batches, "-inf", now - self.retention_s - self.max_window_s)
         pipe.sadd(self.keys.active_batches, batch_id)
         pipe.execute()
 
@@ -117,7 +130,7 @@ class BatchStore:
         has afterwards (None: no such batch)."""
         stamp = _STAMPS.get(status, "")
         now = self._set_status(keys=[self.keys.batch(batch_id), self.keys.active_batches],
-                               args=[status.value, stamp, int(time.time()), batch_id])
+                               args=[status.value, stamp, int(time.time()), batch_id, self.retention_s])
         return BatchStatus(now.decode() if isinstance(now, bytes) else now) if now else None
 
     def page(self, after: str | None, limit: int, owner: str | None) -> tuple[list[dict[str, str]], bool]:

@@ -1,9 +1,10 @@
 """``POST /v1/files``'s body: ``multipart/form-data`` parsed as it streams, the file written to disk line by line.
 
 The body is never held whole: ``MultipartReader`` takes the body's blocks as they arrive, finds the parts by their
-boundary, keeps the small fields (``purpose``, at most ``_FIELD_BYTES``), and hands the ``file`` part's bytes to
-``LineWriter``, which checks each line (``lines.LineChecker``) before it writes it. The first bad line stops the
-upload with its line number; the request guard (``swapless.tasks.gateway.framing``) bounds the body's bytes and time.
+boundary, keeps the one small field it uses (``purpose``, at most ``_FIELD_BYTES``; at most ``_MAX_PARTS`` parts), and
+hands the ``file`` part's bytes to ``LineWriter``, which checks each line (``lines.LineChecker``) before it writes it.
+The first bad line stops the upload with its line number; the request guard (``swapless.tasks.gateway.framing``)
+bounds the body's bytes and time.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ __all__ = ["LineWriter", "MultipartReader", "Upload", "boundary_of"]
 
 _FIELD_BYTES = 1024
 _HEADER_BYTES = 16 * 1024
+#: Most parts of an upload (``purpose``, ``file``, and a few a client may add): more are refused, so that a body of
+#: many small fields cannot make the gateway hold them.
+_MAX_PARTS = 8
+#: The small fields kept; any other's bytes are checked against ``_FIELD_BYTES`` and dropped.
+_KEPT_FIELDS = frozenset({"purpose"})
 _BOUNDARY = re.compile(r'boundary=(?:"([^"]{1,70})"|([^\s;"]{1,70}))', re.IGNORECASE)
 _NAME = re.compile(r'\bname="([^"]*)"', re.IGNORECASE)
 _FILENAME = re.compile(r'\bfilename="([^"]*)"', re.IGNORECASE)
@@ -103,6 +109,7 @@ class MultipartReader:
         state = "preamble"
         name: str | None = None
         field = bytearray()
+        parts = 0
         async for block in blocks:
             buffer += block
             while True:
@@ -132,6 +139,10 @@ class MultipartReader:
                     headers = bytes(buffer[:end]).decode("utf-8", "replace")
                     del buffer[: end + 4]
                     name, filename = self._disposition(headers)
+                    parts += 1
+                    if parts > _MAX_PARTS:
+                        raise BadBatchFile(0, f"the upload has more than {_MAX_PARTS} parts: send the fields purpose "
+                                           "and file")
                     if name == self.file_field:
                         upload.filename = filename or "upload.jsonl"
                     field.clear()
@@ -144,7 +155,7 @@ class MultipartReader:
                         del buffer[:keep]
                         break
                     del buffer[: at + len(self.delimiter)]
-                    if name is not None and name != self.file_field:
+                    if name in _KEPT_FIELDS:
                         upload.fields[name] = field.decode("utf-8", "replace")
                     state = "after"
         raise BadBatchFile(0, "the multipart body ended before its closing boundary: send the whole file")
