@@ -115,3 +115,15 @@ def test_resident_models_are_evicted_last() -> None:
     assert choose_victims(cached, incoming_bytes=10, max_models=3, memory_budget_bytes=None, keep=keep) == ["bulk-a"]
     assert choose_victims(cached, incoming_bytes=10, max_models=1, memory_budget_bytes=None,
                           keep=keep) == ["bulk-a", "bulk-b", "chat"]
+
+
+def test_a_model_loading_ahead_goes_before_another_cold_model_even_a_starved_one() -> None:
+    """With a model being loaded ahead, the next cold group is that model's: a second cold load beside it would
+    evict a loaded (resident) model; the starved one loads right after."""
+    waiting = [Waiting("tail-a", 1, oldest_wait_s=9.0, urgent=1), Waiting("tail-b", 3, oldest_wait_s=2.0, urgent=3)]
+    assert choose_next(waiting, ["hot"], max_wait_s=5.0) == "tail-a"  # starved: its turn
+    assert choose_next(waiting, ["hot"], max_wait_s=5.0, loading=["tail-b"]) == "tail-b"
+    loaded = [*waiting, Waiting("hot", 2, oldest_wait_s=0.1, urgent=2)]
+    assert choose_next(loaded, ["hot"], max_wait_s=5.0, starved_first=False, loading=["tail-b"]) == "hot"
+    bulk_only = [Waiting("tail-a", 1, oldest_wait_s=9.0, urgent=1), Waiting("tail-b", 3, oldest_wait_s=2.0)]
+    assert choose_next(bulk_only, [], max_wait_s=5.0, loading=["tail-b"]) == "tail-a"  # interactive jobs go first

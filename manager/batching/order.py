@@ -28,7 +28,8 @@ class Waiting:
 
 
 def choose_next(
-    waiting: Sequence[Waiting], loaded: Sequence[str], max_wait_s: float, *, starved_first: bool = True
+    waiting: Sequence[Waiting], loaded: Sequence[str], max_wait_s: float, *, starved_first: bool = True,
+    loading: Sequence[str] = (),
 ) -> str | None:
     """The model whose jobs should run next.
 
@@ -47,6 +48,10 @@ def choose_next(
     the next starved one, so a resident model's jobs wait for one load at most, and the tail still moves a model
     per turn.
 
+    ``loading``: models being loaded now (ahead of their group). When the pick would be another cold model, one of
+    these goes first: its load is paid already, and a second cold load beside it would have to evict a loaded model
+    (a resident one, when the tail has one slot); the other cold model loads next, so its wait grows by a turn.
+
     Returns:
         the model id, or None when nothing waits.
     """
@@ -55,6 +60,15 @@ def choose_next(
         return None
     loaded_set = set(loaded)
     pool = [w for w in candidates if w.urgent > 0] or candidates
+    pick = _pick(pool, loaded_set, max_wait_s, starved_first)
+    if pick in loaded_set or not loading:
+        return pick
+    ahead = [w for w in pool if w.model_id in set(loading)]
+    return max(ahead, key=lambda w: (w.jobs * w.oldest_wait_s, w.oldest_wait_s)).model_id if ahead else pick
+
+
+def _pick(pool: Sequence[Waiting], loaded_set: set[str], max_wait_s: float, starved_first: bool) -> str:
+    """Rules 2 to 4 of ``choose_next`` over ``pool`` (not empty)."""
     starved = [w for w in pool if w.oldest_wait_s > max_wait_s] if starved_first else []
     if starved:
         return max(starved, key=lambda w: (w.model_id in loaded_set, w.oldest_wait_s)).model_id

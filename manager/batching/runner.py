@@ -175,13 +175,15 @@ class Backlog:
                 del self._groups[model_id]
         return self._taken(expired)
 
-    def next_group(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], limit: int) -> list[Job]:
-        """Take the next jobs to run: up to ``limit`` jobs of the model ``choose_next`` picks (urgent ones first).
+    def next_group(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], limit: int,
+                   loading: Sequence[str] = ()) -> list[Job]:
+        """Take the next jobs to run: up to ``limit`` jobs of the model ``choose_next`` picks (urgent ones first;
+        ``loading``: the models being loaded ahead now).
 
         Returns:
             the jobs, all for one model; empty when nothing waits.
         """
-        model_id, ordered = self._next(loaded, load_cost_s)
+        model_id, ordered = self._next(loaded, load_cost_s, loading)
         if model_id is None:
             return []
         oldest = self.clock() - min(job.received_s for job in ordered)
@@ -197,9 +199,11 @@ class Backlog:
         """The jobs ``next_group`` would take now, left in the backlog."""
         return self._next(loaded, load_cost_s)[1][:limit]
 
-    def _next(self, loaded: Sequence[str], load_cost_s: Callable[[str], float]) -> tuple[str | None, list[Job]]:
+    def _next(self, loaded: Sequence[str], load_cost_s: Callable[[str], float],
+              loading: Sequence[str] = ()) -> tuple[str | None, list[Job]]:
         waiting = self.waiting(load_cost_s)
-        model_id = choose_next(waiting, loaded, self.max_wait_s, starved_first=not self._starved_turn)
+        model_id = choose_next(waiting, loaded, self.max_wait_s, starved_first=not self._starved_turn,
+                               loading=loading)
         if model_id is None:
             return None, []
         return model_id, sorted(self._groups[model_id], key=lambda job: (not job.urgent, job.received_s))

@@ -235,7 +235,8 @@ class BatchScheduler:
                 return None
             rejected = self.ledger.take_rejected()
             expired = self.backlog.take_expired(time.time())
-            group = self.backlog.next_group(loaded, manager.load_cost_s, self.runtime.settings.max_group)
+            group = self.backlog.next_group(loaded, manager.load_cost_s, self.runtime.settings.max_group,
+                                            loading=manager.loading_ids())
             if group and group[0].model_id in self._stayed_for:
                 self._stayed_for = frozenset()  # its jobs came: worth waiting for again
             return rejected, expired, group
