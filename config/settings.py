@@ -94,6 +94,10 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_BATCH_WORK_DIR         | unset (see meaning)        | a local directory for the files a batch's driver writes while it runs (per-model inputs and outputs, fsynced per chunk: what a takeover resumes from); default: ``work/`` under a local SWAPLESS_BATCH_FILES_URL, else ~/.cache/swapless/batch-work. Share it between gateway hosts for a takeover on another host to resume rather than start the batch over |
 | SWAPLESS_BATCH_FILE_RETENTION_S | 2592000 s (30 days)        | a batch file (input, output, errors) is deleted this long after it was written |
 | SWAPLESS_BATCH_RETENTION_S      | 2592000 s (30 days)        | a batch's record (status, counts, metadata) is deleted this long after it ended |
+| SWAPLESS_BATCH_MAX_FILES_PER_KEY| 1000                       | files one API key may keep (uploads and results); one more is refused 429 |
+| SWAPLESS_BATCH_MAX_BYTES_PER_KEY| 10737418240 (10 GiB)       | bytes of files one API key may keep; an upload past it is refused 413 |
+| SWAPLESS_BATCH_MAX_BATCHES_PER_KEY| 1000                       | batch records one API key may have (within their retention); one more is refused 429 |
+| SWAPLESS_BATCH_MAX_ACTIVE_PER_KEY| 20                         | batches of one API key not finished at once; one more is refused 429 |
 | SWAPLESS_BATCH_MAX_FILE_BYTES   | 209715200 bytes (200 MiB)  | larger uploads to ``POST /v1/files`` get 413 (counted as they arrive) |
 | SWAPLESS_BATCH_UPLOAD_TIMEOUT_S | 600 s                      | an upload to ``POST /v1/files`` that takes longer to arrive gets 408 (in place of SWAPLESS_GATEWAY_BODY_TIMEOUT_S) |
 | SWAPLESS_BATCH_MAX_LINES        | 100000 lines               | most requests one batch input file may hold; more get 400 naming the line |
@@ -269,6 +273,10 @@ class Settings(BaseSettings):
     batch_work_dir: Path | None = None
     batch_file_retention_s: int = Field(30 * 24 * 3600, ge=1)
     batch_retention_s: int = Field(30 * 24 * 3600, ge=1)
+    batch_max_files_per_key: int = Field(1000, ge=1)
+    batch_max_bytes_per_key: int = Field(10 * 1024**3, ge=1024)
+    batch_max_batches_per_key: int = Field(1000, ge=1)
+    batch_max_active_per_key: int = Field(20, ge=1)
     batch_max_file_bytes: int = Field(200 * 1024 * 1024, ge=1024)
     batch_upload_timeout_s: float = Field(600.0, gt=0)
     batch_max_lines: int = Field(100_000, ge=1)

@@ -198,3 +198,11 @@ class Keyspace:
     def active_batches(self) -> str:
         """The set of batch ids not in a final state yet: what runners look for work in."""
         return f"{self.prefix}swapless:batches:active"
+
+    def owner_batches(self, owner: str) -> str:
+        """The sorted set of one API key's batch ids (score: creation time): its listing and its quota."""
+        return f"{self.prefix}swapless:batches:owner:{owner}"
+
+    def owner_files(self, owner: str) -> str:
+        """The hash of one API key's batch files: file id -> ``"<created_at> <bytes>"`` (its listing and quotas)."""
+        return f"{self.prefix}swapless:files:owner:{owner}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -438,3 +439,85 @@ def test_a_real_gateway_with_keys(
     assert '"GET /status.json HTTP/1.1" 200' in log and '"GET /?key=*** HTTP/1.1" 307' in log
     assert FULL not in log and LIMITED not in log
     assert OTHER not in log and '"GET /status.json HTTP/1.1" 401' in log  # the refused key's request, logged bare
+
+
+def test_the_status_shows_a_limited_key_its_own_batches_and_no_one_s_callback_urls(
+    guarded: TestClient, redis_url: str, key_prefix: str
+) -> None:
+    """Two tenants' batches and a failed webhook with a token in its URL: a key that is no operator's sees its own
+    batch only and the webhooks' counts; the operator's key sees every batch and the URLs without their query."""
+    import hashlib
+
+    from swapless.tasks.broker.webhooks import Delivery
+    from swapless.tasks.gateway.batches.state import BatchStore
+    from swapless.tasks.keyspace import Keyspace
+
+    def owner(key: str) -> str:
+        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+    r = redis.Redis.from_url(redis_url)
+    keys = Keyspace(key_prefix + "jobs", key_prefix)
+    store = BatchStore(r, keys)
+    store.create("batch_mine", {"owner": owner(LIMITED), "total": 3, "expires_at": int(time.time()) + 60})
+    store.create("batch_theirs", {"owner": owner(FULL), "total": 9, "expires_at": int(time.time()) + 60})
+    failed = Delivery("job-1", "https://hooks.example/done?token=s3cret", "{}", attempts=3, last_error="502",
+                      failed_at=time.time())
+    r.lpush(keys.webhooks_failed, failed.encode())
+
+    limited = call(guarded, "GET", "/status.json", LIMITED).json()
+    assert [b["id"] for b in limited["batches"]["batches"]] == ["batch_mine"] and limited["batches"]["active"] == 1
+    assert limited["webhooks"]["failed"] == 1 and limited["webhooks"]["recent_failed"] == []
+    full = call(guarded, "GET", "/status.json", FULL).json()
+    assert sorted(b["id"] for b in full["batches"]["batches"]) == ["batch_mine", "batch_theirs"]
+    assert [d["url"] for d in full["webhooks"]["recent_failed"]] == ["https://hooks.example/done?…"]
+    assert "s3cret" not in json.dumps(full) and "owner" not in json.dumps(full["batches"])
+    r.close()
+
+
+def test_each_key_lists_its_own_batch_records_and_is_held_to_its_quotas(
+    models_json: Path, redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """Two tenants on one gateway with small quotas (no runner: batches stay active): each key's listing reads its
+    own index; a third file, a file past the key's bytes and a second active batch are refused 429 / 413 naming the
+    setting, in OpenAI's error shape; the other key is not affected."""
+    other = "second-key-" + "s" * 21
+    settings = Settings(api_keys=SecretStr(f"{FULL},{LIMITED}:spam,{other}:spam"), redis_url=redis_url,
+                        key_prefix=key_prefix, queue=key_prefix + "jobs", models_file=models_json,
+                        batch_files_url=str(tmp_path / "files"), batch_runner=False, batch_max_files_per_key=2,
+                        batch_max_bytes_per_key=4096, batch_max_active_per_key=1)
+    def lines(count: int) -> str:
+        return "".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/predict",
+                                   "body": {"model_id": "spam", "input": "x"}}) + "\n" for i in range(count))
+
+    line = lines(1)
+
+    def upload(http: TestClient, key: str, text: str) -> httpx.Response:
+        return call(http, "POST", "/v1/files", key, data={"purpose": "batch"},
+                    files={"file": ("in.jsonl", text.encode(), "application/jsonl")})
+
+    with TestClient(create_app(settings), base_url="http://localhost") as http:
+        first, second = upload(http, LIMITED, line), upload(http, LIMITED, lines(2))
+        assert first.status_code == second.status_code == 200
+        third = upload(http, LIMITED, line)
+        assert third.status_code == 429
+        assert third.json()["error"]["message"] == (
+            "this API key keeps 2 files, its limit (SWAPLESS_BATCH_MAX_FILES_PER_KEY): delete some, or wait for them "
+            "to end and expire, then send again")
+        theirs = upload(http, other, line)
+        assert theirs.status_code == 200  # the quota is per key
+        listed = call(http, "GET", "/v1/files", LIMITED).json()["data"]  # newest first: here, the same second
+        assert {f["id"] for f in listed} == {second.json()["id"], first.json()["id"]} and len(listed) == 2
+        assert [f["id"] for f in call(http, "GET", "/v1/files", other).json()["data"]] == [theirs.json()["id"]]
+        assert call(http, "DELETE", f"/v1/files/{second.json()['id']}", LIMITED).status_code == 200
+        big = upload(http, LIMITED, lines(60))  # ~5.6 KB: past the 4,096 bytes the key may keep
+        assert big.status_code == 413 and "SWAPLESS_BATCH_MAX_BYTES_PER_KEY" in big.json()["error"]["message"]
+
+        create = {"input_file_id": first.json()["id"], "endpoint": "/predict", "completion_window": "1h"}
+        made = call(http, "POST", "/v1/batches", LIMITED, json=create)
+        assert made.status_code == 200
+        again = call(http, "POST", "/v1/batches", LIMITED, json=create)
+        assert again.status_code == 429 and "SWAPLESS_BATCH_MAX_ACTIVE_PER_KEY" in again.json()["error"]["message"]
+        assert [b["id"] for b in call(http, "GET", "/v1/batches", LIMITED).json()["data"]] == [made.json()["id"]]
+        assert call(http, "GET", "/v1/batches", other).json()["data"] == []
+        everyone = call(http, "GET", "/v1/files", FULL).json()["data"]  # an operator's key sees every file
+        assert {f["id"] for f in everyone} == {first.json()["id"], theirs.json()["id"]}

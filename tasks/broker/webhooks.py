@@ -324,9 +324,15 @@ class WebhookQueue:
         return len(fresh)
 
 
+def _shown_url(url: str) -> str:
+    """A callback URL as the status shows it: its query (often a token) and fragment left out."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, "…" if parts.query else "", ""))
+
+
 def read_webhooks(client: Any, keyspace: Keyspace, limit: int = 20) -> dict[str, Any]:
     """The webhooks' standing for the status: ``{"pending": n, "failed": n, "recent_failed": [delivery, ...]}``
-    (the newest ``limit`` failed deliveries, without their payloads)."""
+    (the newest ``limit`` failed deliveries, without their payloads, their URLs without query)."""
     pipe = client.pipeline(transaction=False)
     pipe.zcard(keyspace.webhooks_due).llen(keyspace.webhooks_failed)
     pipe.lrange(keyspace.webhooks_failed, 0, max(0, limit - 1))
@@ -334,6 +340,6 @@ def read_webhooks(client: Any, keyspace: Keyspace, limit: int = 20) -> dict[str,
     recent = []
     for raw in raws:
         d = Delivery.decode(raw)
-        recent.append({"id": d.id, "url": d.url, "attempts": d.attempts, "last_error": d.last_error,
+        recent.append({"id": d.id, "url": _shown_url(d.url), "attempts": d.attempts, "last_error": d.last_error,
                        "failed_at": d.failed_at})
     return {"pending": int(pending), "failed": int(failed), "recent_failed": recent}

@@ -57,6 +57,7 @@ __all__ = [
     "LogThrottle",
     "ModelForbidden",
     "Problem",
+    "QuotaExceeded",
     "ResultExpired",
     "TooManyElements",
     "UnknownBatch",
@@ -159,6 +160,19 @@ class BadBatchFile(SwaplessError):
     def message(self) -> str:
         where = f"line {self.line}" if self.line else "the file"
         return f"{where}: {self.problem}; nothing was kept: fix it and upload the file again"
+
+
+class QuotaExceeded(SwaplessError):
+    """An API key is at one of its batch quotas: ``setting`` names it; ``too_large`` (413) when the request's own
+    size passes it (an upload's bytes), else 429."""
+
+    def __init__(self, detail: str, setting: str, too_large: bool = False) -> None:
+        super().__init__(detail, setting, too_large)
+        self.detail, self.setting, self.too_large = detail, setting, too_large
+
+    @property
+    def message(self) -> str:
+        return f"{self.detail} ({self.setting}): delete some, or wait for them to end and expire, then send again"
 
 
 class BadBatch(SwaplessError):
@@ -265,6 +279,8 @@ def _status(err: SwaplessError, protocol: Literal["rest", "v2"]) -> int:
         return 403
     if isinstance(err, ResultExpired):
         return 410
+    if isinstance(err, QuotaExceeded):
+        return 413 if err.too_large else 429
     if isinstance(err, (BodyTooLarge, TooManyElements)):
         return 413
     if isinstance(err, JobCancelled):

@@ -96,11 +96,15 @@ def status_router(settings: Settings, store: ModelStore, redis: Callable[[], are
 
     @router.get("/status.json", **needs(Need.KEY, query_key=True))
     async def status_json(
+        request: Request,
         sample: int = Query(DEFAULT_SAMPLE, ge=1, le=10_000, description="queued messages read per priority level"),
     ) -> Any:
         """What ``swapless status --json`` prints: the queue per model and priority, each live worker's heartbeat
-        (loaded models, cache counters, jobs, queue wait), which worker holds which model, Redis's memory."""
-        payload = await aread_status(redis(), sync, Keyspace.of(settings), model_ids, sample)
+        (loaded models, cache counters, jobs, queue wait), which worker holds which model, Redis's memory. A key
+        that is no operator's sees its own batches only and the webhooks' counts, not other callers' URLs."""
+        caller = request.state.caller
+        payload = await aread_status(redis(), sync, Keyspace.of(settings), model_ids, sample,
+                                     owner=None if caller.admin else caller.owner)
         return JSONResponse(payload, headers=_NO_STORE)
 
     return router

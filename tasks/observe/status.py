@@ -109,16 +109,22 @@ async def aread_status(
     keyspace: Keyspace,
     model_ids: Sequence[str],
     sample: int = DEFAULT_SAMPLE,
+    owner: str | None = None,
 ) -> dict[str, Any]:
     """``read_status`` for asyncio code: ``client`` for the readers that have an asyncio twin, ``sync_client`` (in a
-    worker thread, so the event loop never waits on Redis) for the others."""
+    worker thread, so the event loop never waits on Redis) for the others. ``owner``: a caller that is no operator
+    (the gateway's key): its own batches only, and the webhooks' counts without the failed deliveries (those are
+    other callers' URLs)."""
     places = await aread_placement(client, keyspace, model_ids)
     depth, workers, memory, shadow, (webhooks, batches) = await asyncio.gather(
         aread_queue_depth(client, keyspace, model_ids, sample, {p.model_id: p.queued for p in places}),
         aread_heartbeats(client, keyspace),
         asyncio.to_thread(read_redis_memory, sync_client, keyspace, _active(places)),
         asyncio.to_thread(read_shadow, sync_client, keyspace),
-        asyncio.to_thread(lambda: (read_webhooks(sync_client, keyspace), read_batches(sync_client, keyspace))),
+        asyncio.to_thread(lambda: (read_webhooks(sync_client, keyspace), read_batches(sync_client, keyspace,
+                                                                                      owner=owner))),
     )
+    if owner is not None:
+        webhooks = {**webhooks, "recent_failed": []}
     return status_payload(depth=depth, workers=workers, places=places, memory=memory, shadow=shadow, now=time.time(),
                           webhooks=webhooks, batches=batches)

@@ -40,6 +40,7 @@ from swapless.tasks.client.progress import NullProgress
 from swapless.tasks.gateway.auth import Caller
 from swapless.tasks.gateway.batches.files import FileStore
 from swapless.tasks.gateway.batches.lines import parse_line
+from swapless.tasks.gateway.batches.owners import OwnerIndex
 from swapless.tasks.gateway.batches.shaping import Shaper
 from swapless.tasks.gateway.batches.state import BatchStatus, BatchStore, public_batch
 from swapless.tasks.gateway.errors import BadBatchFile
@@ -302,8 +303,10 @@ class BatchDriver:
                                   (shaper.err_path, "errors", "error_file_id")):
             if path.stat().st_size:
                 file_id = file_id_for(self.batch_id, kind)
-                self.files.put(path, file_id=file_id, filename=f"{self.batch_id}_{kind}.jsonl",
-                               purpose="batch_output", owner=owner, move=True)
+                info = self.files.put(path, file_id=file_id, filename=f"{self.batch_id}_{kind}.jsonl",
+                                      purpose="batch_output", owner=owner, move=True)
+                OwnerIndex(self.store.redis, self.store.keys, self.settings).add_file(owner, file_id,
+                                                                                     info.created_at, info.bytes)
                 fields[field] = file_id
         self.store.update(self.batch_id, **fields)
         self._end(ending)

@@ -37,6 +37,7 @@ from swapless.tasks.broker.webhooks import allowed_hosts, check_target
 from swapless.tasks.gateway.auth import Caller, Need, needs
 from swapless.tasks.gateway.batches.files import FileInfo, FileStore, new_file_id
 from swapless.tasks.gateway.batches.lines import ENDPOINT, LineChecker
+from swapless.tasks.gateway.batches.owners import OwnerIndex
 from swapless.tasks.gateway.batches.runner import work_root
 from swapless.tasks.gateway.batches.state import FINAL, BatchStatus, BatchStore, new_batch_id, public_batch
 from swapless.tasks.gateway.batches.upload import LineWriter, MultipartReader, boundary_of
@@ -100,10 +101,42 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
                                     sentinel=SentinelOptions.of(settings)), Keyspace.of(settings),
                        settings.batch_retention_s, settings.batch_max_window_s)
     uploads = work_root(settings, files) / "uploads"
+    owners = OwnerIndex(store.redis, store.keys, settings)
 
     def caller_of(request: Request) -> Caller:
         caller: Caller = request.state.caller
         return caller
+
+    def _files_of(caller: Caller) -> list[FileInfo]:
+        """The caller's files, newest first: from its own index (an operator: every file)."""
+        if caller.admin:
+            return files.list()
+        found = []
+        for entry in owners.files(caller.owner):
+            info = files.info(entry.file_id)
+            if info is None:  # deleted or expired: the index follows
+                owners.remove_file(caller.owner, entry.file_id)
+            elif info.owner == caller.owner:
+                found.append(info)
+        return found
+
+    def _batches_of(caller: Caller, after: str | None, limit: int) -> tuple[list[dict[str, str]], bool]:
+        """A page of the caller's batches, newest first, after the one of id ``after``: from its own index (an
+        operator: every batch)."""
+        if caller.admin:
+            return store.page(after, limit, None)
+        ids = owners.batch_ids(caller.owner)
+        if after is not None:
+            ids = ids[ids.index(after) + 1 :] if after in ids else []
+        found: list[dict[str, str]] = []
+        for batch_id in ids:
+            batch = store.get(batch_id)
+            if batch is not None and batch.get("owner") == caller.owner:
+                batch["id"] = batch_id
+                found.append(batch)
+                if len(found) > limit:
+                    break
+        return found[:limit], len(found) > limit
 
     async def own_file(caller: Caller, file_id: str) -> FileInfo:
         info = await asyncio.to_thread(files.info, file_id)
@@ -125,6 +158,7 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
         boundary = boundary_of(request.headers.get("content-type", ""))
         if request.headers.get("content-encoding", "identity").lower() != "identity":
             raise BadBatchFile(0, "send the file uncompressed (no Content-Encoding)")
+        await asyncio.to_thread(owners.check_file, caller.owner, 0)  # at its file count already: read nothing
         uploads.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=uploads, suffix=".jsonl") as spool:
             checker = LineChecker(settings.batch_max_lines, max_line_bytes)
@@ -135,9 +169,11 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
             if checker.lines == 0:
                 raise BadBatchFile(0, "the file holds no request: one JSON line per request")
             spool.flush()
+            await asyncio.to_thread(owners.check_file, caller.owner, Path(spool.name).stat().st_size)
             info = await asyncio.to_thread(files.put, Path(spool.name), file_id=new_file_id(),
                                            filename=(upload.filename or "input.jsonl")[:256], purpose="batch",
                                            owner=caller.owner, lines=checker.lines)
+            await asyncio.to_thread(owners.add_file, caller.owner, info.id, info.created_at, info.bytes)
         return info.public()
 
     @router.get("/files", **needs(Need.KEY))
@@ -146,8 +182,8 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
                          limit: int = Query(10_000, ge=1, le=10_000)) -> dict[str, Any]:
         """This key's files, newest first."""
         caller = caller_of(request)
-        found = [info for info in await asyncio.to_thread(files.list)
-                 if (caller.admin or info.owner == caller.owner) and (purpose is None or info.purpose == purpose)]
+        found = [info for info in await asyncio.to_thread(_files_of, caller)
+                 if purpose is None or info.purpose == purpose]
         if after is not None:
             ids = [info.id for info in found]
             found = found[ids.index(after) + 1 :] if after in ids else []
@@ -172,6 +208,7 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
         """Delete a file."""
         info = await own_file(caller_of(request), file_id)
         await asyncio.to_thread(files.delete, info.id)
+        await asyncio.to_thread(owners.remove_file, info.owner, info.id)
         return {"id": info.id, "object": "file", "deleted": True}
 
     @router.post("/batches", **needs(Need.KEY))
@@ -185,6 +222,7 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
         window_s = parse_window(body.completion_window, settings.batch_max_window_s)
         if body.callback_url is not None:
             check_target(body.callback_url, allowed_hosts(settings.webhook_allowed_hosts))
+        await asyncio.to_thread(owners.check_batch, caller.owner)
         rule = caller.rule
         batch_id = new_batch_id()
         fields: dict[str, Any] = {
@@ -196,6 +234,7 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
             "model_names": list(rule.names) if rule is not None else None,
         }
         await asyncio.to_thread(store.create, batch_id, fields)
+        await asyncio.to_thread(owners.add_batch, caller.owner, batch_id, time.time())
         return public_batch(await own_batch(caller, batch_id), batch_id)
 
     @router.get("/batches", **needs(Need.KEY))
@@ -203,7 +242,7 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
                            limit: int = Query(20, ge=1, le=100)) -> dict[str, Any]:
         """This key's batches, newest first, ``limit`` a page; the next page is ``after`` the page's ``last_id``."""
         caller = caller_of(request)
-        found, more = await asyncio.to_thread(store.page, after, limit, None if caller.admin else caller.owner)
+        found, more = await asyncio.to_thread(_batches_of, caller, after, limit)
         data = [public_batch(batch, batch["id"]) for batch in found]
         return {"object": "list", "data": data, "has_more": more,
                 "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
