@@ -408,3 +408,50 @@ def test_a_batch_record_is_kept_for_its_window_and_the_retention_then_goes(redis
     assert store.set_status("batch_a", BatchStatus.COMPLETED) is BatchStatus.COMPLETED
     assert 990 <= r.ttl(keys.batch("batch_a")) <= 1000
     r.close()
+
+
+def test_runner_slots_go_round_robin_between_keys_and_one_stays_for_another_key(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """Key A's four long batches and key B's one, created after them, on a runner of 4 slots: B's starts at once
+    (A takes 3, never the last slot while several keys exist); the order alternates keys, each key's oldest first."""
+    import threading
+
+    import redis
+    from pydantic import SecretStr
+
+    from bench.simulated import simulated_entry
+    from swapless.config.settings import Settings
+    from swapless.manager.registry.store import ModelStore
+    from swapless.tasks.gateway.batches.runner import BatchRunner, fair_order
+    from swapless.tasks.gateway.batches.state import BatchStore
+    from swapless.tasks.keyspace import Keyspace
+    from tests.tinymodels import write_models_file
+
+    models_file = write_models_file(tmp_path, [simulated_entry("spam", 0.0, 0.0, 0.0)])
+    waiting = [("a1", "A", 1.0), ("a2", "A", 2.0), ("a3", "A", 3.0), ("b1", "B", 4.0), ("b2", "B", 5.0)]
+    assert fair_order(waiting, {}) == [("a1", "A"), ("b1", "B"), ("a2", "A"), ("b2", "B"), ("a3", "A")]
+    assert fair_order(waiting, {"A": 2})[:3] == [("b1", "B"), ("b2", "B"), ("a1", "A")]
+
+    settings = Settings(redis_url=redis_url, key_prefix=key_prefix, queue=key_prefix + "jobs", batch_max_active=4,
+                        api_keys=SecretStr("first-key-" + "f" * 22 + ",second-key-" + "s" * 21),
+                        models_file=models_file)
+    r = redis.Redis.from_url(redis_url)
+    store = BatchStore(r, Keyspace(key_prefix + "jobs", key_prefix))
+    now = int(time.time())
+    for i in range(4):
+        store.create(f"batch_a{i}", {"owner": "key:A", "expires_at": now + 3600})
+    runner = BatchRunner(settings, ModelStore.from_file(models_file))
+    runner.store = store
+    gate = threading.Event()
+    runner._drive = lambda batch_id: gate.wait(30)  # type: ignore[method-assign]  # each batch holds its slot
+    try:
+        runner.tick()
+        assert len(runner.driving()) == 3  # A alone: the last slot stays free
+        store.create("batch_b0", {"owner": "key:B", "expires_at": now + 3600})  # B comes while A's batches run
+        runner.tick()
+        driving = runner.driving()
+        assert "batch_b0" in driving and len(driving) == 4
+    finally:
+        gate.set()
+        r.close()

@@ -2,10 +2,12 @@
 
 One runs in every ``swapless serve`` (``SWAPLESS_BATCH_RUNNER``) and in every ``swapless batches``; any number may
 run against one Redis. Each poll (a third of ``SWAPLESS_BATCH_LEASE_S``, at most 1 s) the runner reads the active
-batches, and for each one it does not drive yet, while it has a free slot (``SWAPLESS_BATCH_MAX_ACTIVE``), tries
-to take its lease: the one runner that gets it drives the batch (``driver.BatchDriver``) until the batch is final,
-the lease is lost, or the runner stops. A runner that stops cleanly gives its leases up at once (the chunks it had
-in flight are cancelled, and the next runner sends them again); one that is killed leaves them to expire.
+batches, and for each one nobody drives yet, while it has a free slot (``SWAPLESS_BATCH_MAX_ACTIVE``), in turns
+between the API keys (``fair_order``; with several keys, no key's batches take this runner's last free slot, so that
+another key's batch starts at once), tries to take its lease: the one runner that gets it drives the batch
+(``driver.BatchDriver``) until the batch is final, the lease is lost, or the runner stops. A runner that stops
+cleanly gives its leases up at once (the chunks it had in flight are cancelled, and the next runner sends them
+again); one that is killed leaves them to expire.
 """
 
 from __future__ import annotations
@@ -25,14 +27,36 @@ from swapless.tasks.client import Client
 from swapless.tasks.gateway.batches.driver import BatchDriver, LeaseLost, Stopped
 from swapless.tasks.gateway.batches.files import FileStore
 from swapless.tasks.gateway.batches.state import BatchStore
+from swapless.tasks.gateway.keys import load_keys
 from swapless.tasks.keyspace import Keyspace
 
-__all__ = ["BatchRunner", "work_root"]
+__all__ = ["BatchRunner", "fair_order", "work_root"]
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between two purges of the files past their retention.
 PURGE_EVERY_S = 3600.0
+
+
+def fair_order(waiting: list[tuple[str, str, float]], driven: dict[str, int]) -> list[tuple[str, str]]:
+    """``(batch id, owner)`` of the ``waiting`` batches (id, owner, created at) in the order a runner takes them:
+    round-robin between the keys, the key with the fewest batches driven first (``driven``: per key, by this
+    runner), each key's oldest first; so one key's long batches do not keep another key's waiting for a slot."""
+    by_owner: dict[str, list[tuple[float, str]]] = {}
+    for batch_id, owner, created in waiting:
+        by_owner.setdefault(owner, []).append((created, batch_id))
+    for queue in by_owner.values():
+        queue.sort()
+    counts = {owner: driven.get(owner, 0) for owner in by_owner}
+    order = []
+    while by_owner:
+        owner = min(by_owner, key=lambda o: (counts[o], by_owner[o][0]))
+        _, batch_id = by_owner[owner].pop(0)
+        order.append((batch_id, owner))
+        counts[owner] += 1
+        if not by_owner[owner]:
+            del by_owner[owner]
+    return order
 
 
 def work_root(settings: Settings, files: FileStore) -> Path:
@@ -56,6 +80,8 @@ class BatchRunner:
         self.settings = settings
         self.models = models
         self.runner_id = f"{socket.gethostname()}:{secrets.token_hex(4)}"
+        #: API keys of the deployment: with several, one slot stays free of any one key's batches
+        self._tenants = len(load_keys(settings, models))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._driving: dict[str, threading.Thread] = {}
@@ -99,19 +125,32 @@ class BatchRunner:
             self._stop.wait(poll_s)
 
     def tick(self) -> None:
-        """Take the lease of each active batch nobody drives, while this runner has a free slot."""
+        """Take the lease of each active batch nobody drives, while this runner has a free slot, in ``fair_order``
+        between the keys; no key takes this runner's last free slot while it drives another of that key's."""
         for batch_id, thread in list(self._driving.items()):
             if not thread.is_alive():
                 del self._driving[batch_id]
+        waiting: list[tuple[str, str, float]] = []
+        mine: dict[str, int] = {}
         for batch_id in self.store.active():
-            if len(self._driving) >= self.settings.batch_max_active:
-                return
-            if batch_id in self._driving:
-                continue
-            if self.store.get(batch_id) is None:
+            batch = self.store.get(batch_id)
+            if batch is None:
                 self.store.forget_active(batch_id)
                 continue
+            owner = batch.get("owner", "")
+            if batch_id in self._driving:
+                mine[owner] = mine.get(owner, 0) + 1
+            elif self.store.lease_holder(batch_id) is None:
+                waiting.append((batch_id, owner, float(batch.get("created_at") or 0)))
+        slots = self.settings.batch_max_active
+        per_key = max(1, slots - 1) if self._tenants > 1 else slots
+        for batch_id, owner in fair_order(waiting, mine):
+            if len(self._driving) >= slots:
+                return
+            if mine.get(owner, 0) >= per_key:
+                continue
             if self.store.take_lease(batch_id, self.runner_id, self.settings.batch_lease_s):
+                mine[owner] = mine.get(owner, 0) + 1
                 thread = threading.Thread(target=self._drive, args=(batch_id,), name=f"swapless-{batch_id}",
                                           daemon=True)
                 self._driving[batch_id] = thread
