@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 import redis.asyncio as aredis
@@ -84,10 +85,10 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _parse(keys: Sequence[ModelKeys], answer: Sequence[object]) -> list[ModelPlacement]:
-    busy = {}
+def _parse(keys: Sequence[ModelKeys], answer: Sequence[Any]) -> list[ModelPlacement]:
+    busy: dict[int, list[Any]] = {}
     for index, row in zip(answer[::2], answer[1::2], strict=True):
-        busy[int(index)] = row  # type: ignore[call-overload]
+        busy[int(index)] = row
     idle = dict.fromkeys(PRIORITY_STEPS, 0)
     found = []
     for index, k in enumerate(keys):

@@ -144,7 +144,9 @@ class WorkerContext:
                     ended = "ended by the first job; the others warm on their first jobs"
                     raise
                 finally:
-                    steps.close()
+                    close = getattr(steps, "close", None)  # a generator: closed, it closes its model's use
+                    if close is not None:
+                        close()
                     logger.info("warm start on %s: %d model(s) in %.1f s (%s)", threading.current_thread().name,
                                 took, time.perf_counter() - started, ended)
 

@@ -48,7 +48,8 @@ class OwnerIndex:
         """The key's files within their retention, newest first (expired entries are dropped from the index)."""
         raw = self.redis.hgetall(self.keys.owner_files(owner))
         oldest = time.time() - self.settings.batch_file_retention_s
-        kept, gone = [], []
+        kept: list[OwnerFile] = []
+        gone: list[OwnerFile] = []
         for file_id, value in raw.items():  # type: ignore[union-attr]
             created, _, size = value.decode().partition(" ")
             entry = OwnerFile(file_id.decode(), int(created), int(size or 0))
@@ -90,7 +91,8 @@ class OwnerIndex:
         if len(ids) >= s.batch_max_batches_per_key:
             raise QuotaExceeded(f"this API key has {len(ids)} batches kept, its limit",
                                 "SWAPLESS_BATCH_MAX_BATCHES_PER_KEY")
-        active = sum(1 for member in (self.redis.smismember(self.keys.active_batches, ids) if ids else []) if member)
+        members: list[int] = self.redis.smismember(self.keys.active_batches, ids) if ids else []  # type: ignore[assignment]
+        active = sum(1 for member in members if member)
         if active >= s.batch_max_active_per_key:
             raise QuotaExceeded(f"this API key has {active} batches not finished, its limit",
                                 "SWAPLESS_BATCH_MAX_ACTIVE_PER_KEY")
