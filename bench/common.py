@@ -187,6 +187,21 @@ class Process:
                 raise RuntimeError(f"{self.proc.args} did not start:\n{self.text()[-3000:]}")
             time.sleep(0.05)
 
+    def wait_http(self, http: Any, timeout_s: float = 60) -> None:
+        """Wait until the process (a gateway) answers ``GET /healthz`` 200 through ``http`` (an ``httpx.Client``)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if http.get("/healthz").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway did not start:\n{self.text()[-2000:]}")
+            time.sleep(0.1)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

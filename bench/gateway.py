@@ -98,16 +98,7 @@ class Stack:
         self.worker.wait_for("ready.")
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60,
                                  headers={"Authorization": f"Bearer {GOOD}"})
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if self.http.get("/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the gateway did not start:\n{self.gateway.text()[-2000:]}")
-            time.sleep(0.1)
+        self.gateway.wait_http(self.http)
         self.good_ids: list[str] = []
         _predicts(self.http, 5, 30, self.good_ids)  # warm: the model loaded, connections open
         return self

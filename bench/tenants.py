@@ -95,16 +95,7 @@ def repetition(redis_url: str, files_n: int, batches_n: int) -> dict[str, float]
         attacker = httpx.Client(base_url=base, timeout=120, headers={"Authorization": f"Bearer {ATTACKER}"})
         tenant = httpx.Client(base_url=base, timeout=120, headers={"Authorization": f"Bearer {TENANT}"})
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if tenant.get("/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the gateway did not start:\n{gateway.text()[-2000:]}")
-                time.sleep(0.1)
+            gateway.wait_http(tenant)
             rss = psutil.Process(gateway.proc.pid)
 
             def used() -> float:

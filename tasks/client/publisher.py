@@ -343,15 +343,19 @@ class Publisher:
             m, held = next(iter(refused.items()))
             where = (f"model {m!r} has {held} messages queued" if m is not None
                      else f"queue {s.queue!r} holds {held} messages")
-            queued = [ids[i] for i in range(len(jobs)) if admitted.get(canonical[jobs[i][0]])]
-            error = QueueFull(
-                redact(s.broker_url),
-                f"{where}, its bound is {s.max_queued} (SWAPLESS_MAX_QUEUED); wait for the workers to take "
-                "some, then send again" + (f" ({len(queued)} of these jobs were queued)" if queued else ""),
-            )
-            error.queued = queued
-            raise error
+            raise self._queue_full(where, [ids[i] for i in range(len(jobs)) if admitted.get(canonical[jobs[i][0]])])
         return ids
+
+    def _queue_full(self, where: str, queued: list[str]) -> QueueFull:
+        """The error of a send refused by ``SWAPLESS_MAX_QUEUED`` at ``where``, naming the ids ``queued`` anyway."""
+        s = self.settings
+        error = QueueFull(
+            redact(s.broker_url),
+            f"{where}, its bound is {s.max_queued} (SWAPLESS_MAX_QUEUED); wait for the workers to take some, then "
+            "send again" + (f" ({len(queued)} of these jobs were queued)" if queued else ""),
+        )
+        error.queued = queued
+        return error
 
     async def apublish(
         self,
@@ -407,12 +411,6 @@ class Publisher:
             refused.append((plan.shared, f"queue {s.queue!r} holds {shared[1]} messages"))
         if refused:
             left_out = {i for indices, _ in refused for i in indices}
-            queued = [job_id for i, (job_id, _) in enumerate(plan.built) if i not in left_out]
-            error = QueueFull(
-                redact(s.broker_url),
-                f"{refused[0][1]}, its bound is {s.max_queued} (SWAPLESS_MAX_QUEUED); wait for the workers to take "
-                "some, then send again" + (f" ({len(queued)} of these jobs were queued)" if queued else ""),
-            )
-            error.queued = queued
-            raise error
+            raise self._queue_full(refused[0][1], [job_id for i, (job_id, _) in enumerate(plan.built)
+                                                   if i not in left_out])
         return [job_id for job_id, _ in plan.built]
