@@ -89,6 +89,7 @@ Every default is listed here with its unit; the CLI flags of ``swapless worker``
 | SWAPLESS_WEBHOOK_TIMEOUT_S      | 10 s                       | how long one delivery attempt waits for the receiver's answer (a 2xx delivers it) |
 | SWAPLESS_WEBHOOK_CONCURRENCY    | 8 requests                 | webhook requests one worker's sender has in flight at once |
 | SWAPLESS_WEBHOOK_MAX_PENDING    | 100000 deliveries          | most deliveries waiting in one queue's delivery queue: beyond it a delivery is kept as failed at once (``swapless webhooks replay``) |
+| SWAPLESS_WEBHOOK_MAX_PENDING_PER_KEY| 10000                      | webhook deliveries waiting for one API key's jobs; past it, its new ones are kept as failed at once |
 | SWAPLESS_WEBHOOK_MAX_FAILED     | 10000 deliveries           | most failed deliveries kept (the oldest go first); each is kept SWAPLESS_WEBHOOK_RETRY_S after it failed |
 | SWAPLESS_BATCH_FILES_URL        | unset (~/.local/share/swapless/files) | where the batch API (``/v1/files``, ``/v1/batches``) keeps its files: a directory, or any fsspec URL (``s3://bucket/swapless``, ``gs://...``; the filesystem's own package must be installed) |
 | SWAPLESS_BATCH_WORK_DIR         | unset (see meaning)        | a local directory for the files a batch's driver writes while it runs (per-model inputs and outputs, fsynced per chunk: what a takeover resumes from); default: ``work/`` under a local SWAPLESS_BATCH_FILES_URL, else ~/.cache/swapless/batch-work. Share it between gateway hosts for a takeover on another host to resume rather than start the batch over |
@@ -268,6 +269,7 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = Field(10.0, gt=0)
     webhook_concurrency: int = Field(8, ge=1)
     webhook_max_pending: int = Field(100_000, ge=1)
+    webhook_max_pending_per_key: int = Field(10_000, ge=1)
     webhook_max_failed: int = Field(10_000, ge=1)
     batch_files_url: str | None = None
     batch_work_dir: Path | None = None

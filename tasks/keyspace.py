@@ -143,6 +143,10 @@ class Keyspace:
         """The sorted set of webhook deliveries waiting to be sent (score: the time of the next attempt)."""
         return self._queue_key("webhooks:due")
 
+    def webhooks_owner(self, owner: str) -> str:
+        """The sorted set of one API key's webhook deliveries waiting (score: when each was queued): its bound."""
+        return self._queue_key(f"webhooks:owner:{owner}")
+
     def webhook(self, delivery_id: str) -> str:
         """One webhook delivery (its target, payload and attempts), kept until it is delivered or failed."""
         return self._queue_key(f"webhook:{delivery_id}")

@@ -26,6 +26,7 @@ from swapless.config import errors as _errors
 from swapless.config.errors import InputError, JobFailed, SwaplessError
 
 __all__ = [
+    "CALLBACK_OWNER_HEADER",
     "CALLBACK_URL_HEADER",
     "CHUNK_TASK",
     "KEYS_HEADER",
@@ -65,6 +66,9 @@ PRIORITY_STEPS = (PRIORITY_INTERACTIVE, 3, PRIORITY_BULK, 9)
 SENT_AT_HEADER = "swapless_sent_at"
 #: Header of a job (or chunk) whose final state is to be sent to this URL as a signed webhook (``callback_url``).
 CALLBACK_URL_HEADER = "swapless_callback_url"
+#: Header of a job sent through the gateway with a ``callback_url``: the API key (its owner label) its webhook
+#: counts against (``SWAPLESS_WEBHOOK_MAX_PENDING_PER_KEY``).
+CALLBACK_OWNER_HEADER = "swapless_callback_owner"
 #: Header of a chunk message: how many inputs it carries (a worker's hold of a model counts jobs, not messages).
 ITEMS_HEADER = "swapless_items"
 #: Header of a chunk sent to a route with sticky keys: one key (or null) per input, in order.

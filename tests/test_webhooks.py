@@ -84,6 +84,27 @@ def test_the_queue_is_bounded_and_deduplicated(webhook_queue: WebhookQueue) -> N
     assert 0 < ttl <= 120
 
 
+def test_one_api_key_cannot_fill_the_delivery_queue_for_the_others(redis_url: str, key_prefix: str) -> None:
+    """SWAPLESS_WEBHOOK_MAX_PENDING_PER_KEY at 2: key A's third waiting delivery is kept as failed at once, saying
+    why, while key B's and an unowned one are queued; one of A's delivered frees its place."""
+    client = redis.Redis.from_url(redis_url)
+    queue = WebhookQueue(client, Keyspace("q", key_prefix), ttl_s=60, max_pending=100, max_failed=10,
+                         max_pending_per_key=2)
+    now = time.time()
+    mine = [Delivery(f"a{i}", "http://x/", "{}", owner="key:A") for i in range(3)]
+    assert queue.enqueue(mine, now) == (2, 1)
+    assert queue.enqueue([Delivery("b0", "http://x/", "{}", owner="key:B"), Delivery("n0", "http://x/", "{}")],
+                         now) == (2, 0)
+    count, failed = queue.failed()
+    assert count == 1 and failed[0].id == "a2" and failed[0].owner == "key:A"
+    assert failed[0].last_error == "this API key had too many webhooks waiting (SWAPLESS_WEBHOOK_MAX_PENDING_PER_KEY)"
+    [first, *_] = [d for d in queue.claim(10, lease_s=30, now=now) if d.id == "a0"]
+    queue.delivered(first)
+    assert queue.enqueue([Delivery("a3", "http://x/", "{}", owner="key:A")], now) == (1, 0)
+    assert queue.pending() == 4
+    client.close()
+
+
 def test_claims_lease_deliveries_and_failures_can_be_replayed(webhook_queue: WebhookQueue) -> None:
     now = time.time()
     webhook_queue.enqueue([Delivery("a", "http://x/", "{}"), Delivery("b", "http://x/", "{}")], now)

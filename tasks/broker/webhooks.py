@@ -33,25 +33,42 @@ from swapless.tasks.keyspace import Keyspace
 
 __all__ = ["Delivery", "WebhookQueue", "allowed_hosts", "check_target", "read_webhooks", "resolve_host"]
 
-# KEYS: due, failed, then one key per delivery. ARGV: now, ttl, max pending, max failed, then id and record per
-# delivery. A delivery already waiting is left as it is; past the bound it is kept as failed instead.
+# KEYS: due, failed, then per delivery its record's key and its API key's set of waiting deliveries (``due`` again
+# for a delivery of no API key). ARGV: now, ttl, max pending, max failed, max pending per API key, then per delivery
+# its id, its record and whether it has an API key ('1' / '0'). A delivery already waiting is left as it is; past a
+# bound it is kept as failed instead, saying which.
 _ENQUEUE = """
 local now, ttl, max_pending, max_failed = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local per_owner = tonumber(ARGV[5])
 local queued, full = 0, 0
-for i = 3, #KEYS do
-  local id, record = ARGV[2 * i - 1], ARGV[2 * i]
+for i = 0, (#KEYS - 2) / 2 - 1 do
+  local key, owner = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
+  local id, record, owned = ARGV[6 + 3 * i], ARGV[7 + 3 * i], ARGV[8 + 3 * i] == '1'
   if not redis.call('ZSCORE', KEYS[1], id) then
+    local why = nil
     if redis.call('ZCARD', KEYS[1]) >= max_pending then
+      why = 'the delivery queue was full (SWAPLESS_WEBHOOK_MAX_PENDING)'
+    elseif owned then
+      redis.call('ZREMRANGEBYSCORE', owner, '-inf', now - ttl)
+      if redis.call('ZCARD', owner) >= per_owner then
+        why = 'this API key had too many webhooks waiting (SWAPLESS_WEBHOOK_MAX_PENDING_PER_KEY)'
+      end
+    end
+    if why then
       local d = cjson.decode(record)
-      d['last_error'] = 'the delivery queue was full (SWAPLESS_WEBHOOK_MAX_PENDING)'
+      d['last_error'] = why
       d['failed_at'] = now
       redis.call('LPUSH', KEYS[2], cjson.encode(d))
       redis.call('LTRIM', KEYS[2], 0, max_failed - 1)
       redis.call('EXPIRE', KEYS[2], ttl)
       full = full + 1
     else
-      redis.call('SET', KEYS[i], record, 'EX', ttl)
+      redis.call('SET', key, record, 'EX', ttl)
       redis.call('ZADD', KEYS[1], now, id)
+      if owned then
+        redis.call('ZADD', owner, now, id)
+        redis.call('EXPIRE', owner, ttl)
+      end
       queued = queued + 1
     end
   end
@@ -87,6 +104,9 @@ class Delivery:
     attempts: int = 0
     last_error: str | None = None
     failed_at: float | None = None
+    #: the API key (its owner label) whose job this is, when it came through the gateway: its deliveries waiting
+    #: are bounded by ``SWAPLESS_WEBHOOK_MAX_PENDING_PER_KEY``
+    owner: str | None = None
 
     def encode(self) -> str:
         return json.dumps(asdict(self))
@@ -219,14 +239,17 @@ class WebhookQueue:
         ttl_s: how long a delivery is retried and a failed one kept (``SWAPLESS_WEBHOOK_RETRY_S``).
         max_pending: ``SWAPLESS_WEBHOOK_MAX_PENDING``.
         max_failed: ``SWAPLESS_WEBHOOK_MAX_FAILED``.
+        max_pending_per_key: ``SWAPLESS_WEBHOOK_MAX_PENDING_PER_KEY`` (deliveries of one API key's jobs waiting).
     """
 
-    def __init__(self, client: Any, keyspace: Keyspace, ttl_s: float, max_pending: int, max_failed: int) -> None:
+    def __init__(self, client: Any, keyspace: Keyspace, ttl_s: float, max_pending: int, max_failed: int,
+                 max_pending_per_key: int = 10_000) -> None:
         self.client = client
         self.keyspace = keyspace
         self.ttl_s = max(1, int(ttl_s) + 60)  # a delivery outlives its last retry by a margin
         self.max_pending = max_pending
         self.max_failed = max_failed
+        self.max_pending_per_key = max_pending_per_key
         self._enqueue = client.register_script(_ENQUEUE)
         self._claim = client.register_script(_CLAIM)
 
@@ -234,7 +257,7 @@ class WebhookQueue:
     def of(cls, client: Any, settings: Any) -> WebhookQueue:
         """The queue of ``settings`` (its keyspace and its webhook bounds)."""
         return cls(client, Keyspace.of(settings), settings.webhook_retry_s, settings.webhook_max_pending,
-                   settings.webhook_max_failed)
+                   settings.webhook_max_failed, settings.webhook_max_pending_per_key)
 
     def enqueue(self, deliveries: Sequence[Delivery], now: float | None = None) -> tuple[int, int]:
         """Queue ``deliveries`` (due now) in one round trip; returns (queued, kept as failed: the queue was full).
@@ -243,10 +266,11 @@ class WebhookQueue:
             return 0, 0
         k = self.keyspace
         now = time.time() if now is None else now
-        keys = [k.webhooks_due, k.webhooks_failed, *(k.webhook(d.id) for d in deliveries)]
-        args: list[Any] = [now, self.ttl_s, self.max_pending, self.max_failed]
+        keys = [k.webhooks_due, k.webhooks_failed]
+        args: list[Any] = [now, self.ttl_s, self.max_pending, self.max_failed, self.max_pending_per_key]
         for d in deliveries:
-            args += [d.id, d.encode()]
+            keys += [k.webhook(d.id), k.webhooks_owner(d.owner) if d.owner else k.webhooks_due]
+            args += [d.id, d.encode(), "1" if d.owner else "0"]
         queued, full = self._enqueue(keys=keys, args=args)
         return int(queued), int(full)
 
@@ -272,6 +296,8 @@ class WebhookQueue:
         """Forget a delivered delivery."""
         pipe = self.client.pipeline(transaction=False)
         pipe.zrem(self.keyspace.webhooks_due, delivery.id).delete(self.keyspace.webhook(delivery.id))
+        if delivery.owner:
+            pipe.zrem(self.keyspace.webhooks_owner(delivery.owner), delivery.id)
         pipe.execute()
 
     def retry(self, delivery: Delivery, at_s: float) -> None:
@@ -289,6 +315,8 @@ class WebhookQueue:
         pipe.lpush(k.webhooks_failed, delivery.encode()).ltrim(k.webhooks_failed, 0, self.max_failed - 1)
         pipe.expire(k.webhooks_failed, self.ttl_s)
         pipe.zrem(k.webhooks_due, delivery.id).delete(k.webhook(delivery.id))
+        if delivery.owner:
+            pipe.zrem(k.webhooks_owner(delivery.owner), delivery.id)
         pipe.execute()
 
     def pending(self) -> int:
@@ -313,7 +341,7 @@ class WebhookQueue:
             chosen = [(raw, d) for raw, d in chosen if d.id in wanted]
         fresh = {}
         for _, d in chosen:
-            fresh[d.id] = Delivery(d.id, d.url, d.payload)  # the newest failure of one id, once
+            fresh[d.id] = Delivery(d.id, d.url, d.payload, owner=d.owner)  # the newest failure of one id, once
         if not fresh:
             return 0
         self.enqueue(list(fresh.values()))

@@ -42,7 +42,7 @@ from swapless.tasks.gateway.ledger import JobLedger
 from swapless.tasks.gateway.quotas import OverLimit, RateLimit, WaitSlots
 from swapless.tasks.gateway.turns import give_back
 from swapless.tasks.keyspace import Keyspace
-from swapless.tasks.protocol import CALLBACK_URL_HEADER
+from swapless.tasks.protocol import CALLBACK_OWNER_HEADER, CALLBACK_URL_HEADER
 
 __all__ = ["Ask", "DataPlane", "check_input"]
 
@@ -172,7 +172,7 @@ class DataPlane:
         headers = None
         if callback_url is not None:
             check_target(callback_url, allowed_hosts(self.settings.webhook_allowed_hosts))
-            headers = [{CALLBACK_URL_HEADER: callback_url} for _ in asks]
+            headers = [{CALLBACK_URL_HEADER: callback_url, CALLBACK_OWNER_HEADER: caller.owner} for _ in asks]
         large = len(asks) > 1 or any(isinstance(a.value, str) and len(a.value) > _OFF_LOOP_CHARS for a in asks)
         routed = await asyncio.to_thread(self._route, asks, label) if large else self._route(asks, label)
         if self._rate is None:

@@ -39,7 +39,7 @@ from standardwebhooks import Webhook
 from swapless.config.errors import SwaplessError, WebhookRefused
 from swapless.config.settings import Settings
 from swapless.tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, connect_address, pinned, resolve_host
-from swapless.tasks.protocol import CALLBACK_URL_HEADER, SENT_AT_HEADER, encode_outcome
+from swapless.tasks.protocol import CALLBACK_OWNER_HEADER, CALLBACK_URL_HEADER, SENT_AT_HEADER, encode_outcome
 
 __all__ = ["WebhookIntake", "WebhookSender", "backoff_s", "job_payload"]
 
@@ -103,7 +103,9 @@ class WebhookIntake:
             sent_at = headers.get(SENT_AT_HEADER)
             sent = float(sent_at) if isinstance(sent_at, (int, float)) and not isinstance(sent_at, bool) else None
             payload = job_payload(request.id, result, error, models.get(request.id), sent, now)
-            deliveries.append(Delivery(request.id, url, payload, created_s=now))
+            owner = headers.get(CALLBACK_OWNER_HEADER)
+            deliveries.append(Delivery(request.id, url, payload, created_s=now,
+                                       owner=owner if isinstance(owner, str) and owner else None))
         if not deliveries:
             return 0
         _, full = self.queue.enqueue(deliveries, now)

@@ -331,7 +331,8 @@ class BatchDriver:
         payload = json.dumps({"object": "event", "id": event_id, "type": f"batch.{ending.value}",
                               "created_at": int(time.time()), "data": data})
         try:
-            WebhookQueue.of(self.store.redis, self.settings).enqueue([Delivery(event_id, url, payload)])
+            owner = batch.get("owner") if batch.get("callback_url") else None  # the deployment's own URL: no key's
+            WebhookQueue.of(self.store.redis, self.settings).enqueue([Delivery(event_id, url, payload, owner=owner)])
         except Exception:  # the batch's end stands; its webhook is what is lost, and the log says so
             logger.exception("could not queue the end webhook of batch %s", self.batch_id)
 
