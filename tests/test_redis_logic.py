@@ -288,3 +288,33 @@ def test_queue_depth_counts_messages_per_model_and_priority_and_scales_up_an_ing
     r.lpush(KEYS.ingress(6), *[_message(["topic", f"y{i}"]) for i in range(4)])  # newest
     sampled = read_queue_depth(r, KEYS, ["sentiment", "spam"], sample=5)  # the next five to be moved: all spam
     assert sampled.sampled and sampled.total == 10 and sampled.by_model == {"spam": 10}  # an estimate
+
+
+def test_write_refusals_are_reported_for_a_while_after_the_last_one_seen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis's memory flickers around its limit while it refuses writes: a refusal counted since the last look is
+    reported, and so it stays for ``hold_s`` whatever the memory does; then it clears."""
+    from swapless.tasks.observe import memory
+
+    class Info:
+        def __init__(self) -> None:
+            self.used, self.oom = 900, 0
+
+        def info(self, section: str) -> dict[str, Any]:
+            if section == "memory":
+                return {"used_memory": self.used, "maxmemory": 1000, "maxmemory_policy": "noeviction"}
+            return {"errorstat_OOM": {"count": self.oom}}
+
+    clock = [100.0]
+    monkeypatch.setattr(memory.time, "monotonic", lambda: clock[0])
+    redis_info = Info()
+    refusals = memory.WriteRefusals(hold_s=10)
+    assert refusals.check(redis_info) is None  # type: ignore[arg-type]  # the first look: a baseline
+    redis_info.oom = 3
+    clock[0] = 101.0
+    assert "3 write(s) refused since the last look" in (refusals.check(redis_info) or "")  # type: ignore[arg-type]
+    clock[0] = 105.0  # memory back under the limit, no new refusal: still said
+    assert "writes refused 4 s ago" in (refusals.check(redis_info) or "")  # type: ignore[arg-type]
+    clock[0] = 112.0
+    assert refusals.check(redis_info) is None  # type: ignore[arg-type]
+    redis_info.used = 1000  # at the limit: refusing, whatever the count says
+    assert (refusals.check(redis_info) or "").startswith("Redis refusing writes: OOM")  # type: ignore[arg-type]

@@ -8,6 +8,8 @@ draws, times ``DBSIZE``, is the estimated number of stored results, and their me
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -104,11 +106,14 @@ class WriteRefusals:
     Redis at its ``maxmemory`` with ``noeviction`` refuses new jobs while workers go on
     (``swapless.tasks.broker.connection.WRITE_FIRST_NOTE``); its memory hovers just under the limit and over it as
     writes are refused and buffers shrink, so the limit alone flickers. Redis counts the ``OOM`` errors it replies
-    (``INFO errorstats``): any since the last check means it refused writes in between.
+    (``INFO errorstats``): any since the last check means it refused writes in between, and the heartbeats go on
+    saying so for ``hold_s`` after the last refusal seen (a reader polling every few seconds sees it too).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, hold_s: float = 10.0) -> None:
+        self.hold_s = hold_s
         self._refused: int | None = None
+        self._refused_at = -math.inf
 
     def check(self, client: redis.Redis) -> str | None:
         """``"Redis refusing writes: OOM (...)"`` while it does, else None. Two ``INFO`` calls."""
@@ -118,8 +123,13 @@ class WriteRefusals:
         used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
         refused = int((info.get("errorstat_OOM") or {}).get("count", 0))
         new, self._refused = (0 if self._refused is None else refused - self._refused), refused
-        if not limit or info.get("maxmemory_policy") != "noeviction" or (used < limit and new <= 0):
+        now = time.monotonic()
+        if new > 0:
+            self._refused_at = now
+        recent = now - self._refused_at < self.hold_s
+        if not limit or info.get("maxmemory_policy") != "noeviction" or (used < limit and not recent):
             return None
-        lately = f"; {new} write(s) refused since the last look" if new > 0 else ""
+        lately = (f"; {new} write(s) refused since the last look" if new > 0
+                  else f"; writes refused {now - self._refused_at:.0f} s ago" if recent else "")
         return f"Redis refusing writes: OOM ({format_bytes(used)} used of maxmemory {format_bytes(limit)}{lately})"
 
