@@ -219,3 +219,54 @@ def test_the_layout_check_sees_a_module_left_out() -> None:
     blocks = _layout_blocks((REPO / "README.md").read_text())
     extra = REPO / "tasks" / "broker" / "not_in_the_readme.py"  # a path only: nothing is written
     assert _unnamed_modules(blocks, [extra]) == ["tasks/broker/not_in_the_readme.py"]
+
+
+def _import_graph(sources: list[Path]) -> dict[str, set[str]]:
+    """Each module of ``sources`` and the modules of ``sources`` it imports (every import counted, those inside
+    functions and under ``TYPE_CHECKING`` too)."""
+    modules = {_module_name(path): path for path in sources}
+    return {name: {imported for _, imported in _imports(path) if imported in modules and imported != name}
+            for name, path in modules.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: each strongly connected group of two or more modules, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in graph[module]:
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def test_no_module_imports_another_that_imports_it_back() -> None:
+    """No import circle, at any depth (two modules in a circle can only be understood together)."""
+    assert _circles(_import_graph(_sources())) == []
+
+
+def test_the_circle_check_sees_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _circles(graph) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []

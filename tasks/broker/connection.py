@@ -23,7 +23,6 @@ import time
 from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aredis
@@ -33,6 +32,7 @@ from redis.retry import Retry
 
 from swapless.config.errors import QueueFull, QueueUnavailable, SwaplessError
 from swapless.config.settings import Settings
+from swapless.tasks.broker.urls import redact
 
 if TYPE_CHECKING:
     from swapless.tasks.broker.sentinel import SentinelOptions
@@ -69,25 +69,6 @@ def client_url(url: str) -> str:
     if url.startswith("redis+socket://"):
         return "unix://" + url[len("redis+socket://") :]
     return url
-
-
-def redact(url: str) -> str:
-    """``url`` with its password (and ACL user's password) replaced by ``***``: safe to print and log (each
-    sentinel's of a ``sentinel://...;sentinel://...`` URL)."""
-    if ";" in url:
-        return ";".join(redact(part) for part in url.split(";"))
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unreadable URL>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def _options(connect_timeout_s: float, socket_timeout_s: float | None) -> dict[str, Any]:

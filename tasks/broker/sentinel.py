@@ -29,7 +29,7 @@ import redis.sentinel
 
 from swapless.config.errors import ConfigError
 from swapless.config.settings import Settings
-from swapless.tasks.broker.connection import redact
+from swapless.tasks.broker.urls import redact
 
 __all__ = [
     "PRIMARIES", "RECHECK_S", "PrimaryWatch", "SentinelOptions", "SentinelURL", "WatchedAsyncPool",

@@ -4,18 +4,34 @@ consumer, ``swapless.tasks.client.consumer``), its cancellation."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from swapless.config.errors import JobTimeout
+from swapless.config.settings import Settings
 from swapless.tasks.broker.connection import translated
 from swapless.tasks.broker.results import StoredResult
 from swapless.tasks.client.reading import raise_for
 from swapless.tasks.protocol import split_item_id
 
-if TYPE_CHECKING:
-    from swapless.tasks.client.client import Client
+__all__ = ["Job", "JobSource"]
 
-__all__ = ["Job"]
+
+class JobSource(Protocol):
+    """What a ``Job`` asks of the client that made it (``swapless.tasks.client.Client`` is one)."""
+
+    settings: Settings
+    forget: bool
+
+    @property
+    def consumer(self) -> Any: ...
+
+    @property
+    def results(self) -> Any: ...
+
+    def fetch(self, job_ids: Sequence[str]) -> list[StoredResult]: ...
+
+    def cancel(self, job_ids: Sequence[str]) -> dict[str, str]: ...
 
 
 class Job:
@@ -25,7 +41,7 @@ class Job:
     own item of the chunk's stored result.
     """
 
-    def __init__(self, client: Client, job_id: str) -> None:
+    def __init__(self, client: JobSource, job_id: str) -> None:
         self.client = client
         self.id = job_id
 
