@@ -186,3 +186,17 @@ def test_a_long_call_queues_each_models_jobs_whole_or_not_at_all(
     assert len(client.submit_jobs([("sentiment", f"c {i}") for i in range(900)], priority="bulk")) == 900
     assert queued("sentiment") == 900
     r.close()
+
+
+@pytest.mark.parametrize("value", [
+    "great movie", "", "it's", 'say "hi"', "new\nline", "tab\there", "back\\slash", "é ü 中文 😀", "\x00\x1f",
+    "x" * 990, "x" * 1100, "nbsp\u00a0here", 5, None, [1, "a"], {"k": "v"},
+])
+def test_argsrepr_is_what_send_task_writes(value: Any) -> None:
+    """The header a monitor shows for a job's arguments: the plain repr where it equals Celery's saferepr, saferepr
+    itself elsewhere (escapes, long texts, non-strings)."""
+    from celery.utils.saferepr import saferepr
+
+    from swapless.tasks.broker.publish import argsrepr
+
+    assert argsrepr(["sentiment", value]) == saferepr(["sentiment", value], 1024)

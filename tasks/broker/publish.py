@@ -31,10 +31,32 @@ from swapless.tasks.broker.connection import ReplicaWait
 from swapless.tasks.keyspace import ModelKeys
 from swapless.tasks.protocol import CHUNK_TASK, ITEMS_HEADER, PREDICT_TASK, SENT_AT_HEADER
 
-__all__ = ["ModelPush", "apush", "apush_to_models", "build_messages", "check_messages", "push", "push_to_models"]
+__all__ = [
+    "ModelPush", "apush", "apush_to_models", "argsrepr", "build_messages", "check_messages", "push", "push_to_models",
+]
 
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 _ARGSREPR_MAX = 1024  # Celery's argsrepr_maxsize
+#: Longest ``repr`` of a job's arguments taken as its ``argsrepr`` as it is (Celery's saferepr only shortens past
+#: ``_ARGSREPR_MAX``).
+_PLAIN_REPR_MAX = 1000
+
+
+def _plain(text: object) -> bool:
+    """Whether ``repr`` writes ``text`` as Celery's saferepr does: a printable string with no quote or backslash
+    to escape."""
+    return type(text) is str and text.isprintable() and "'" not in text and "\\" not in text
+
+
+def argsrepr(args: list[Any]) -> str:
+    """The ``argsrepr`` header of a job's ``[model_id, value]``, as ``send_task`` writes it
+    (``celery.utils.saferepr``): the plain ``repr`` where that is the same (short printable strings, most inputs),
+    four times cheaper; saferepr otherwise."""
+    if all(_plain(arg) for arg in args):
+        text = repr(args)
+        if len(text) <= _PLAIN_REPR_MAX:
+            return text
+    return saferepr(args, _ARGSREPR_MAX)
 
 
 def build_messages(
@@ -80,7 +102,7 @@ def build_messages(
                 "timelimit": [None, None],
                 "root_id": job_id,
                 "parent_id": None,
-                "argsrepr": saferepr(args, _ARGSREPR_MAX),
+                "argsrepr": argsrepr(args),
                 "kwargsrepr": "{}",
                 "origin": origin,
                 "ignore_result": False,
