@@ -37,3 +37,17 @@ def test_the_router_reads_a_keyword_model_id_from_the_message_as_it_lies_in_redi
     message = {"body": body, "properties": {"body_encoding": "base64"}}
     assert message_args(message) == ["spam", "fed"]
     assert message_args({"body": "not json"}) is None
+
+
+def test_new_ids_are_fresh_uuid4_strings() -> None:
+    """What ``str(uuid.uuid4())`` gives, thousands at a time from one read of the random source: version 4, the
+    RFC 4122 variant, each different."""
+    import uuid
+
+    from swapless.tasks.protocol import new_ids
+
+    ids = new_ids(5000)
+    parsed = [uuid.UUID(job_id) for job_id in ids]
+    assert len(set(ids)) == 5000 and all(str(u) == job_id for u, job_id in zip(parsed, ids, strict=True))
+    assert {u.version for u in parsed} == {4} and {u.variant for u in parsed} == {uuid.RFC_4122}
+    assert new_ids(0) == [] and new_ids(1) != new_ids(1)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import json
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ from celery.utils.saferepr import saferepr
 from swapless.config.errors import InputError
 from swapless.tasks.broker.connection import ReplicaWait
 from swapless.tasks.keyspace import ModelKeys
-from swapless.tasks.protocol import CHUNK_TASK, ITEMS_HEADER, PREDICT_TASK, SENT_AT_HEADER
+from swapless.tasks.protocol import CHUNK_TASK, ITEMS_HEADER, PREDICT_TASK, SENT_AT_HEADER, new_ids
 
 __all__ = [
     "ModelPush", "apush", "apush_to_models", "argsrepr", "build_messages", "check_messages", "push", "push_to_models",
@@ -77,9 +76,11 @@ def build_messages(
     origin = anon_nodename()  # what send_task puts in "origin"
     reply_to = app.thread_oid
     sent_at = time.time()
+    tags = new_ids(len(jobs))
+    ids = ids if ids is not None else new_ids(len(jobs))
     out = []
     for index, (model_id, value) in enumerate(jobs):
-        job_id = ids[index] if ids is not None else str(uuid.uuid4())
+        job_id = ids[index]
         args = [model_id, value]
         try:
             body = json.dumps([args, {}, _EMBED])
@@ -120,7 +121,7 @@ def build_messages(
                 "delivery_info": {"exchange": "", "routing_key": queue},
                 "priority": priority,
                 "body_encoding": "base64",
-                "delivery_tag": str(uuid.uuid4()),
+                "delivery_tag": tags[index],
             },
         }
         encoded = json.dumps(message)

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from swapless.tasks.protocol import (
     SHADOW_HEADER,
     SHADOWED_HEADER,
     expires_header,
+    new_ids,
     priority_level,
 )
 
@@ -156,7 +156,7 @@ class Publisher:
         be an image file's path (False for inputs from the network: ``secret.png`` is then text).
         """
         store = self._routing_store()
-        ids = [str(uuid.uuid4()) for _ in jobs]
+        ids = new_ids(len(jobs))
         if store is None:
             return [Routed(job_id, model_id, value) for job_id, (model_id, value) in zip(ids, jobs, strict=True)]
         overrides = self.route_weights().get()
@@ -262,7 +262,7 @@ class Publisher:
                 is out of memory; ``queued`` lists the ids that were queued nonetheless (other models' jobs).
             QueueUnavailable: Redis cannot be reached.
         """
-        ids = list(ids) if ids is not None else [str(uuid.uuid4()) for _ in jobs]
+        ids = list(ids) if ids is not None else new_ids(len(jobs))
         if len(jobs) <= FIRST_SLICE:
             plan = self._plan(task, jobs, level, expires, ids, headers)
             with translated(self.settings.broker_url):
