@@ -61,13 +61,13 @@ def argsrepr(args: list[Any]) -> str:
 def build_messages(
     app: Celery, queue: str, jobs: Sequence[tuple[str, Any]], priority: int, task: str = PREDICT_TASK,
     expires: str | None = None, ids: Sequence[str] | None = None, headers: Sequence[dict[str, Any]] | None = None,
-    max_bytes: int | None = None,
+    max_bytes: int | None = None, bodies: Sequence[str] | None = None,
 ) -> list[tuple[str, str]]:
     """``(job id, message JSON)`` for each ``(model_id, value)``, as ``send_task(task, args=[model_id, value])``
     would send it (``value``: one input for ``PREDICT_TASK``, a list of inputs for ``CHUNK_TASK``); ``expires``:
     the deadline, as ``send_task(..., expires=...)`` writes it (an ISO time); ``ids``: the job ids (default: new
     ones); ``headers``: extra headers per job (``send_task(..., headers=...)``); ``max_bytes``: the largest message
-    (``SWAPLESS_MAX_MESSAGE_BYTES``).
+    (``SWAPLESS_MAX_MESSAGE_BYTES``); ``bodies``: the jobs' bodies as ``check_messages`` encoded them (not again).
 
     Raises:
         ValueError: an input JSON cannot encode (the index of the job is named).
@@ -82,10 +82,7 @@ def build_messages(
     for index, (model_id, value) in enumerate(jobs):
         job_id = ids[index]
         args = [model_id, value]
-        try:
-            body = json.dumps([args, {}, _EMBED])
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"job {index} ({model_id}): its input cannot be sent as JSON ({err})") from None
+        body = bodies[index] if bodies is not None else _body(index, model_id, value)
         message = {
             "body": base64.b64encode(body.encode()).decode(),
             "content-encoding": "utf-8",
@@ -139,29 +136,43 @@ def build_messages(
 _MESSAGE_OVERHEAD_BYTES = 8192
 
 
+def _body(index: int, model_id: str, value: Any) -> str:
+    """A job's body as Celery encodes it, ``[args, kwargs, embed]``.
+
+    Raises:
+        ValueError: its input cannot be encoded (the job's index is named).
+    """
+    try:
+        return json.dumps([[model_id, value], {}, _EMBED])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"job {index} ({model_id}): its input cannot be sent as JSON ({err})") from None
+
+
 def check_messages(
     app: Celery, queue: str, jobs: Sequence[tuple[str, Any]], priority: int, task: str = PREDICT_TASK,
     expires: str | None = None, headers: Sequence[dict[str, Any]] | None = None, max_bytes: int | None = None,
-) -> None:
+) -> list[str]:
     """Raise what ``build_messages`` would raise for these jobs, without building their messages (a few
     microseconds a job): a producer that sends a long call in slices checks it all before it sends the first.
+    Returns each job's body, for ``build_messages(..., bodies=)``.
 
     Raises:
         ValueError: an input JSON cannot encode (the index of the job is named).
         InputError: a message would be over ``max_bytes``.
     """
     margin = _MESSAGE_OVERHEAD_BYTES + 2 * len(queue) + len(task) + len(expires or "")
+    bodies = []
     for index, (model_id, value) in enumerate(jobs):
-        try:
-            body = json.dumps([[model_id, value], {}, _EMBED])
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"job {index} ({model_id}): its input cannot be sent as JSON ({err})") from None
+        body = _body(index, model_id, value)
+        bodies.append(body)
         if max_bytes is None:
             continue
         extra = len(json.dumps(headers[index], default=str)) if headers is not None and headers[index] else 0
         if 4 * (len(body.encode()) + 2) // 3 + margin + extra > max_bytes:  # near the limit: build it to know
             build_messages(app, queue, [(model_id, value)], priority, task=task, expires=expires,
-                           headers=[headers[index]] if headers is not None else None, max_bytes=max_bytes)
+                           headers=[headers[index]] if headers is not None else None, max_bytes=max_bytes,
+                           bodies=[body])
+    return bodies
 
 
 # KEYS: the list to push to, then every list of the queue (counted). ARGV: the bound, the messages still to come

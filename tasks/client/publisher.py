@@ -301,8 +301,8 @@ class Publisher:
         all, as in one round trip; a failure partway (Redis lost) leaves the earlier slices queued: the error's
         ``queued`` names them."""
         s = self.settings
-        check_messages(self.app, s.queue, jobs, level, task=task, expires=expires_header(expires), headers=headers,
-                       max_bytes=s.max_message_bytes)
+        bodies = check_messages(self.app, s.queue, jobs, level, task=task, expires=expires_header(expires),
+                                headers=headers, max_bytes=s.max_message_bytes)
         canonical: dict[str, str | None] = {}
         for model_id, _ in jobs:
             if model_id not in canonical:
@@ -322,7 +322,8 @@ class Publisher:
                 for i in chosen:
                     coming[canonical[jobs[i][0]]] -= 1  # what is left after this slice
                 plan = self._plan(task, [jobs[i] for i in chosen], level, expires, [ids[i] for i in chosen],
-                                  [headers[i] for i in chosen] if headers is not None else None)
+                                  [headers[i] for i in chosen] if headers is not None else None,
+                                  [bodies[i] for i in chosen])
                 try:
                     outcomes, shared = self._push(plan, level, coming, admitted)
                 except SwaplessError as err:
@@ -382,12 +383,13 @@ class Publisher:
 
     def _plan(
         self, task: str, jobs: Sequence[tuple[str, Any]], level: int, expires: float | datetime | None,
-        ids: Sequence[str] | None, headers: Sequence[dict[str, Any]] | None,
+        ids: Sequence[str] | None, headers: Sequence[dict[str, Any]] | None, bodies: Sequence[str] | None = None,
     ) -> _Plan:
-        """The messages, and which go to each model's lists and which to the ingress."""
+        """The messages, and which go to each model's lists and which to the ingress (``bodies``: the jobs'
+        bodies already encoded by ``check_messages``)."""
         s = self.settings
         built = build_messages(self.app, s.queue, jobs, level, task=task, expires=expires_header(expires), ids=ids,
-                               headers=headers, max_bytes=s.max_message_bytes)
+                               headers=headers, max_bytes=s.max_message_bytes, bodies=bodies)
         shared: list[int] = []
         by_model: dict[str, list[int]] = {}
         for index, (model_id, _) in enumerate(jobs):
