@@ -54,6 +54,7 @@ from swapless.tasks.worker.idle import IdleWork
 from swapless.tasks.worker.ledger import RequestLedger
 from swapless.tasks.worker.runtime import Runtime
 from swapless.tasks.worker.shadows import Shadows
+from swapless.tasks.worker.spans import BatchSpans, BatchTrace, traces_note
 
 __all__ = ["BatchScheduler"]
 
@@ -62,6 +63,9 @@ logger = logging.getLogger(__name__)
 #: How long the scheduler waits for the coming jobs of loaded models before it loads another (``Backlog.coming``):
 #: a fetch round, which waits for a bell up to the transport's idle poll (0.1 s).
 STAY_S = 0.15
+
+#: Longest the consumer thread waits for an idle scheduler thread to take the jobs it just handed over.
+HAND_OVER_S = 0.002
 
 
 class BatchScheduler:
@@ -75,6 +79,7 @@ class BatchScheduler:
         acks: acks go through it, in bulk (the batch task binds it to the consumer's thread).
         observer: told about every group run (the worker's heartbeat, metrics and task events).
         followups: what is done between a result's store and its ack (Celery's canvas, webhooks).
+        spans: makes the spans of traced jobs (``swapless.tasks.worker.spans``); None: tracing is off.
     """
 
     def __init__(
@@ -87,8 +92,12 @@ class BatchScheduler:
         acks: AckQueue | None = None,
         observer: SchedulerObserver = NULL_OBSERVER,
         followups: Followups | None = None,
+        spans: BatchSpans | None = None,
     ) -> None:
         self.runtime = runtime
+        self.spans = spans
+        #: The marks of the batch ``_run_batch`` just ran, for its ``_complete`` (scheduler thread only).
+        self._traced: BatchTrace | None = None
         self.router = router
         self.results_factory = results_factory
         self.shadows = shadows
@@ -121,6 +130,10 @@ class BatchScheduler:
         self._aside: str | None = None
         #: Set once the scheduler thread is running and has done its ``first`` work (loading the kept models).
         self.ready = threading.Event()
+        #: Set while the scheduler thread waits for jobs with nothing in hand; cleared once it takes the jobs that
+        #: woke it (``submit`` waits for that, briefly, instead of contending for the GIL with it).
+        self._idle_waiting = False
+        self._took = threading.Event()
 
     @property
     def jobs_done(self) -> int:
@@ -146,6 +159,13 @@ class BatchScheduler:
                 jobs.extend(self.ledger.admit(delivery))
             self.backlog.add(jobs)
             self._cond.notify()
+            handing = bool(jobs) and self._idle_waiting
+            if handing:
+                self._took.clear()
+        if handing:
+            # The scheduler thread was idle: let it take these jobs before this thread goes on to its next fetch
+            # (which would otherwise hold the GIL while the woken scheduler waits for it).
+            self._took.wait(HAND_OVER_S)
         self.start()
 
     def hand_over(self, model_id: str) -> int:
@@ -224,7 +244,10 @@ class BatchScheduler:
             self._idle = None
         with self._cond:
             while not self._stopping and not self.ledger.has_rejected and not len(self.backlog):
+                self._idle_waiting = True
                 self._cond.wait()
+            self._idle_waiting = False
+            self._took.set()
             loaded = manager.loaded_ids()
             coming = self.backlog.coming(loaded, manager.load_cost_s)
             if coming and not coming <= self._stayed_for:  # once for these models, until one of them has run
@@ -545,16 +568,23 @@ class BatchScheduler:
         try:
             waiting = self._waiting(self.backlog_counts())
             warm = model_id in self.runtime.manager.loaded_ids()
+            traced = self.spans.start(model_id, batch, self.runtime.manager) if self.spans is not None else None
             started = time.perf_counter()
             ahead = (lambda: self._load_ahead(model_id)) if self.runtime.settings.load_ahead else None
+            if traced is not None:
+                ahead = traced.on_loaded(ahead)
             outcomes = run_group(self.runtime.manager, model_id, batch, waiting, on_loaded=ahead,
                                  before_last_pass=self._read_next if last else None)
             elapsed = time.perf_counter() - started
+            if traced is not None:
+                traced.ran(outcomes)
+                self._traced = traced
             if warm:  # the last warm pass's seconds per job: when the next answers would come
                 self._pass_s[model_id] = elapsed / len(batch)
             self.observer.on_group(model_id, batch, outcomes, elapsed)  # heartbeat, metrics, events; never raises
             failed = sum(1 for o in outcomes if not o.ok)
-            logger.info("ran %d job(s) on %s in %.3f s (%d failed)", len(outcomes), model_id, elapsed, failed)
+            logger.info("ran %d job(s) on %s in %.3f s (%d failed)%s", len(outcomes), model_id, elapsed, failed,
+                        traces_note(batch))
         except Exception as err:  # a bug here must still give every job an answer
             logger.exception("internal error running %d job(s) on %s", len(batch), model_id)
             outcomes = [
@@ -608,12 +638,18 @@ class BatchScheduler:
         served = {o.job.id: o.job.model_id for o in outcomes}
         answered = [(self.ledger.delivery(o.job.id), o) for o in outcomes]
         items = [(d.request, o.result, o.error) for d, o in answered] + chunks_done
+        traced, self._traced = self._traced, None  # the batch these outcomes are of, when traced
 
         def work(store: ResultStore) -> None:
+            begun_ns = time.time_ns() if traced is not None else 0
             self.ledger.finish(store, items, models=served)
+            if traced is not None:
+                traced.stored(begun_ns, time.time_ns())
             self.shadows.settle(store, answered)
             if chunks_done:  # the items' attempt counters end with their chunk's stored result
                 store.clear_attempts([item_id(r.id, i) for r, value, _ in chunks_done for i in range(len(value))])
 
         if items:
             self._finish(results, work, jobs)
+        elif traced is not None:  # items of chunks not yet whole: nothing stored for this batch
+            traced.stored(None, None)
