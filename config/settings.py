@@ -1,112 +1,9 @@
 """Process settings, read from the environment under the ``SWAPLESS_`` prefix (pydantic-settings).
 
-Every default is listed here with its unit; the CLI flags of ``swapless worker`` set the same variables.
-
-| variable                        | default                    | meaning |
-|---------------------------------|----------------------------|---------|
-| SWAPLESS_REDIS_URL              | unset                      | broker and result backend. Unset: the worker uses redis://127.0.0.1:6379/0; ``swapless submit``/``bulk`` start an embedded Redis (local mode) |
-| SWAPLESS_CONNECT_TIMEOUT_S      | 3 s                        | producers (client, CLI, gateway) give up connecting to Redis after this, once retried |
-| SWAPLESS_REDIS_SENTINEL_MASTER  | unset                      | the master name Redis Sentinel knows the primary by; required with a ``sentinel://host:26379;sentinel://host:26380`` SWAPLESS_REDIS_URL (Celery's form; the primary's own user and password go in the first sentinel's URL) |
-| SWAPLESS_REDIS_SENTINEL_USERNAME | unset                     | the ACL user the sentinels themselves ask for (unset: none, or the default user) |
-| SWAPLESS_REDIS_SENTINEL_PASSWORD | unset                     | the sentinels' own password (``requirepass`` of the sentinels; unset: none) |
-| SWAPLESS_REDIS_SENTINEL_TLS     | false                      | reach the sentinels, the primary and its replicas over TLS |
-| SWAPLESS_REDIS_FAILOVER_WAIT_S  | 15 s                      | with Sentinel: how long a wait for results (``Job.get``, ``gather``, the gateway's) rides out a primary that cannot be reached (a failover) before it fails ``QueueUnavailable`` |
-| SWAPLESS_REDIS_MIN_REPLICAS     | 0 replicas                 | a submit returns, and a worker acks a job, only once this many replicas hold the job or its result (``WAIT``); 0: Redis's asynchronous replication, nothing waited for |
-| SWAPLESS_REDIS_REPLICA_TIMEOUT_S | 1 s                       | the longest a write waits for SWAPLESS_REDIS_MIN_REPLICAS replicas: then a submit fails ``QueueUnavailable`` (retryable) and a worker stores the result again before it acks |
-| SWAPLESS_MODELS_FILE            | config/models.json         | the model registry |
-| SWAPLESS_QUEUE                  | swapless                   | Celery queue the jobs go through |
-| SWAPLESS_KEY_PREFIX             | unset                      | prefix for every Redis key (queues and results), to share one Redis |
-| SWAPLESS_MAX_MODELS             | 2                          | local models loaded at once (count limit of the LRU cache) |
-| SWAPLESS_MEMORY_BUDGET_BYTES    | unset (no byte limit)      | bytes of loaded local models: ``4GiB``, ``512MB`` or a plain number |
-| SWAPLESS_HOST_MEMORY_BUDGET_BYTES | 0 (no host tier)          | bytes of models kept built in host memory once evicted from the device (the host tier): their next use is a copy back, not a load from disk; ``16GiB`` or a plain number; 0: evicted models are unloaded |
-| SWAPLESS_HOST_MAX_MODELS        | 16 models                  | most models kept in the host tier at once (with a host budget above 0; 0 turns the tier off too) |
-| SWAPLESS_TRITON_MAX_MODELS      | 4                          | Triton models kept loaded on their servers |
-| SWAPLESS_DEVICE                 | auto                       | ``auto`` (cuda if available, else cpu), ``cpu``, ``cuda``, ``cuda:1`` |
-| SWAPLESS_MAX_BATCH_SIZE         | 32 inputs                  | largest forward pass unless the model entry says otherwise; the best size below it is measured |
-| SWAPLESS_MAX_QUEUED             | 100000 messages            | most messages one model's lists (or the shared lists) may hold, a chunk counting once: producers get ``QueueFull`` beyond it, before Redis is full |
-| SWAPLESS_MAX_MESSAGE_BYTES      | 67108864 bytes (64 MiB)    | largest queue message a producer sends (one job, or one chunk of a bulk job): a larger one is refused with ``InputError`` before anything is queued |
-| SWAPLESS_ROUTING                | placement                  | ``placement``: each model's jobs go to the workers that claimed it, one cache across workers; ``shared``: any worker takes any job (one worker, or the baseline) |
-| SWAPLESS_PREFETCH_PER_MODEL     | 512 jobs                   | most jobs of one model a worker holds, a chunk counting its inputs (two groups: one running, the next fetched meanwhile); with other workers live, also at most about SWAPLESS_COPY_BACKLOG_S of its work, so the rest waits in Redis for whichever copy is free |
-| SWAPLESS_COPY_BACKLOG_S         | 2 s                        | a model gets one more copy (on another worker) when its waiting work per copy passes this many seconds |
-| SWAPLESS_MAX_COPIES             | unset (as many as workers) | most workers that hold one model at once |
-| SWAPLESS_COPY_IDLE_S            | 10 s                       | an extra copy whose model had no work for this long is dropped |
-| SWAPLESS_PLACEMENT_INTERVAL_S   | 0.2 s                      | how often a worker reads the cluster's queues and claims and places models |
-| SWAPLESS_PREFETCH               | 1024 jobs                  | unacked jobs one worker holds: the backlog its scheduler groups |
-| SWAPLESS_MAX_GROUP              | 256 jobs                   | most jobs of one model run before the scheduler decides again |
-| SWAPLESS_MAX_WAIT_S             | 30 s                       | a job older than this is served next even if its model is cold |
-| SWAPLESS_INTERACTIVE_EXPIRES_S  | unset (no deadline)        | an interactive job sent without its own deadline (``expires``) that has not started this long after it was sent is answered ``JobExpired`` and never run |
-| SWAPLESS_BULK_EXPIRES_S         | unset (no deadline)        | the same for bulk jobs |
-| SWAPLESS_RESULT_EXPIRES_S       | 3600 s                     | how long an unread result stays in Redis (``forget=True`` deletes one once read) |
-| SWAPLESS_CANCEL_HOLD_S          | 604800 s (7 days)          | how long a job without a deadline may still wait in the queue, as far as a cancellation (kept that long) and the gateway's record of a job go |
-| SWAPLESS_MAX_ATTEMPTS           | 3                          | a job in flight at this many worker deaths fails as a poison job |
-| SWAPLESS_TASK_EVENTS            | false                      | Celery task events per job (Flower); they cost 10-25 % of single-model throughput |
-| SWAPLESS_LOAD_AHEAD             | true                       | while a group computes, load the model the next group needs when there is room (never evicting a model with work); a bulk group's cold model loads aside while interactive jobs run |
-| SWAPLESS_KEEP_INTERACTIVE_S     | 60 s                       | a model that served interactive jobs stays loaded this long after: loads ahead never evict it, other loads evict it last (0: plain LRU) |
-| SWAPLESS_WARM_START             | true                       | warm each local model and measure its batch sizes while idle, until the first job (``--no-warm-start``) |
-| SWAPLESS_WARM_START_BUDGET_S    | 30 s                       | the warm start warms no more models once it has taken this long (it also ends at the first job) |
-| SWAPLESS_WARM_BEFORE_READY_S    | 0 s                        | seconds of the warm start done before the worker reports ready (behind a readiness probe: warm before traffic); 0: all of it while idle |
-| SWAPLESS_PLUGINS                | unset                      | comma-separated modules imported at worker start (custom frameworks) |
-| SWAPLESS_VISIBILITY_TIMEOUT_S   | 60 s                       | a dead worker's jobs are redelivered after this (plus the sweep) |
-| SWAPLESS_VISIBILITY_REFRESH_S   | 10 s                       | a live worker re-stamps the jobs it holds this often; must be ≤ timeout / 3 |
-| SWAPLESS_TRITON_URL             | 127.0.0.1:8000             | default Triton HTTP endpoint |
-| SWAPLESS_INPUT_ROOT             | unset (paths refused)      | directory image file paths must stay under |
-| SWAPLESS_MAX_TEXT_CHARS         | 100000 characters          | longer text inputs fail their job |
-| SWAPLESS_MAX_IMAGE_BYTES        | 20 MiB                     | larger encoded images fail their job |
-| SWAPLESS_MAX_IMAGE_PIXELS       | 89478485 pixels            | Pillow's decompression-bomb limit |
-| SWAPLESS_HEARTBEAT_INTERVAL_S   | 2 s                        | how often a worker publishes its status; the key expires after 3 intervals |
-| SWAPLESS_METRICS_PORT           | unset (no metrics server)  | port of the worker's Prometheus endpoint (``/metrics``) |
-| SWAPLESS_METRICS_HOST           | 127.0.0.1                  | address the Prometheus endpoint binds to |
-| SWAPLESS_SCALE_DRAIN_S          | 300 s                      | autoscaling: the time a backlog should take to drain; `swapless_workers_desired` asks for backlog seconds / this many workers on top of the demand (README "Autoscaling") |
-| SWAPLESS_SCALE_TARGET_UTILIZATION | 0.8                      | autoscaling: the share of each worker's device time the work arriving may fill |
-| SWAPLESS_SCALE_WINDOW_S         | 60 s                       | autoscaling: the window the work arriving is measured over |
-| SWAPLESS_SCALE_MIN_WORKERS      | 0                          | autoscaling: `swapless_workers_desired` never asks for fewer (0: scale to zero when idle) |
-| SWAPLESS_SCALE_MAX_WORKERS      | 16                         | autoscaling: and never for more |
-| SWAPLESS_SCALE_UNKNOWN_JOB_S    | 0.05 s                     | autoscaling: device seconds per job of a model no worker has measured on the fleet's kind of device |
-| SWAPLESS_SCALE_UNKNOWN_LOAD_S   | 10 s                       | autoscaling: and seconds per load of such a model |
-| SWAPLESS_SCALE_BUSY_S           | 1 s                        | autoscaling: a worker with this many device seconds of work of its own (jobs it holds, its share of those waiting for the models it claims) is busy; `swapless_workers_desired` never asks for fewer workers than are busy |
-| SWAPLESS_POD_DELETION_COST      | false                      | in Kubernetes, keep the pod's `controller.kubernetes.io/pod-deletion-cost` annotation at the worker's removal cost (needs POD_NAME, POD_NAMESPACE and `patch` on pods; README "Autoscaling") |
-| SWAPLESS_POD_DELETION_COST_INTERVAL_S | 10 s                 | and write it at most this often (each write is a pod update on the API server) |
-| SWAPLESS_KUBERNETES_SERVICE_ACCOUNT_DIR | /var/run/secrets/kubernetes.io/serviceaccount | where the pod's service account token and CA are mounted |
-| SWAPLESS_EXPORTER_PORT          | 9808                       | port of `swapless exporter`'s `/metrics` (the autoscaling signals, for deployments without the gateway) |
-| SWAPLESS_GATEWAY_MAX_BODY_BYTES | 33554432 bytes (32 MiB)    | larger request bodies get 413 from the HTTP gateway (counted as they arrive, and again once decompressed) |
-| SWAPLESS_GATEWAY_BODY_TIMEOUT_S | 30 s                       | a request body that takes longer to arrive gets 408 |
-| SWAPLESS_GATEWAY_MAX_ELEMENTS   | 1024 jobs                  | most elements (jobs) of one Open Inference Protocol request, checked from the declared shapes: more get 413 |
-| SWAPLESS_GATEWAY_RATE_PER_KEY   | 1000 jobs/s                | jobs one API key (without keys: one client address) may submit per second, in bursts of twice that; more get 429; kept in Redis, shared by every gateway process |
-| SWAPLESS_GATEWAY_INFLIGHT_PER_KEY | 2048 jobs                | jobs one API key (or client address) may have submitted and not yet finished; more get 429 |
-| SWAPLESS_GATEWAY_MAX_WAITS      | 1000 requests              | ``POST /predict`` and ``/v2`` infer requests one gateway process holds waiting for results; more get 503 |
-| SWAPLESS_GATEWAY_ACTIVE_PER_KEY | 4 requests                 | requests of one caller (key, or address without keys) one gateway process reads, parses and queues at once; the rest wait their turn (waiting for results does not count) |
-| SWAPLESS_GATEWAY_TURN_WAIT_S    | 10 s                       | the longest a request waits for its caller's turn; then 429 with ``Retry-After`` |
-| SWAPLESS_GATEWAY_ALLOWED_HOSTS  | unset (see meaning)        | ``Host`` names the gateway answers to, comma-separated (``*``: any). Default: with no API key and no ``--insecure-no-auth``, loopback names only (``localhost``, ``127.0.0.1``, ``[::1]``: a web page cannot reach a loopback gateway through a DNS rebinding); else any |
-| SWAPLESS_GATEWAY_ALLOWED_ORIGINS | unset (same origin only)  | web origins (``https://app.example``) whose pages may call the gateway from a browser, comma-separated; a request from any other ``Origin`` gets 403 |
-| SWAPLESS_PREDICT_TIMEOUT_S      | 30 s                       | how long ``POST /predict`` waits before answering 504 with the job id |
-| SWAPLESS_API_KEYS               | unset (no keys)            | API keys of the HTTP gateway, comma-separated; an entry ``KEY:MODELS`` may call only those models (the syntax: ``swapless.tasks.gateway.auth``). No keys at all: the gateway asks for none |
-| SWAPLESS_API_KEYS_FILE          | unset                      | a file of more API keys, one entry per line in the same syntax, ``#`` starting a comment |
-| SWAPLESS_GATEWAY_INSECURE_NO_AUTH | false                    | let ``swapless serve`` listen on a non-loopback address with no API key configured (``--insecure-no-auth``) |
-| SWAPLESS_CANVAS_QUEUE           | celery                     | queue of a Celery follow-up task (``link``, ``link_error``, a chain's next step, a chord's body) that names none and is not Swapless's own: this worker does not know the producer's routes, and ``celery`` is the queue a plain Celery worker consumes by default |
-| SWAPLESS_WEBHOOK_SECRET         | unset (webhooks not signed: not sent) | the Standard Webhooks signing secret (``whsec_`` and base64): every webhook is signed with it; without it a worker keeps the deliveries it cannot sign as failed (replay them once it is set) |
-| SWAPLESS_WEBHOOK_ALLOWED_HOSTS  | unset (public addresses only) | hosts a ``callback_url`` may name, comma-separated (``*.example.com`` covers subdomains); a listed host may resolve to any address. Unset: any host that resolves only to public addresses (never loopback, private, link-local or reserved ones) |
-| SWAPLESS_WEBHOOK_RETRY_S        | 86400 s (24 hours)         | how long a webhook delivery is retried (backoff from 1 s doubling to 10 minutes) before it is kept as failed |
-| SWAPLESS_WEBHOOK_TIMEOUT_S      | 10 s                       | how long one delivery attempt waits for the receiver's answer (a 2xx delivers it) |
-| SWAPLESS_WEBHOOK_CONCURRENCY    | 8 requests                 | webhook requests one worker's sender has in flight at once |
-| SWAPLESS_WEBHOOK_MAX_PENDING    | 100000 deliveries          | most deliveries waiting in one queue's delivery queue: beyond it a delivery is kept as failed at once (``swapless webhooks replay``) |
-| SWAPLESS_WEBHOOK_MAX_PENDING_PER_KEY| 10000                      | webhook deliveries waiting for one API key's jobs; past it, its new ones are kept as failed at once |
-| SWAPLESS_WEBHOOK_MAX_FAILED     | 10000 deliveries           | most failed deliveries kept (the oldest go first); each is kept SWAPLESS_WEBHOOK_RETRY_S after it failed |
-| SWAPLESS_BATCH_FILES_URL        | unset (~/.local/share/swapless/files) | where the batch API (``/v1/files``, ``/v1/batches``) keeps its files: a directory, or any fsspec URL (``s3://bucket/swapless``, ``gs://...``; the filesystem's own package must be installed) |
-| SWAPLESS_BATCH_WORK_DIR         | unset (see meaning)        | a local directory for the files a batch's driver writes while it runs (per-model inputs and outputs, fsynced per chunk: what a takeover resumes from); default: ``work/`` under a local SWAPLESS_BATCH_FILES_URL, else ~/.cache/swapless/batch-work. Share it between gateway hosts for a takeover on another host to resume rather than start the batch over |
-| SWAPLESS_BATCH_FILE_RETENTION_S | 2592000 s (30 days)        | a batch file (input, output, errors) is deleted this long after it was written |
-| SWAPLESS_BATCH_RETENTION_S      | 2592000 s (30 days)        | a batch's record (status, counts, metadata) is deleted this long after it ended |
-| SWAPLESS_BATCH_MAX_FILES_PER_KEY| 1000                       | files one API key may keep (uploads and results); one more is refused 429 |
-| SWAPLESS_BATCH_MAX_BYTES_PER_KEY| 10737418240 (10 GiB)       | bytes of files one API key may keep; an upload past it is refused 413 |
-| SWAPLESS_BATCH_MAX_BATCHES_PER_KEY| 1000                       | batch records one API key may have (within their retention); one more is refused 429 |
-| SWAPLESS_BATCH_MAX_ACTIVE_PER_KEY| 20                         | batches of one API key not finished at once; one more is refused 429 |
-| SWAPLESS_BATCH_MAX_FILE_BYTES   | 209715200 bytes (200 MiB)  | larger uploads to ``POST /v1/files`` get 413 (counted as they arrive) |
-| SWAPLESS_BATCH_UPLOAD_TIMEOUT_S | 600 s                      | an upload to ``POST /v1/files`` that takes longer to arrive gets 408 (in place of SWAPLESS_GATEWAY_BODY_TIMEOUT_S) |
-| SWAPLESS_BATCH_MAX_LINES        | 100000 lines               | most requests one batch input file may hold; more get 400 naming the line |
-| SWAPLESS_BATCH_MAX_WINDOW_S     | 86400 s (24 h)             | the longest ``completion_window`` a batch may ask for (``24h``, ``90m``, ``30s``); lines not started by its end are answered expired |
-| SWAPLESS_BATCH_RUNNER           | true                       | ``swapless serve`` drives batches itself (a runner thread); false: only ``swapless batches`` processes do |
-| SWAPLESS_BATCH_MAX_ACTIVE       | 4 batches                  | batches one process drives at once; more wait for a free slot, in any process |
-| SWAPLESS_BATCH_WEBHOOK_URL      | unset                      | where every batch's end is posted (`batch.completed`, `batch.failed`, `batch.expired`, `batch.cancelled`), signed as job webhooks are, unless the batch names its own `callback_url` |
-| SWAPLESS_BATCH_LEASE_S          | 30 s                       | a driver's lease on a batch, renewed every third of it; a driver gone this long (killed) has its batch taken over by another runner, resuming from what it wrote |
+Each field's description is its documentation, with its unit in its name (``_s`` seconds, ``_bytes`` bytes) or in
+its description: the settings reference of the docs (``docs/reference/settings.md``) is generated from the fields,
+defaults included, and a test fails on a field without one. The CLI flags of ``swapless worker`` set the same
+variables.
 """
 
 from __future__ import annotations
@@ -165,128 +62,419 @@ def parse_bytes(value: str | float) -> int:
 
 
 class Settings(BaseSettings):
-    """Process settings; see the module docstring for the table of variables and defaults."""
+    """Process settings: one field per ``SWAPLESS_`` variable, each with its default and description."""
 
     model_config = SettingsConfigDict(env_prefix="SWAPLESS_", extra="ignore")
 
-    redis_url: str | None = None
-    connect_timeout_s: float = Field(3.0, gt=0)
-    redis_sentinel_master: str | None = None
-    redis_sentinel_username: str | None = None
-    #: A secret, so never shown in a repr.
-    redis_sentinel_password: SecretStr | None = None
-    redis_sentinel_tls: bool = False
-    redis_failover_wait_s: float = Field(15.0, ge=0)
-    redis_min_replicas: int = Field(0, ge=0)
-    redis_replica_timeout_s: float = Field(1.0, gt=0)
-    models_file: Path = DEFAULT_MODELS_FILE
-    queue: str = "swapless"
-    key_prefix: str | None = None
-    max_models: int = Field(2, ge=1)
-    memory_budget_bytes: int | None = None
-    #: The host tier (manager.cache.host); off unless given bytes: host RAM is the process's and the machine's, and
-    #: on a CPU-only machine it is the same memory as the "device", so no default can be safe for every machine.
-    host_memory_budget_bytes: int = Field(0, ge=0)
-    host_max_models: int = Field(16, ge=0)
-    triton_max_models: int = Field(4, ge=1)
-    device: str = "auto"
-    max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, ge=1)
-    max_queued: int | None = Field(100_000, ge=1)
-    max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024)
-    routing: Literal["placement", "shared"] = "placement"
-    prefetch_per_model: int = Field(512, ge=1)
-    copy_backlog_s: float = Field(2.0, gt=0)
-    max_copies: int | None = Field(None, ge=1)
-    copy_idle_s: float = Field(10.0, gt=0)
-    placement_interval_s: float = Field(0.2, gt=0)
-    prefetch: int = Field(1024, ge=1)
-    max_group: int = Field(256, ge=1)
-    max_wait_s: float = Field(30.0, gt=0)
-    interactive_expires_s: float | None = Field(None, gt=0)
-    bulk_expires_s: float | None = Field(None, gt=0)
-    result_expires_s: int = Field(3600, ge=1)
-    cancel_hold_s: int = Field(7 * 24 * 3600, ge=1)
-    max_attempts: int = Field(3, ge=1)
-    #: Per-job Celery task events for Flower (off, as in Celery: they cost 10-25 % of single-model throughput here).
-    task_events: bool = False
-    #: Load each local model once at start-up, warm it and seed its batch-size tuner (manager.batching.warmup).
-    warm_start: bool = True
-    warm_start_budget_s: float = Field(30.0, gt=0)
-    #: Seconds of the warm start run before "ready" (the rest runs while idle, until the first job).
-    warm_before_ready_s: float = Field(0.0, ge=0)
-    #: While a group computes, load the model the next group needs (ModelManager.load_ahead); a bulk group's cold
-    #: model loads aside while interactive jobs keep running (tasks.worker.scheduler).
-    load_ahead: bool = True
-    #: A model that served interactive jobs stays loaded this long after (evicted last; 0: plain LRU).
-    keep_interactive_s: float = Field(60.0, ge=0)
-    plugins: str = ""
-    visibility_timeout_s: int = Field(60, ge=3)
-    visibility_refresh_s: float = Field(10.0, gt=0)
-    triton_url: str = "127.0.0.1:8000"
-    input_root: Path | None = None
-    max_text_chars: int = Field(100_000, ge=1)
-    max_image_bytes: int = Field(20 * 1024 * 1024, ge=1)
-    max_image_pixels: int = Field(89_478_485, ge=1)
-    heartbeat_interval_s: float = Field(2.0, gt=0)
-    metrics_port: int | None = Field(None, ge=1, le=65535)
-    metrics_host: str = "127.0.0.1"
-    scale_drain_s: float = Field(300.0, gt=0)
-    scale_target_utilization: float = Field(0.8, gt=0, le=1)
-    scale_window_s: float = Field(60.0, gt=0)
-    scale_min_workers: int = Field(0, ge=0)
-    scale_max_workers: int = Field(16, ge=1)
-    scale_unknown_job_s: float = Field(0.05, ge=0)
-    scale_unknown_load_s: float = Field(10.0, ge=0)
-    scale_busy_s: float = Field(1.0, gt=0)
-    #: In Kubernetes, keep the pod's controller.kubernetes.io/pod-deletion-cost current (tasks.observe.podcost).
-    pod_deletion_cost: bool = False
-    pod_deletion_cost_interval_s: float = Field(10.0, gt=0)
-    kubernetes_service_account_dir: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-    exporter_port: int = Field(9808, ge=1, le=65535)
-    gateway_max_body_bytes: int = Field(32 * 1024 * 1024, ge=1)
-    gateway_body_timeout_s: float = Field(30.0, gt=0)
-    gateway_max_elements: int = Field(1024, ge=1)
-    gateway_rate_per_key: float = Field(1000.0, gt=0)
-    gateway_inflight_per_key: int = Field(2048, ge=1)
-    gateway_max_waits: int = Field(1000, ge=1)
-    gateway_active_per_key: int = Field(4, ge=1)
-    gateway_turn_wait_s: float = Field(10.0, gt=0)
-    #: None: the default the table gives (loopback names only without API keys)
-    gateway_allowed_hosts: str | None = None
-    gateway_allowed_origins: str = ""
-    predict_timeout_s: float = Field(30.0, gt=0)
-    #: The gateway's API keys (``swapless.tasks.gateway.auth`` parses and hashes them); a secret, so never shown in a repr.
-    api_keys: SecretStr | None = None
-    api_keys_file: Path | None = None
-    #: ``swapless serve`` binds a non-loopback address without API keys only with this (``--insecure-no-auth``).
-    gateway_insecure_no_auth: bool = False
-    #: Where Celery follow-ups that name no queue go (``swapless.tasks.worker.canvas``).
-    canvas_queue: str = Field("celery", min_length=1)
-    #: The Standard Webhooks signing secret; a secret, so never shown in a repr.
-    webhook_secret: SecretStr | None = None
-    webhook_allowed_hosts: str = ""
-    webhook_retry_s: float = Field(24 * 3600.0, gt=0)
-    webhook_timeout_s: float = Field(10.0, gt=0)
-    webhook_concurrency: int = Field(8, ge=1)
-    webhook_max_pending: int = Field(100_000, ge=1)
-    webhook_max_pending_per_key: int = Field(10_000, ge=1)
-    webhook_max_failed: int = Field(10_000, ge=1)
-    batch_files_url: str | None = None
-    batch_work_dir: Path | None = None
-    batch_file_retention_s: int = Field(30 * 24 * 3600, ge=1)
-    batch_retention_s: int = Field(30 * 24 * 3600, ge=1)
-    batch_max_files_per_key: int = Field(1000, ge=1)
-    batch_max_bytes_per_key: int = Field(10 * 1024**3, ge=1024)
-    batch_max_batches_per_key: int = Field(1000, ge=1)
-    batch_max_active_per_key: int = Field(20, ge=1)
-    batch_max_file_bytes: int = Field(200 * 1024 * 1024, ge=1024)
-    batch_upload_timeout_s: float = Field(600.0, gt=0)
-    batch_max_lines: int = Field(100_000, ge=1)
-    batch_max_window_s: int = Field(24 * 3600, ge=1)
-    batch_runner: bool = True
-    batch_max_active: int = Field(4, ge=1)
-    batch_lease_s: float = Field(30.0, ge=1.0)
-    batch_webhook_url: str | None = None
+    redis_url: str | None = Field(
+        None,
+        description="Broker and result backend. Unset: the worker uses redis://127.0.0.1:6379/0; `swapless "
+        "submit`/`bulk` start an embedded Redis (local mode)",
+    )
+    connect_timeout_s: float = Field(
+        3.0, gt=0,
+        description="Producers (client, CLI, gateway) give up connecting to Redis after this, once retried",
+    )
+    redis_sentinel_master: str | None = Field(
+        None,
+        description="The master name Redis Sentinel knows the primary by; required with a "
+        "`sentinel://host:26379;sentinel://host:26380` SWAPLESS_REDIS_URL (Celery's form; the primary's own user and "
+        "password go in the first sentinel's URL)",
+    )
+    redis_sentinel_username: str | None = Field(
+        None,
+        description="The ACL user the sentinels themselves ask for (unset: none, or the default user)",
+    )
+    # A secret, so never shown in a repr.
+    redis_sentinel_password: SecretStr | None = Field(
+        None,
+        description="The sentinels' own password (`requirepass` of the sentinels; unset: none)",
+    )
+    redis_sentinel_tls: bool = Field(False, description="Reach the sentinels, the primary and its replicas over TLS")
+    redis_failover_wait_s: float = Field(
+        15.0, ge=0,
+        description="With Sentinel: how long a wait for results (`Job.get`, `gather`, the gateway's) rides out a "
+        "primary that cannot be reached (a failover) before it fails `QueueUnavailable`",
+    )
+    redis_min_replicas: int = Field(
+        0, ge=0,
+        description="A submit returns, and a worker acks a job, only once this many replicas hold the job or its "
+        "result (`WAIT`); 0: Redis's asynchronous replication, nothing waited for",
+    )
+    redis_replica_timeout_s: float = Field(
+        1.0, gt=0,
+        description="The longest a write waits for SWAPLESS_REDIS_MIN_REPLICAS replicas: then a submit fails "
+        "`QueueUnavailable` (retryable) and a worker stores the result again before it acks",
+    )
+    models_file: Path = Field(DEFAULT_MODELS_FILE, description="The model registry")
+    queue: str = Field("swapless", description="Celery queue the jobs go through")
+    key_prefix: str | None = Field(
+        None,
+        description="Prefix for every Redis key (queues and results), to share one Redis",
+    )
+    max_models: int = Field(2, ge=1, description="Local models loaded at once (count limit of the LRU cache)")
+    memory_budget_bytes: int | None = Field(
+        None,
+        description="Bytes of loaded local models: `4GiB`, `512MB` or a plain number (unset: no byte limit)",
+    )
+    # The host tier (manager.cache.host); off unless given bytes: host RAM is the process's and the machine's, and
+    # on a CPU-only machine it is the same memory as the "device", so no default can be safe for every machine.
+    host_memory_budget_bytes: int = Field(
+        0, ge=0,
+        description="Bytes of models kept built in host memory once evicted from the device (the host tier): their "
+        "next use is a copy back, not a load from disk; `16GiB` or a plain number; 0: evicted models are unloaded",
+    )
+    host_max_models: int = Field(
+        16, ge=0,
+        description="Most models kept in the host tier at once (with a host budget above 0; 0 turns the tier off too)",
+    )
+    triton_max_models: int = Field(4, ge=1, description="Triton models kept loaded on their servers")
+    device: str = Field("auto", description="`auto` (cuda if available, else cpu), `cpu`, `cuda`, `cuda:1`")
+    max_batch_size: int = Field(
+        DEFAULT_MAX_BATCH_SIZE, ge=1,
+        description="Largest forward pass unless the model entry says otherwise; the best size below it is measured",
+    )
+    max_queued: int | None = Field(
+        100_000, ge=1,
+        description="Most messages one model's lists (or the shared lists) may hold, a chunk counting once: producers"
+        " get `QueueFull` beyond it, before Redis is full",
+    )
+    max_message_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024,
+        description="Largest queue message a producer sends (one job, or one chunk of a bulk job): a larger one is "
+        "refused with `InputError` before anything is queued",
+    )
+    routing: Literal["placement", "shared"] = Field(
+        "placement",
+        description="`placement`: each model's jobs go to the workers that claimed it, one cache across workers; "
+        "`shared`: any worker takes any job (one worker, or the baseline)",
+    )
+    prefetch_per_model: int = Field(
+        512, ge=1,
+        description="Most jobs of one model a worker holds, a chunk counting its inputs (two groups: one running, the"
+        " next fetched meanwhile); with other workers live, also at most about SWAPLESS_COPY_BACKLOG_S of its work, "
+        "so the rest waits in Redis for whichever copy is free",
+    )
+    copy_backlog_s: float = Field(
+        2.0, gt=0,
+        description="A model gets one more copy (on another worker) when its waiting work per copy passes this many "
+        "seconds",
+    )
+    max_copies: int | None = Field(
+        None, ge=1,
+        description="Most workers that hold one model at once (unset: as many as there are workers)",
+    )
+    copy_idle_s: float = Field(10.0, gt=0, description="An extra copy whose model had no work for this long is dropped")
+    placement_interval_s: float = Field(
+        0.2, gt=0,
+        description="How often a worker reads the cluster's queues and claims and places models",
+    )
+    prefetch: int = Field(1024, ge=1, description="Unacked jobs one worker holds: the backlog its scheduler groups")
+    max_group: int = Field(256, ge=1, description="Most jobs of one model run before the scheduler decides again")
+    max_wait_s: float = Field(30.0, gt=0, description="A job older than this is served next even if its model is cold")
+    interactive_expires_s: float | None = Field(
+        None, gt=0,
+        description="An interactive job sent without its own deadline (`expires`) that has not started this long "
+        "after it was sent is answered `JobExpired` and never run (unset: no deadline)",
+    )
+    bulk_expires_s: float | None = Field(None, gt=0, description="The same for bulk jobs (unset: no deadline)")
+    result_expires_s: int = Field(
+        3600, ge=1,
+        description="How long an unread result stays in Redis (`forget=True` deletes one once read)",
+    )
+    cancel_hold_s: int = Field(
+        7 * 24 * 3600, ge=1,
+        description="How long a job without a deadline may still wait in the queue, as far as a cancellation (kept "
+        "that long) and the gateway's record of a job go",
+    )
+    max_attempts: int = Field(3, ge=1, description="A job in flight at this many worker deaths fails as a poison job")
+    task_events: bool = Field(
+        False,
+        description="Celery task events per job (Flower); they cost 10-25 % of single-model throughput",
+    )
+    warm_start: bool = Field(
+        True,
+        description="Warm each local model and measure its batch sizes while idle, until the first job "
+        "(`--no-warm-start`)",
+    )
+    warm_start_budget_s: float = Field(
+        30.0, gt=0,
+        description="The warm start warms no more models once it has taken this long (it also ends at the first job)",
+    )
+    warm_before_ready_s: float = Field(
+        0.0, ge=0,
+        description="Seconds of the warm start done before the worker reports ready (behind a readiness probe: warm "
+        "before traffic); 0: all of it while idle",
+    )
+    # While a group computes, load the model the next group needs (ModelManager.load_ahead); a bulk group's cold
+    # model loads aside while interactive jobs keep running (tasks.worker.scheduler).
+    load_ahead: bool = Field(
+        True,
+        description="While a group computes, load the model the next group needs when there is room (never evicting a"
+        " model with work); a bulk group's cold model loads aside while interactive jobs run",
+    )
+    keep_interactive_s: float = Field(
+        60.0, ge=0,
+        description="A model that served interactive jobs stays loaded this long after: loads ahead never evict it, "
+        "other loads evict it last (0: plain LRU)",
+    )
+    plugins: str = Field("", description="Comma-separated modules imported at worker start (custom frameworks)")
+    visibility_timeout_s: int = Field(
+        60, ge=3,
+        description="A dead worker's jobs are redelivered after this (plus the sweep)",
+    )
+    visibility_refresh_s: float = Field(
+        10.0, gt=0,
+        description="A live worker re-stamps the jobs it holds this often; must be ≤ timeout / 3",
+    )
+    triton_url: str = Field("127.0.0.1:8000", description="Default Triton HTTP endpoint")
+    input_root: Path | None = Field(
+        None,
+        description="Directory image file paths must stay under (unset: the worker reads no image files and refuses "
+        "paths)",
+    )
+    max_text_chars: int = Field(100_000, ge=1, description="Longer text inputs fail their job")
+    max_image_bytes: int = Field(20 * 1024 * 1024, ge=1, description="Larger encoded images fail their job")
+    max_image_pixels: int = Field(89_478_485, ge=1, description="Pillow's decompression-bomb limit")
+    heartbeat_interval_s: float = Field(
+        2.0, gt=0,
+        description="How often a worker publishes its status; the key expires after 3 intervals",
+    )
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="Port of the worker's Prometheus endpoint (`/metrics`); unset: no metrics server, no port opened",
+    )
+    metrics_host: str = Field("127.0.0.1", description="Address the Prometheus endpoint binds to")
+    scale_drain_s: float = Field(
+        300.0, gt=0,
+        description="Autoscaling: the time a backlog should take to drain; `swapless_workers_desired` asks for "
+        "backlog seconds / this many workers on top of the demand",
+    )
+    scale_target_utilization: float = Field(
+        0.8, gt=0, le=1,
+        description="Autoscaling: the share of each worker's device time the work arriving may fill",
+    )
+    scale_window_s: float = Field(60.0, gt=0, description="Autoscaling: the window the work arriving is measured over")
+    scale_min_workers: int = Field(
+        0, ge=0,
+        description="Autoscaling: `swapless_workers_desired` never asks for fewer (0: scale to zero when idle)",
+    )
+    scale_max_workers: int = Field(16, ge=1, description="Autoscaling: `swapless_workers_desired` never asks for more")
+    scale_unknown_job_s: float = Field(
+        0.05, ge=0,
+        description="Autoscaling: device seconds per job of a model no worker has measured on the fleet's kind of "
+        "device",
+    )
+    scale_unknown_load_s: float = Field(10.0, ge=0, description="Autoscaling: load seconds of a model never measured")
+    scale_busy_s: float = Field(
+        1.0, gt=0,
+        description="Autoscaling: a worker with this many device seconds of work of its own (jobs it holds, its share"
+        " of those waiting for the models it claims) is busy; `swapless_workers_desired` never asks for fewer workers"
+        " than are busy",
+    )
+    # In Kubernetes, keep the pod's controller.kubernetes.io/pod-deletion-cost current (tasks.observe.podcost).
+    pod_deletion_cost: bool = Field(
+        False,
+        description="In Kubernetes, keep the pod's `controller.kubernetes.io/pod-deletion-cost` annotation at the "
+        "worker's removal cost (needs POD_NAME, POD_NAMESPACE and `patch` on pods)",
+    )
+    pod_deletion_cost_interval_s: float = Field(
+        10.0, gt=0,
+        description="The pod-deletion cost is written at most this often (each write is a pod update)",
+    )
+    kubernetes_service_account_dir: Path = Field(
+        Path("/var/run/secrets/kubernetes.io/serviceaccount"),
+        description="Where the pod's service account token and CA are mounted",
+    )
+    exporter_port: int = Field(
+        9808, ge=1, le=65535,
+        description="Port of `swapless exporter`'s `/metrics` (the autoscaling signals, for deployments without the "
+        "gateway)",
+    )
+    gateway_max_body_bytes: int = Field(
+        32 * 1024 * 1024, ge=1,
+        description="Larger request bodies get 413 from the HTTP gateway (counted as they arrive, and again once "
+        "decompressed)",
+    )
+    gateway_body_timeout_s: float = Field(30.0, gt=0, description="A request body that takes longer to arrive gets 408")
+    gateway_max_elements: int = Field(
+        1024, ge=1,
+        description="Most elements (jobs) of one Open Inference Protocol request, checked from the declared shapes: "
+        "more get 413",
+    )
+    gateway_rate_per_key: float = Field(
+        1000.0, gt=0,
+        description="Jobs one API key (without keys: one client address) may submit per second, in bursts of twice "
+        "that; more get 429; kept in Redis, shared by every gateway process",
+    )
+    gateway_inflight_per_key: int = Field(
+        2048, ge=1,
+        description="Jobs one API key (or client address) may have submitted and not yet finished; more get 429",
+    )
+    gateway_max_waits: int = Field(
+        1000, ge=1,
+        description="`POST /predict` and `/v2` infer requests one gateway process holds waiting for results; more get"
+        " 503",
+    )
+    gateway_active_per_key: int = Field(
+        4, ge=1,
+        description="Requests of one caller (key, or address without keys) one gateway process reads, parses and "
+        "queues at once; the rest wait their turn (waiting for results does not count)",
+    )
+    gateway_turn_wait_s: float = Field(
+        10.0, gt=0,
+        description="The longest a request waits for its caller's turn; then 429 with `Retry-After`",
+    )
+    gateway_allowed_hosts: str | None = Field(
+        None,
+        description="`Host` names the gateway answers to, comma-separated (`*`: any). Default: with no API key and no"
+        " `--insecure-no-auth`, loopback names only (`localhost`, `127.0.0.1`, `[::1]`: a web page cannot reach a "
+        "loopback gateway through a DNS rebinding); else any",
+    )
+    gateway_allowed_origins: str = Field(
+        "",
+        description="Web origins (`https://app.example`) whose pages may call the gateway from a browser, "
+        "comma-separated; a request from any other `Origin` gets 403 (unset: same origin only)",
+    )
+    predict_timeout_s: float = Field(
+        30.0, gt=0,
+        description="How long `POST /predict` waits before answering 504 with the job id",
+    )
+    # The gateway's API keys (``swapless.tasks.gateway.auth`` parses and hashes them); a secret, so never shown in a
+    # repr.
+    api_keys: SecretStr | None = Field(
+        None,
+        description="API keys of the HTTP gateway, comma-separated; an entry `KEY:MODELS` may call only those models "
+        "(the syntax: `swapless.tasks.gateway.auth`). No keys at all: the gateway asks for none (unset: no keys)",
+    )
+    api_keys_file: Path | None = Field(
+        None,
+        description="A file of more API keys, one entry per line in the same syntax, `#` starting a comment",
+    )
+    gateway_insecure_no_auth: bool = Field(
+        False,
+        description="Let `swapless serve` listen on a non-loopback address with no API key configured "
+        "(`--insecure-no-auth`)",
+    )
+    # Where Celery follow-ups that name no queue go (``swapless.tasks.worker.canvas``).
+    canvas_queue: str = Field(
+        "celery", min_length=1,
+        description="Queue of a Celery follow-up task (`link`, `link_error`, a chain's next step, a chord's body) "
+        "that names none and is not Swapless's own: this worker does not know the producer's routes, and `celery` is "
+        "the queue a plain Celery worker consumes by default",
+    )
+    # The Standard Webhooks signing secret; a secret, so never shown in a repr.
+    webhook_secret: SecretStr | None = Field(
+        None,
+        description="The Standard Webhooks signing secret (`whsec_` and base64): every webhook is signed with it; "
+        "without it a worker keeps the deliveries it cannot sign as failed (replay them once it is set); unset: "
+        "webhooks are not signed, so not sent",
+    )
+    webhook_allowed_hosts: str = Field(
+        "",
+        description="Hosts a `callback_url` may name, comma-separated (`*.example.com` covers subdomains); a listed "
+        "host may resolve to any address. Unset: any host that resolves only to public addresses (never loopback, "
+        "private, link-local or reserved ones)",
+    )
+    webhook_retry_s: float = Field(
+        24 * 3600.0, gt=0,
+        description="How long a webhook delivery is retried (backoff from 1 s doubling to 10 minutes) before it is "
+        "kept as failed",
+    )
+    webhook_timeout_s: float = Field(
+        10.0, gt=0,
+        description="How long one delivery attempt waits for the receiver's answer (a 2xx delivers it)",
+    )
+    webhook_concurrency: int = Field(8, ge=1, description="Webhook requests one worker's sender has in flight at once")
+    webhook_max_pending: int = Field(
+        100_000, ge=1,
+        description="Most deliveries waiting in one queue's delivery queue: beyond it a delivery is kept as failed at"
+        " once (`swapless webhooks replay`)",
+    )
+    webhook_max_pending_per_key: int = Field(
+        10_000, ge=1,
+        description="Webhook deliveries waiting for one API key's jobs; past it, its new ones are kept as failed at "
+        "once",
+    )
+    webhook_max_failed: int = Field(
+        10_000, ge=1,
+        description="Most failed deliveries kept (the oldest go first); each is kept SWAPLESS_WEBHOOK_RETRY_S after "
+        "it failed",
+    )
+    batch_files_url: str | None = Field(
+        None,
+        description="Where the batch API (`/v1/files`, `/v1/batches`) keeps its files: a directory, or any fsspec URL"
+        " (`s3://bucket/swapless`, `gs://...`; the filesystem's own package must be installed); unset: "
+        "~/.local/share/swapless/files",
+    )
+    batch_work_dir: Path | None = Field(
+        None,
+        description="A local directory for the files a batch's driver writes while it runs (per-model inputs and "
+        "outputs, fsynced per chunk: what a takeover resumes from); default: `work/` under a local "
+        "SWAPLESS_BATCH_FILES_URL, else ~/.cache/swapless/batch-work. Share it between gateway hosts for a takeover "
+        "on another host to resume rather than start the batch over",
+    )
+    batch_file_retention_s: int = Field(
+        30 * 24 * 3600, ge=1,
+        description="A batch file (input, output, errors) is deleted this long after it was written",
+    )
+    batch_retention_s: int = Field(
+        30 * 24 * 3600, ge=1,
+        description="A batch's record (status, counts, metadata) is deleted this long after it ended",
+    )
+    batch_max_files_per_key: int = Field(
+        1000, ge=1,
+        description="Files one API key may keep (uploads and results); one more is refused 429",
+    )
+    batch_max_bytes_per_key: int = Field(
+        10 * 1024**3, ge=1024,
+        description="Bytes of files one API key may keep; an upload past it is refused 413",
+    )
+    batch_max_batches_per_key: int = Field(
+        1000, ge=1,
+        description="Batch records one API key may have (within their retention); one more is refused 429",
+    )
+    batch_max_active_per_key: int = Field(
+        20, ge=1,
+        description="Batches of one API key not finished at once; one more is refused 429",
+    )
+    batch_max_file_bytes: int = Field(
+        200 * 1024 * 1024, ge=1024,
+        description="Larger uploads to `POST /v1/files` get 413 (counted as they arrive)",
+    )
+    batch_upload_timeout_s: float = Field(
+        600.0, gt=0,
+        description="An upload to `POST /v1/files` that takes longer to arrive gets 408 (in place of "
+        "SWAPLESS_GATEWAY_BODY_TIMEOUT_S)",
+    )
+    batch_max_lines: int = Field(
+        100_000, ge=1,
+        description="Most requests one batch input file may hold; more get 400 naming the line",
+    )
+    batch_max_window_s: int = Field(
+        24 * 3600, ge=1,
+        description="The longest `completion_window` a batch may ask for (`24h`, `90m`, `30s`); lines not started by "
+        "its end are answered expired",
+    )
+    batch_runner: bool = Field(
+        True,
+        description="`swapless serve` drives batches itself (a runner thread); false: only `swapless batches` "
+        "processes do",
+    )
+    batch_max_active: int = Field(
+        4, ge=1,
+        description="Batches one process drives at once; more wait for a free slot, in any process",
+    )
+    batch_lease_s: float = Field(
+        30.0, ge=1.0,
+        description="A driver's lease on a batch, renewed every third of it; a driver gone this long (killed) has its"
+        " batch taken over by another runner, resuming from what it wrote",
+    )
+    batch_webhook_url: str | None = Field(
+        None,
+        description="Where every batch's end is posted (`batch.completed`, `batch.failed`, `batch.expired`, "
+        "`batch.cancelled`), signed as job webhooks are, unless the batch names its own `callback_url`",
+    )
 
     @field_validator("memory_budget_bytes", mode="before")
     @classmethod

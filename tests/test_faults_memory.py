@@ -162,7 +162,7 @@ def test_at_the_wall_submit_jobs_and_swapless_submit_are_refused_and_queue_nothi
     faults: FaultEnv, private_redis: Callable[..., RedisServer]
 ) -> None:
     # (Client.map is left out: at the wall it sends its refused chunk again for up to 10 minutes, as swapless bulk
-    # does, where the README says it raises QueueFull.)
+    # does, where the docs say it raises QueueFull.)
     row = PressureRow("Redis full, no worker: submit_jobs, swapless submit")
     server = _full_redis(private_redis)
     faults.set(SWAPLESS_REDIS_URL=server.url(0))

@@ -165,12 +165,16 @@ def test_no_celery_app_is_built_at_import() -> None:
     assert out.stdout.split() == ["0", "1"]
 
 
-def _layout_blocks(readme: str) -> dict[str, str]:
-    """The README's Layout drawing as ``package path -> its text``: a line ``name/`` at the left margin or two
-    spaces in opens a block (``tasks/``, ``tasks/broker/``), a line ``name.py`` there is a block of its own
-    (``tasks/protocol.py``); the lines indented further belong to the block above."""
-    section = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
-    drawing = section.split("```", 2)[1]
+#: The concepts page whose drawing names every module.
+LAYOUT_PAGE = REPO / "docs" / "concepts" / "layout.md"
+
+
+def _layout_blocks(page: str) -> dict[str, str]:
+    """The layout page's drawing (its section "Modules") as ``package path -> its text``: a line ``name/`` at the
+    left margin or two spaces in opens a block (``tasks/``, ``tasks/broker/``), a line ``name.py`` there is a block
+    of its own (``tasks/protocol.py``); the lines indented further belong to the block above."""
+    section = page.split("\n## Modules\n", 1)[1].split("\n## ", 1)[0]
+    drawing = section.split("```text\n", 1)[1].split("```", 1)[0]
     blocks: dict[str, str] = {}
     top = current = ""
     for line in drawing.splitlines():
@@ -208,17 +212,17 @@ def _unnamed_modules(blocks: dict[str, str], sources: list[Path]) -> list[str]:
     return missing
 
 
-def test_the_readme_layout_names_every_module() -> None:
-    blocks = _layout_blocks((REPO / "README.md").read_text())
+def test_the_layout_page_names_every_module() -> None:
+    blocks = _layout_blocks(LAYOUT_PAGE.read_text())
     assert {"config/", "manager/", "tasks/", "tasks/broker/", "manager/frameworks/"} <= set(blocks), sorted(blocks)
     missing = _unnamed_modules(blocks, _sources())
-    assert not missing, f"README.md's Layout does not name: {', '.join(missing)}"
+    assert not missing, f"docs/concepts/layout.md (Modules) does not name: {', '.join(missing)}"
 
 
 def test_the_layout_check_sees_a_module_left_out() -> None:
-    blocks = _layout_blocks((REPO / "README.md").read_text())
-    extra = REPO / "tasks" / "broker" / "not_in_the_readme.py"  # a path only: nothing is written
-    assert _unnamed_modules(blocks, [extra]) == ["tasks/broker/not_in_the_readme.py"]
+    blocks = _layout_blocks(LAYOUT_PAGE.read_text())
+    extra = REPO / "tasks" / "broker" / "not_on_the_page.py"  # a path only: nothing is written
+    assert _unnamed_modules(blocks, [extra]) == ["tasks/broker/not_on_the_page.py"]
 
 
 def _import_graph(sources: list[Path]) -> dict[str, set[str]]:

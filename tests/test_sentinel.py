@@ -6,7 +6,7 @@ promotion. A wait for the stream that times out says what the stream was refused
 
 Workers load the ``crashy`` test framework (tests/crashy.py). Each scenario is tallied (``tests.faultkit.Scenario``)
 and printed in the fault table at the end of the run. ``SWAPLESS_TEST_FAILOVER_JOBS`` sets how many jobs the
-stream sends at least (300 by default; the README's run sent a few thousand).
+stream sends at least (300 by default; the run in docs/operations/high-availability.md sent a few thousand).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 
 from swapless import PLUGIN_API, ModelLoadError, ModelWorker
 
-if PLUGIN_API != 1:  # the contract this plugin was written against (docs/frameworks.md)
+if PLUGIN_API != 1:  # the contract this plugin was written against (docs/guides/frameworks.md)
     raise ImportError(f"embeddings.py is written for Swapless's framework contract 1, this Swapless has {PLUGIN_API}")
 
 __all__ = ["SentenceEmbedder"]

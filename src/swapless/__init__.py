@@ -6,7 +6,7 @@ The names below are the public surface; every other module is private and may mo
   ``BulkRun`` (a JSONL or CSV file through the queue, resumable).
 - Errors: ``SwaplessError`` and its subclasses, one per thing that can go wrong; each message says what to fix.
 - Frameworks: subclass ``ModelWorker`` with ``framework="name"`` in a module named by ``SWAPLESS_PLUGINS``; the
-  contract (``PLUGIN_API``) is in ``docs/frameworks.md``. ``ModelSpec`` is a models-file entry, ``InputType`` its
+  contract (``PLUGIN_API``) is in ``docs/guides/frameworks.md``. ``ModelSpec`` is a models-file entry, ``InputType`` its
   input kind, ``WorkerLimits`` the per-process input limits a worker applies.
 - ``celery -A swapless worker`` finds the worker's Celery app as ``swapless.celery``.
 

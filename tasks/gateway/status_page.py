@@ -89,8 +89,8 @@ def status_router(settings: Settings, store: ModelStore, redis: Callable[[], are
 
     @router.get("/metrics", response_class=PlainTextResponse, **needs(Need.EVERY_MODEL))
     async def scaling_metrics() -> Response:
-        """The cluster-wide autoscaling signals in Prometheus's text format (README "Autoscaling"), read from Redis
-        now: what ``swapless exporter`` serves. Needs a key for every model (they name every model)."""
+        """The cluster-wide autoscaling signals in Prometheus's text format (docs/operations/autoscaling.md), read
+        from Redis now: what ``swapless exporter`` serves. Needs a key for every model (they name every model)."""
         body = await asyncio.to_thread(generate_latest, metrics)
         return Response(body, media_type=CONTENT_TYPE_LATEST, headers=_NO_STORE)
 
