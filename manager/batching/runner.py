@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Job:
     """One prediction job. ``received_s``: when it was queued, on the monotonic clock; ``urgent`` marks interactive
-    jobs; ``expires_at`` (epoch seconds) is the deadline by which it must start, if any."""
+    jobs; ``expires_at`` (epoch seconds) is the deadline by which it must start, if any; ``trace``: its producer's
+    trace context (a W3C ``traceparent``), carried for the queue side's spans and never read here."""
 
     id: str
     model_id: str
@@ -46,6 +47,7 @@ class Job:
     received_s: float = field(default_factory=time.monotonic)
     urgent: bool = False
     expires_at: float | None = None
+    trace: str | None = None
 
 
 @dataclass(frozen=True)

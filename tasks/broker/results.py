@@ -187,6 +187,8 @@ class StoredResult:
     value: Any = None
     #: the model that served the job (a route's pick), when the worker said
     model: str | None = None
+    #: the trace id of the job's producer (its W3C ``traceparent``), when the message carried one
+    trace_id: str | None = None
 
     @property
     def ready(self) -> bool:
@@ -284,13 +286,15 @@ class ResultStore:
         return self.backend.get_key_for_task(job_id).decode()
 
     def store(
-        self, outcomes: Iterable[tuple[str, Any, SwaplessError | None]], models: Mapping[str, str] | None = None
+        self, outcomes: Iterable[tuple[str, Any, SwaplessError | None]], models: Mapping[str, str] | None = None,
+        traces: Mapping[str, str] | None = None,
     ) -> list[bool]:
         """Store ``(job_id, result, error)`` triples in one round trip; a job with ``error`` becomes FAILURE.
 
         Args:
             models: job id -> the model that served it, stored beside the result as ``"model"`` (Celery's readers
                 ignore the field; ``StoredResult.model`` reads it).
+            traces: job id -> its producer's trace id, stored as ``"trace_id"`` (``StoredResult.trace_id``).
 
         Returns:
             per job, whether this write stored it (False: a final result was already there, kept as it was).
@@ -301,7 +305,7 @@ class ResultStore:
         first: list[bool] = []  # a store retried for its replicas finds its own results there: the first answer counts
 
         def write() -> list[bool]:
-            stored, waited = self._store(items, models or {})
+            stored, waited = self._store(items, models or {}, traces or {})
             first[:] = first or stored
             if self.replicas is not None:
                 self.replicas.check(waited)
@@ -310,14 +314,15 @@ class ResultStore:
         return self._retrying(write)
 
     def _store(
-        self, items: list[tuple[str, Any, SwaplessError | None]], models: Mapping[str, str]
+        self, items: list[tuple[str, Any, SwaplessError | None]], models: Mapping[str, str],
+        traces: Mapping[str, str],
     ) -> tuple[list[bool], Any]:
         """Per job whether this write stored it, and the ``WAIT``'s reply (None: no replicas waited for)."""
         done_at = datetime.now(UTC).isoformat()  # one instant for the batch, as Celery's app.now() gives
         if len(items) == 1 and self.replicas is None:
             job_id, result, error = items[0]
             key = self.key(job_id)
-            value = self._encode(job_id, result, error, done_at, models.get(job_id))
+            value = self._encode(job_id, result, error, done_at, models.get(job_id), traces.get(job_id))
             return [bool(self.client.evalsha(self._sha(_SET_FIRST_WINS), 3, key, self._attempts_key(key),
                                              self._record_key(key), value, self.expires_s))], None
         sha = self._sha(_STORE_MANY)
@@ -328,7 +333,7 @@ class ResultStore:
             for job_id, result, error in items[start : start + STORE_PER_CALL]:
                 key = self.key(job_id)
                 keys += (key, self._attempts_key(key), self._record_key(key))
-                values.append(self._encode(job_id, result, error, done_at, models.get(job_id)))
+                values.append(self._encode(job_id, result, error, done_at, models.get(job_id), traces.get(job_id)))
             pipe.evalsha(sha, len(keys), *keys, self.expires_s, *values)
         if self.replicas is None:
             return [bool(stored) for reply in pipe.execute() for stored in reply], None
@@ -342,7 +347,8 @@ class ResultStore:
         return self.key("-").replace("celery-task-meta--", REPLICATED_CHANNEL, 1)
 
     def _encode(
-        self, job_id: str, result: Any, error: SwaplessError | None, done_at: str, model: str | None = None
+        self, job_id: str, result: Any, error: SwaplessError | None, done_at: str, model: str | None = None,
+        trace_id: str | None = None,
     ) -> Any:
         """The backend's encoding of one job's result meta. A result JSON cannot encode (a custom framework
         returning a set or a numpy float) becomes this job's failure: raising here would strand the whole batch.
@@ -355,6 +361,8 @@ class ResultStore:
                     "date_done": done_at, "task_id": job_id}
             if model is not None:
                 meta["model"] = model
+            if trace_id is not None:
+                meta["trace_id"] = trace_id
             try:
                 return json.dumps(meta)
             except (TypeError, ValueError):
@@ -363,6 +371,8 @@ class ResultStore:
             meta = self._meta(job_id, result, error)
             if model is not None:
                 meta["model"] = model
+            if trace_id is not None:
+                meta["trace_id"] = trace_id
             return self.backend.encode(meta)
         except EncodeError as err:
             logger.error("the result of job %s cannot be stored as JSON (%s); storing a failure instead", job_id, err)
@@ -514,7 +524,7 @@ class ResultStore:
         meta = self.backend.meta_from_decoded(meta)
         if meta["status"] == states.REVOKED:  # Celery's own revoke (a plain Celery worker's): a cancel like ours
             return StoredResult(job_id, states.FAILURE, JobCancelled(job_id))
-        return StoredResult(job_id, meta["status"], meta.get("result"), meta.get("model"))
+        return StoredResult(job_id, meta["status"], meta.get("result"), meta.get("model"), meta.get("trace_id"))
 
     def forget(self, job_ids: Sequence[str]) -> None:
         """Delete stored results (read and no longer wanted), in one round trip."""

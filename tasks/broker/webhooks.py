@@ -107,6 +107,8 @@ class Delivery:
     #: the API key (its owner label) whose job this is, when it came through the gateway: its deliveries waiting
     #: are bounded by ``SWAPLESS_WEBHOOK_MAX_PENDING_PER_KEY``
     owner: str | None = None
+    #: the job's trace context (its producer's W3C ``traceparent``): its delivery is a span of that trace
+    traceparent: str | None = None
 
     def encode(self) -> str:
         return json.dumps(asdict(self))
@@ -340,8 +342,8 @@ class WebhookQueue:
             wanted = set(ids)
             chosen = [(raw, d) for raw, d in chosen if d.id in wanted]
         fresh = {}
-        for _, d in chosen:
-            fresh[d.id] = Delivery(d.id, d.url, d.payload, owner=d.owner)  # the newest failure of one id, once
+        for _, d in chosen:  # the newest failure of one id, once
+            fresh[d.id] = Delivery(d.id, d.url, d.payload, owner=d.owner, traceparent=d.traceparent)
         if not fresh:
             return 0
         self.enqueue(list(fresh.values()))

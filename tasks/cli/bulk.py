@@ -89,6 +89,7 @@ def _run_bulk(
     """Run a BulkJob from the command line (in local mode or against the configured Redis) and exit with its status;
     with ``callback_url``, queue the run's webhook once it ends (``swapless.tasks.cli.run_webhook``)."""
     from swapless.config.errors import BulkFileError, ConfigError, UnknownModel
+    from swapless.tasks import tracing
     from swapless.tasks.cli.local import LocalSwapless
     from swapless.tasks.client import Client
     from swapless.tasks.client.bulk import BulkRun
@@ -104,6 +105,7 @@ def _run_bulk(
     redis_url = settings.broker_url
     try:
         with ExitStack() as stack:
+            stack.callback(tracing.shutdown, tracing.configure("swapless-bulk"))  # the run's spans out before exit
             watchdog = None
             if local:
                 why = "SWAPLESS_REDIS_URL is unset" if settings.redis_url is None else "--local"

@@ -160,10 +160,9 @@ def result(
     from swapless.tasks.client import Client
 
     job = Client(validate=False).job(job_id)
-    def failed(error: object) -> NoReturn:
-        sys.stdout.write(
-            json.dumps({"job_id": job_id, "state": "FAILURE", "error": str(error), "type": type(error).__name__}) + "\n"
-        )
+    def failed(error: object, trace_id: str | None = None) -> NoReturn:
+        line = {"job_id": job_id, "state": "FAILURE", "error": str(error), "type": type(error).__name__}
+        sys.stdout.write(json.dumps({**line, **({"trace_id": trace_id} if trace_id else {})}) + "\n")
         raise typer.Exit(1)
 
     try:
@@ -174,12 +173,13 @@ def result(
     except (QueueUnavailable, QueueFull):
         raise  # Redis, not the job: one error line (main)
     except SwaplessError as err:
-        failed(err)
+        failed(err, job.status().trace_id)
     stored = job.status()
     if stored.state == "SUCCESS":
-        sys.stdout.write(json.dumps({"job_id": job_id, "state": "SUCCESS", "result": stored.value}) + "\n")
+        line = {"job_id": job_id, "state": "SUCCESS", "result": stored.value}
+        sys.stdout.write(json.dumps({**line, **({"trace_id": stored.trace_id} if stored.trace_id else {})}) + "\n")
     elif stored.state == "FAILURE":
-        failed(stored.value)
+        failed(stored.value, stored.trace_id)
     else:
         sys.stdout.write(
             json.dumps({"job_id": job_id, "state": "PENDING", "note": "queued, running, or unknown id"}) + "\n"

@@ -39,6 +39,7 @@ from swapless.tasks.client.stream import (
     ChunkEvent,
     ChunkStream,
 )
+from swapless.tasks.tracing import working
 
 __all__ = ["DEFAULT_MAX_CHUNK_BYTES", "BulkJob", "BulkRun", "BulkSummary", "ChunkSource", "scan_output"]
 
@@ -215,8 +216,9 @@ class BulkRun:
         self.watchdog = watchdog
         self.summary = BulkSummary()
 
-    def run(self) -> BulkSummary:
-        """Resume or start the job and run it to the end.
+    def run(self, traceparent: str | None = None) -> BulkSummary:
+        """Resume or start the job and run it to the end: in one trace when the process exports traces (a ``bulk``
+        span, each chunk's ``send`` span its child), ``traceparent``'s when given.
 
         Raises:
             BulkFileError: the input cannot be read, or the output does not continue this input.
@@ -225,6 +227,11 @@ class BulkRun:
                 still in flight are cancelled (the workers never compute them).
             DeadlinePassed: ``expires`` passed; the output holds every chunk before the first not computed.
         """
+        attributes = {"swapless.model.id": self.job.model_id, "swapless.priority": self.job.priority}
+        with working(f"bulk {self.job.model_id}", attributes, traceparent):
+            return self._run()
+
+    def _run(self) -> BulkSummary:
         job = self.job
         reader = job.reader()
         if job.expires is not None and job.expires <= datetime.now(UTC):

@@ -64,6 +64,7 @@ from swapless.tasks.protocol import (
     priority_level,
     storage_id,
 )
+from swapless.tasks.tracing import sending
 
 __all__ = ["Client"]
 
@@ -74,6 +75,27 @@ def _batched(values: Iterable[Any], size: int) -> Iterator[list[Any]]:
     iterator = iter(values)
     while batch := list(itertools.islice(iterator, size)):
         yield batch
+
+
+def _traced(headers: Sequence[dict[str, Any]] | None, trace: dict[str, str] | None, count: int
+            ) -> Sequence[dict[str, Any]] | None:
+    """``count`` jobs' message headers with the trace context ``trace`` (None: none to carry) added."""
+    if trace is None:
+        return headers
+    if headers is None:
+        return [trace] * count
+    return [{**h, **trace} for h in headers]
+
+
+def _one(model_ids: Iterable[str]) -> str | None:
+    """The model every job addresses, when they all address one."""
+    ids = set(model_ids)
+    return next(iter(ids)) if len(ids) == 1 else None
+
+
+def _message_id(routed: Sequence[Routed]) -> dict[str, str] | None:
+    """The ``messaging.message.id`` of a send of one job."""
+    return {"messaging.message.id": routed[0].job_id} if len(routed) == 1 else None
 
 
 def _release(app: Celery, consumer: ResultConsumer) -> None:
@@ -165,7 +187,9 @@ class Client:
                 ``SWAPLESS_MAX_MESSAGE_BYTES`` (``InputError``; nothing is sent).
             QueueFull, QueueUnavailable: as ``submit``.
         """
-        return self.publisher.send_routed(routed, priority=priority, expires=expires, headers=headers)
+        with sending(self.queue, len(routed), lambda: _one(r.model_id for r in routed), _message_id(routed)) as trace:
+            return self.publisher.send_routed(routed, priority=priority, expires=expires,
+                                              headers=_traced(headers, trace, len(routed)))
 
     async def asend_routed(
         self, redis: Any, routed: Sequence[Routed], *, priority: str = "interactive",
@@ -173,7 +197,9 @@ class Client:
     ) -> list[str]:
         """``send_routed`` through ``redis``, an asyncio redis-py client, on the caller's event loop (the
         gateway's: no thread hand-off for a few jobs). ``headers``: extra message headers per job."""
-        return await self.publisher.asend_routed(redis, routed, priority=priority, expires=expires, headers=headers)
+        with sending(self.queue, len(routed), lambda: _one(r.model_id for r in routed), _message_id(routed)) as trace:
+            return await self.publisher.asend_routed(redis, routed, priority=priority, expires=expires,
+                                                     headers=_traced(headers, trace, len(routed)))
 
     def models(self) -> list[ModelSpec]:
         """The models that exist (from the models file)."""
@@ -287,8 +313,9 @@ class Client:
         headers = self._callback_headers(callback_url, 1)
         jobs: list[Job] = []
         for batch in _batched(inputs, chunk_size):
-            chunk_id = self.publisher.publish(CHUNK_TASK, [(model_id, batch)], level, expires=deadline,
-                                              headers=headers)[0]
+            with sending(self.queue, 1, model_id, {"swapless.chunk.inputs": len(batch)}) as trace:
+                chunk_id = self.publisher.publish(CHUNK_TASK, [(model_id, batch)], level, expires=deadline,
+                                                  headers=_traced(headers, trace, 1))[0]
             jobs.extend(Job(self, item_id(chunk_id, index)) for index in range(len(batch)))
         return jobs
 
@@ -373,8 +400,10 @@ class Client:
                 raise DeadlinePassed(deadline.isoformat(timespec="seconds"))
             extra = {**callback, **({KEYS_HEADER: keys} if keys is not None and any(k is not None for k in keys)
                                     else {})}
-            headers = [extra] if extra else None
-            return self.publisher.publish(CHUNK_TASK, [(model_id, inputs)], level, headers=headers, expires=deadline)[0]
+            with sending(self.queue, 1, model_id, {"swapless.chunk.inputs": len(inputs)}) as trace:
+                headers = _traced([extra] if extra else None, trace, 1)
+                return self.publisher.publish(CHUNK_TASK, [(model_id, inputs)], level, headers=headers,
+                                              expires=deadline)[0]
 
         return ChunkStream(send, self.results, self.consumer, **options)
 

@@ -32,11 +32,11 @@ def item_result(job_id: str, stored: StoredResult) -> StoredResult:
         return StoredResult(job_id, stored.state)
     index = parts[1]
     if stored.state != states.SUCCESS:
-        return StoredResult(job_id, stored.state, stored.value)  # the whole chunk failed: so did each item
+        return StoredResult(job_id, stored.state, stored.value, trace_id=stored.trace_id)  # the chunk failed: each item
     if not isinstance(stored.value, list) or index >= len(stored.value):
         return StoredResult(job_id, states.FAILURE, JobFailed(job_id, "MalformedResult", "no such item in its chunk"))
     ok, value = decode_outcome(stored.value[index], job_id)
-    return StoredResult(job_id, states.SUCCESS if ok else states.FAILURE, value)
+    return StoredResult(job_id, states.SUCCESS if ok else states.FAILURE, value, trace_id=stored.trace_id)
 
 
 def read_stored(results: ResultStore, storage_ids: Iterable[str]) -> dict[str, StoredResult]:

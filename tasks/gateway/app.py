@@ -11,7 +11,9 @@
 - ``rest``, ``v2``, ``status_page``, ``batches`` (``/v1``): the routes; ``http.GuardedRoute`` answers their errors
   (``errors.problem``);
 - ``plane.DataPlane``: what every route does with jobs (``quotas``, ``ledger``);
-- ``batches.BatchRunner``: drives batches in this process (``SWAPLESS_BATCH_RUNNER``), a thread per batch.
+- ``batches.BatchRunner``: drives batches in this process (``SWAPLESS_BATCH_RUNNER``), a thread per batch;
+- ``spans.TraceRequests``: each request in its caller's trace (``traceparent``), and a span of its own with tracing
+  on (``OTEL_*``: ``swapless.tasks.tracing``, set up by the lifespan).
 
 Run it with ``swapless serve`` (uvicorn), or ``uvicorn --factory swapless.tasks.gateway:create_app``. The docs are at
 ``/docs`` (schema at ``/openapi.json``); ``/`` redirects to the status page.
@@ -29,6 +31,7 @@ from fastapi import FastAPI
 from swapless.config.settings import Settings, get_settings
 from swapless.manager.registry.specs import InputType
 from swapless.manager.registry.store import ModelStore
+from swapless.tasks import tracing
 from swapless.tasks.client import Client
 from swapless.tasks.gateway.auth import install_api_keys
 from swapless.tasks.gateway.batches import BatchRunner, batch_router
@@ -38,6 +41,7 @@ from swapless.tasks.gateway.framing import LOOPBACK_HOSTS, BodyLimit, RequestGua
 from swapless.tasks.gateway.keys import KeyRing
 from swapless.tasks.gateway.plane import DataPlane
 from swapless.tasks.gateway.rest import rest_router
+from swapless.tasks.gateway.spans import TraceRequests, fastapi_traces_requests
 from swapless.tasks.gateway.status_page import status_router
 from swapless.tasks.gateway.v2 import v2_router
 
@@ -87,9 +91,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     store = ModelStore.from_file(settings.models_file)
     plane = DataPlane(settings, store, Client(settings=settings, validate=False))
     runner = BatchRunner(settings, store) if settings.batch_runner else None
+    traced = tracing.wanted()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        provider = tracing.configure("swapless-gateway") if traced else None
         await plane.start()
         if runner is not None:
             runner.start()
@@ -99,6 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if runner is not None:
                 await asyncio.to_thread(runner.stop)
             await plane.stop()
+            tracing.shutdown(provider)
 
     app = FastAPI(
         title="Swapless gateway",
@@ -122,4 +129,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        body_timeout_s=settings.gateway_body_timeout_s, allowed_hosts=allowed_hosts(settings, keys),
                        allowed_origins=origins,
                        body_limits={"/jobs": one_job, "/predict": one_job, "/v1/files": batch_file})
+    own_spans = traced and not fastapi_traces_requests()
+    app.add_middleware(TraceRequests, tracer=tracing.tracer() if own_spans else None)  # outermost: every answer
     return app

@@ -64,9 +64,11 @@ def _error_info(error: Any) -> ErrorInfo:
 
 def _job_state(stored: StoredResult) -> JobState:
     if stored.state == states.SUCCESS:
-        return JobState(job_id=stored.job_id, state="SUCCESS", model=stored.model, result=stored.value)
+        return JobState(job_id=stored.job_id, state="SUCCESS", model=stored.model, result=stored.value,
+                        trace_id=stored.trace_id)
     if stored.state == states.FAILURE:
-        return JobState(job_id=stored.job_id, state="FAILURE", error=_error_info(stored.value))
+        return JobState(job_id=stored.job_id, state="FAILURE", error=_error_info(stored.value),
+                        trace_id=stored.trace_id)
     return JobState(job_id=stored.job_id, state="PENDING", note="queued or running")
 
 

@@ -66,6 +66,8 @@ class JobState(_Body):
     result: Any = None
     error: ErrorInfo | None = None
     note: str | None = None
+    #: the trace id of the job's producer (its W3C traceparent), when the job carried one and has finished
+    trace_id: str | None = None
 
 
 class CancelReply(_Body):

@@ -10,10 +10,12 @@ worker (after its logging is set up, before the consumer connects) and attaches 
              ─► BatchScheduler (decode once, backlog, groups, results, acks) and its Shadows
              ─► Followups: Celery's canvas and the webhooks' intake (between a store and its ack)
              ─► WebhookSender (its own thread: the webhook deliveries of the queue, signed)
+             ─► BatchSpans (with OTEL_* set: the spans of traced jobs, swapless.tasks.tracing)
              ─► Placer (claims, recovery: the transport's Affinity) and the Intake (the lean path)
              ─► ChannelHooks: what the transport's channels take, as the transport option ``swapless_hooks``
 
-Its ``start`` (before the consumer starts, which Celery starts last) seeds what earlier workers learned, runs the
+Its ``start`` (before the consumer starts, which Celery starts last) sets tracing up (when the ``OTEL_*`` variables
+ask for it), seeds what earlier workers learned, runs the
 warm start on the scheduler's thread, starts the heartbeat, the webhook sender and then placement (a model is not
 claimed by a worker still warming up). The consumer's ``FinishInHand`` step finishes the group in hand on a warm
 shutdown while the broker connection is still open; the worker step's ``stop`` stops the rest and unloads every
@@ -38,6 +40,7 @@ from swapless.config.errors import SwaplessError
 from swapless.config.settings import Settings, get_settings
 from swapless.manager import ModelEngine
 from swapless.manager.batching.warmup import load_kept, warm_steps
+from swapless.tasks import tracing
 from swapless.tasks.broker.acks import AckQueue
 from swapless.tasks.broker.connection import RedisHealth, ReplicaWait, redis_client
 from swapless.tasks.broker.queues import ChannelHooks
@@ -57,6 +60,7 @@ from swapless.tasks.worker.reporting import WorkerReporting
 from swapless.tasks.worker.runtime import Runtime, build_runtime, tune_interpreter
 from swapless.tasks.worker.scheduler import BatchScheduler
 from swapless.tasks.worker.shadows import Shadows
+from swapless.tasks.worker.spans import BatchSpans
 from swapless.tasks.worker.webhooks import WebhookIntake, WebhookSender
 
 __all__ = ["FinishInHand", "SwaplessWorker", "WorkerContext", "build_context", "settings_of"]
@@ -96,11 +100,15 @@ class WorkerContext:
     webhooks: WebhookSender
     #: answers a message that is not a job with its error (``swapless.tasks.worker.intake.answer_malformed``)
     answer_malformed: Callable[[Any, Exception], None]
+    #: the tracer provider ``start`` set up (``swapless.tasks.tracing.configure``), shut down by ``stop``
+    provider: Any = None
 
     def start(self) -> None:
         """Seed what earlier workers learned, warm up on the scheduler's thread, start the heartbeat, then place."""
         runtime, s = self.runtime, self.settings
         engine = runtime.manager.factory
+        if self.scheduler.spans is not None:
+            self.provider = tracing.configure("swapless-worker")
         tune_interpreter()
         after_beat: list[Callable[[], Any]] = []
         records: dict[str, Any] = {}
@@ -208,6 +216,8 @@ class WorkerContext:
         self.webhooks.stop()
         self.reporting.stop()
         self.runtime.manager.close()
+        tracing.shutdown(self.provider)  # the last spans exported before the process exits
+        self.provider = None
 
 
 def build_context(app: Celery, settings: Settings, hostname: str | None = None) -> WorkerContext:
@@ -227,7 +237,9 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
     reporting = WorkerReporting(runtime, keyspace, health, hostname)
     sending = redis_client(settings.broker_url, connect_timeout_s=5, socket_timeout_s=10,
                            sentinel=SentinelOptions.of(settings))
-    sender = WebhookSender(WebhookQueue.of(sending, settings), settings)
+    spans = BatchSpans(tracing.tracer(), settings.queue) if tracing.wanted() else None
+    sender = WebhookSender(WebhookQueue.of(sending, settings), settings,
+                           tracer=spans.tracer if spans is not None else None)
     followups = Followups(Canvas(app, settings.canvas_queue),
                           WebhookIntake(WebhookQueue.of(control, settings), wake=sender.wake))
     scheduler = BatchScheduler(
@@ -239,6 +251,7 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
         acks=AckQueue(),
         observer=reporting.observer,
         followups=followups,
+        spans=spans,
     )
     placer = Placer(settings, keyspace, runtime.store, runtime.manager, router, control, health,
                     reporting.worker_id, activity=reporting.stats.models, on_release=scheduler.hand_over)

@@ -12,6 +12,8 @@ scheduler, the chunk assembler, the shadows) instead of asking the request or th
   ``SWAPLESS_BULK_EXPIRES_S`` from its send time, when set.
 - A shadow copy (``SHADOW_HEADER``) names the job it shadows and the route; a job with shadows (``SHADOWED_HEADER``)
   leaves its top label for them.
+- Its producer's trace context (the W3C ``traceparent`` header: ``Client``'s, the gateway's, or a plain Celery
+  producer's instrumentation) goes with each of its jobs (``Job.trace``) to the worker's spans.
 
 Plain data and pure functions over the request, the router and the settings: no Redis of its own, no Celery.
 """
@@ -37,6 +39,7 @@ from swapless.tasks.protocol import (
     item_id,
     read_payload,
 )
+from swapless.tasks.tracing import TRACEPARENT_HEADER
 
 __all__ = ["Delivery", "decode"]
 
@@ -93,7 +96,7 @@ def _queued_at(sent_at: float | None, received_s: float, wall_s: float) -> float
     return received_s - max(wall_s - sent_at, 0.0)  # a producer's clock ahead of ours: no wait yet
 
 
-def _chunk_jobs(request: Any, router: Router, received_s: float) -> list[Job]:
+def _chunk_jobs(request: Any, router: Router, received_s: float, trace: str | None) -> list[Job]:
     model_id, values, urgent = read_payload(request, "chunk", "[model_id, [input, ...]]")
     if not isinstance(values, (list, tuple)) or not values:
         raise InputError(model_id, "malformed chunk payload: inputs must be a non-empty list")
@@ -106,7 +109,7 @@ def _chunk_jobs(request: Any, router: Router, received_s: float) -> list[Job]:
                    for i, value, key in zip(ids, values, keys, strict=True)]
     else:
         targets = [router.store.resolve(model_id)] * len(values)
-    return [Job(id=i, model_id=target, input=value, received_s=received_s, urgent=urgent)
+    return [Job(id=i, model_id=target, input=value, received_s=received_s, urgent=urgent, trace=trace)
             for i, target, value in zip(ids, targets, values, strict=True)]
 
 
@@ -129,18 +132,20 @@ def decode(
         UnknownModel: the model id is not in the registry.
     """
     chunk = request.name == CHUNK_TASK
+    headers = _headers(request)
     sent_at = _sent_at(request)
     received_s = _queued_at(sent_at, received_s, time.time() if wall_s is None else wall_s)
+    trace = headers.get(TRACEPARENT_HEADER)
+    trace = trace if isinstance(trace, str) else None
     if chunk:
-        jobs = _chunk_jobs(request, router, received_s)
+        jobs = _chunk_jobs(request, router, received_s, trace)
     else:
         model_id, value, urgent = read_payload(request, "job", "[model_id, input]")
         target = router.resolve(model_id, value, request.id).model_id
-        jobs = [Job(id=request.id, model_id=target, input=value, received_s=received_s, urgent=urgent)]
+        jobs = [Job(id=request.id, model_id=target, input=value, received_s=received_s, urgent=urgent, trace=trace)]
     deadline = _deadline(request, jobs[0].urgent, settings, sent_at)
     if deadline is not None:
         jobs = [dataclasses.replace(job, expires_at=deadline) for job in jobs]
-    headers = _headers(request)
     of = headers.get(SHADOW_HEADER)
     shadow_of = (str(of[0]), str(of[1])) if isinstance(of, list) and len(of) >= 2 else None
     return Delivery(request, tuple(jobs), chunk, shadow_of, bool(headers.get(SHADOWED_HEADER)))

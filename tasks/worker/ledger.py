@@ -21,6 +21,7 @@ from swapless.manager import Job
 from swapless.tasks.broker.acks import AckQueue
 from swapless.tasks.broker.results import ResultStore
 from swapless.tasks.protocol import split_item_id
+from swapless.tasks.tracing import TRACEPARENT_HEADER, trace_id_of
 from swapless.tasks.worker.chunks import ChunkAssembler
 from swapless.tasks.worker.delivery import Delivery
 from swapless.tasks.worker.followups import Followups
@@ -118,7 +119,8 @@ class RequestLedger:
         already), then send its follow-ups (``swapless.tasks.worker.followups``), then ack it and its copies; count it
         done or failed (unless ``count`` is off)."""
         if store:
-            results.store([(request.id, result, error) for request, result, error in items], models=models)
+            results.store([(request.id, result, error) for request, result, error in items], models=models,
+                          traces=_trace_ids(items))
             if self.followups is not None:
                 self.followups.stored(results, items, models)
         with self._lock:  # stored: the requests leave the ledger only now
@@ -140,3 +142,14 @@ class RequestLedger:
             requests = [self._deliveries.pop(job.id).request for job in jobs if job.id in self._deliveries]
             requests += [dup for job in jobs for dup in self._duplicates.pop(job.id, [])]
         return requests
+
+
+def _trace_ids(items: Sequence[tuple[Any, Any, Any]]) -> dict[str, str]:
+    """Request id -> the trace id of its producer, for the requests whose message carried one."""
+    found = {}
+    for request, _, _ in items:
+        headers = getattr(request, "request_dict", None)
+        trace_id = trace_id_of(headers.get(TRACEPARENT_HEADER)) if headers else None
+        if trace_id is not None:
+            found[request.id] = trace_id
+    return found

@@ -20,6 +20,9 @@ the worker that queued it), posts up to ``SWAPLESS_WEBHOOK_CONCURRENCY`` at once
 delivers it; anything else (an error status, a timeout, a refused connection) retries it after 1 s, doubling to 10
 minutes, until ``SWAPLESS_WEBHOOK_RETRY_S`` after it was queued; then, or at once for a target that is not allowed
 or with no secret to sign with, it is kept as failed (``swapless webhooks`` lists and replays them).
+
+A job whose message carried a trace context keeps it in its delivery: with tracing on, each attempt is a
+``webhook`` span (kind CLIENT) in the job's producer's trace, and its request carries that span's ``traceparent``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from swapless.config.errors import SwaplessError, WebhookRefused
 from swapless.config.settings import Settings
 from swapless.tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, connect_address, pinned, resolve_host
 from swapless.tasks.protocol import CALLBACK_OWNER_HEADER, CALLBACK_URL_HEADER, SENT_AT_HEADER, encode_outcome
+from swapless.tasks.tracing import TRACEPARENT_HEADER, context_of, trace_id_of
 
 __all__ = ["WebhookIntake", "WebhookSender", "backoff_s", "job_payload"]
 
@@ -104,8 +108,10 @@ class WebhookIntake:
             sent = float(sent_at) if isinstance(sent_at, (int, float)) and not isinstance(sent_at, bool) else None
             payload = job_payload(request.id, result, error, models.get(request.id), sent, now)
             owner = headers.get(CALLBACK_OWNER_HEADER)
+            traceparent = headers.get(TRACEPARENT_HEADER)
             deliveries.append(Delivery(request.id, url, payload, created_s=now,
-                                       owner=owner if isinstance(owner, str) and owner else None))
+                                       owner=owner if isinstance(owner, str) and owner else None,
+                                       traceparent=traceparent if isinstance(traceparent, str) else None))
         if not deliveries:
             return 0
         _, full = self.queue.enqueue(deliveries, now)
@@ -124,11 +130,13 @@ class WebhookSender:
         settings: the secret, allow-list, timeout, concurrency and retry window.
         transport: an httpx transport (tests); None: the network.
         resolve: host -> addresses, for the target check (None: the system's resolver).
+        tracer: makes a span of each attempt of a traced job's delivery (None: tracing is off).
     """
 
     def __init__(self, queue: WebhookQueue, settings: Settings, transport: httpx.BaseTransport | None = None,
-                 resolve: Callable[[str], Sequence[str]] | None = None) -> None:
+                 resolve: Callable[[str], Sequence[str]] | None = None, tracer: Any = None) -> None:
         self.queue = queue
+        self.tracer = tracer
         self.settings = settings
         secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret is not None else None
         self._signer = Webhook(secret) if secret else None
@@ -205,15 +213,38 @@ class WebhookSender:
 
     def _attempt(self, delivery: Delivery) -> None:
         try:
-            self._settle(delivery, self._post(delivery))
+            if self.tracer is not None and delivery.traceparent is not None:
+                outcome = self._traced_post(delivery, delivery.traceparent)
+            else:
+                outcome = self._post(delivery)
+            self._settle(delivery, outcome)
         except Exception:  # a delivery whose settling failed is due again when its lease ends
             logger.exception("could not settle webhook %s", delivery.id)
         finally:
             self._slots.release()
             self._wake.set()
 
-    def _post(self, delivery: Delivery) -> tuple[bool, str | None]:
-        """(delivered, why not). ``why not`` with ``delivered`` False and a ``!`` first: never retry."""
+    def _traced_post(self, delivery: Delivery, traceparent: str) -> tuple[bool, str | None]:
+        """``_post`` in a ``webhook`` span of the job's trace, its request carrying the span's context."""
+        from opentelemetry import propagate, trace
+
+        target = httpx.URL(delivery.url)
+        port = f":{target.port}" if target.port is not None else ""
+        attributes = {"http.request.method": "POST", "server.address": target.host,
+                      "url.full": f"{target.scheme}://{target.host}{port}{target.path}",  # no credentials, no query
+                      "swapless.job.id": delivery.id, "swapless.webhook.attempt": delivery.attempts + 1}
+        with self.tracer.start_as_current_span("webhook", context=context_of({TRACEPARENT_HEADER: traceparent}),
+                                               kind=trace.SpanKind.CLIENT, attributes=attributes) as span:
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            ok, why = self._post(delivery, carrier)
+            if not ok:
+                span.set_status(trace.StatusCode.ERROR, (why or "").lstrip("!"))
+            return ok, why
+
+    def _post(self, delivery: Delivery, trace_headers: Mapping[str, str] | None = None) -> tuple[bool, str | None]:
+        """(delivered, why not). ``why not`` with ``delivered`` False and a ``!`` first: never retry.
+        ``trace_headers``: the attempt's trace context, sent with it."""
         if self._signer is None:
             return False, "!SWAPLESS_WEBHOOK_SECRET is not set: the webhook cannot be signed (set it, then replay)"
         try:
@@ -229,6 +260,7 @@ class WebhookSender:
             "webhook-timestamp": str(int(now.timestamp())),
             "webhook-signature": self._signer.sign(delivery.id, now, delivery.payload),
             **host_header,
+            **(trace_headers or {}),
         }
         assert self._http is not None
         try:
@@ -254,9 +286,15 @@ class WebhookSender:
         if final or retry_at > delivery.created_s + self.settings.webhook_retry_s:
             self.queue.fail(delivery, now)
             self.failed += 1
-            logger.warning("webhook %s to %s failed after %d attempt(s): %s; kept (swapless webhooks replay)",
-                           delivery.id, delivery.url, delivery.attempts, delivery.last_error)
+            logger.warning("webhook %s to %s failed after %d attempt(s): %s; kept (swapless webhooks replay)%s",
+                           delivery.id, delivery.url, delivery.attempts, delivery.last_error, _trace_note(delivery))
             return
-        logger.info("webhook %s to %s: %s; retrying in %.0f s", delivery.id, delivery.url, why,
-                    retry_at - now)
+        logger.info("webhook %s to %s: %s; retrying in %.0f s%s", delivery.id, delivery.url, why,
+                    retry_at - now, _trace_note(delivery))
         self.queue.retry(delivery, retry_at)
+
+
+def _trace_note(delivery: Delivery) -> str:
+    """What a log line about ``delivery`` says of its job's trace (``" [trace <id>]"``, or nothing)."""
+    trace_id = trace_id_of(delivery.traceparent)
+    return f" [trace {trace_id}]" if trace_id is not None else ""

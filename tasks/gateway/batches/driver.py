@@ -46,6 +46,7 @@ from swapless.tasks.gateway.batches.state import BatchStatus, BatchStore, public
 from swapless.tasks.gateway.errors import BadBatchFile
 from swapless.tasks.gateway.keys import KeyRule
 from swapless.tasks.gateway.plane import check_input
+from swapless.tasks.tracing import working
 
 __all__ = ["BatchDriver", "LeaseLost", "Stopped", "file_id_for"]
 
@@ -146,7 +147,8 @@ class BatchDriver:
                 raise _Cancelled
 
     def run(self) -> None:
-        """Drive the batch from where it stands to a final status.
+        """Drive the batch from where it stands to a final status, in the batch's one trace: its creator's, else
+        the one its first driver began (kept with the batch, so that a takeover goes on in it).
 
         Raises:
             LeaseLost, Stopped: as ``check``.
@@ -154,6 +156,13 @@ class BatchDriver:
         batch = self.store.get(self.batch_id)
         if batch is None:
             return
+        kept = batch.get("traceparent") or None
+        with working(f"batch {self.batch_id}", {"swapless.batch.id": self.batch_id}, kept) as traceparent:
+            if traceparent is not None and kept is None:
+                self.store.update(self.batch_id, traceparent=traceparent)
+            self._drive(batch)
+
+    def _drive(self, batch: dict[str, str]) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         try:
             if batch["status"] == BatchStatus.CANCELLING.value:

@@ -44,6 +44,7 @@ from swapless.tasks.gateway.batches.upload import LineWriter, MultipartReader, b
 from swapless.tasks.gateway.errors import BadBatch, BadBatchFile, UnknownBatch, UnknownFile
 from swapless.tasks.gateway.http import GuardedRoute
 from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.tracing import current_traceparent
 
 __all__ = ["BatchRequest", "batch_router", "parse_window"]
 
@@ -232,6 +233,7 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
             "callback_url": body.callback_url,
             "models": sorted(rule.models) if rule is not None and rule.models is not None else None,
             "model_names": list(rule.names) if rule is not None else None,
+            "traceparent": current_traceparent(),  # the batch's chunks go on in its creator's trace
         }
         await asyncio.to_thread(store.create, batch_id, fields)
         await asyncio.to_thread(owners.add_batch, caller.owner, batch_id, time.time())
