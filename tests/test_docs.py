@@ -1,6 +1,6 @@
-"""The documentation's code runs: every fenced block of README.md and docs/ either runs here against a real worker,
-or is checked (JSON, YAML), or says why it cannot run (``<!-- not run: REASON -->`` on the line before it); and the
-web app of examples/webapp answers its three routes against the same worker.
+"""The documentation's code runs: every fenced block of README.md, docs/ and bench/*.md (the site's pages) either
+runs here against a real worker, or is checked (JSON, YAML), or says why it cannot run (``<!-- not run: REASON -->``
+on the line before it); and the web app of examples/webapp answers its three routes against the same worker.
 
 How each block is taken, by its language:
 
@@ -61,7 +61,9 @@ class Block:
 
 
 def _pages() -> list[Path]:
-    return [REPO / "README.md", *sorted(p for p in (REPO / "docs").rglob("*.md") if "hooks" not in p.parts)]
+    """The README, the pages of docs/, and the benchmark tables the site shows (bench/*.md)."""
+    docs = sorted(p for p in (REPO / "docs").rglob("*.md") if "hooks" not in p.parts)
+    return [REPO / "README.md", *docs, *sorted((REPO / "bench").glob("*.md"))]
 
 
 def blocks_of(path: Path) -> list[Block]:
