@@ -10,7 +10,8 @@ How each block is taken, by its language:
 - ``text``: not code (a drawing, or output shown): never run;
 - any other language, and any block marked ``<!-- not run: REASON -->``: not run; the reason is required.
 
-The blocks share one worker on the tiny text models (``sentiment``, ``spam``, ``topic``) and one private queue.
+The blocks share one worker and one private queue; its models are the tiny text models (``sentiment``, ``spam``,
+``topic``), a second version of ``sentiment`` and a route ``reviews`` over the two (``docs_models_file``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
+from swapless.config.settings import get_settings
 from tests.conftest import REPO, Workers
 
 #: A README a newcomer reads in one sitting: what it is, the two commands, one example per kind of user, links.
@@ -132,13 +134,32 @@ def test_ci_runs_the_readmes_test_command() -> None:
     assert any(line == command or line.startswith(command + " ") for line in ci), command
 
 
+def docs_models_file(served: Path, directory: Path) -> Path:
+    """The tiny text models, a second version of ``sentiment`` and the route ``reviews`` over both: the models the
+    guides' blocks call (docs/guides/models-and-routes.md shows the route)."""
+    entries = json.loads(served.read_text())["models"]
+    for entry in entries:
+        if "path" in entry:
+            entry["path"] = str(served.parent / entry["path"])
+    second = {**next(e for e in entries if e["id"] == "sentiment"), "id": "sentiment-v2", "version": "2"}
+    route = {"id": "reviews", "route": {"sentiment": 90, "sentiment-v2": 10}}
+    path = directory / "models.json"
+    path.write_text(json.dumps({"models": [*entries, second, route]}, indent=2))
+    return path
+
+
 @pytest.fixture(scope="module")
-def docs_worker(module_env: dict[str, str], module_workers: Workers) -> dict[str, str]:
-    """One worker on the tiny text models for every block and the web app; returns the environment to run in."""
-    module_workers.start()
-    bin_dir = str(Path(sys.executable).parent)
-    return {**os.environ, **module_env, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
-            "PYTHONPATH": str(REPO)}
+def docs_worker(module_env: dict[str, str], module_workers: Workers, served_models_file: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """One worker on the docs' models for every block and the web app; returns the environment to run in."""
+    models = docs_models_file(served_models_file, tmp_path_factory.mktemp("docs-models"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SWAPLESS_MODELS_FILE", str(models))
+        get_settings.cache_clear()
+        module_workers.start(env={"SWAPLESS_MODELS_FILE": str(models)})
+        bin_dir = str(Path(sys.executable).parent)
+        yield {**os.environ, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]), "PYTHONPATH": str(REPO)}
+    get_settings.cache_clear()
 
 
 @pytest.fixture(scope="module")
