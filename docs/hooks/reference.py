@@ -5,7 +5,7 @@
 - ``reference/cli.md``: every ``swapless`` command from the typer app, its arguments and options;
 - ``reference/http-api.md``: every route of the gateway from its OpenAPI schema (the app is built, never served:
   no Redis is needed), and the schema itself as ``reference/openapi.json``;
-- ``benchmarks/<name>.md``: each ``bench/*.md`` as it is, under the benchmarks section.
+- ``benchmarks/<name>.md``: each ``bench/*.md`` as it is, in the navigation under Benchmarks (``on_config``).
 
 The Python API page is written by hand as mkdocstrings directives (``reference/python-api.md``).
 """
@@ -225,6 +225,21 @@ def http_page(schema: dict[str, Any]) -> str:
 def bench_pages() -> dict[str, str]:
     """``benchmarks/<name>.md`` for each ``bench/*.md``, as it is."""
     return {f"benchmarks/{path.stem.lower()}.md": path.read_text() for path in sorted((REPO / "bench").glob("*.md"))}
+
+
+def _title(page: str) -> str:
+    first = next((line for line in page.splitlines() if line.startswith("# ")), "# Benchmark")
+    return first.removeprefix("# ").strip()
+
+
+def on_config(config: MkDocsConfig) -> MkDocsConfig:
+    """Every bench page in the navigation, under Benchmarks after its index, titled by its first heading: a new
+    ``bench/*.md`` joins the site without an edit here."""
+    for section in config.nav or []:
+        if isinstance(section, dict) and "Benchmarks" in section:
+            pages = [{_title(text): path} for path, text in bench_pages().items()]
+            section["Benchmarks"] = [*section["Benchmarks"], *pages]
+    return config
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
