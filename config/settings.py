@@ -129,6 +129,16 @@ class Settings(BaseSettings):
         description="Most models kept in the host tier at once (with a host budget above 0; 0 turns the tier off too)",
     )
     triton_max_models: int = Field(4, ge=1, description="Triton models kept loaded on their servers")
+    max_adapters: int = Field(
+        32, ge=1,
+        description="Variants (adapters) of one base resident at once in its adapter slots; more in one pass are run "
+        "in turns",
+    )
+    adapter_host_bytes: int = Field(
+        1 << 30, ge=0,
+        description="Bytes of adapter weights per base kept in host memory once read, so that bringing a variant "
+        "back is a copy; `256MB` or a plain number",
+    )
     device: str = Field("auto", description="`auto` (cuda if available, else cpu), `cpu`, `cuda`, `cuda:1`")
     max_batch_size: int = Field(
         DEFAULT_MAX_BATCH_SIZE, ge=1,
@@ -485,7 +495,7 @@ class Settings(BaseSettings):
             return parse_bytes(value)
         raise ValueError(f"cannot read {value!r} as a size")
 
-    @field_validator("host_memory_budget_bytes", mode="before")
+    @field_validator("host_memory_budget_bytes", "adapter_host_bytes", mode="before")
     @classmethod
     def _parse_host_budget(cls, value: object) -> int:
         if value is None or value == "":

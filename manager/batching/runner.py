@@ -48,6 +48,13 @@ class Job:
     urgent: bool = False
     expires_at: float | None = None
     trace: str | None = None
+    #: The variant (an adapter of ``model_id``, ``swapless.manager.frameworks.adapters``) the job addressed, if any.
+    variant: str | None = None
+
+    @property
+    def served_model(self) -> str:
+        """The model that answers the job, as its caller knows it: its variant, else its model."""
+        return self.variant or self.model_id
 
 
 @dataclass(frozen=True)
@@ -262,7 +269,8 @@ def run_group(
             ready: list[tuple[Job, Any]] = []
             for job in jobs:
                 try:
-                    ready.append((job, worker.prepare(job.input)))
+                    variant = manager.store.get(job.variant) if job.variant is not None else None
+                    ready.append((job, worker.prepare_for(variant, job.input)))
                 except InputError as err:
                     outcomes[job.id] = Outcome(job, error=err)
                 except Exception as err:  # noqa: BLE001 - a decoder bug must fail only this job

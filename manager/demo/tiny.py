@@ -24,6 +24,8 @@ from typing import Any
 __all__ = [
     "TEXT_PRESETS",
     "build_image_classifier",
+    "build_lora_adapter",
+    "build_lora_adapters",
     "build_text_classifier",
     "encode_image",
     "vocabulary",
@@ -252,3 +254,45 @@ def write_models_file(directory: Path, entries: list[dict[str, Any]]) -> Path:
     path = Path(directory) / "models.json"
     path.write_text(json.dumps({"models": entries}, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def build_lora_adapter(
+    base: Path, directory: Path, *, seed: int = 0, rank: int = 8, targets: tuple[str, ...] = ("query", "value"),
+    head: bool = True, scale: float = 0.2,
+) -> Path:
+    """Save a random LoRA adapter over the classifier in ``base`` to ``directory``, as PEFT's ``save_pretrained``
+    writes one: rank-``rank`` matrices for the ``targets`` layers, and its own classification head when ``head``.
+    Its weights are drawn (normal, ``scale``) rather than left at LoRA's zero start, so that each adapter answers
+    differently from its base and from the others.
+
+    Returns:
+        ``directory``, with ``adapter_config.json`` and ``adapter_model.safetensors``.
+    """
+    return build_lora_adapters(base, [(Path(directory), seed)], rank=rank, targets=targets, head=head,
+                               scale=scale)[0]
+
+
+def build_lora_adapters(
+    base: Path, adapters: list[tuple[Path, int]], *, rank: int = 8, targets: tuple[str, ...] = ("query", "value"),
+    head: bool = True, scale: float = 0.2,
+) -> list[Path]:
+    """``build_lora_adapter`` for many ``(directory, seed)`` pairs over one load of ``base``."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForSequenceClassification
+
+    from swapless.manager.frameworks.adapters import quiet_peft
+
+    model = AutoModelForSequenceClassification.from_pretrained(base)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets),
+                        modules_to_save=["classifier"] if head else None, task_type="SEQ_CLS")
+    with quiet_peft():
+        wrapped = get_peft_model(model, config)
+    drawn = [(name, p) for name, p in wrapped.named_parameters() if "lora_" in name or "modules_to_save" in name]
+    for directory, seed in adapters:
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for _, parameter in drawn:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
+        wrapped.save_pretrained(str(directory))
+    return [Path(directory) for directory, _ in adapters]

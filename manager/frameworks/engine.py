@@ -63,6 +63,13 @@ class ModelEngine:
             worker.tuner = self._tuners.setdefault(spec.id, BatchTuner(worker.batch_size))
         return worker
 
+    def runs_adapters(self, framework: str) -> bool:
+        """Whether ``framework``'s workers run variants (``ModelWorker.runs_adapters``)."""
+        if framework not in self.workers and framework in BUILTIN_WORKERS:
+            importlib.import_module(BUILTIN_WORKERS[framework])
+        cls = self.workers.get(framework) or registry.get(framework)
+        return cls is not None and cls.runs_adapters
+
     def seed_tuner(self, spec: ModelSpec, costs: dict[int, float]) -> None:
         """Start ``spec``'s tuner from costs measured earlier (by another worker on the same kind of device)."""
         if not self.limits.tune_batch_size:

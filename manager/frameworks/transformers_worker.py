@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from swapless.config.errors import ModelLoadError
+from swapless.manager.frameworks.adapters import AdapterInput, AdapterPool
 from swapless.manager.frameworks.torch_utils import (
     free_memory,
     measure_load,
@@ -20,6 +21,7 @@ from swapless.manager.frameworks.torch_utils import (
     top_k,
 )
 from swapless.manager.frameworks.worker import ModelWorker
+from swapless.manager.registry.specs import ModelSpec
 
 __all__ = ["TransformerWorker"]
 
@@ -31,11 +33,16 @@ class TransformerWorker(ModelWorker, framework="transformers"):
     Inputs are truncated to the model's maximum length and padded per forward pass; to waste less compute on
     padding, each group is sorted by length before it is cut into forward passes, and the outputs are put back
     in input order.
+
+    Its variants (PEFT adapters, ``swapless.manager.frameworks.adapters``) run in the same passes as its own jobs,
+    each row with its variant's adapter and labels.
     """
 
     model: Any = None
     host_tier = True
+    runs_adapters = True
     tokenizer: Any = None
+    adapters: AdapterPool | None = None
 
     @classmethod
     def warm_up(cls) -> None:
@@ -68,33 +75,76 @@ class TransformerWorker(ModelWorker, framework="transformers"):
         tokenizer_max = getattr(self.tokenizer, "model_max_length", None) or positions
         self.max_length = int(min(positions, tokenizer_max))
         self.labels = dict(self.model.config.id2label or {})
+        self.adapters = AdapterPool(self.model, self.limits.max_adapters, self.limits.adapter_host_bytes)
+        self.memory_bytes += self.limits.adapter_bytes.get(self.spec.id, 0)
 
-    def predict(self, batch: Sequence[str]) -> list[Any]:
-        order = sorted(range(len(batch)), key=lambda i: len(batch[i]))
+    def prepare_for(self, variant: ModelSpec | None, value: Any) -> Any:
+        text = self.prepare_text(value)
+        return text if variant is None else AdapterInput(text, variant)
+
+    def predict(self, batch: Sequence[Any]) -> list[Any]:
+        texts = [item.text if isinstance(item, AdapterInput) else item for item in batch]
+        variants = [item.variant if isinstance(item, AdapterInput) else None for item in batch]
+        order = sorted(range(len(batch)), key=lambda i: len(texts[i]))
         outputs: list[Any] = [None] * len(batch)
         with torch.inference_mode():
             for chunk in self.batched(order):
-                encoded = self.tokenizer(
-                    [batch[i] for i in chunk],
-                    padding=True,
-                    truncation=True,
-                    max_length=self.max_length,
-                    return_tensors="pt",
-                ).to(self.device)
-                probabilities = torch.softmax(self.model(**encoded).logits.float(), dim=-1)
-                for i, row in zip(chunk, top_k(probabilities, self.labels, self.spec.top_k), strict=True):
-                    outputs[i] = row
+                for run in self._runs(chunk, variants):
+                    self._forward(run, texts, variants, outputs)
         return outputs
+
+    def _runs(self, chunk: Sequence[int], variants: Sequence[ModelSpec | None]) -> list[list[int]]:
+        """A pass's rows cut so that no run needs more variants than the adapter slots hold."""
+        if self.adapters is None or not any(variants[i] is not None for i in chunk):
+            return [list(chunk)]
+        runs = self.adapters.groups([variants[i] for i in chunk])
+        return [[chunk[j] for j in run] for run in runs if run]
+
+    def _forward(self, rows: Sequence[int], texts: Sequence[str], variants: Sequence[ModelSpec | None],
+                 outputs: list[Any]) -> None:
+        encoded = self.tokenizer(
+            [texts[i] for i in rows],
+            padding=True,
+            truncation=True,
+            max_length=self.max_length,
+            return_tensors="pt",
+        ).to(self.device)
+        model, extra = self.model, {}
+        if self.adapters is not None:
+            names = self.adapters.names([variants[i] for i in rows])
+            model = self.adapters.model
+            if names is not None:
+                extra = {"adapter_names": names}
+        probabilities = torch.softmax(model(**encoded, **extra).logits.float(), dim=-1)
+        for i, row in zip(rows, self._top_k(probabilities, [variants[i] for i in rows]), strict=True):
+            outputs[i] = row
+
+    def _top_k(self, probabilities: torch.Tensor, variants: Sequence[ModelSpec | None]) -> list[Any]:
+        if all(v is None or not v.labels for v in variants):
+            k = {v.top_k if v is not None else self.spec.top_k for v in variants}
+            if len(k) == 1:
+                return top_k(probabilities, self.labels, k.pop())
+        return [top_k(probabilities[j : j + 1], v.labels if v is not None and v.labels else self.labels,
+                      v.top_k if v is not None else self.spec.top_k)[0]
+                for j, v in enumerate(variants)]
 
     def to_host(self) -> None:
         self.model = module_to_host(self.model)
+        self._rewrap()
 
     def to_device(self) -> None:
         self.model = module_to_device(self.model, self.device)
+        self._rewrap()
+
+    def _rewrap(self) -> None:
+        """The adapter pool over the moved model (the same module, moved in place, adapter slots included)."""
+        if self.adapters is not None:
+            self.adapters.base = self.model
 
     def unload(self) -> None:
         dropped = weakref.ref(self.model) if self.model is not None else None
         self.model = None
         self.tokenizer = None
+        self.adapters = None
         self.memory_bytes = 0
         free_memory(getattr(self, "device", None), dropped)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from swapless.config.errors import DuplicateFramework, InputError, UnknownFramework
@@ -61,6 +61,9 @@ class WorkerLimits:
         max_image_pixels: int = 89_478_485,
         input_root: str | None = None,
         triton_url: str = "127.0.0.1:8000",
+        max_adapters: int = 32,
+        adapter_host_bytes: int = 1 << 30,
+        adapter_bytes: Mapping[str, int] | None = None,
     ) -> None:
         self.device = device
         self.max_batch_size = max_batch_size
@@ -70,6 +73,12 @@ class WorkerLimits:
         self.max_image_pixels = max_image_pixels
         self.input_root = input_root
         self.triton_url = triton_url
+        #: Variants resident at once per base and adapter shape (adapter slots).
+        self.max_adapters = max_adapters
+        #: Adapter weights kept in host memory for later swap-ins, per base.
+        self.adapter_host_bytes = adapter_host_bytes
+        #: Base id -> the bytes its adapter slots may take (counted in its size once loaded).
+        self.adapter_bytes: Mapping[str, int] = dict(adapter_bytes or {})
 
 
 class ModelWorker(ABC):
@@ -93,6 +102,8 @@ class ModelWorker(ABC):
     remote: ClassVar[bool] = False
     #: True for workers that implement ``to_host``/``to_device`` (the cache's host tier may keep them built).
     host_tier: ClassVar[bool] = False
+    #: True for workers whose ``prepare_for`` takes variants (adapters over the model, ``VariantSpec``).
+    runs_adapters: ClassVar[bool] = False
 
     def __init_subclass__(cls, framework: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -169,6 +180,17 @@ class ModelWorker(ABC):
             NotImplementedError: the framework has no host tier.
         """
         raise NotImplementedError(f"{self.framework} models have no host tier")
+
+    def prepare_for(self, variant: ModelSpec | None, value: Any) -> Any:
+        """Check one raw job input of ``variant`` (one of this model's adapters; None: the model itself). The
+        default runs no variants.
+
+        Raises:
+            InputError: the input is bad, or this framework does not run adapters.
+        """
+        if variant is not None:
+            raise InputError(variant.id, f"{self.framework} models do not run adapters; serve it as a model")
+        return self.prepare(value)
 
     def prepare(self, value: Any) -> Any:
         """Check one raw job input. The default accepts what ``type`` implies: text, or a base64 image."""

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-__all__ = ["InputType", "ModelSpec", "ModelsFile", "RouteSpec"]
+__all__ = ["InputType", "ModelSpec", "ModelsFile", "RouteSpec", "VariantSpec"]
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
 
@@ -43,6 +43,9 @@ class ModelSpec(BaseModel):
         keep_loaded: loaded when a worker starts and kept resident: a load ahead never evicts it, a load a group
             needs evicts it after every other model, and placement never moves it away from a worker. For a model
             whose callers wait on it (a chat model, an SLA) and whose traffic is too sparse to keep it warm under LRU.
+        base: set on a variant (``VariantSpec``, expanded by the store): the model whose weights it shares.
+        adapter: a variant's PEFT adapter directory.
+        labels: a variant's class names in class-index order (empty: its base's).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -62,6 +65,9 @@ class ModelSpec(BaseModel):
     labels_file: Path | None = None
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
     keep_loaded: bool = False
+    base: str | None = None
+    adapter: Path | None = None
+    labels: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _check_dtype(self) -> ModelSpec:
@@ -70,6 +76,40 @@ class ModelSpec(BaseModel):
                 "dtype is for transformers and torchvision models; a Triton model's types are in its config.pbtxt"
             )
         return self
+
+
+class VariantSpec(BaseModel):
+    """A fine-tuned variant of another model entry: a PEFT adapter (LoRA, with or without its own classification head)
+    over that entry's weights (``swapless.manager.frameworks.adapters``). Jobs address it as any model; it runs in
+    the same forward passes as its base's other variants, and loads as a copy of its adapter's weights.
+
+    Attributes:
+        id: what jobs address.
+        base: the id of the model entry it adapts (a ``transformers`` text classifier).
+        adapter: the adapter directory (``adapter_config.json`` and ``adapter_model.safetensors``, as PEFT's
+            ``save_pretrained`` writes them); relative to the models file.
+        labels: class names in class-index order; unset uses its base's.
+        aliases, version, description, top_k: as for a model (``top_k`` unset: its base's).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, max_length=128, pattern=_ID)
+    base: str = Field(min_length=1)
+    adapter: Path
+    labels: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    version: str = "1"
+    description: str = ""
+    top_k: int | None = Field(default=None, ge=1)
+
+    def expand(self, base: ModelSpec) -> ModelSpec:
+        """This variant as a model entry: its base's, with its own id, names, labels and adapter."""
+        return base.model_copy(update={
+            "id": self.id, "aliases": self.aliases, "version": self.version, "description": self.description,
+            "top_k": self.top_k or base.top_k, "base": base.id, "adapter": self.adapter, "labels": self.labels,
+            "keep_loaded": False,
+        })
 
 
 class RouteSpec(BaseModel):
@@ -121,15 +161,21 @@ class RouteSpec(BaseModel):
 
 
 def _entry_kind(entry: Any) -> str:
-    return "route" if isinstance(entry, dict) and ("route" in entry or "by_type" in entry) else "model"
+    if isinstance(entry, dict) and ("route" in entry or "by_type" in entry):
+        return "route"
+    return "variant" if isinstance(entry, dict) and "base" in entry else "model"
 
 
 class ModelsFile(BaseModel):
-    """The whole ``models.json``: ``{"models": [ModelSpec | RouteSpec, ...]}`` (an entry with ``route`` or
-    ``by_type`` is a route)."""
+    """The whole ``models.json``: ``{"models": [ModelSpec | VariantSpec | RouteSpec, ...]}`` (an entry with
+    ``route`` or ``by_type`` is a route, one with ``base`` a variant)."""
 
     model_config = ConfigDict(extra="forbid")
 
     models: list[
-        Annotated[Annotated[ModelSpec, Tag("model")] | Annotated[RouteSpec, Tag("route")], Discriminator(_entry_kind)]
+        Annotated[
+            Annotated[ModelSpec, Tag("model")] | Annotated[VariantSpec, Tag("variant")]
+            | Annotated[RouteSpec, Tag("route")],
+            Discriminator(_entry_kind),
+        ]
     ]

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from swapless.config.describe import kind
 from swapless.config.errors import ConfigError, InputError, UnknownModel
 from swapless.manager.registry.routing import NoBranch, Resolved, resolve
-from swapless.manager.registry.specs import InputType, ModelsFile, ModelSpec, RouteSpec
+from swapless.manager.registry.specs import InputType, ModelsFile, ModelSpec, RouteSpec, VariantSpec
 
 __all__ = ["ModelStore"]
 
@@ -26,14 +26,27 @@ def _where(source: str, raw: object, loc: tuple[int | str, ...]) -> str:
             if isinstance(entry, dict):
                 entry_id = entry.get("id")
         entry_name = f"models[{index}]" + (f" (id {entry_id!r})" if entry_id else "")
-        parts = loc[3:] if len(loc) >= 3 and loc[2] in ("model", "route") else loc[2:]  # the entry's kind tag
+        tagged = len(loc) >= 3 and loc[2] in ("model", "variant", "route")  # the entry's kind tag
+        parts = loc[3:] if tagged else loc[2:]
         field = ".".join(str(part) for part in parts)
         return f"{source}: {entry_name}" + (f", field {field!r}" if field else "")
     return f"{source}: " + (".".join(str(part) for part in loc) or "top level")
 
 
+def _existing(base: Path, value: Path, where: str) -> Path:
+    """``value`` resolved against ``base`` (the models file's directory); ConfigError naming ``where`` if missing."""
+    resolved = (base / value.expanduser()) if not value.expanduser().is_absolute() else value.expanduser()
+    if not resolved.exists():
+        raise ConfigError(where, f"{resolved} does not exist")
+    return resolved
+
+
 class ModelStore:
     """The registry of models, read from ``models.json`` and validated at start-up.
+
+    A variant (``VariantSpec``) is found by ``get`` as a model entry of its own (its base's, with its id, labels and
+    adapter), but it is not one of the models the store iterates over: it is queued, placed, loaded and run as part of
+    its base (``home``).
 
     Args:
         specs: the model entries.
@@ -41,15 +54,23 @@ class ModelStore:
             (a producer that only submits jobs does not need the workers).
     """
 
-    def __init__(self, specs: Iterable[ModelSpec | RouteSpec], frameworks: Iterable[str] | None = None) -> None:
+    def __init__(self, specs: Iterable[ModelSpec | VariantSpec | RouteSpec],
+                 frameworks: Iterable[str] | None = None) -> None:
         self._specs: dict[str, ModelSpec] = {}
+        #: Variant id -> its entry (expanded); base id -> its variants' ids.
+        self._variants: dict[str, ModelSpec] = {}
+        self._families: dict[str, list[str]] = {}
         self._aliases: dict[str, str] = {}
         self._routes: dict[str, RouteSpec] = {}
         known_frameworks = sorted(frameworks) if frameworks is not None else None
         routes: list[tuple[int, RouteSpec]] = []
+        variants: list[tuple[int, VariantSpec]] = []
         for index, spec in enumerate(specs):
             if isinstance(spec, RouteSpec):
                 routes.append((index, spec))
+                continue
+            if isinstance(spec, VariantSpec):
+                variants.append((index, spec))
                 continue
             if spec.id in self._specs:
                 raise ConfigError(f"models[{index}] (id {spec.id!r})", "duplicate id: every model needs its own id")
@@ -68,6 +89,8 @@ class ModelStore:
             if spec.id in self._aliases:
                 raise ConfigError(f"models[{index}] (id {spec.id!r})", "id is already used as another model's alias")
             self._specs[spec.id] = spec
+        for index, variant in variants:
+            self._add_variant(index, variant)
         for index, route in routes:
             if route.id in self._specs or route.id in self._aliases or route.id in self._routes:
                 raise ConfigError(f"models[{index}] (id {route.id!r})", "id is already used by a model, an alias or "
@@ -75,6 +98,25 @@ class ModelStore:
             self._routes[route.id] = route
         for index, route in routes:
             self._check_route(index, route)
+
+    def _add_variant(self, index: int, variant: VariantSpec) -> None:
+        where = f"models[{index}] (id {variant.id!r})"
+        taken = (*self._specs, *self._aliases, *self._variants)
+        if variant.id in taken:
+            raise ConfigError(where, "id is already used by another model, variant or alias")
+        base = self._specs.get(self._aliases.get(variant.base, variant.base))
+        if base is None:
+            known = ", ".join(self._specs) or "none"
+            raise ConfigError(f"{where}, field 'base'", f"unknown base model {variant.base!r} (known: {known})")
+        if base.type is not InputType.TEXT:
+            raise ConfigError(f"{where}, field 'base'", f"base {base.id!r} is an image model; adapters run over "
+                              "text classifiers (framework transformers)")
+        for alias in variant.aliases:
+            if alias in taken or alias == variant.id:
+                raise ConfigError(f"{where}, field 'aliases'", f"alias {alias!r} is already used by another model")
+            self._aliases[alias] = variant.id
+        self._variants[variant.id] = variant.expand(base)
+        self._families.setdefault(base.id, []).append(variant.id)
 
     @classmethod
     def from_file(cls, path: str | Path, frameworks: Iterable[str] | None = None) -> ModelStore:
@@ -100,23 +142,21 @@ class ModelStore:
             raise ConfigError(_where(source, raw, tuple(first["loc"])), first["msg"]) from None
 
         base = file.resolve().parent
-        specs: list[ModelSpec | RouteSpec] = []
+        specs: list[ModelSpec | VariantSpec | RouteSpec] = []
         for index, spec in enumerate(parsed.models):
             if isinstance(spec, RouteSpec):
                 specs.append(spec)
+                continue
+            if isinstance(spec, VariantSpec):
+                adapter = _existing(base, spec.adapter, f"{source}: models[{index}] (id {spec.id!r}), field 'adapter'")
+                specs.append(spec.model_copy(update={"adapter": adapter}))
                 continue
             updates: dict[str, Path] = {}
             for field in ("path", "labels_file"):
                 value: Path | None = getattr(spec, field)
                 if value is None:
                     continue
-                resolved = (base / value.expanduser()) if not value.expanduser().is_absolute() else value.expanduser()
-                if not resolved.exists():
-                    raise ConfigError(
-                        f"{source}: models[{index}] (id {spec.id!r}), field {field!r}",
-                        f"{resolved} does not exist",
-                    )
-                updates[field] = resolved
+                updates[field] = _existing(base, value, f"{source}: models[{index}] (id {spec.id!r}), field {field!r}")
             specs.append(spec.model_copy(update=updates) if updates else spec)
         return cls(specs, frameworks)
 
@@ -212,16 +252,35 @@ class ModelStore:
             UnknownModel: no such id; the message lists the known ids.
         """
         try:
-            return self._specs[self._aliases.get(model_id, model_id)]
+            canonical = self._aliases.get(model_id, model_id)
+            found = self._specs.get(canonical)
+            return found if found is not None else self._variants[canonical]
         except (KeyError, TypeError):
-            raise UnknownModel(str(model_id), [*self._specs, *self._routes]) from None
+            raise UnknownModel(str(model_id), [*self._specs, *self._variants, *self._routes]) from None
 
     def resolve(self, model_id: str) -> str:
         """The canonical id of ``model_id`` (an id or an alias). Raises UnknownModel."""
         return self.get(model_id).id
 
+    def home(self, model_id: str) -> str:
+        """The model whose lists, cache entry and forward passes serve ``model_id`` (an id or alias): a variant's
+        base, else the model itself. Raises UnknownModel."""
+        spec = self.get(model_id)
+        return spec.base or spec.id
+
+    @property
+    def has_variants(self) -> bool:
+        return bool(self._variants)
+
+    def variants(self, base_id: str | None = None) -> list[ModelSpec]:
+        """The variants of ``base_id`` (all of them when None), in file order."""
+        if base_id is None:
+            return list(self._variants.values())
+        return [self._variants[v] for v in self._families.get(base_id, ())]
+
     def __contains__(self, model_id: object) -> bool:
-        return isinstance(model_id, str) and (model_id in self._specs or model_id in self._aliases)
+        return isinstance(model_id, str) and (
+            model_id in self._specs or model_id in self._aliases or model_id in self._variants)
 
     def __iter__(self) -> Iterator[ModelSpec]:
         return iter(self._specs.values())

@@ -140,9 +140,9 @@ class Router:
             return None
         try:
             if headers.get("task") == CHUNK_TASK:
-                return None if self.store.is_route(args[0]) else self.store.resolve(args[0])
+                return None if self.store.is_route(args[0]) else self.store.home(args[0])
             job_id = headers.get("id")
-            return self.resolve(args[0], args[1], job_id if isinstance(job_id, str) else "").model_id
+            return self.store.home(self.resolve(args[0], args[1], job_id if isinstance(job_id, str) else "").model_id)
         except (KeyError, ValueError):  # UnknownModel, InputError: its worker answers it
             return None
 

@@ -206,11 +206,15 @@ def cancel(
 def models_text(store: ModelStore, width: int | None = None) -> str:
     """``swapless models``' listing of ``store``: a count, then one line per model (see ``columns``)."""
     kept = any(spec.keep_loaded for spec in store)  # the column only where the file keeps some model loaded
-    headers = ("id", "aliases", "type", "framework", "name", "version", *(["kept"] if kept else []), "description")
+    variants = store.variants()
+    headers = ("id", "aliases", "type", "framework", "name", "version", *(["base"] if variants else []),
+               *(["kept"] if kept else []), "description")
     rows = ((spec.id, ",".join(spec.aliases), spec.type.value, spec.framework, spec.name, spec.version,
-             *(["yes" if spec.keep_loaded else ""] if kept else []), " ".join(spec.description.split()))
-            for spec in store)
-    return f"{len(store)} model(s)\n" + columns(headers, rows, width)
+             *([spec.base or ""] if variants else []), *(["yes" if spec.keep_loaded else ""] if kept else []),
+             " ".join(spec.description.split()))
+            for spec in [*store, *variants])
+    counted = f"{len(store)} model(s)" + (f", {len(variants)} variant(s) (adapters over a base)" if variants else "")
+    return counted + "\n" + columns(headers, rows, width)
 
 
 @app.command()
@@ -230,7 +234,8 @@ def models(
     except SwaplessError as err:
         fail(err)
     if as_json:
-        sys.stdout.write("".join(json.dumps(spec.model_dump(mode="json")) + "\n" for spec in store))
+        sys.stdout.write("".join(json.dumps(spec.model_dump(mode="json")) + "\n"
+                                 for spec in [*store, *store.variants()]))
         return
     sys.stdout.write(models_text(store, console.width if console.is_terminal else None))
     if store.routes:

@@ -233,11 +233,11 @@ class Publisher:
                               [i for i, _, _, _ in shadows], [h for _, _, _, h in shadows])
 
     def _canonical(self, model_id: str) -> str | None:
-        """The id a model's lists are named by (an alias resolved), or None when this producer cannot tell (no
-        models file here, or an unknown id with ``validate`` off: the message then goes to the shared queue and a worker
-        routes it, or answers it with ``UnknownModel``)."""
+        """The id a model's lists are named by (an alias resolved; a variant's base), or None when this producer
+        cannot tell (no models file here, or an unknown id with ``validate`` off: the message then goes to the shared
+        queue and a worker routes it, or answers it with ``UnknownModel``)."""
         try:
-            return self.store.get(model_id).id
+            return self.store.home(model_id)
         except SwaplessError:
             return None
 

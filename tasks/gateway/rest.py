@@ -172,26 +172,27 @@ def rest_router(plane: DataPlane) -> APIRouter:
         placed = {p.model_id: p for p in places}
         now = time.time()
         views = []
-        for spec in store:
-            place = placed[spec.id]
+        for spec in [*store, *store.variants()]:
+            home = spec.base or spec.id
+            place = placed[home]
             loaded_on = [
                 LoadedOn(worker=beat.hostname, bytes=e.bytes, load_s=e.load_s, hits=e.hits, busy=e.busy)
                 for beat in beats
                 for e in beat.loaded
-                if e.model_id == spec.id
+                if e.model_id == home
             ]
             host_on = [
                 LoadedOn(worker=beat.hostname, bytes=e.bytes, load_s=e.load_s, hits=e.hits, busy=False)
                 for beat in beats
                 for e in beat.host
-                if e.model_id == spec.id
+                if e.model_id == home
             ]
             views.append(
                 ModelView(
                     id=spec.id, aliases=list(spec.aliases), type=spec.type.value, framework=spec.framework,
                     name=spec.name, version=spec.version, description=spec.description, keep_loaded=spec.keep_loaded,
-                    waiting=depth.by_model.get(spec.id, 0), held=place.held,
-                    claimed_by=list(place.holder_ids), loaded_on=loaded_on, host_on=host_on,
+                    waiting=depth.by_model.get(home, 0), held=place.held,
+                    claimed_by=list(place.holder_ids), loaded_on=loaded_on, host_on=host_on, base=spec.base,
                 )
             )
         workers = [

@@ -119,6 +119,10 @@ class ModelView(_Body):
     host_on: list[LoadedOn] = Field(
         default_factory=list, description="workers keeping it built in their host tier: a copy away from their device"
     )
+    base: str | None = Field(
+        None, description="set on a variant (an adapter): the model it runs over; its jobs wait, are held and load "
+        "with that model's, whose figures it shows",
+    )
 
 
 class WorkerView(_Body):

@@ -237,8 +237,8 @@ def v2_router(plane: DataPlane) -> APIRouter:
                 where.setdefault(loaded.model_id, []).append(beat.hostname)
         later = "not loaded on any live worker: its first request loads it"
         index = []
-        for spec in store:
-            hosts = where.get(spec.id)
+        for spec in [*store, *store.variants()]:
+            hosts = where.get(spec.base or spec.id)
             index.append({"name": spec.id, "version": spec.version, "state": "READY" if hosts else "UNAVAILABLE",
                           "reason": f"loaded on {', '.join(hosts)}" if hosts else later})
         for route_id in store.routes:

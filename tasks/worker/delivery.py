@@ -28,6 +28,7 @@ from typing import Any
 from swapless.config.errors import InputError
 from swapless.config.settings import Settings
 from swapless.manager import Job
+from swapless.manager.registry.store import ModelStore
 from swapless.tasks.broker.routes import Router
 from swapless.tasks.protocol import (
     CHUNK_TASK,
@@ -113,6 +114,15 @@ def _chunk_jobs(request: Any, router: Router, received_s: float, trace: str | No
             for i, target, value in zip(ids, targets, values, strict=True)]
 
 
+def _homed(jobs: list[Job], store: ModelStore) -> list[Job]:
+    """Jobs of variants as jobs of their base (grouped, loaded and run with it), each carrying its variant."""
+    homed = []
+    for job in jobs:
+        home = store.home(job.model_id)
+        homed.append(job if home == job.model_id else dataclasses.replace(job, model_id=home, variant=job.model_id))
+    return homed
+
+
 def decode(
     request: Any, router: Router, settings: Settings, received_s: float, wall_s: float | None = None
 ) -> Delivery:
@@ -143,6 +153,8 @@ def decode(
         model_id, value, urgent = read_payload(request, "job", "[model_id, input]")
         target = router.resolve(model_id, value, request.id).model_id
         jobs = [Job(id=request.id, model_id=target, input=value, received_s=received_s, urgent=urgent, trace=trace)]
+    if router.store.has_variants:
+        jobs = _homed(jobs, router.store)
     deadline = _deadline(request, jobs[0].urgent, settings, sent_at)
     if deadline is not None:
         jobs = [dataclasses.replace(job, expires_at=deadline) for job in jobs]

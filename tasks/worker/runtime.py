@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from swapless.config.errors import ConfigError
 from swapless.config.settings import Settings
 from swapless.manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
+from swapless.manager.frameworks.adapters import adapter_reserve
 
 __all__ = ["Runtime", "build_runtime", "load_plugins", "tune_interpreter"]
 
@@ -80,9 +81,13 @@ def build_runtime(settings: Settings, *, warm_up: bool = False) -> Runtime:
         max_image_pixels=s.max_image_pixels,
         input_root=str(s.input_root) if s.input_root else None,
         triton_url=s.triton_url,
+        max_adapters=s.max_adapters,
+        adapter_host_bytes=s.adapter_host_bytes,
     )
     engine = ModelEngine(limits)
     store = ModelStore.from_file(s.models_file, engine.frameworks)
+    if store.has_variants:
+        limits.adapter_bytes = adapter_reserve(store, s.max_adapters, engine.runs_adapters)
     if warm_up:
         engine.warm_up(spec.framework for spec in store)
     manager = ModelManager(

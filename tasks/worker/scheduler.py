@@ -635,7 +635,7 @@ class BatchScheduler:
         outcomes = [o for o in outcomes if self.ledger.live(o.job.id)]  # a chunk dropped after some of its items ran
         jobs = [o.job for o in outcomes]
         outcomes, chunks_done = self.chunks.collect(outcomes)  # items of chunks -> complete chunks
-        served = {o.job.id: o.job.model_id for o in outcomes}
+        served = {o.job.id: o.job.served_model for o in outcomes}
         answered = [(self.ledger.delivery(o.job.id), o) for o in outcomes]
         items = [(d.request, o.result, o.error) for d, o in answered] + chunks_done
         traced, self._traced = self._traced, None  # the batch these outcomes are of, when traced

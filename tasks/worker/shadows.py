@@ -52,7 +52,7 @@ class Shadows:
         """After ``answered`` jobs' results are stored: keep the references of shadowed ones (comparing the shadows
         that finished first), compare shadows whose served job finished (else leave them waiting for it)."""
         counts: collections.Counter[tuple[str, str, str, bool]] = collections.Counter()
-        served = [(o.job.id, o.job.model_id, _top(o.result)) for d, o in answered if d.shadowed and o.error is None]
+        served = [(o.job.id, o.job.served_model, _top(o.result)) for d, o in answered if d.shadowed and o.error is None]
         if served:
             pipe = results.client.pipeline(transaction=False)
             for job_id, model_id, top in served:
@@ -68,12 +68,12 @@ class Shadows:
             for (of, route_id), outcome in shadows:
                 key = results.shadow_ref_key(of)
                 pipe.eval(_COMPARE_OR_WAIT, 2, key, key + _WAITING,
-                          json.dumps([route_id, outcome.job.model_id, _top(outcome.result)]), SHADOW_REF_S)
+                          json.dumps([route_id, outcome.job.served_model, _top(outcome.result)]), SHADOW_REF_S)
             for ((_, route_id), outcome), raw in zip(shadows, pipe.execute(), strict=True):
                 if raw is None:
                     continue  # its served job has not finished: it compares this one when it does
                 served_model, served_top = json.loads(raw)
-                counts[(route_id, served_model, outcome.job.model_id, served_top == _top(outcome.result))] += 1
+                counts[(route_id, served_model, outcome.job.served_model, served_top == _top(outcome.result))] += 1
         if counts:
             count_shadow(results.client, self.keyspace, counts)
             for (route_id, served_model, shadow_model, agreed), n in counts.items():
