@@ -106,6 +106,16 @@ def _child(redis_url: str, jobs: int, traced: bool, endpoint: str) -> dict[str, 
     return found
 
 
+_NOTE = (
+    "Target: at most 10 % more worker CPU per job with tracing on, on the device's stream (`bench.device` sends it "
+    "in calls of 256 jobs). The spans of a batch (`run`, `forward`, `store`, `load`) are shared by its jobs; each "
+    "trace in a batch adds its own `process` and `wait` spans (made, and encoded for export, in the worker's "
+    "process), so the cost per job grows with the traces per batch: calls of 8 jobs put 8 traces or more in each "
+    "pass. Off, tracing adds no span and no export: a worker reads each message's `traceparent` header and checks "
+    "one attribute per group."
+)
+
+
 def table(runs: dict[str, list[dict[str, float]]], command: str, jobs: int) -> str:
     lines = [
         "# Tracing's cost to the worker",
@@ -117,17 +127,17 @@ def table(runs: dict[str, list[dict[str, float]]], command: str, jobs: int) -> s
         "receiver that drops each export, and every message carries a `traceparent` (the producer wraps each "
         "`submit_jobs` call in a span). Worker CPU per job from `/proc`, all its threads, median [min–max]."),
         "",
-        "| way | tracing off (ms/job) | tracing on (ms/job) | on vs off |",
-        "| --- | --- | --- | --- |",
+        "| way | tracing off (ms/job) | tracing on (ms/job) | on vs off | target (≤ +10 %) |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for way in WAYS:
         off = [r[way] for r in runs["off"]]
         on = [r[way] for r in runs["on"]]
         ratio = statistics.median(on) / statistics.median(off) - 1
         lines.append(f"| {way} | {statistics.median(off):.3f} [{min(off):.3f}–{max(off):.3f}] | "
-                     f"{statistics.median(on):.3f} [{min(on):.3f}–{max(on):.3f}] | {ratio:+.1%} |")
-    lines += ["", ("Target: at most 10 % more worker CPU per job with tracing on. Off, tracing adds no span and no "
-              "export: a worker reads each message's `traceparent` header and checks one attribute per group."), ""]
+                     f"{statistics.median(on):.3f} [{min(on):.3f}–{max(on):.3f}] | {ratio:+.1%} | "
+                     f"{'met' if ratio <= 0.10 else 'not met'} |")
+    lines += ["", _NOTE, ""]
     return "\n".join(lines)
 
 

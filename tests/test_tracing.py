@@ -19,7 +19,7 @@ import pytest
 
 from swapless import Client
 from tests.conftest import REPO, WorkerProcess
-from tests.otlp_receiver import OtlpReceiver, Span
+from tests.otlp_receiver import OtlpReceiver, Span, tree
 from tests.stack import GatewayProcess, run_cli, wait_for, worker_and_gateway
 
 pytestmark = [pytest.mark.slow]
@@ -83,6 +83,8 @@ def test_worker_spans_join_the_trace_of_each_producer(
     children = {s.name for s in spans if s.parent_id == run.span_id}
     assert children == {f"load {MODEL}", f"forward {MODEL}", f"store {MODEL}"}
     assert wait.end_ns <= run.start_ns + 1_000_000 and process.end_ns >= run.end_ns
+    if os.environ.get("SWAPLESS_TRACE_TREE"):  # where to draw this trace (docs/guides/tracing.md shows one)
+        Path(os.environ["SWAPLESS_TRACE_TREE"]).write_text(tree(spans) + "\n")
 
     # plain Celery: the worker's spans are children of the instrumentation's apply_async span
     spans = receiver.trace(sent["celery"]["trace_id"])

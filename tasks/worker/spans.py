@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from swapless.manager import Job, ModelManager, Outcome
-from swapless.tasks.tracing import MESSAGING_SYSTEM, TRACEPARENT_HEADER, context_of, trace_id_of
+from swapless.tasks.tracing import MESSAGING_SYSTEM, remote_parent, trace_id_of
 
 __all__ = ["BatchSpans", "BatchTrace", "traces_note"]
 
@@ -126,7 +126,7 @@ class BatchTrace:
 
         tracer, model = self.spans.tracer, self.model_id
         done_ns = stored_ns or self.ended_ns or time.time_ns()
-        parents = {tp: context_of({TRACEPARENT_HEADER: tp}) for tp in self.traces}
+        parents = {tp: remote_parent(tp) for tp in self.traces}
         run_attributes = {
             "swapless.model.id": model,
             "swapless.batch.size": self.size,
@@ -177,14 +177,11 @@ class BatchTrace:
         from opentelemetry import trace
 
         sent_ns = min(self._sent_ns(jobs), self.started_ns)
-        attributes: dict[str, Any] = {
+        attributes: dict[str, Any] = {  # the batch's own (size, load) are on its run span, linked
             "messaging.system": MESSAGING_SYSTEM,
             "messaging.operation.type": "process",
-            "messaging.operation.name": "process",
             "messaging.destination.name": self.spans.queue,
             "swapless.model.id": self.model_id,
-            "swapless.batch.size": self.size,
-            "swapless.load": self.load,
         }
         if len(jobs) == 1:
             attributes["messaging.message.id"] = jobs[0].id
@@ -195,6 +192,6 @@ class BatchTrace:
         failed = sum(1 for job in jobs if job.id in self.failed)
         if failed:
             span.set_status(trace.StatusCode.ERROR, f"{failed} of {len(jobs)} job(s) failed")
-        tracer.start_span(f"wait {self.model_id}", context=trace.set_span_in_context(span), start_time=sent_ns,
-                          attributes={"swapless.model.id": self.model_id}).end(end_time=self.started_ns)
+        tracer.start_span(f"wait {self.model_id}", context=trace.set_span_in_context(span), start_time=sent_ns
+                          ).end(end_time=self.started_ns)
         return span
