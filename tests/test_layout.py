@@ -5,6 +5,7 @@ inside functions too), and checked once more by importing the producer side in a
     manager/          the model side: never Celery, kombu, Redis or anything of tasks/
     tasks/protocol    what producers and workers share: nothing else of tasks/, no Celery, no Redis
     tasks/keyspace    every Redis key's name: nothing of tasks/ but the protocol, no Celery, no Redis
+    tasks/tracing     trace context through the queue (OpenTelemetry): nothing else of tasks/, no Celery, no Redis
     tasks/broker/     Redis and kombu internals: nothing of the cluster, the worker, the client, observe, gateway or CLI
     tasks/cluster/    several workers as one cache: never observe, the worker, the client, the gateway or the CLI
     tasks/observe/    accounting, heartbeats, status: never the worker, the client, the gateway or the CLI
@@ -32,6 +33,9 @@ NEVER: dict[str, tuple[str, ...]] = {
                        "tasks.client", "tasks.observe", "tasks.gateway", "tasks.cli", "celery", "kombu", "redis"),
     "tasks.keyspace": ("tasks.app", "tasks.broker", "tasks.cluster", "tasks.worker", "tasks.client", "tasks.observe",
                        "tasks.gateway", "tasks.cli", "celery", "kombu", "redis"),
+    "tasks.tracing": ("tasks.app", "tasks.keyspace", "tasks.protocol", "tasks.broker", "tasks.cluster",
+                      "tasks.worker", "tasks.client", "tasks.observe", "tasks.gateway", "tasks.cli", "celery", "kombu",
+                      "redis"),
     "config": ("manager", "tasks", "celery", "celery_batches", "kombu", "redis"),
     "tasks.broker": ("tasks.cluster", "tasks.worker", "tasks.client", "tasks.observe", "tasks.gateway", "tasks.cli"),
     "tasks.cluster": ("tasks.observe", "tasks.worker", "tasks.client", "tasks.gateway", "tasks.cli"),
