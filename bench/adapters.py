@@ -15,12 +15,16 @@ files (the same bytes to read per load; the page cache holds them either way aft
    variants in turn, so each comes in after an eviction): from its file (first use; the page cache holds it, as it
    holds the whole variant's) and from host memory (the second round).
 2. **Streams** (a real ``swapless worker --max-models 2 --no-warm-start`` per stream, ready and with its base loaded
-   by one job first): one ``Client.submit_jobs`` of all the jobs, then waiting for every result; jobs/s from the call
-   to the last result. Texts of 4-12 words. (a) every job on the base; (b) the same number of jobs spread evenly over
-   200 variants (shuffled); (c) one job each for 40 variants as whole models (every job a load, with 2 models
-   cached): a short stream, since each of its jobs costs a full load.
+   by one job first, of a variant for the variants' stream): one ``Client.submit_jobs`` of all the jobs, then waiting
+   for every result; jobs/s from the call to the last result. Texts of 4-12 words. (a) every job on the base; (b) the same
+   number of jobs spread evenly over 200 variants (shuffled); (c) one job each for 40 variants as whole models
+   (every job a load, with 2 models cached): a short stream, since each of its jobs costs a full load.
 3. **Registry** (the start-up checks read every adapter's header): a fresh ``swapless worker`` from spawn to
    "ready.", and ``swapless models``, with 10 and with 1,000 variants over the base.
+4. **Simulated device** (``bench/simulated.py``: loads and passes *sleep*, as a GPU's work leaves the CPU free): a
+   base loading in 0.8 s with passes of 5 ms + 0.2 ms per input (up to 64), its 200 variants (the adapters above;
+   a swap-in sleeps 0.5 ms, in 256 slots: ``SWAPLESS_MAX_ADAPTERS``'s default), and 40 whole models of the same costs. Streams of 6,000 jobs on the base alone and
+   spread over the 200 variants, and of 1,200 jobs spread over the 40 whole models (2 cached).
 """
 
 from __future__ import annotations
@@ -43,17 +47,22 @@ ADAPTERS = 1000
 STREAM_VARIANTS = 200
 WHOLE_VARIANTS = 40
 LABELS = ["negative", "neutral", "positive"]
-WORDS = "the a cat dog sat ran on under mat rug good bad film song very quite really not at all rather".split()
+WORDS = ("the", "a", "cat", "dog", "sat", "ran", "on", "under", "mat", "rug", "good", "bad", "film", "song", "very",
+         "quite", "really", "not", "at", "all", "rather")
 
 
 @dataclass(frozen=True)
 class Sizes:
     stream_jobs: int
     whole_jobs: int
+    sim_jobs: int
+    sim_whole_jobs: int
 
 
-FULL = Sizes(stream_jobs=1920, whole_jobs=WHOLE_VARIANTS)
-QUICK = Sizes(stream_jobs=640, whole_jobs=8)
+FULL = Sizes(stream_jobs=960, whole_jobs=WHOLE_VARIANTS, sim_jobs=6000, sim_whole_jobs=1200)
+QUICK = Sizes(stream_jobs=320, whole_jobs=8, sim_jobs=1500, sim_whole_jobs=300)
+#: The simulated base's costs (``bench/simulated.py``), and its whole variants'.
+SIM_COSTS = (0.8, 0.005, 0.0002)
 
 
 def build(root: Path = ROOT) -> dict[str, Path]:
@@ -107,6 +116,21 @@ def models_file(paths: dict[str, Path], name: str, variants: int, whole: int = 0
     return write_models_file(directory, entries)
 
 
+def sim_models_file(paths: dict[str, Path]) -> Path:
+    """The simulated device's models: ``sim``, its 200 variants (the real adapters' files: only their headers are
+    read) and 40 whole models of the same costs."""
+    from bench.simulated import simulated_entry
+    from swapless.manager.demo.tiny import write_models_file
+
+    entries = [simulated_entry("sim", *SIM_COSTS)]
+    entries += [{"id": f"v{k:04d}", "base": "sim", "adapter": str(paths["adapters"] / f"a{k:04d}")}
+                for k in range(STREAM_VARIANTS)]
+    entries += [simulated_entry(f"w{k:04d}", *SIM_COSTS) for k in range(WHOLE_VARIANTS)]
+    directory = ROOT / "files" / "simulated"
+    directory.mkdir(parents=True, exist_ok=True)
+    return write_models_file(directory, entries)
+
+
 def texts(rng: random.Random, n: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) for _ in range(n)]
 
@@ -128,14 +152,16 @@ def swap_rows(paths: dict[str, Path]) -> dict[str, float]:
     base.load()
     pool = base.adapters
     assert pool is not None
-    for k in (7, 0):  # makes the two slots: PEFT builds their layers once, before any swap-in
-        pool.names([store.get(f"v{k:04d}")])
+    for k in (7, 0):  # fills the two slots first
+        with pool.rows([store.get(f"v{k:04d}")]):
+            pass
     from_file, from_host = [], []
     for round_ in range(2):
         for k in range(1, 7):  # two slots, six variants: each comes in after an eviction
             variant = store.get(f"v{k:04d}")
             started = time.perf_counter()
-            pool.names([variant])
+            with pool.rows([variant]):
+                pass
             (from_file if round_ == 0 else from_host).append(time.perf_counter() - started)
     base.unload()
     return {"whole load": statistics.median(loads[1:]), "from file": statistics.median(from_file),
@@ -148,11 +174,19 @@ class AdapterWorker(Swapless):
     env: ClassVar[dict[str, str]] = {}  # type: ignore[misc]
 
 
-def stream(models: Path, jobs: list[tuple[str, str]], warm: str, tag: str) -> float:
-    system = AdapterWorker("redis://127.0.0.1:6379/13", models, tag)
+class SimulatedAdapterWorker(AdapterWorker):
+    name = "swapless adapters (sim device)"
+    env: ClassVar[dict[str, str]] = {"SWAPLESS_PLUGINS": "bench.simulated", "PYTHONPATH": str(REPO)}  # type: ignore[misc]
+
+
+def stream(models: Path, jobs: list[tuple[str, str]], warm: list[str], tag: str,
+           kind: type[AdapterWorker] = AdapterWorker) -> float:
+    """Jobs/s of ``jobs`` sent by one ``submit_jobs`` to a fresh worker that ran one job of each of ``warm`` first
+    (its base loaded, and for variants its adapter slots built)."""
+    system = kind("redis://127.0.0.1:6379/13", models, tag)
     try:
         system.start()
-        system.get_one(warm, "warm up the base")
+        system.client.gather(system.client.submit_jobs([(m, "warm up") for m in warm]), timeout=600)
         run = burst(system, jobs, 900)
         return run.jobs_per_s
     finally:
@@ -183,6 +217,7 @@ def registry_rows(paths: dict[str, Path], variants: int) -> tuple[float, float]:
 TARGETS = [
     ("swap-in from file vs whole load (× faster)", 50.0, False),
     ("200 adapters vs base alone (jobs/s ratio)", 0.8, False),
+    ("sim: 200 adapters vs base alone (jobs/s ratio)", 0.8, False),
     ("start-up, 1,000 vs 10 variants (ratio)", 1.1, True),
     ("swapless models, 1,000 vs 10 variants (ratio)", 1.1, True),
 ]
@@ -214,16 +249,31 @@ def main(argv: list[str] | None = None) -> None:
         add("swap-in from file vs whole load (× faster)", swap["whole load"] / swap["from file"])
         rng = random.Random(rep)
         inputs = texts(rng, sizes.stream_jobs)
-        alone = stream(stream_models, [("base", t) for t in inputs], "base", f"base-{rep}")
+        alone = stream(stream_models, [("base", t) for t in inputs], ["base"], f"base-{rep}")
         owners = [f"v{k % STREAM_VARIANTS:04d}" for k in range(sizes.stream_jobs)]
         rng.shuffle(owners)
-        spread = stream(stream_models, list(zip(owners, inputs, strict=True)), "v0000", f"spread-{rep}")
-        whole = stream(stream_models, [(f"w{k:04d}", inputs[k]) for k in range(sizes.whole_jobs)], "base",
+        spread = stream(stream_models, list(zip(owners, inputs, strict=True)), ["v0000"], f"spread-{rep}")
+        whole = stream(stream_models, [(f"w{k:04d}", inputs[k]) for k in range(sizes.whole_jobs)], ["base"],
                        f"whole-{rep}")
         add("stream, base alone (jobs/s)", alone)
         add(f"stream over {STREAM_VARIANTS} adapters (jobs/s)", spread)
         add("200 adapters vs base alone (jobs/s ratio)", spread / alone)
         add(f"stream over {sizes.whole_jobs} whole variants, one job each (jobs/s)", whole)
+        sim_models = sim_models_file(paths)
+        sim_inputs = texts(rng, sizes.sim_jobs)
+        sim_owners = [f"v{k % STREAM_VARIANTS:04d}" for k in range(sizes.sim_jobs)]
+        rng.shuffle(sim_owners)
+        sim_alone = stream(sim_models, [("sim", t) for t in sim_inputs], ["sim"], f"sim-base-{rep}",
+                           SimulatedAdapterWorker)
+        sim_spread = stream(sim_models, list(zip(sim_owners, sim_inputs, strict=True)), ["v0000"],
+                            f"sim-spread-{rep}", SimulatedAdapterWorker)
+        sim_whole = stream(sim_models, [(f"w{k % WHOLE_VARIANTS:04d}", sim_inputs[k])
+                                        for k in range(sizes.sim_whole_jobs)], ["sim"], f"sim-whole-{rep}",
+                           SimulatedAdapterWorker)
+        add("sim: stream, base alone (jobs/s)", sim_alone)
+        add(f"sim: stream over {STREAM_VARIANTS} adapters (jobs/s)", sim_spread)
+        add("sim: 200 adapters vs base alone (jobs/s ratio)", sim_spread / sim_alone)
+        add(f"sim: stream over {WHOLE_VARIANTS} whole variants (jobs/s)", sim_whole)
         few_ready, few_models = registry_rows(paths, 10)
         many_ready, many_models = registry_rows(paths, ADAPTERS)
         add("start-up to ready, 10 variants (s)", few_ready)
@@ -249,10 +299,11 @@ def render(rows: dict[str, list[float]], args: argparse.Namespace, sizes: Sizes,
     lines = [
         "# Adapters benchmark",
         "",
-        f"Command: `{command}` on this machine (CPU only, 2 cores, shared); {repeats} repetition(s), median "
-        f"[min–max]. Real models on the CPU, none simulated: a bert-base-size base (110M parameters, random weights) "
-        f"and rank-8 LoRA adapters with their own heads; streams of {sizes.stream_jobs} jobs through a real "
-        "`swapless worker --max-models 2 --no-warm-start`; see `bench/adapters.py` for each row.",
+        (f"Command: `{command}` on this machine (CPU only, 2 cores, shared); {repeats} repetition(s), median "
+         f"[min–max]. Real models on the CPU, none simulated: a bert-base-size base (110M parameters, random "
+         f"weights) and rank-8 LoRA adapters with their own heads; streams of {sizes.stream_jobs} jobs through a "
+         "real `swapless worker --max-models 2 --no-warm-start`, except the rows marked **sim**, on the simulated "
+         "device (`bench/simulated.py`: loads and passes sleep); see `bench/adapters.py` for each row."),
         "",
         "| measurement | median [min–max] |",
         "|---|---|",

@@ -3,8 +3,10 @@
 Registered as framework ``simulated`` when a worker imports it (``SWAPLESS_PLUGINS=bench.simulated``). A model's
 ``name`` gives its costs, in seconds: ``load=2.0,batch=0.02,item=0.001,host=0.2`` loads in 2 s (from disk), a forward
 pass of n inputs takes 0.02 + 0.001 n s, and a move between the device and host memory (the cache's host tier, either
-way) takes 0.2 s (``host`` unset: a tenth of ``load``). Sleeping uses no CPU, as a GPU's work does not, so how the
-queue scales with the number of workers can be measured on a 2-core machine. Every input succeeds with one label.
+way) takes 0.2 s (``host`` unset: a tenth of ``load``); ``adapter=0.0005`` is the copy of one variant's adapter into a
+slot (``swapless.manager.frameworks.adapters``; ``SWAPLESS_MAX_ADAPTERS`` slots, least recently used out), paid in the
+pass that first needs it. Sleeping uses no CPU, as a GPU's work does not, so how the queue scales with the number of workers can be
+measured on a 2-core machine. Every input succeeds with one label.
 
 With ``SIMULATED_LOG`` set, every input that reaches a forward pass is appended to that file, one per line (the
 overload benchmark reads from it which jobs reached the model). With ``SIMULATED_LOADS`` set, every load appends
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from swapless.config.errors import ConfigError
 from swapless.manager.frameworks.worker import ModelWorker
+from swapless.manager.registry.specs import ModelSpec
 
 __all__ = ["SimulatedWorker", "costs", "simulated_entry"]
 
@@ -33,7 +37,7 @@ def costs(name: str) -> dict[str, float]:
     Raises:
         ConfigError: the name is not of that form.
     """
-    found = {"load": 1.0, "batch": 0.01, "item": 0.001, "host": -1.0}
+    found = {"load": 1.0, "batch": 0.01, "item": 0.001, "host": -1.0, "adapter": 0.0005}
     for part in filter(None, name.split(",")):
         key, sep, value = part.partition("=")
         try:
@@ -41,7 +45,8 @@ def costs(name: str) -> dict[str, float]:
                 raise ValueError(part)
             found[key] = float(value)
         except ValueError:
-            raise ConfigError(f"simulated model {name!r}", "write its costs as load=S,batch=S,item=S,host=S") from None
+            raise ConfigError(f"simulated model {name!r}",
+                              "write its costs as load=S,batch=S,item=S,host=S,adapter=S") from None
     if found["host"] < 0:
         found["host"] = found["load"] / 10
     return found
@@ -67,8 +72,10 @@ class SimulatedWorker(ModelWorker, framework="simulated"):
     docstring)."""
 
     host_tier = True
+    runs_adapters = True
 
     def load(self) -> None:
+        self._slots: OrderedDict[str, None] = OrderedDict()
         time.sleep(costs(self.spec.name)["load"])
         self.memory_bytes = MEMORY_BYTES
         loads = os.environ.get("SIMULATED_LOADS")
@@ -79,6 +86,23 @@ class SimulatedWorker(ModelWorker, framework="simulated"):
     def prepare(self, value: Any) -> Any:
         return self.prepare_text(value)
 
+    def prepare_for(self, variant: ModelSpec | None, value: Any) -> Any:
+        text = self.prepare_text(value)
+        return text if variant is None else (variant.id, text)
+
+    def _swap_ins(self, chunk: Sequence[Any]) -> int:
+        """Variants of ``chunk`` brought into a slot now (least recently used out)."""
+        brought = 0
+        for variant in dict.fromkeys(item[0] for item in chunk if isinstance(item, tuple)):
+            if variant in self._slots:
+                self._slots.move_to_end(variant)
+                continue
+            brought += 1
+            self._slots[variant] = None
+            if len(self._slots) > self.limits.max_adapters:
+                self._slots.popitem(last=False)
+        return brought
+
     def predict(self, batch: Sequence[Any]) -> list[Any]:
         log = os.environ.get("SIMULATED_LOG")
         if log:
@@ -87,7 +111,7 @@ class SimulatedWorker(ModelWorker, framework="simulated"):
         cost = costs(self.spec.name)
         out: list[Any] = []
         for chunk in self.batched(batch):
-            time.sleep(cost["batch"] + cost["item"] * len(chunk))
+            time.sleep(cost["batch"] + cost["item"] * len(chunk) + cost["adapter"] * self._swap_ins(chunk))
             out.extend([{"label": "ok", "score": 1.0}] for _ in chunk)
         return out
 

@@ -130,9 +130,9 @@ class Settings(BaseSettings):
     )
     triton_max_models: int = Field(4, ge=1, description="Triton models kept loaded on their servers")
     max_adapters: int = Field(
-        32, ge=1,
-        description="Variants (adapters) of one base resident at once in its adapter slots; more in one pass are run "
-        "in turns",
+        256, ge=1,
+        description="Variants (adapters) of one base resident at once in its adapter slots, per adapter shape; their "
+        "bytes count in the base's size; more in one pass run in turns",
     )
     adapter_host_bytes: int = Field(
         1 << 30, ge=0,

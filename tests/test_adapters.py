@@ -28,6 +28,7 @@ def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     paths = {"base": base, "other": build_text_classifier(root / "other", preset="mini", labels=LABELS, seed=1)}
     for k in range(3):
         paths[f"a{k}"] = build_lora_adapter(base, root / f"a{k}", seed=10 + k, rank=4, head=k != 2)
+    paths["a3"] = build_lora_adapter(base, root / "a3", seed=13, rank=2, targets=("key", "dense"))  # another shape
     paths["big"] = build_lora_adapter(paths["other"], root / "big", seed=20, rank=4)
     paths["root"] = root
     return paths
@@ -111,9 +112,10 @@ def test_an_adapter_of_another_base_size_or_label_count_is_refused_at_start_up(f
 
 
 def test_a_mixed_batch_gives_each_input_its_own_adapters_answer(family: dict[str, Path]) -> None:
-    store = ModelStore.from_file(models_file(family, [variant(0, labels=["non", "oui"]), variant(1), variant(2)]))
+    store = ModelStore.from_file(models_file(family, [variant(0, labels=["non", "oui"]), variant(1), variant(2),
+                                                      variant(3)]))
     worker = loaded(store)
-    owners = [None, "v0", "v1", "v2", "v0", None]  # the base's own jobs ride in the same pass
+    owners = [None, "v0", "v1", "v3", "v0", None]  # the base's own jobs ride in the same pass; v3 has another shape
     batch = [worker.prepare_for(store.get(o) if o else None, text) for o, text in zip(owners, TEXTS, strict=True)]
     rows = worker.predict(batch)
     for index, owner in enumerate(owners):
@@ -124,6 +126,9 @@ def test_a_mixed_batch_gives_each_input_its_own_adapters_answer(family: dict[str
         for label_index, name in enumerate(names):
             assert got[name] == pytest.approx(float(expected[label_index]), abs=1e-5), (owner, TEXTS[index])
     assert worker.adapters is not None and worker.adapters.swap_ins == 3
+    rows = worker.predict([worker.prepare_for(store.get("v2"), TEXTS[0])])  # without a head of its own: the base's
+    expected = reference(family, "a2", [TEXTS[0]])[0]
+    assert scores(rows[0])["pos"] == pytest.approx(float(expected[1]), abs=1e-5)
     plain = worker.predict([worker.prepare_for(None, text) for text in TEXTS[:2]])  # the base alone, as before
     base_ref = reference(family, None, TEXTS[:2])
     assert scores(plain[0])["pos"] == pytest.approx(float(base_ref[0][1]), abs=1e-5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -109,13 +110,13 @@ class TransformerWorker(ModelWorker, framework="transformers"):
             max_length=self.max_length,
             return_tensors="pt",
         ).to(self.device)
-        model, extra = self.model, {}
-        if self.adapters is not None:
-            names = self.adapters.names([variants[i] for i in rows])
-            model = self.adapters.model
-            if names is not None:
-                extra = {"adapter_names": names}
-        probabilities = torch.softmax(model(**encoded, **extra).logits.float(), dim=-1)
+        pool = self.adapters
+        made = pool.made if pool is not None else 0
+        with pool.rows([variants[i] for i in rows]) if pool is not None else nullcontext():
+            logits = self.model(**encoded).logits
+        if pool is not None and pool.made != made:
+            self._first_pass = True  # a pass that filled new slots: not a cost the batch tuner should learn
+        probabilities = torch.softmax(logits.float(), dim=-1)
         for i, row in zip(rows, self._top_k(probabilities, [variants[i] for i in rows]), strict=True):
             outputs[i] = row
 
@@ -137,12 +138,15 @@ class TransformerWorker(ModelWorker, framework="transformers"):
         self._rewrap()
 
     def _rewrap(self) -> None:
-        """The adapter pool over the moved model (the same module, moved in place, adapter slots included)."""
+        """The adapter slots moved with the model (the host tier)."""
         if self.adapters is not None:
             self.adapters.base = self.model
+            self.adapters.to(next(self.model.parameters()).device)
 
     def unload(self) -> None:
         dropped = weakref.ref(self.model) if self.model is not None else None
+        if self.adapters is not None:
+            self.adapters.close()
         self.model = None
         self.tokenizer = None
         self.adapters = None

@@ -61,7 +61,7 @@ class WorkerLimits:
         max_image_pixels: int = 89_478_485,
         input_root: str | None = None,
         triton_url: str = "127.0.0.1:8000",
-        max_adapters: int = 32,
+        max_adapters: int = 256,
         adapter_host_bytes: int = 1 << 30,
         adapter_bytes: Mapping[str, int] | None = None,
     ) -> None:

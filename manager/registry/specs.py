@@ -105,7 +105,7 @@ class VariantSpec(BaseModel):
 
     def expand(self, base: ModelSpec) -> ModelSpec:
         """This variant as a model entry: its base's, with its own id, names, labels and adapter."""
-        return base.model_copy(update={
+        return base.model_copy(update={  # both entries are validated: no validation again
             "id": self.id, "aliases": self.aliases, "version": self.version, "description": self.description,
             "top_k": self.top_k or base.top_k, "base": base.id, "adapter": self.adapter, "labels": self.labels,
             "keep_loaded": False,

@@ -101,8 +101,10 @@ class ModelStore:
 
     def _add_variant(self, index: int, variant: VariantSpec) -> None:
         where = f"models[{index}] (id {variant.id!r})"
-        taken = (*self._specs, *self._aliases, *self._variants)
-        if variant.id in taken:
+        def taken(name: str) -> bool:
+            return name in self._specs or name in self._aliases or name in self._variants
+
+        if taken(variant.id):
             raise ConfigError(where, "id is already used by another model, variant or alias")
         base = self._specs.get(self._aliases.get(variant.base, variant.base))
         if base is None:
@@ -112,7 +114,7 @@ class ModelStore:
             raise ConfigError(f"{where}, field 'base'", f"base {base.id!r} is an image model; adapters run over "
                               "text classifiers (framework transformers)")
         for alias in variant.aliases:
-            if alias in taken or alias == variant.id:
+            if taken(alias) or alias == variant.id:
                 raise ConfigError(f"{where}, field 'aliases'", f"alias {alias!r} is already used by another model")
             self._aliases[alias] = variant.id
         self._variants[variant.id] = variant.expand(base)

@@ -262,7 +262,11 @@ def _ensure_demo_models(directory: Path) -> Path:
     """The demo models' ``models.json`` in ``directory``, built there first if missing (or built before the
     sentiment model was trained: their sentiment labels meant nothing)."""
     models_file = directory / "models.json"
-    if not models_file.exists() or "trained" not in _description(models_file, "sentiment"):
+    from swapless.manager.demo.models import DEMO_VARIANTS
+
+    stale = not models_file.exists() or "trained" not in _description(models_file, "sentiment") or any(
+        not _description(models_file, variant) for variant in DEMO_VARIANTS)  # built before the demo had variants
+    if stale:
         from swapless.manager.demo.models import build_demo_models
 
         err_console.print(
@@ -300,7 +304,9 @@ def demo(
     models_dir: Annotated[
         Path | None, typer.Option(help="demo models (built if missing) [default: ~/.cache/swapless/demo-models]")
     ] = None,
-    model: Annotated[str, typer.Option(help="demo model: sentiment, spam or topic")] = "sentiment",
+    model: Annotated[
+        str, typer.Option(help="demo model: sentiment, spam, topic, or sentiment-stars (an adapter over sentiment)")
+    ] = "sentiment",
 ) -> None:
     """Run a bulk job on the sample reviews with no Redis and no downloads.
 
