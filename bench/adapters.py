@@ -11,20 +11,24 @@ merged into it (``merge_and_unload``), saved as a model of its own; the other wh
 files (the same bytes to read per load; the page cache holds them either way after the first repetition).
 
 1. **Swap-in against load** (in this process): ``TransformerWorker.load()`` of a whole variant (after one load to
-   warm the page cache), against bringing a variant into a loaded base's adapter slot (2 slots, made first; six
-   variants in turn, so each comes in after an eviction): from its file (first use; the page cache holds it, as it
-   holds the whole variant's) and from host memory (the second round).
+   warm the page cache; the median of five), against bringing a variant into a loaded base's adapter slot (2 slots,
+   filled first; twelve variants in turn, so each comes in after an eviction; the shapes as the start-up checks found
+   them): from its file (first use; the page cache holds it, as it holds the whole variant's) and from host memory
+   (the second round).
 2. **Streams** (a real ``swapless worker --max-models 2 --no-warm-start`` per stream, ready and with its base loaded
    by one job first, of a variant for the variants' stream): one ``Client.submit_jobs`` of all the jobs, then waiting
-   for every result; jobs/s from the call to the last result. Texts of 4-12 words. (a) every job on the base; (b) the same
-   number of jobs spread evenly over 200 variants (shuffled); (c) one job each for 40 variants as whole models
+   for every result; jobs/s from the call to the last result. Texts of 4-12 words. (a) every job on the base; (b) the
+   same number of jobs spread evenly over 200 variants (shuffled); (c) one job each for 40 variants as whole models
    (every job a load, with 2 models cached): a short stream, since each of its jobs costs a full load.
 3. **Registry** (the start-up checks read every adapter's header): a fresh ``swapless worker`` from spawn to
-   "ready.", and ``swapless models``, with 10 and with 1,000 variants over the base.
+   "ready.", and ``swapless models``, with 10 and with 1,000 variants over the base, taken in turns (three starts and
+   five listings of each per repetition, their medians); and, in this process, the registry's read with the start-up
+   checks (``ModelStore.from_file`` and ``adapter_reserve``), the part of a start that grows with the variants.
 4. **Simulated device** (``bench/simulated.py``: loads and passes *sleep*, as a GPU's work leaves the CPU free): a
-   base loading in 0.8 s with passes of 5 ms + 0.2 ms per input (up to 64), its 200 variants (the adapters above;
-   a swap-in sleeps 0.5 ms, in 256 slots: ``SWAPLESS_MAX_ADAPTERS``'s default), and 40 whole models of the same costs. Streams of 6,000 jobs on the base alone and
-   spread over the 200 variants, and of 1,200 jobs spread over the 40 whole models (2 cached).
+   base loading in 0.8 s with passes of 5 ms + 0.2 ms per input (up to 64), its 200 variants (the adapters above; a
+   swap-in sleeps 0.5 ms, in 256 slots: ``SWAPLESS_MAX_ADAPTERS``'s default), and 40 whole models of the same costs.
+   Streams of 6,000 jobs on the base alone and spread over the 200 variants, and of 1,200 jobs spread over the 40
+   whole models (2 cached).
 """
 
 from __future__ import annotations
@@ -94,7 +98,7 @@ def merge(base: Path, adapter: Path, out: Path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from swapless.manager.frameworks.adapters import quiet_peft
+    from swapless.manager.frameworks.adapter_checks import quiet_peft
 
     with quiet_peft():
         model = PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(base), adapter)
@@ -140,24 +144,27 @@ def swap_rows(paths: dict[str, Path]) -> dict[str, float]:
     from swapless.manager import ModelStore, WorkerLimits
     from swapless.manager.frameworks.transformers_worker import TransformerWorker
 
-    store = ModelStore.from_file(models_file(paths, "swap", variants=8, whole=2))
+    store = ModelStore.from_file(models_file(paths, "swap", variants=16, whole=3))
     loads = []
-    for model_id in ("w0000", "w0001", "w0000"):  # the first warms the page cache
+    for model_id in ("w0000", "w0001", "w0002", "w0000", "w0001", "w0002"):  # the first warms the page cache
         worker = TransformerWorker(store.get(model_id), WorkerLimits(device="cpu"))
         started = time.perf_counter()
         worker.load()
         loads.append(time.perf_counter() - started)
         worker.unload()
-    base = TransformerWorker(store.get("base"), WorkerLimits(device="cpu", max_adapters=2))
+    from swapless.manager.frameworks.adapter_checks import adapter_reserve
+
+    shapes = adapter_reserve(store, 2)[1]  # as a worker's start-up checks find them
+    base = TransformerWorker(store.get("base"), WorkerLimits(device="cpu", max_adapters=2, adapter_shapes=shapes))
     base.load()
     pool = base.adapters
     assert pool is not None
-    for k in (7, 0):  # fills the two slots first
+    for k in (15, 0):  # fills the two slots first
         with pool.rows([store.get(f"v{k:04d}")]):
             pass
     from_file, from_host = [], []
     for round_ in range(2):
-        for k in range(1, 7):  # two slots, six variants: each comes in after an eviction
+        for k in range(1, 13):  # two slots, twelve variants: each comes in after an eviction
             variant = store.get(f"v{k:04d}")
             started = time.perf_counter()
             with pool.rows([variant]):
@@ -194,24 +201,56 @@ def stream(models: Path, jobs: list[tuple[str, str]], warm: list[str], tag: str,
         cleanup(system.redis, system.prefix)
 
 
-def registry_rows(paths: dict[str, Path], variants: int) -> tuple[float, float]:
-    """Seconds from spawn to "ready." of a fresh worker, and of ``swapless models``, with ``variants``."""
-    models = models_file(paths, f"registry-{variants}", variants=variants)
-    system = AdapterWorker("redis://127.0.0.1:6379/13", models, f"registry-{variants}")
+def start_s(models: Path, tag: str) -> float:
+    """Seconds from spawn to "ready." of a fresh worker on ``models``."""
+    system = AdapterWorker("redis://127.0.0.1:6379/13", models, tag)
     try:
         system.start()
-        ready_s = system.start_s
+        return system.start_s
     finally:
         system.stop()
         cleanup(system.redis, system.prefix)
-    env = {**os.environ, "SWAPLESS_MODELS_FILE": str(models), "SWAPLESS_REDIS_URL": "redis://127.0.0.1:6379/13",
-           "SWAPLESS_KEY_PREFIX": system.prefix}
+
+
+def listing_s(models: Path, variants: int) -> float:
+    """Seconds of ``swapless models`` on ``models``."""
+    env = {**os.environ, "SWAPLESS_MODELS_FILE": str(models), "SWAPLESS_REDIS_URL": "redis://127.0.0.1:6379/13"}
     started = time.perf_counter()
     listed = subprocess.run([python(), "-m", "swapless", "models"], env=env, cwd=REPO, capture_output=True,
                             text=True, check=True, timeout=120)
-    models_s = time.perf_counter() - started
+    elapsed = time.perf_counter() - started
     assert f"v{variants - 1:04d}" in listed.stdout, listed.stdout[-500:]
-    return ready_s, models_s
+    return elapsed
+
+
+def registry_s(models: Path) -> float:
+    """Seconds of the registry's read and the start-up checks of its variants, in this process."""
+    from swapless.manager import ModelStore
+    from swapless.manager.frameworks.adapter_checks import adapter_reserve
+
+    started = time.perf_counter()
+    adapter_reserve(ModelStore.from_file(models), 256)
+    return time.perf_counter() - started
+
+
+def registry_rows(paths: dict[str, Path], sizes: tuple[int, int] = (10, ADAPTERS)) -> dict[str, float]:
+    """Medians of the start-up, the listing and the registry's read with each number of variants, in turns."""
+    files = {n: models_file(paths, f"registry-{n}", variants=n) for n in sizes}
+    starts: dict[int, list[float]] = {n: [] for n in sizes}
+    listings: dict[int, list[float]] = {n: [] for n in sizes}
+    reads: dict[int, list[float]] = {n: [] for n in sizes}
+    for turn in range(5):
+        for n in sizes:
+            if turn < 3:
+                starts[n].append(start_s(files[n], f"registry-{n}"))
+            listings[n].append(listing_s(files[n], n))
+            reads[n].append(registry_s(files[n]))
+    found = {}
+    for n in sizes:
+        found[f"start {n}"] = statistics.median(starts[n])
+        found[f"models {n}"] = statistics.median(listings[n])
+        found[f"read {n}"] = statistics.median(reads[n])
+    return found
 
 
 TARGETS = [
@@ -274,14 +313,15 @@ def main(argv: list[str] | None = None) -> None:
         add(f"sim: stream over {STREAM_VARIANTS} adapters (jobs/s)", sim_spread)
         add("sim: 200 adapters vs base alone (jobs/s ratio)", sim_spread / sim_alone)
         add(f"sim: stream over {WHOLE_VARIANTS} whole variants (jobs/s)", sim_whole)
-        few_ready, few_models = registry_rows(paths, 10)
-        many_ready, many_models = registry_rows(paths, ADAPTERS)
-        add("start-up to ready, 10 variants (s)", few_ready)
-        add("start-up to ready, 1,000 variants (s)", many_ready)
-        add("start-up, 1,000 vs 10 variants (ratio)", many_ready / few_ready)
-        add("swapless models, 10 variants (s)", few_models)
-        add("swapless models, 1,000 variants (s)", many_models)
-        add("swapless models, 1,000 vs 10 variants (ratio)", many_models / few_models)
+        registry = registry_rows(paths)
+        add("registry read and start-up checks, 10 variants (ms)", registry["read 10"] * 1000)
+        add("registry read and start-up checks, 1,000 variants (ms)", registry[f"read {ADAPTERS}"] * 1000)
+        add("start-up to ready, 10 variants (s)", registry["start 10"])
+        add("start-up to ready, 1,000 variants (s)", registry[f"start {ADAPTERS}"])
+        add("start-up, 1,000 vs 10 variants (ratio)", registry[f"start {ADAPTERS}"] / registry["start 10"])
+        add("swapless models, 10 variants (s)", registry["models 10"])
+        add("swapless models, 1,000 variants (s)", registry[f"models {ADAPTERS}"])
+        add("swapless models, 1,000 vs 10 variants (ratio)", registry[f"models {ADAPTERS}"] / registry["models 10"])
 
     table = render(rows, args, sizes, repeats)
     print(table)

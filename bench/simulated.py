@@ -4,9 +4,9 @@ Registered as framework ``simulated`` when a worker imports it (``SWAPLESS_PLUGI
 ``name`` gives its costs, in seconds: ``load=2.0,batch=0.02,item=0.001,host=0.2`` loads in 2 s (from disk), a forward
 pass of n inputs takes 0.02 + 0.001 n s, and a move between the device and host memory (the cache's host tier, either
 way) takes 0.2 s (``host`` unset: a tenth of ``load``); ``adapter=0.0005`` is the copy of one variant's adapter into a
-slot (``swapless.manager.frameworks.adapters``; ``SWAPLESS_MAX_ADAPTERS`` slots, least recently used out), paid in the
-pass that first needs it. Sleeping uses no CPU, as a GPU's work does not, so how the queue scales with the number of workers can be
-measured on a 2-core machine. Every input succeeds with one label.
+slot (``swapless.manager.frameworks.adapters``; ``SWAPLESS_MAX_ADAPTERS`` slots, least recently used out), paid in
+the pass that first needs it. Sleeping uses no CPU, as a GPU's work does not, so how the queue scales with the number
+of workers can be measured on a 2-core machine. Every input succeeds with one label.
 
 With ``SIMULATED_LOG`` set, every input that reaches a forward pass is appended to that file, one per line (the
 overload benchmark reads from it which jobs reached the model). With ``SIMULATED_LOADS`` set, every load appends

@@ -13,7 +13,7 @@ import torch
 from swapless.config.errors import ConfigError
 from swapless.manager import ModelStore, WorkerLimits
 from swapless.manager.demo.tiny import build_lora_adapter, build_text_classifier, write_models_file
-from swapless.manager.frameworks.adapters import adapter_reserve, quiet_peft
+from swapless.manager.frameworks.adapter_checks import adapter_reserve, quiet_peft
 from swapless.manager.frameworks.transformers_worker import TransformerWorker
 
 LABELS = ["neg", "pos"]
@@ -106,7 +106,8 @@ def test_an_adapter_of_another_base_size_or_label_count_is_refused_at_start_up(f
         adapter_reserve(store, 4)
 
     store = ModelStore.from_file(models_file(family, [variant(0), variant(1), variant(2)], name="fine"))
-    reserve = adapter_reserve(store, 2)
+    reserve, shapes = adapter_reserve(store, 2)
+    assert set(shapes) == {"v0", "v1", "v2"} and shapes["v0"].rank == 4
     adapter_bytes = (family["a0"] / "adapter_model.safetensors").stat().st_size
     assert 0 < reserve["base"] < 3 * adapter_bytes  # two slots of the headed shape, one of the other
 

@@ -168,7 +168,7 @@ def train_lora_adapter(
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from swapless.manager.frameworks.adapters import quiet_peft
+    from swapless.manager.frameworks.adapter_checks import quiet_peft
 
     if not records:
         raise ValueError("no records to train on")

@@ -281,7 +281,7 @@ def build_lora_adapters(
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForSequenceClassification
 
-    from swapless.manager.frameworks.adapters import quiet_peft
+    from swapless.manager.frameworks.adapter_checks import quiet_peft
 
     model = AutoModelForSequenceClassification.from_pretrained(base)
     config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets),

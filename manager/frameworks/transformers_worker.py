@@ -76,7 +76,8 @@ class TransformerWorker(ModelWorker, framework="transformers"):
         tokenizer_max = getattr(self.tokenizer, "model_max_length", None) or positions
         self.max_length = int(min(positions, tokenizer_max))
         self.labels = dict(self.model.config.id2label or {})
-        self.adapters = AdapterPool(self.model, self.limits.max_adapters, self.limits.adapter_host_bytes)
+        self.adapters = AdapterPool(self.model, self.limits.max_adapters, self.limits.adapter_host_bytes,
+                                    self.limits.adapter_shapes)
         self.memory_bytes += self.limits.adapter_bytes.get(self.spec.id, 0)
 
     def prepare_for(self, variant: ModelSpec | None, value: Any) -> Any:

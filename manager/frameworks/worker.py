@@ -64,6 +64,7 @@ class WorkerLimits:
         max_adapters: int = 256,
         adapter_host_bytes: int = 1 << 30,
         adapter_bytes: Mapping[str, int] | None = None,
+        adapter_shapes: Mapping[str, Any] | None = None,
     ) -> None:
         self.device = device
         self.max_batch_size = max_batch_size
@@ -79,6 +80,8 @@ class WorkerLimits:
         self.adapter_host_bytes = adapter_host_bytes
         #: Base id -> the bytes its adapter slots may take (counted in its size once loaded).
         self.adapter_bytes: Mapping[str, int] = dict(adapter_bytes or {})
+        #: Variant id -> its adapter's shape, as the start-up checks found it (``adapter_checks.AdapterShape``).
+        self.adapter_shapes: Mapping[str, Any] = dict(adapter_shapes or {})
 
 
 class ModelWorker(ABC):

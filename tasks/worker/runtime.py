@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from swapless.config.errors import ConfigError
 from swapless.config.settings import Settings
 from swapless.manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
-from swapless.manager.frameworks.adapters import adapter_reserve
+from swapless.manager.frameworks.adapter_checks import adapter_reserve
 
 __all__ = ["Runtime", "build_runtime", "load_plugins", "tune_interpreter"]
 
@@ -87,7 +87,7 @@ def build_runtime(settings: Settings, *, warm_up: bool = False) -> Runtime:
     engine = ModelEngine(limits)
     store = ModelStore.from_file(s.models_file, engine.frameworks)
     if store.has_variants:
-        limits.adapter_bytes = adapter_reserve(store, s.max_adapters, engine.runs_adapters)
+        limits.adapter_bytes, limits.adapter_shapes = adapter_reserve(store, s.max_adapters, engine.runs_adapters)
     if warm_up:
         engine.warm_up(spec.framework for spec in store)
     manager = ModelManager(
