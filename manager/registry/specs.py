@@ -96,18 +96,20 @@ class VariantSpec(BaseModel):
 
     id: str = Field(min_length=1, max_length=128, pattern=_ID)
     base: str = Field(min_length=1)
-    adapter: Path
+    adapter: str = Field(min_length=1)  # a path; the store resolves it (a thousand variants: no Path made twice)
     labels: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     version: str = "1"
     description: str = ""
     top_k: int | None = Field(default=None, ge=1)
 
-    def expand(self, base: ModelSpec) -> ModelSpec:
-        """This variant as a model entry: its base's, with its own id, names, labels and adapter."""
+    def expand(self, base: ModelSpec, adapter: Path | None = None) -> ModelSpec:
+        """This variant as a model entry: its base's, with its own id, names, labels and adapter (``adapter``: its
+        directory resolved, else as written)."""
         return base.model_copy(update={  # both entries are validated: no validation again
             "id": self.id, "aliases": self.aliases, "version": self.version, "description": self.description,
-            "top_k": self.top_k or base.top_k, "base": base.id, "adapter": self.adapter, "labels": self.labels,
+            "top_k": self.top_k or base.top_k, "base": base.id, "adapter": adapter or Path(self.adapter),
+            "labels": self.labels,
             "keep_loaded": False,
         })
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -33,12 +34,13 @@ def _where(source: str, raw: object, loc: tuple[int | str, ...]) -> str:
     return f"{source}: " + (".".join(str(part) for part in loc) or "top level")
 
 
-def _existing(base: Path, value: Path, where: str) -> Path:
+def _existing(base: Path, value: Path | str, where: str) -> Path:
     """``value`` resolved against ``base`` (the models file's directory); ConfigError naming ``where`` if missing."""
-    resolved = (base / value.expanduser()) if not value.expanduser().is_absolute() else value.expanduser()
-    if not resolved.exists():
+    text = os.fspath(value)
+    resolved = os.path.join(base, os.path.expanduser(text) if text.startswith("~") else text)  # absolute: as is
+    if not os.path.exists(resolved):
         raise ConfigError(where, f"{resolved} does not exist")
-    return resolved
+    return Path(resolved)
 
 
 class ModelStore:
@@ -55,7 +57,7 @@ class ModelStore:
     """
 
     def __init__(self, specs: Iterable[ModelSpec | VariantSpec | RouteSpec],
-                 frameworks: Iterable[str] | None = None) -> None:
+                 frameworks: Iterable[str] | None = None, *, root: Path | None = None, source: str = "") -> None:
         self._specs: dict[str, ModelSpec] = {}
         #: Variant id -> its entry (expanded); base id -> its variants' ids.
         self._variants: dict[str, ModelSpec] = {}
@@ -90,7 +92,7 @@ class ModelStore:
                 raise ConfigError(f"models[{index}] (id {spec.id!r})", "id is already used as another model's alias")
             self._specs[spec.id] = spec
         for index, variant in variants:
-            self._add_variant(index, variant)
+            self._add_variant(index, variant, root, source)
         for index, route in routes:
             if route.id in self._specs or route.id in self._aliases or route.id in self._routes:
                 raise ConfigError(f"models[{index}] (id {route.id!r})", "id is already used by a model, an alias or "
@@ -99,7 +101,7 @@ class ModelStore:
         for index, route in routes:
             self._check_route(index, route)
 
-    def _add_variant(self, index: int, variant: VariantSpec) -> None:
+    def _add_variant(self, index: int, variant: VariantSpec, root: Path | None, source: str) -> None:
         where = f"models[{index}] (id {variant.id!r})"
         def taken(name: str) -> bool:
             return name in self._specs or name in self._aliases or name in self._variants
@@ -117,7 +119,9 @@ class ModelStore:
             if taken(alias) or alias == variant.id:
                 raise ConfigError(f"{where}, field 'aliases'", f"alias {alias!r} is already used by another model")
             self._aliases[alias] = variant.id
-        self._variants[variant.id] = variant.expand(base)
+        adapter = Path(variant.adapter) if root is None else _existing(
+            root, variant.adapter, f"{source}: {where}, field 'adapter'" if source else f"{where}, field 'adapter'")
+        self._variants[variant.id] = variant.expand(base, adapter)
         self._families.setdefault(base.id, []).append(variant.id)
 
     @classmethod
@@ -149,9 +153,8 @@ class ModelStore:
             if isinstance(spec, RouteSpec):
                 specs.append(spec)
                 continue
-            if isinstance(spec, VariantSpec):
-                adapter = _existing(base, spec.adapter, f"{source}: models[{index}] (id {spec.id!r}), field 'adapter'")
-                specs.append(spec.model_copy(update={"adapter": adapter}))
+            if isinstance(spec, VariantSpec):  # its adapter is resolved as the store expands it
+                specs.append(spec)
                 continue
             updates: dict[str, Path] = {}
             for field in ("path", "labels_file"):
@@ -160,7 +163,7 @@ class ModelStore:
                     continue
                 updates[field] = _existing(base, value, f"{source}: models[{index}] (id {spec.id!r}), field {field!r}")
             specs.append(spec.model_copy(update=updates) if updates else spec)
-        return cls(specs, frameworks)
+        return cls(specs, frameworks, root=base, source=source)
 
     def _check_route(self, index: int, route: RouteSpec) -> None:
         """Every target exists, no route reaches itself, and every branch serves inputs of one type."""
