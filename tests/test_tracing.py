@@ -98,6 +98,7 @@ def test_worker_spans_join_the_trace_of_each_producer(
     caller, request = _one(spans, "http-caller"), _one(spans, "POST /predict", "swapless-gateway")
     assert request.parent_id == caller.span_id and request.attributes["http.response.status_code"] == 200
     gateway_send = _one(spans, f"send {MODEL}", "swapless-gateway")
+    assert _ancestors(spans, gateway_send)[-2:] == [request.span_id, caller.span_id]  # under the request's span
     assert _one(spans, f"process {MODEL}", WORKER).parent_id == gateway_send.span_id
 
     # each job's status and the worker's log line name its trace
@@ -156,3 +157,17 @@ def test_a_batch_is_one_trace(
     batch = _one(spans, f"batch {batch_id}")
     _one(receiver.trace(batch.trace_id), "POST /v1/batches")  # it goes on in the trace of the request that made it
     receiver.wait_for(_worker_span(f"process {MODEL}", batch.trace_id), 20, "the worker's spans of the batch")
+
+
+def _ancestors(spans: list[Any], span: Any) -> list[str]:
+    """The ids of ``span``'s ancestors among ``spans``, nearest first; a parent missing from them ends the list with
+    its id (a chain broken there)."""
+    by_id = {s.span_id: s for s in spans}
+    found = []
+    parent = span.parent_id
+    while parent:
+        found.append(parent)
+        if parent not in by_id:
+            break
+        parent = by_id[parent].parent_id
+    return found

@@ -129,6 +129,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        body_timeout_s=settings.gateway_body_timeout_s, allowed_hosts=allowed_hosts(settings, keys),
                        allowed_origins=origins,
                        body_limits={"/jobs": one_job, "/predict": one_job, "/v1/files": batch_file})
-    own_spans = traced and not fastapi_traces_requests()
-    app.add_middleware(TraceRequests, tracer=tracing.tracer() if own_spans else None)  # outermost: every answer
+    if not (traced and fastapi_traces_requests()):
+        # Outermost: every answer. A FastAPI that traces requests itself makes each request's span and its context
+        # current (around this stack): attaching the caller's context here would put the jobs' send spans beside
+        # that span instead of under it.
+        app.add_middleware(TraceRequests, tracer=tracing.tracer() if traced else None)
     return app
