@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from bench.common import OUT, REPO, cleanup, python, summary
+from bench.common import OUT, REPO, cleanup, python, summary, target_lines
 from bench.systems import Swapless, burst
 
 ROOT = OUT / "adapters"
@@ -349,16 +349,7 @@ def render(rows: dict[str, list[float]], args: argparse.Namespace, sizes: Sizes,
         "|---|---|",
     ]
     lines += [f"| {name} | {summary(values)} |" for name, values in rows.items()]
-    lines += ["", "Targets (medians):", ""]
-    for name, goal, at_most in TARGETS:
-        measured = rows.get(name)
-        if not measured:
-            continue
-        value = statistics.median(measured)
-        met = value <= goal if at_most else value >= goal
-        verdict = "met" if met else "NOT met"
-        lines.append(f"- {name}: {value:.3g} ({verdict}; target {'≤' if at_most else '≥'} {goal:g})")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *target_lines(rows, TARGETS)]) + "\n"
 
 
 if __name__ == "__main__":

@@ -128,6 +128,19 @@ def summary(values: Sequence[float]) -> str:
     return f"{statistics.median(values):.4g} [{min(values):.4g}–{max(values):.4g}]"
 
 
+def target_lines(rows: dict[str, list[float]], targets: Sequence[tuple[str, float, bool]]) -> list[str]:
+    """"Targets (medians):" and one line per ``(row, goal, at most?)`` measured: its median, met or not."""
+    lines = ["Targets (medians):", ""]
+    for name, goal, at_most in targets:
+        measured = rows.get(name)
+        if not measured:
+            continue
+        value = statistics.median(measured)
+        verdict = "met" if (value <= goal if at_most else value >= goal) else "NOT met"
+        lines.append(f"- {name}: {value:.3g} ({verdict}; target {'≤' if at_most else '≥'} {goal:g})")
+    return lines
+
+
 @dataclass
 class Collected:
     done_wall: dict[str, float]

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from bench.common import OUT, REPO, collect, percentile, summary
+from bench.common import OUT, REPO, collect, percentile, summary, target_lines
 from bench.systems import OVERLAP, Run, SimulatedSwapless, burst, overlap_bound_s, priority, simulated_models
 
 __all__ = ["BATCH_S", "ITEM_S", "MAX_BATCH", "main"]
@@ -286,16 +286,7 @@ def render(rows: dict[str, list[float]], args: argparse.Namespace, sizes: Sizes,
     ]
     for name, values in rows.items():
         lines.append(f"| {name} | {summary(values)} |")
-    lines += ["", "Targets (medians):", ""]
-    for name, goal, at_most in TARGETS:
-        measured = rows.get(name)
-        if not measured:
-            continue
-        value = statistics.median(measured)
-        met = value <= goal if at_most else value >= goal
-        verdict = "met" if met else "NOT met"
-        lines.append(f"- {name}: {value:.3g} ({verdict}; target {'≤' if at_most else '≥'} {goal:g})")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *target_lines(rows, TARGETS)]) + "\n"
 
 
 if __name__ == "__main__":

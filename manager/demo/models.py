@@ -89,7 +89,6 @@ def train_text_classifier(
     Raises:
         ValueError: no records, a record whose label is not in ``labels``, or ``labels`` that are not the model's.
     """
-    import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if not records:
@@ -105,38 +104,8 @@ def train_text_classifier(
     if model_labels != list(labels):
         raise ValueError(f"the model in {directory} has labels {model_labels}, not {labels}")
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(_training_threads())
-    try:
-        torch.manual_seed(seed)
-        generator = torch.Generator().manual_seed(seed)
-        encoded = tokenizer(
-            [str(record["text"]) for record in records], padding=True, truncation=True, return_tensors="pt"
-        )
-        inputs = dict(encoded.items())
-        targets = torch.tensor([index_of[str(record["label"])] for record in records])
-        optimizer = torch.optim.AdamW(model.parameters(), lr=_LEARNING_RATE, weight_decay=_WEIGHT_DECAY)
-
-        start = time.perf_counter()
-        epochs = 0
-        accuracy = 0.0
-        while epochs < _MAX_EPOCHS:
-            model.train()
-            for batch in torch.randperm(len(records), generator=generator).split(_BATCH_SIZE):
-                optimizer.zero_grad()
-                output = model(**{name: tensor[batch] for name, tensor in inputs.items()}, labels=targets[batch])
-                output.loss.backward()
-                optimizer.step()
-            epochs += 1
-            accuracy = _accuracy(model, inputs, targets)
-            logger.debug("epoch %d: train accuracy %.3f", epochs, accuracy)
-            if accuracy >= _TARGET_ACCURACY or (
-                seconds_budget is not None and time.perf_counter() - start >= seconds_budget
-            ):
-                break
-        seconds = time.perf_counter() - start
-    finally:
-        torch.set_num_threads(threads)
+    epochs, seconds, accuracy = _fit(model, tokenizer, records, index_of, model.parameters(), _LEARNING_RATE, seed,
+                                     seconds_budget)
 
     model.eval()
     model.save_pretrained(directory)
@@ -164,7 +133,6 @@ def train_lora_adapter(
     Raises:
         ValueError: no records, or a record whose label is not in ``labels``.
     """
-    import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -181,27 +149,8 @@ def train_lora_adapter(
                         task_type="SEQ_CLS")
     with quiet_peft():
         model: Any = get_peft_model(AutoModelForSequenceClassification.from_pretrained(str(base)), config)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(_training_threads())
-    try:
-        torch.manual_seed(seed)
-        generator = torch.Generator().manual_seed(seed)
-        encoded = tokenizer([str(r["text"]) for r in records], padding=True, truncation=True, return_tensors="pt")
-        inputs = dict(encoded.items())
-        targets = torch.tensor([index_of[str(r["label"])] for r in records])
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5 * _LEARNING_RATE)
-        start, epochs, accuracy = time.perf_counter(), 0, 0.0
-        while epochs < _MAX_EPOCHS and accuracy < _TARGET_ACCURACY:
-            model.train()
-            for batch in torch.randperm(len(records), generator=generator).split(_BATCH_SIZE):
-                optimizer.zero_grad()
-                model(**{name: tensor[batch] for name, tensor in inputs.items()}, labels=targets[batch]).loss.backward()
-                optimizer.step()
-            epochs += 1
-            accuracy = _accuracy(model, inputs, targets)
-        seconds = time.perf_counter() - start
-    finally:
-        torch.set_num_threads(threads)
+    trained = [p for p in model.parameters() if p.requires_grad]  # the adapter's matrices and its head
+    epochs, seconds, accuracy = _fit(model, tokenizer, records, index_of, trained, 5 * _LEARNING_RATE, seed, None)
     model.save_pretrained(str(directory))
     report = TrainingReport(epochs=epochs, seconds=seconds, train_accuracy=accuracy, examples=len(records))
     logger.info("trained adapter %s: %d epochs in %.1f s, train accuracy %.3f", directory, epochs, seconds, accuracy)
@@ -210,6 +159,40 @@ def train_lora_adapter(
 
 #: The demo's variant of ``sentiment`` (an adapter trained over it): id -> its labels for NEGATIVE and POSITIVE.
 DEMO_VARIANTS: dict[str, list[str]] = {"sentiment-stars": ["1 star", "5 stars"]}
+
+
+def _fit(model: Any, tokenizer: Any, records: list[dict[str, Any]], index_of: dict[str, int], parameters: Any,
+         learning_rate: float, seed: int, seconds_budget: float | None) -> tuple[int, float, float]:
+    """Train ``parameters`` of ``model`` on ``records`` (AdamW, shuffled batches, a few threads) until every record
+    is right, a dozen epochs, or ``seconds_budget``; returns (epochs, seconds, train accuracy)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(_training_threads())
+    try:
+        torch.manual_seed(seed)
+        generator = torch.Generator().manual_seed(seed)
+        encoded = tokenizer([str(r["text"]) for r in records], padding=True, truncation=True, return_tensors="pt")
+        inputs = dict(encoded.items())
+        targets = torch.tensor([index_of[str(r["label"])] for r in records])
+        optimizer = torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=_WEIGHT_DECAY)
+        start, epochs, accuracy = time.perf_counter(), 0, 0.0
+        while epochs < _MAX_EPOCHS:
+            model.train()
+            for batch in torch.randperm(len(records), generator=generator).split(_BATCH_SIZE):
+                optimizer.zero_grad()
+                model(**{name: tensor[batch] for name, tensor in inputs.items()}, labels=targets[batch]).loss.backward()
+                optimizer.step()
+            epochs += 1
+            accuracy = _accuracy(model, inputs, targets)
+            logger.debug("epoch %d: train accuracy %.3f", epochs, accuracy)
+            if accuracy >= _TARGET_ACCURACY or (
+                seconds_budget is not None and time.perf_counter() - start >= seconds_budget
+            ):
+                break
+        return epochs, time.perf_counter() - start, accuracy
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _training_threads() -> int:
