@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from bench.common import OUT, REPO, cleanup, python, summary, target_lines
+from bench.common import OUT, REPO, cleanup, python, summary, target_lines, write_table
 from bench.systems import Swapless, burst
 
 ROOT = OUT / "adapters"
@@ -323,12 +323,7 @@ def main(argv: list[str] | None = None) -> None:
         add("swapless models, 1,000 variants (s)", registry[f"models {ADAPTERS}"])
         add("swapless models, 1,000 vs 10 variants (ratio)", registry[f"models {ADAPTERS}"] / registry["models 10"])
 
-    table = render(rows, args, sizes, repeats)
-    print(table)
-    write.parent.mkdir(parents=True, exist_ok=True)
-    kept = write.read_text().partition(NOTES)[2] if write.exists() else ""
-    write.write_text(table + (f"\n{NOTES}{kept}" if kept else ""))
-    print(f"written to {write}")
+    write_table(write, render(rows, args, sizes, repeats), NOTES)
 
 
 NOTES = "## Notes"

@@ -128,6 +128,16 @@ def summary(values: Sequence[float]) -> str:
     return f"{statistics.median(values):.4g} [{min(values):.4g}–{max(values):.4g}]"
 
 
+def write_table(path: Path, table: str, notes: str) -> None:
+    """Print ``table`` and write it to ``path``, keeping what ``path`` held under the heading ``notes`` (the
+    hand-written notes a new run must not lose)."""
+    print(table)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = path.read_text().partition(notes)[2] if path.exists() else ""
+    path.write_text(table + (f"\n{notes}{kept}" if kept else ""))
+    print(f"written to {path}")
+
+
 def target_lines(rows: dict[str, list[float]], targets: Sequence[tuple[str, float, bool]]) -> list[str]:
     """"Targets (medians):" and one line per ``(row, goal, at most?)`` measured: its median, met or not."""
     lines = ["Targets (medians):", ""]

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from bench.common import OUT, REPO, collect, percentile, summary, target_lines
+from bench.common import OUT, REPO, collect, percentile, summary, target_lines, write_table
 from bench.systems import OVERLAP, Run, SimulatedSwapless, burst, overlap_bound_s, priority, simulated_models
 
 __all__ = ["BATCH_S", "ITEM_S", "MAX_BATCH", "main"]
@@ -238,12 +238,7 @@ def main(argv: list[str] | None = None) -> None:
                 overlap.stop()
             add("overlap: vs max(Σ loads, Σ compute)", run.jobs_per_s / (len(jobs) / overlap_bound_s()))
 
-    table = render(rows, args, sizes, repeats)
-    print(table)
-    write.parent.mkdir(parents=True, exist_ok=True)
-    kept = write.read_text().partition(NOTES)[2] if write.exists() else ""
-    write.write_text(table + (f"\n{NOTES}{kept}" if kept else ""))
-    print(f"written to {write}")
+    write_table(write, render(rows, args, sizes, repeats), NOTES)
 
 
 #: The heading of the hand-written notes under the table (where the time goes); a new run keeps them.

@@ -91,12 +91,7 @@ def train_text_classifier(
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    if not records:
-        raise ValueError("no records to train on")
-    index_of = {label: index for index, label in enumerate(labels)}
-    unknown = sorted({str(record["label"]) for record in records} - set(index_of))
-    if unknown:
-        raise ValueError(f"labels {unknown} are not among {labels}")
+    index_of = _label_index(records, labels)
     directory = Path(directory)
     tokenizer: Any = AutoTokenizer.from_pretrained(str(directory))
     model: Any = AutoModelForSequenceClassification.from_pretrained(str(directory))
@@ -138,12 +133,7 @@ def train_lora_adapter(
 
     from swapless.manager.frameworks.adapter_checks import quiet_peft
 
-    if not records:
-        raise ValueError("no records to train on")
-    index_of = {label: index for index, label in enumerate(labels)}
-    unknown = sorted({str(record["label"]) for record in records} - set(index_of))
-    if unknown:
-        raise ValueError(f"labels {unknown} are not among {labels}")
+    index_of = _label_index(records, labels)
     tokenizer: Any = AutoTokenizer.from_pretrained(str(base))
     config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["query", "value"], modules_to_save=["classifier"],
                         task_type="SEQ_CLS")
@@ -159,6 +149,17 @@ def train_lora_adapter(
 
 #: The demo's variant of ``sentiment`` (an adapter trained over it): id -> its labels for NEGATIVE and POSITIVE.
 DEMO_VARIANTS: dict[str, list[str]] = {"sentiment-stars": ["1 star", "5 stars"]}
+
+
+def _label_index(records: list[dict[str, Any]], labels: list[str]) -> dict[str, int]:
+    """Label -> class index, every record's label checked (ValueError: none, or one not in ``labels``)."""
+    if not records:
+        raise ValueError("no records to train on")
+    index_of = {label: index for index, label in enumerate(labels)}
+    unknown = sorted({str(record["label"]) for record in records} - set(index_of))
+    if unknown:
+        raise ValueError(f"labels {unknown} are not among {labels}")
+    return index_of
 
 
 def _fit(model: Any, tokenizer: Any, records: list[dict[str, Any]], index_of: dict[str, int], parameters: Any,
