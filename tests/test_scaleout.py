@@ -300,9 +300,9 @@ def test_a_hot_model_gets_a_copy_and_no_worker_hoards_its_backlog(cluster: Clust
     cluster.worker()
     wait_for(lambda: len(cluster.beats()) == 2, 10, "the two heartbeats")
     client = Client()
-    # passes holding their worker 1 s each (of up to 256 jobs): about 6 s of work for one copy, over
-    # SWAPLESS_COPY_BACKLOG_S once the first pass has measured it
-    jobs = client.submit_jobs([("m0", f"sleep:1.0:hot-{i}") for i in range(600)])
+    # passes holding their worker 2 s each (of up to 256 jobs): once the first pass has measured it (at least 8 ms a
+    # job), 2.7 s or more of waiting work for one copy, over SWAPLESS_COPY_BACKLOG_S (2 s) whatever that pass's size
+    jobs = client.submit_jobs([("m0", f"sleep:2.0:hot-{i}") for i in range(600)])
     owners = Keyspace(cluster.env["SWAPLESS_QUEUE"], cluster.env["SWAPLESS_KEY_PREFIX"]).model("m0").owner
     most_held = 0
     deadline = time.monotonic() + 60
