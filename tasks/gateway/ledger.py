@@ -30,7 +30,7 @@ import redis.asyncio as aredis
 from swapless.tasks.broker.results import ResultStore, StoredResult
 from swapless.tasks.keyspace import Keyspace
 
-__all__ = ["JobLedger", "Record"]
+__all__ = ["JobLedger", "LedgerRecord"]
 
 # KEYS: the owner's in-flight set, then one record per new job. ARGV: now (ms), the cap, the records' life (s), the
 # members' score (ms: when the record gives up on them), the owner, the record key's prefix, then the job ids.
@@ -65,7 +65,7 @@ return {1, count + n}
 
 
 @dataclass(frozen=True)
-class Record:
+class LedgerRecord:
     """What the ledger says of one job: who submitted it, and whether it has finished."""
 
     owner: str
@@ -116,7 +116,7 @@ class JobLedger:
             pipe.delete(*(self.results.record_key(job_id) for job_id in job_ids))
             await pipe.execute()
 
-    async def read(self, job_id: str) -> tuple[Record | None, StoredResult]:
+    async def read(self, job_id: str) -> tuple[LedgerRecord | None, StoredResult]:
         """The job's record (None: never accepted here, or long gone) and its stored state, in one round trip."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.results.record_key(job_id))
@@ -125,7 +125,7 @@ class JobLedger:
         record = None
         if fields:
             owner = fields.get(b"owner", b"")
-            record = Record(owner.decode() if isinstance(owner, bytes) else str(owner), b"done" in fields)
+            record = LedgerRecord(owner.decode() if isinstance(owner, bytes) else str(owner), b"done" in fields)
         return record, self.results.decode(job_id, raw)
 
     async def remaining_s(self, job_id: str) -> int:
