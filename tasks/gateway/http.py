@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from swapless.tasks.gateway.errors import problem
 from swapless.tasks.gateway.framing import openai_error
 
-__all__ = ["GuardedRoute", "error_response", "loads"]
+__all__ = ["GuardedRoute", "Route", "error_response", "loads", "router_of"]
 
 #: Bodies of more bytes than this are parsed in a worker thread.
 OFF_LOOP_BYTES = 64 * 1024
@@ -82,3 +83,22 @@ class GuardedRoute(APIRoute):
                 return error_response(request, err)
 
         return guarded
+
+
+@dataclass(frozen=True)
+class Route:
+    """One row of a route table: a path, its HTTP methods, the handler's method name, FastAPI's route options."""
+
+    path: str
+    handler: str
+    methods: tuple[str, ...] = ("GET",)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def router_of(endpoints: object, table: Sequence[Route], **router_options: Any) -> APIRouter:
+    """An ``APIRouter`` of ``GuardedRoute``s: each row of ``table`` served by that method of ``endpoints``."""
+    router = APIRouter(route_class=GuardedRoute, **router_options)
+    for route in table:
+        router.add_api_route(route.path, getattr(endpoints, route.handler), methods=list(route.methods),
+                             **route.options)
+    return router
