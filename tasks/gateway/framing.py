@@ -156,16 +156,15 @@ class RequestGuard:
 
     def _refusal(self, scope: Scope) -> tuple[int, str] | None:
         """The status and message of a request whose headers alone refuse it; None when they do not."""
-        hosts, lengths, encodings, origins = [], [], [], []
+        seen: dict[bytes, list[bytes]] = {b"host": [], b"content-length": [], b"transfer-encoding": [], b"origin": []}
         for name, value in scope.get("headers", ()):
-            if name == b"host":
-                hosts.append(value)
-            elif name == b"content-length":
-                lengths.append(value)
-            elif name == b"transfer-encoding":
-                encodings.append(value)
-            elif name == b"origin":
-                origins.append(value)
+            if name in seen:
+                seen[name].append(value)
+        return (self._origin_refusal(seen[b"host"], seen[b"origin"])
+                or self._length_refusal(scope, seen[b"content-length"], seen[b"transfer-encoding"]))
+
+    def _origin_refusal(self, hosts: list[bytes], origins: list[bytes]) -> tuple[int, str] | None:
+        """Refuses a request without exactly one allowed Host, or from a web page of an origin not allowed."""
         if len(hosts) != 1:
             return 400, "send exactly one Host header"
         host_header = hosts[0].decode("latin-1")
@@ -180,6 +179,10 @@ class RequestGuard:
             if not same and origin not in self.allowed_origins:
                 return 403, (f"requests from web pages of {origin} are refused: call the gateway from a server, or "
                              "add the origin to SWAPLESS_GATEWAY_ALLOWED_ORIGINS")
+        return None
+
+    def _length_refusal(self, scope: Scope, lengths: list[bytes], encodings: list[bytes]) -> tuple[int, str] | None:
+        """Refuses ambiguous framing, and a declared length over the route's bound."""
         if encodings and lengths:
             return 400, "the request has both Content-Length and Transfer-Encoding: send one of them"
         if encodings and any(e.strip().lower() != b"chunked" for e in encodings):

@@ -200,36 +200,31 @@ def check_declared(head: bytes, model_id: str, max_elements: int) -> None:
     _bounded(_header(head, model_id, binary=True), model_id, max_elements)
 
 
-def parse_request(body: bytes, header_length: str | None, model_id: str, max_elements: int | None = None
-                  ) -> InferRequest:
-    """An inference request from its body and its ``Inference-Header-Content-Length`` header (None: all JSON).
-
-    ``max_elements``: the most elements the declared shapes may total, checked before any tensor is read.
-
-    Raises:
-        InputError: the body is not such a request (names the field and what to send).
-        TooManyElements: the shapes declare more than ``max_elements``.
-    """
+def _split(body: bytes, header_length: str | None, model_id: str) -> tuple[bytes, bytes]:
+    """The body's JSON part and its binary rest, by ``Inference-Header-Content-Length`` (None: all JSON)."""
     if header_length is None:
-        head, rest = body, b""
-    else:
-        length = header_length.strip()
-        if not _ASCII_DIGITS.fullmatch(length) or int(length) > len(body):
-            shown = length if len(length) <= 24 else length[:24] + "..."
-            raise InputError(model_id, f"{HEADER_LENGTH} is {shown!r} for a body of {len(body)} bytes: give the "
-                             "length in bytes of the JSON part, in ASCII digits")
-        head, rest = body[: int(length)], body[int(length) :]
-    raw = _header(head, model_id, binary=header_length is not None)
-    if max_elements is not None:
-        _bounded(raw, model_id, max_elements)
+        return body, b""
+    length = header_length.strip()
+    if not _ASCII_DIGITS.fullmatch(length) or int(length) > len(body):
+        shown = length if len(length) <= 24 else length[:24] + "..."
+        raise InputError(model_id, f"{HEADER_LENGTH} is {shown!r} for a body of {len(body)} bytes: give the "
+                         "length in bytes of the JSON part, in ASCII digits")
+    return body[: int(length)], body[int(length) :]
+
+
+def _validated(raw: dict[str, Any], model_id: str) -> _Request:
     try:
-        request = _Request.model_validate(raw)
+        return _Request.model_validate(raw)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         raise InputError(
             model_id, f"field {where!r}: {first['msg']}; send an Open Inference Protocol request"
         ) from None
+
+
+def _inputs(request: _Request, rest: bytes, binary: bool, model_id: str) -> list[InputTensor]:
+    """The request's input tensors: JSON data, or their slices of the binary ``rest`` in order."""
     inputs = []
     offset = 0
     for tensor in request.inputs:
@@ -244,7 +239,7 @@ def parse_request(body: bytes, header_length: str | None, model_id: str, max_ele
             continue
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise InputError(model_id, f"{where} has binary_data_size {size!r}: give its length in bytes")
-        if header_length is None:
+        if not binary:
             raise InputError(model_id, f"{where} has binary_data_size but the request has no {HEADER_LENGTH} header: "
                              "set it to the length of the JSON part")
         if offset + size > len(rest):
@@ -255,6 +250,25 @@ def parse_request(body: bytes, header_length: str | None, model_id: str, max_ele
     if offset != len(rest):
         raise InputError(model_id, f"the body has {len(rest) - offset} bytes after the inputs' binary data: "
                          "check each input's binary_data_size")
+    return inputs
+
+
+def parse_request(body: bytes, header_length: str | None, model_id: str, max_elements: int | None = None
+                  ) -> InferRequest:
+    """An inference request from its body and its ``Inference-Header-Content-Length`` header (None: all JSON).
+
+    ``max_elements``: the most elements the declared shapes may total, checked before any tensor is read.
+
+    Raises:
+        InputError: the body is not such a request (names the field and what to send).
+        TooManyElements: the shapes declare more than ``max_elements``.
+    """
+    head, rest = _split(body, header_length, model_id)
+    raw = _header(head, model_id, binary=header_length is not None)
+    if max_elements is not None:
+        _bounded(raw, model_id, max_elements)
+    request = _validated(raw, model_id)
+    inputs = _inputs(request, rest, header_length is not None, model_id)
     outputs = None
     if request.outputs is not None:
         outputs = tuple(
