@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -82,12 +83,46 @@ def _local_env(input_path: Path | None) -> dict[str, str]:
     return {"SWAPLESS_INPUT_ROOT": str(input_path.resolve().parent)}
 
 
+@dataclass
+class _Outcome:
+    """How a bulk run ended: its summary (None: it never started), what stopped it, the Redis it used."""
+
+    redis_url: str
+    summary: BulkSummary | None = None
+    stopped_by: BaseException | None = None
+
+
 def _run_bulk(
     job: BulkJob, settings: Settings, *, local: bool, progress: str | None, log_every_s: float, allow_failures: bool,
     callback_url: str | None = None,
 ) -> None:
     """Run a BulkJob from the command line (in local mode or against the configured Redis) and exit with its status;
     with ``callback_url``, queue the run's webhook once it ends (``swapless.tasks.cli.run_webhook``)."""
+    try:
+        job.reader()  # a bad file, format or column fails here, before anything starts
+    except (SwaplessError, ValueError) as err:
+        fail(err)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    outcome = _Outcome(settings.broker_url)
+    try:
+        _run_session(job, settings, outcome, local=local, progress=progress, log_every_s=log_every_s,
+                     callback_url=callback_url)
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt as err:
+        outcome.stopped_by = err
+    except Exception as err:  # noqa: BLE001 - Redis gone, local worker died, timeout: the output stays resumable
+        outcome.stopped_by = err
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    _exit_with(job, outcome, allow_failures)
+
+
+def _run_session(
+    job: BulkJob, settings: Settings, outcome: _Outcome, *, local: bool, progress: str | None, log_every_s: float,
+    callback_url: str | None,
+) -> None:
+    """The run itself, its client (and local stack) closed at the end; fills in ``outcome``."""
     from swapless.config.errors import BulkFileError, ConfigError, UnknownModel
     from swapless.tasks import tracing
     from swapless.tasks.cli.local import LocalSwapless
@@ -95,53 +130,41 @@ def _run_bulk(
     from swapless.tasks.client.bulk import BulkRun
     from swapless.tasks.client.progress import make_progress
 
-    try:
-        job.reader()  # a bad file, format or column fails here, before anything starts
-    except (SwaplessError, ValueError) as err:
-        fail(err)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    summary: BulkSummary | None = None
-    stopped_by: BaseException | None = None
-    redis_url = settings.broker_url
-    try:
-        with ExitStack() as stack:
-            stack.callback(tracing.shutdown, tracing.configure("swapless-bulk"))  # the run's spans out before exit
-            watchdog = None
-            if local:
-                why = "SWAPLESS_REDIS_URL is unset" if settings.redis_url is None else "--local"
-                err_console.print(f"local mode: starting an embedded Redis and a worker ({why})")
-                embedded = stack.enter_context(LocalSwapless(settings, env=_local_env(job.input_path)))
-                client = Client(settings=embedded.settings)
-                watchdog = embedded.check
-            else:
-                client = Client(settings=settings)
-            redis_url = client.settings.broker_url
-            stack.callback(client.close)
-            reporter = make_progress(sys.stderr, interval_s=log_every_s, force=progress)
-            runner = BulkRun(job, client, progress=reporter, watchdog=watchdog)
-            try:
-                summary = runner.run()
-            except (BulkFileError, ConfigError, UnknownModel) as err:
-                fail(err)  # nothing was sent
-            except (KeyboardInterrupt, Exception) as err:  # noqa: BLE001 - reported below, after the webhook
-                stopped_by = err
-            finally:
-                summary = runner.summary
-            if callback_url is not None and summary is not None:
-                _send_run_webhook(client, callback_url, job, summary, stopped_by, local=local)
-    except typer.Exit:
-        raise
-    except KeyboardInterrupt as err:
-        stopped_by = err
-    except Exception as err:  # noqa: BLE001 - Redis gone, local worker died, timeout: the output stays resumable
-        stopped_by = err
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with ExitStack() as stack:
+        stack.callback(tracing.shutdown, tracing.configure("swapless-bulk"))  # the run's spans out before exit
+        watchdog = None
+        if local:
+            why = "SWAPLESS_REDIS_URL is unset" if settings.redis_url is None else "--local"
+            err_console.print(f"local mode: starting an embedded Redis and a worker ({why})")
+            embedded = stack.enter_context(LocalSwapless(settings, env=_local_env(job.input_path)))
+            client = Client(settings=embedded.settings)
+            watchdog = embedded.check
+        else:
+            client = Client(settings=settings)
+        outcome.redis_url = client.settings.broker_url
+        stack.callback(client.close)
+        reporter = make_progress(sys.stderr, interval_s=log_every_s, force=progress)
+        runner = BulkRun(job, client, progress=reporter, watchdog=watchdog)
+        try:
+            outcome.summary = runner.run()
+        except (BulkFileError, ConfigError, UnknownModel) as err:
+            fail(err)  # nothing was sent
+        except (KeyboardInterrupt, Exception) as err:  # noqa: BLE001 - reported below, after the webhook
+            outcome.stopped_by = err
+        finally:
+            outcome.summary = runner.summary
+        if callback_url is not None and outcome.summary is not None:
+            _send_run_webhook(client, callback_url, job, outcome.summary, outcome.stopped_by, local=local)
+
+
+def _exit_with(job: BulkJob, outcome: _Outcome, allow_failures: bool) -> None:
+    """Print the run's summary and exit with its status (130 interrupted, 3 an error, 1 failed records)."""
+    summary, stopped_by = outcome.summary, outcome.stopped_by
     if isinstance(stopped_by, KeyboardInterrupt):
         _print_summary(job, summary, stopped="interrupted")
         raise typer.Exit(130)
     if stopped_by is not None:
-        print_error(translate(stopped_by, redis_url))  # Redis gone: one line naming it
+        print_error(translate(stopped_by, outcome.redis_url))  # Redis gone: one line naming it
         _print_summary(job, summary, stopped="stopped by an error")
         raise typer.Exit(3)
     _print_summary(job, summary)

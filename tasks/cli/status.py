@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -37,20 +38,10 @@ def status(
 ) -> None:
     """Show the queue per model and each live worker: loaded models, cache hits/misses/evictions, loads, jobs, waits."""
 
-    import redis
-    from rich.console import Group
-
     from swapless.manager.registry.store import ModelStore
     from swapless.tasks.broker.connection import redis_client, translated
     from swapless.tasks.broker.sentinel import SentinelOptions
-    from swapless.tasks.broker.webhooks import read_webhooks
-    from swapless.tasks.cluster.members import read_heartbeats
-    from swapless.tasks.cluster.view import read_placement
     from swapless.tasks.keyspace import Keyspace
-    from swapless.tasks.observe.batches import read_batches
-    from swapless.tasks.observe.memory import read_redis_memory
-    from swapless.tasks.observe.queue import read_queue_depth
-    from swapless.tasks.observe.view import render_status
 
     settings = settings_with(queue=queue)
     keyspace = Keyspace.of(settings)
@@ -60,21 +51,7 @@ def status(
     model_ids = store.ids()
 
     def render() -> Any:
-        with translated(settings.broker_url):
-            depth = read_queue_depth(client, keyspace, model_ids, sample)
-            workers = read_heartbeats(client, keyspace)
-            view = render_status(depth, workers, memory=read_redis_memory(client, keyspace, model_ids),
-                                 places=read_placement(client, keyspace, model_ids))
-            hooks = read_webhooks(client, keyspace, limit=5)
-            batches = read_batches(client, keyspace)
-            parts: list[Any] = [view]
-            if store.routes:
-                parts.append(routes_table(store, settings))
-            if batches["batches"]:
-                parts.append(_batches_text(batches))
-            if hooks["pending"] or hooks["failed"]:
-                parts.append(_webhooks_text(hooks))
-            return Group(*parts) if len(parts) > 1 else view
+        return _render(client, keyspace, store, settings, sample)
 
     if as_json:
         from swapless.tasks.observe.status import read_status
@@ -87,6 +64,43 @@ def status(
     if not watch:
         console.print(view)
         return
+    _watch(render, view, interval, count)
+
+
+def _render(client: Any, keyspace: Any, store: Any, settings: Any, sample: int) -> Any:
+    """The status's tables: workers and models, then routes, batches and webhooks when there are any."""
+    from rich.console import Group
+
+    from swapless.tasks.broker.connection import translated
+    from swapless.tasks.broker.webhooks import read_webhooks
+    from swapless.tasks.cluster.members import read_heartbeats
+    from swapless.tasks.cluster.view import read_placement
+    from swapless.tasks.observe.batches import read_batches
+    from swapless.tasks.observe.memory import read_redis_memory
+    from swapless.tasks.observe.queue import read_queue_depth
+    from swapless.tasks.observe.view import render_status
+
+    model_ids = store.ids()
+    with translated(settings.broker_url):
+        depth = read_queue_depth(client, keyspace, model_ids, sample)
+        workers = read_heartbeats(client, keyspace)
+        view = render_status(depth, workers, memory=read_redis_memory(client, keyspace, model_ids),
+                             places=read_placement(client, keyspace, model_ids))
+        hooks = read_webhooks(client, keyspace, limit=5)
+        batches = read_batches(client, keyspace)
+        parts: list[Any] = [view]
+        if store.routes:
+            parts.append(routes_table(store, settings))
+        if batches["batches"]:
+            parts.append(_batches_text(batches))
+        if hooks["pending"] or hooks["failed"]:
+            parts.append(_webhooks_text(hooks))
+        return Group(*parts) if len(parts) > 1 else view
+
+
+def _watch(render: Callable[[], Any], view: Any, interval: float, count: int) -> None:
+    """Redraw ``render()`` every ``interval`` s (``count`` times; 0: until Ctrl-C); Redis errors show and retry."""
+    import redis
     from rich.live import Live
     from rich.text import Text
 
