@@ -165,7 +165,7 @@ class BatchEndpoints:
             raise UnknownBatch(batch_id)
         return batch
 
-    async def _spool(self, request: Request, caller: Caller, boundary: str, spool: Any) -> FileInfo:
+    async def _spool(self, request: Request, caller: Caller, boundary: bytes, spool: Any) -> FileInfo:
         """Stream the upload into ``spool``, checking each line, then store it as the caller's file."""
         checker = LineChecker(self.settings.batch_max_lines, self.max_line_bytes)
         upload = await MultipartReader(boundary, "file", LineWriter(spool, checker)).read(request.stream())
