@@ -1,8 +1,4 @@
-"""The ``swapless exporter`` and ``swapless drain`` commands: the autoscaling signals for deployments without the
-gateway, and the scale-down of chosen workers.
-
-``swapless.tasks.cli.main`` calls ``register(app)``.
-"""
+"""The ``swapless exporter`` and ``swapless drain`` commands."""
 
 from __future__ import annotations
 

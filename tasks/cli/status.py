@@ -1,8 +1,4 @@
-"""The ``swapless status`` and ``swapless webhooks`` commands: the deployment at a glance (workers, models, queue,
-Redis, batches, webhooks), once, watched, or as JSON; the failed webhook deliveries, listed or replayed.
-
-``swapless.tasks.cli.main`` calls ``register(app)``.
-"""
+"""The ``swapless status`` and ``swapless webhooks`` commands."""
 
 from __future__ import annotations
 

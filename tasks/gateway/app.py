@@ -1,23 +1,4 @@
-"""The gateway's composition root: ``create_app`` builds every part once and wires them.
-
-    request ─► RequestGuard ─► Callers ─► routes (REST, /v2, status page) ─► DataPlane ─► Client ─► Redis
-               host, origin,    API key →   each declares what it needs,     checks, limits,
-               framing, body    a Caller    one error map (GuardedRoute)     ledger, publish
-               bytes and time
-
-- ``framing.RequestGuard``: Host and Origin checks, HTTP framing, the body bounded in bytes and time;
-- ``auth.Callers``: the API key (or, without keys, the client's address) as a ``Caller``, 401/403 from headers,
-  then the request in one of its caller's turns (``turns.Turns``: 429 when none comes in time);
-- ``rest``, ``v2``, ``status_page``, ``batches`` (``/v1``): the routes; ``http.GuardedRoute`` answers their errors
-  (``errors.problem``);
-- ``plane.DataPlane``: what every route does with jobs (``quotas``, ``ledger``);
-- ``batches.BatchRunner``: drives batches in this process (``SWAPLESS_BATCH_RUNNER``), a thread per batch;
-- ``spans.TraceRequests``: each request in its caller's trace (``traceparent``), and a span of its own with tracing
-  on (``OTEL_*``: ``swapless.tasks.tracing``, set up by the lifespan).
-
-Run it with ``swapless serve`` (uvicorn), or ``uvicorn --factory swapless.tasks.gateway:create_app``. The docs are at
-``/docs`` (schema at ``/openapi.json``); ``/`` redirects to the status page.
-"""
+"""The gateway's composition root: ``create_app`` builds every part once and wires them (docs/concepts/gateway.md)."""
 
 from __future__ import annotations
 

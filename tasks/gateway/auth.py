@@ -1,20 +1,6 @@
-"""Who is calling: ``Callers``, an ASGI middleware, turns each request's API key (``Authorization: Bearer <key>``,
-checked against ``swapless.tasks.gateway.keys``) into a ``Caller`` before any route runs or any body is read.
+"""Who is calling: ``Callers`` turns each request's API key into a ``Caller`` before any route runs.
 
-Each route declares what it needs in its decorator (``needs(...)``, which also puts the Bearer scheme in the
-OpenAPI schema):
-
-- ``Need.NOTHING``: the health checks, the server metadata, the docs;
-- ``Need.KEY``: any valid key; the route itself checks the model a request addresses (``Caller.may_call``) and whose
-  job it reads (``swapless.tasks.gateway.plane``); the status page and its data also take the key as ``?key=`` (a
-  browser cannot send the header when it opens a page), taken out of the query before anything downstream sees it and
-  redacted in uvicorn's access log (``RedactKeyFilter``);
-- ``Need.EVERY_MODEL``: a key for every model (an operator's); also what any route that declares nothing needs.
-
-Missing or unknown key: 401 with ``WWW-Authenticate: Bearer``, answered from the headers alone (with
-``Connection: close``, so a body sent with it is never read); a key limited to some models on an operator's route:
-403. On a gateway with no key configured every caller is an operator, known by its address (``addr:<ip>``: the
-per-caller limits count by it), and ``swapless serve`` listens on loopback only unless told ``--insecure-no-auth``.
+Each route declares what it needs (``needs``); docs/concepts/gateway.md lists the levels and answers.
 Nothing here logs a request's headers or a key.
 """
 

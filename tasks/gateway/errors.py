@@ -1,23 +1,17 @@
-"""The gateway's own errors, and its one map from any error to an HTTP status and a message safe to show.
+"""The gateway's own errors, and its one map from any error to an HTTP status and a safe message.
 
     SwaplessError
-    ├── UnknownJob          no job of that id for this caller (404: never accepted, another caller's, long gone)
+    ├── UnknownJob          no job of that id for this caller (404)
     ├── ResultExpired       the job finished, but its result has expired (410)
     ├── ModelForbidden      the caller's key may not call that model (403)
     ├── BodyTooLarge        a compressed body is over the limit once decompressed (413)
-    ├── TooManyElements     an Open Inference Protocol request declares more jobs than allowed (413; ``tensors``)
-    ├── UnknownFile         no batch file of that id for this caller (404; ``swapless.tasks.gateway.batches``)
+    ├── TooManyElements     an Open Inference Protocol request declares too many jobs (413; ``tensors``)
+    ├── UnknownFile         no batch file of that id for this caller (404)
     ├── UnknownBatch        no batch of that id for this caller (404)
-    ├── BadBatchFile        an uploaded batch file is refused: the line and what is wrong with it (400)
-    ├── BadBatch            a batch cannot be created or changed as asked (400, or 409 for a finished one)
-    ├── OverLimit           a caller is over its rate or in-flight limit (429; ``swapless.tasks.gateway.quotas``)
-    └── GatewayBusy         the gateway holds as many waiting requests as it may (503;
-    ``swapless.tasks.gateway.quotas``)
-
-``problem(err, protocol)`` gives every error its status, one-line message and headers for both protocols (the REST
-routes' ``{"detail"}`` and the Open Inference Protocol's ``{"error"}``): the model side's and the queue's errors
-too, with Redis's host, port and user left out of what the caller sees (they go to the gateway's log, once a
-minute at most, ``LogThrottle``). An error that is none of these is a bug: 500, logged with its traceback, never shown.
+    ├── BadBatchFile        an uploaded batch file is refused (400)
+    ├── BadBatch            a batch cannot be created or changed as asked (400, or 409)
+    ├── OverLimit           a caller is over its rate or in-flight limit (429; ``quotas``)
+    └── GatewayBusy         the gateway holds as many waiting requests as it may (503; ``quotas``)
 """
 
 from __future__ import annotations

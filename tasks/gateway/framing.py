@@ -1,21 +1,6 @@
-"""The gateway's outermost ASGI middleware: what a request must be before anything reads it.
+"""The gateway's outermost ASGI middleware: Host, Origin and framing checks, and the body bounded in bytes and time.
 
-``RequestGuard`` checks, from the headers alone:
-
-- **Host**: one ``Host`` header naming a host the gateway answers to (``SWAPLESS_GATEWAY_ALLOWED_HOSTS``; without
-  API keys, loopback names only, so that a web page cannot reach a loopback gateway through a DNS rebinding);
-- **Origin**: a browser's cross-origin request is refused unless its origin is listed
-  (``SWAPLESS_GATEWAY_ALLOWED_ORIGINS``), so a page cannot drive a gateway with its visitor's network position;
-- **framing**: at most one ``Content-Length``, of ASCII digits, never together with ``Transfer-Encoding`` (a
-  request smuggling vector: the declared length is not what the server reads), and no body declared over
-  ``SWAPLESS_GATEWAY_MAX_BODY_BYTES``, or over what its route can take (``POST /jobs`` and ``/predict``: one job,
-  so no more than the largest input the models take; ``POST /v1/files``: a batch file, with a bound and a time of
-  its own; ``body_limits``);
-
-and then hands the app a ``receive`` that counts the body's bytes as they arrive, in every framing, and bounds
-how long the body may take (``SWAPLESS_GATEWAY_BODY_TIMEOUT_S``). Past either bound it answers 413 or 408 itself
-and the app sees the client gone. Every refusal is ``{"detail": ...}`` (``{"error": ...}`` under ``/v2/``) with
-``Connection: close``, so the server stops reading whatever the client still sends.
+docs/operations/security.md lists the checks and their settings.
 """
 
 from __future__ import annotations

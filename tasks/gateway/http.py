@@ -1,11 +1,4 @@
-"""How every gateway route answers: ``GuardedRoute``, the route class of all of them.
-
-- A JSON body is parsed off the event loop when it is large (a 32 MiB body would hold the loop for a while), and
-  one nested too deeply is an ordinary invalid-JSON 422, not a crash.
-- Any error a route raises becomes its response through ``swapless.tasks.gateway.errors.problem``: ``{"detail": ...}``
-  (FastAPI's own validation errors as their list) on the REST routes, ``{"error": ...}`` under ``/v2``, OpenAI's
-  ``{"error": {"message", "type", "param", "code"}}`` under ``/v1`` (the batch API); never a traceback.
-"""
+"""How every gateway route answers (``GuardedRoute``: JSON off the loop, one error map) and route tables."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
 """API keys of the gateway: their syntax, where they are configured, and how they are kept (digests only).
 
-Each key is one entry: separated by commas in ``SWAPLESS_API_KEYS``, one per line in ``SWAPLESS_API_KEYS_FILE``
-(where ``#`` starts a comment and blank lines are skipped)::
-
-    KEY                      may call every model, and read every job (an operator's key)
-    KEY:MODEL|MODEL|...      may call only these models (ids, aliases or routes of the models file), and read
-                             only the jobs it submitted
-
-A key is 16 to 512 characters of ``A-Z a-z 0-9 - . _ ~ + /``, optionally ending in ``=`` (RFC 6750's token
-characters: ``secrets.token_urlsafe(32)`` makes one). Only the SHA-256 digest of each key is kept; a presented key
-is hashed and compared with every digest by ``hmac.compare_digest`` (``KeyRing.match``).
+Each entry is ``KEY`` (an operator's key) or ``KEY:MODEL|MODEL|...`` (only these models), separated by commas in
+``SWAPLESS_API_KEYS``, one per line in ``SWAPLESS_API_KEYS_FILE`` (``#`` starts a comment).
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
-"""The gateway's ledger in Redis: who submitted each job it accepted, and how many of a caller's jobs are unfinished.
+"""The gateway's ledger in Redis: who submitted each job, and each caller's jobs in flight.
 
-Per job, a record beside its result (``ResultStore.record_key``: ``swapless-owner-<id>``), a hash of
-
-- ``owner``: the caller that submitted it (``key:<digest prefix>`` of an API key, never the key; or ``addr:<ip>``
-  on a gateway without keys);
-- ``done``: set by the worker in the script that stores the job's result (or by a cancel), which also cuts the
-  record's life to two result expiries.
-
-It lives as long as the job may still run (its deadline, else ``SWAPLESS_CANCEL_HOLD_S``) plus one result expiry,
-so that reads can tell a job still on its way (record, no result) from one whose result has expired (record done,
-no result) and from an id never accepted here (no record).
-
-Per caller, the jobs in flight: a sorted set of job ids scored by the time their record gives up on them. ``admit``
-is one script, so several gateway processes share one count: it drops the members past their time, and when the
-new jobs would pass the cap it drops the members whose record is done (or gone) before it decides.
-
-The scripts name keys they build from an argument (the records of an owner's members): fine on one Redis or a
-Sentinel-managed one, not on Redis Cluster.
+docs/concepts/gateway.md describes the records and the in-flight count.
 """
 
 from __future__ import annotations

@@ -1,19 +1,4 @@
-"""The gateway's data plane: what every protocol's routes do with jobs (the REST routes and the Open Inference
-Protocol's alike), so each check is made once, in one place.
-
-- ``submit(caller, asks)``: the caller may call each addressed model (else ``ModelForbidden``); each job is routed
-  here, with inputs typed as a network caller's (no file paths), and its input checked against the model that
-  will serve it (type, ``SWAPLESS_MAX_TEXT_CHARS``, ``_MAX_IMAGE_BYTES``, ``_MAX_IMAGE_PIXELS``), off the event
-  loop when it is large; then the caller's rate and in-flight limits (``OverLimit``), the jobs' records
-  (``swapless.tasks.gateway.ledger``), and one publish. A publish that fails forgets the records: nothing half-accepted.
-- ``read(caller, job_id)`` / ``cancel(caller, job_id)``: only the caller that submitted a job (or an operator)
-  sees it; any other id is ``UnknownJob``, the same answer as an id never submitted, so ids cannot be probed; a
-  finished job whose result has expired is ``ResultExpired``; a cancel writes nothing for an unknown id, and
-  holds as long as the job's record (its deadline, else ``SWAPLESS_CANCEL_HOLD_S``).
-- ``wait(...)`` / ``wait_all(...)``: results as they are published, each wait holding one of the process's wait
-  slots (``GatewayBusy`` past ``SWAPLESS_GATEWAY_MAX_WAITS``); every wait of the process goes through one
-  ``AsyncResultConsumer`` (``swapless.tasks.client.aconsumer``): one pub/sub connection however many requests wait.
-"""
+"""The gateway's data plane: what every protocol's routes do with jobs, each check made once."""
 
 from __future__ import annotations
 

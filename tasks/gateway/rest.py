@@ -1,15 +1,4 @@
-"""The gateway's REST routes, over the data plane (``swapless.tasks.gateway.plane``):
-
-    POST   /jobs       {model_id, input}   202 {job_id}
-    GET    /jobs/{id}                      200 {job_id, state, result | error}; 404 not this caller's; 410 expired
-    DELETE /jobs/{id}                      200 cancelled; 409 running or done; 404 not this caller's
-    POST   /predict    {model_id, input}   200 {job_id, result}; 504 {job_id} when the wait runs out (poll /jobs/{id})
-    GET    /models                         the registry beside what each live worker has loaded (its heartbeat)
-    GET    /healthz                        200 when Redis answers, else 503 ("unavailable": no host, port or user)
-
-A job's failure on ``/predict`` answers with the job's own error and the status of its kind (404 unknown model,
-422 bad input, 409 cancelled, 503 backend down, 504 expired, else 500).
-"""
+"""The gateway's REST routes (``/jobs``, ``/predict``, ``/models``, ``/healthz``) over the data plane."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""A Swapless model as the Open Inference Protocol shows it (``swapless.tasks.gateway.v2``): its signature, the jobs a
-request makes, and the tensors their predictions give. Pure functions over the registry and parsed requests.
+"""A Swapless model as the Open Inference Protocol shows it: its signature, its jobs' inputs, its output tensors.
 
-- ``signature(store, name, version)``: a model (by id or alias) or a route as one v2 model. A model takes one input,
-  ``TEXT`` or ``IMAGE`` after its type (BYTES, shape ``[-1]``), and gives ``LABELS`` (BYTES) and ``SCORES`` (FP32),
-  shape ``[-1, k]`` with k its ``top_k``. A route has its targets' type (a ``by_type`` route over both types takes
-  either input), the largest k of theirs, and no version.
-- ``metadata(sig)``: the model metadata response.
-- ``job_inputs(store, sig, request)``: one job input per element of the input tensor (a text; an image as the
-  base64 string the worker takes: raw encoded bytes in binary data, base64 in JSON), and the id to address.
-- ``chosen_outputs(request, sig)``: the outputs asked for, each with whether it goes as binary data.
-- ``output_tensors(sig, predictions)``: LABELS and SCORES, best first, padded with "" and 0.0 to k (or cut to k).
-
-A request that does not fit raises ``InputError`` saying what to send; a version the model lacks ``UnknownVersion``.
+Pure functions over the registry and parsed requests; a request that does not fit raises ``InputError``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""The live status page: ``GET /status`` (one static HTML page, its CSS and JavaScript inline), the data it draws
-every 2 s at ``GET /status.json`` (what ``swapless status --json`` prints: ``swapless.tasks.observe.status``), and
-``GET /`` redirecting to the page; and ``GET /metrics``, the cluster-wide autoscaling signals
-(``swapless.tasks.observe.scaling``).
+"""The live status page (``/status``, its data at ``/status.json``, ``/`` redirecting to it) and ``/metrics``.
 
-With API keys set, both need a key (``swapless.tasks.gateway.auth``); since a browser cannot send a header when it
-opens a page, they also take it as ``?key=``. The page sends the key it was opened with as a Bearer header when it
-fetches the data, so the key is in one request line, not in one every 2 s.
+With API keys set they need a key, also taken as ``?key=`` (a browser cannot send a header opening a page).
 """
 
 from __future__ import annotations

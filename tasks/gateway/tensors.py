@@ -1,15 +1,4 @@
-"""The Open Inference Protocol's tensors on the wire (KServe v2 / Triton HTTP): pure functions over bytes, no I/O.
-
-An inference request is a JSON object, or, with Triton's binary tensor extension, that JSON object followed by raw
-tensor bytes: the header ``Inference-Header-Content-Length`` gives the JSON's length, and each input whose
-``parameters.binary_data_size`` is set takes that many of the bytes after it, in input order. In binary form a
-BYTES tensor is its elements one after another, each a 4-byte little-endian length then the bytes; an FP32 tensor
-is 4-byte little-endian floats, row-major. A response uses the same layout for the outputs asked for in binary.
-
-- ``parse_request(body, header_length, model_id)``: the request (``InferRequest``: its id, parameters, input
-  tensors and the outputs asked for).
-- ``bytes_elements(tensor, model_id)``: the elements of a BYTES input (``bytes`` from binary data, ``str`` from JSON).
-- ``encode_response(header, outputs)``: the response body, and the JSON length when some output is binary.
+"""The Open Inference Protocol's tensors on the wire (JSON or Triton's binary extension): pure functions over bytes.
 
 Every problem with a request raises ``InputError`` naming the model, the field, and what to send instead.
 """

@@ -1,28 +1,6 @@
-"""The Open Inference Protocol (KServe v2, Triton's HTTP API) on the gateway, so that Triton and KServe clients
-(``tritonclient.http``, MLServer's and KServe's) call Swapless unchanged while it queues, groups and swaps behind.
+"""The Open Inference Protocol (KServe v2, Triton's HTTP API) under ``/v2``: ``V2Endpoints`` and its route table.
 
-    GET  /v2                                       server metadata: name, version, extensions
-    GET  /v2/health/live | /v2/health/ready        200 when the process answers | when Redis answers, else 503
-    GET  /v2/models/{m}[/versions/{v}]             model metadata: its input and outputs
-    GET  /v2/models/{m}[/versions/{v}]/ready       200 when the model exists and Redis answers
-    POST /v2/models/{m}[/versions/{v}]/infer       n inputs -> n jobs at interactive priority, one round trip
-    POST /v2/repository/index                      every model and route: READY when loaded on a live worker
-
-A model takes one input, ``TEXT`` or ``IMAGE`` (BYTES, shape ``[-1]``: texts, or encoded PNG/JPEG/WebP images; in
-JSON an image is a base64 string), and gives ``LABELS`` (BYTES) and ``SCORES`` (FP32), shape ``[-1, k]`` with k its
-``top_k``, best first (padded with "" and 0.0). A model that is not loaded is ready all the same: a worker loads it
-for its first job. A route is a model of its targets' type (a ``by_type`` route over both takes either input) whose
-k is the largest of theirs, and has no version. Tensors go as JSON or in Triton's binary tensor extension
-(``swapless.tasks.gateway.tensors``); a gzip or deflate request body is decompressed, up to the gateway's body limit.
-
-An infer request's jobs are bounded before anything is parsed but its JSON header: the shapes it declares may
-total ``SWAPLESS_GATEWAY_MAX_ELEMENTS`` elements (413 past it). Decompressing and parsing run off the event loop.
-The jobs go through the data plane (``swapless.tasks.gateway.plane``): the caller's key may call the model, each input
-fits it, the caller's limits hold.
-
-Every error is ``{"error": "..."}``: 400 bad input (the job's own ``InputError`` too), 403 a key for another model,
-404 unknown model, version or endpoint, 413 too large (body, decompressed body, elements), 429 over a limit, 503
-Redis down or full or the gateway too busy, 504 no result in time (naming the jobs).
+Every error is ``{"error": "..."}``; docs/concepts/gateway.md describes the models as v2 shows them.
 """
 
 from __future__ import annotations

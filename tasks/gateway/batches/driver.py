@@ -1,17 +1,4 @@
-"""Driving one batch to its end on the bulk machinery (``swapless.tasks.client.bulk``): ``BatchDriver.run``.
-
-1. **validating**: the input file is read once, line by line; a line the batch's key may not send (403), for an
-   unknown model (404) or with an input its model would refuse (422) is failed at once (``prefailed.jsonl``);
-   the others are written to one bulk input per (model, priority) in the work directory; ``plan.json``, written
-   last, says what the groups are. A driver that finds ``plan.json`` (a takeover) skips this step.
-2. **in_progress**: each group runs as a ``BulkRun`` (chunks at its priority, ``max_in_flight`` of them, backpressure
-   and routes as ``swapless bulk``), with the completion window's end as the chunks' deadline, its output fsynced
-   per chunk; a takeover resumes each group from its output, so no request is written twice and none is skipped.
-   The counts in Redis follow each chunk. Between waits the driver renews its lease and looks for a cancel.
-3. **finalizing**: the output file (the requests that succeeded) and the error file (those that failed; on expiry,
-   also those never started), written in OpenAI's shape as each chunk came in, get their last lines and go to the
-   file store; then the final status.
-"""
+"""Driving one batch to its end on the bulk machinery: ``BatchDriver.run`` (validating, in progress, finalizing)."""
 
 from __future__ import annotations
 

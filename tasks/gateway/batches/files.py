@@ -1,10 +1,6 @@
 """Where the batch API keeps its files: a directory, or any fsspec URL (``SWAPLESS_BATCH_FILES_URL``).
 
-Each file is two objects under the root: ``<id>.jsonl`` (its bytes) and ``<id>.json`` (its metadata, a small JSON
-sidecar: what ``GET /v1/files/{id}`` answers, plus its owner). A file is written under a temporary name and moved
-into place only once complete, and the sidecar is written last: a file without a sidecar does not exist. Files
-are deleted ``SWAPLESS_BATCH_FILE_RETENTION_S`` after they were written (``purge``, run by the batch runners).
-Nothing of a file is kept in Redis.
+Each file is ``<id>.jsonl`` and its ``<id>.json`` sidecar, written last: a file without a sidecar does not exist.
 """
 
 from __future__ import annotations

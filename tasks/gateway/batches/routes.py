@@ -1,19 +1,6 @@
-"""The batch API under ``/v1``, in the shape of OpenAI's Files and Batch APIs (the ``openai`` client works unchanged
-with ``OpenAI(base_url="http://host:8000/v1", api_key=KEY)``):
+"""The batch API under ``/v1`` in the shape of OpenAI's Files and Batch APIs: ``BatchEndpoints`` and its route table.
 
-    POST   /v1/files                  multipart (purpose=batch, file): checked line by line as it streams in
-    GET    /v1/files                  this key's files, newest first (``purpose``, ``after``, ``limit``)
-    GET    /v1/files/{id}             a file object
-    GET    /v1/files/{id}/content     its bytes, streamed
-    DELETE /v1/files/{id}
-    POST   /v1/batches                {input_file_id, endpoint: "/predict", completion_window: "24h", metadata}
-    GET    /v1/batches                this key's batches, newest first, paged (``after``, ``limit``)
-    GET    /v1/batches/{id}           a batch object: status, request_counts, file ids, timestamps
-    POST   /v1/batches/{id}/cancel    cancelling -> cancelled: what is done is kept, the rest is not run
-
-A key sees only the files and batches it made (an operator's key sees all). Lines a limited key may not send are
-failed one by one (403 in the error file) rather than refusing the file: the file is the same for any key, and the
-batch's other lines still run, as OpenAI answers a bad request inside a batch.
+The ``openai`` client works unchanged with ``OpenAI(base_url="http://host:8000/v1", api_key=KEY)``.
 """
 
 from __future__ import annotations

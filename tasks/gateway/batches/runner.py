@@ -1,14 +1,4 @@
-"""``BatchRunner``: finds batches that no process drives and drives them, a thread per batch.
-
-One runs in every ``swapless serve`` (``SWAPLESS_BATCH_RUNNER``) and in every ``swapless batches``; any number may
-run against one Redis. Each poll (a third of ``SWAPLESS_BATCH_LEASE_S``, at most 1 s) the runner reads the active
-batches, and for each one nobody drives yet, while it has a free slot (``SWAPLESS_BATCH_MAX_ACTIVE``), in turns
-between the API keys (``fair_order``; with several keys, no key's batches take this runner's last free slot, so that
-another key's batch starts at once), tries to take its lease: the one runner that gets it drives the batch
-(``driver.BatchDriver``) until the batch is final, the lease is lost, or the runner stops. A runner that stops
-cleanly gives its leases up at once (the chunks it had in flight are cancelled, and the next runner sends them
-again); one that is killed leaves them to expire.
-"""
+"""``BatchRunner``: finds batches that no process drives and drives them, a thread per batch."""
 
 from __future__ import annotations
 

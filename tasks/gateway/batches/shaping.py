@@ -1,9 +1,4 @@
-"""The output and error files of a batch, in OpenAI's shape, written from its groups' bulk outputs as they grow.
-
-Each line of a group's bulk output (``{"ok", "key", "result" | "error", "type"}``) becomes an output line
-(``lines.output_line``) or an error line (``lines.error_line``) as soon as the driver sees its chunk written, while the
-next chunks compute; at the batch's end only the last chunk's lines are left to shape.
-"""
+"""A batch's output and error files, in OpenAI's shape, written from its groups' bulk outputs as they grow."""
 
 from __future__ import annotations
 

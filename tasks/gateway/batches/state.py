@@ -1,14 +1,4 @@
-"""A batch's state, kept in Redis so that every gateway process and runner agrees on it (``BatchStore``).
-
-Each batch is a hash (``Keyspace.batch``): its status, counts, timestamps, file ids, completion window, metadata
-and owner. Its status moves ``validating -> in_progress -> finalizing -> completed``, or ends ``failed``,
-``expired`` or ``cancelled`` (through ``cancelling``); a status change is one script that never leaves a final
-status nor overwrites ``cancelling`` with anything but ``cancelled``, so a cancel is never lost to a driver's
-update. Batches not yet final are in one set (``Keyspace.active_batches``), which runners read for work.
-
-Only one process drives a batch at a time: the holder of its lease (``Keyspace.batch_lease``, its runner id, with
-a TTL it renews). A lease not renewed (the process was killed) expires and another runner takes the batch over.
-"""
+"""A batch's state and its driver's lease, kept in Redis so every gateway process and runner agrees (``BatchStore``)."""
 
 from __future__ import annotations
 

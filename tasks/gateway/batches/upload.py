@@ -1,11 +1,4 @@
-"""``POST /v1/files``'s body: ``multipart/form-data`` parsed as it streams, the file written to disk line by line.
-
-The body is never held whole: ``MultipartReader`` takes the body's blocks as they arrive, finds the parts by their
-boundary, keeps the one small field it uses (``purpose``, at most ``_FIELD_BYTES``; at most ``_MAX_PARTS`` parts), and
-hands the ``file`` part's bytes to ``LineWriter``, which checks each line (``lines.LineChecker``) before it writes it.
-The first bad line stops the upload with its line number; the request guard (``swapless.tasks.gateway.framing``)
-bounds the body's bytes and time.
-"""
+"""``POST /v1/files``'s body: ``multipart/form-data`` parsed as it streams, the file written to disk line by line."""
 
 from __future__ import annotations
 
