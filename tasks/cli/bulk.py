@@ -96,8 +96,7 @@ def _run_bulk(
     job: BulkJob, settings: Settings, *, local: bool, progress: str | None, log_every_s: float, allow_failures: bool,
     callback_url: str | None = None,
 ) -> None:
-    """Run a BulkJob from the command line (in local mode or against the configured Redis) and exit with its status;
-    with ``callback_url``, queue the run's webhook once it ends (``swapless.tasks.cli.run_webhook``)."""
+    """Run a BulkJob from the command line and exit with its status; ``callback_url``: queue the run's webhook."""
     try:
         job.reader()  # a bad file, format or column fails here, before anything starts
     except (SwaplessError, ValueError) as err:
@@ -282,8 +281,7 @@ def bulk(
 
 
 def _ensure_demo_models(directory: Path) -> Path:
-    """The demo models' ``models.json`` in ``directory``, built there first if missing (or built before the
-    sentiment model was trained: their sentiment labels meant nothing)."""
+    """The demo models' ``models.json`` in ``directory``, built there first if missing or stale."""
     models_file = directory / "models.json"
     from swapless.manager.demo.models import DEMO_VARIANTS
 

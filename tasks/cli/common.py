@@ -35,11 +35,9 @@ def fail(err: BaseException | str, code: int = 2) -> NoReturn:
 
 
 def columns(headers: Sequence[str], rows: Iterable[Sequence[str]], width: int | None = None) -> str:
-    """Rows as plain aligned columns under an upper-case header, two spaces apart (what ``kubectl get`` prints):
-    one line per row whatever the registry's size, cheap to draw for thousands of rows, easy to grep and cut.
+    """Rows as aligned columns under an upper-case header, like ``kubectl get``.
 
-    ``width``: the terminal's columns, the last column cut to fit with ``…``; None (output not a terminal): nothing
-    cut. Columns empty in every row are left out.
+    ``width``: the terminal's width, the last column cut to fit; None: nothing cut. Empty columns are left out.
     """
     table = [tuple(headers), *(tuple(str(cell) for cell in row) for row in rows)]
     shown = [i for i in range(len(headers)) if any(row[i] for row in table[1:])] or list(range(len(headers)))
@@ -58,11 +56,10 @@ def columns(headers: Sequence[str], rows: Iterable[Sequence[str]], width: int | 
 
 
 def settings_with(**flags: Any) -> Settings:
-    """The environment's settings with a command's flags on top (by setting name; None: not given); the command
-    hands them to everything it runs.
+    """The environment's settings with a command's flags on top (None: not given).
 
     Raises:
-        ConfigError: a variable or a flag is invalid (``main`` prints it as one line).
+        ConfigError: a variable or a flag is invalid.
     """
     settings = load_settings(**flags)
     unknown = unknown_variables()
@@ -73,8 +70,7 @@ def settings_with(**flags: Any) -> Settings:
 
 
 def routes_table(store: Any, settings: Settings) -> Table:
-    """Each route with its split now (the file's weights, or those set with ``swapless route``) and its shadows'
-    agreement so far; without Redis, the file's weights."""
+    """Each route with its split now and its shadows' agreement; without Redis, the file's weights."""
     overrides: dict[str, dict[str, float]] = {}
     agreement: dict[tuple[str, str, str], tuple[int, int]] = {}
     if settings.redis_url is not None:

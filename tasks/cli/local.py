@@ -31,10 +31,10 @@ _PREFIX = "swapless-local-"
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: ask the kernel for SIGKILL when the parent dies (Linux; elsewhere a no-op).
+    """In the child, before exec: SIGKILL when the parent dies (Linux; elsewhere a no-op).
 
-    SIGKILL, not SIGTERM: with the command gone there is nothing to finish or save (the embedded Redis keeps
-    nothing), and a worker's warm shutdown would wait for a Redis that is dying too."""
+    SIGKILL, not SIGTERM: a warm shutdown would wait for a Redis that is dying too.
+    """
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -63,11 +63,11 @@ def _tail(path: Path, chars: int = 3000) -> str:
 
 
 class LocalSwapless:
-    """An embedded Redis plus one ``swapless worker`` subprocess. Use as a context manager; starts nothing before.
+    """An embedded Redis plus one ``swapless worker`` subprocess, as a context manager.
 
     Args:
-        settings: the settings to run with (the environment's by default); ``redis_url`` is replaced.
-        env: extra environment for the worker (``SWAPLESS_INPUT_ROOT``, ...).
+        settings: the settings to run with; ``redis_url`` is replaced.
+        env: extra environment for the worker.
         worker_args: extra ``swapless worker`` flags.
         start_timeout_s: seconds to wait for Redis to accept connections.
     """

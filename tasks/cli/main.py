@@ -377,10 +377,10 @@ def batches(models: ModelsOption = None) -> None:
 
 
 def _large_buffers_back_to_the_os() -> None:
-    """Have glibc's malloc map every buffer of 1 MiB or more on its own, so that a freed request body goes back to
-    the system. By default the threshold grows to the largest buffer freed so far, and after a few 30 MiB bodies
-    each arena keeps that much for good (measured: 250 MiB resident after a dozen bodies refused at the gateway,
-    ~100 MiB with the fixed threshold). Nothing on other C libraries."""
+    """Have glibc map each buffer of 1 MiB or more on its own, so a freed request body goes back to the system.
+
+    Otherwise the threshold grows to the largest buffer freed, and each arena keeps that much for good.
+    """
     import ctypes
     import ctypes.util
 

@@ -45,9 +45,7 @@ LINE_ENVELOPE_BYTES = 1024
 
 
 def job_body_limit(settings: Settings, store: ModelStore) -> BodyLimit:
-    """The largest body a one-job request (``POST /jobs``, ``/predict``) can need with these models: the largest
-    input any of them takes, JSON-encoded at its worst (a text character escaped as ``\\uXXXX\\uXXXX`` is 12
-    bytes, an image is base64), plus the envelope; never more than ``SWAPLESS_GATEWAY_MAX_BODY_BYTES``."""
+    """The largest body a one-job request can need with these models: their largest input, plus envelope."""
     types = {spec.type for spec in store}
     sizes = [(0, "SWAPLESS_GATEWAY_MAX_BODY_BYTES")]
     if InputType.TEXT in types:
@@ -61,9 +59,7 @@ def job_body_limit(settings: Settings, store: ModelStore) -> BodyLimit:
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """The gateway's FastAPI app for ``settings`` (the environment's by default).
-
-    Reads the models file and the API keys now (a bad one fails here); connects to Redis only while the app runs.
+    """The gateway's FastAPI app for ``settings`` (the environment's by default); Redis is reached only while it runs.
 
     Raises:
         ConfigError: the models file or the API keys are missing or invalid.

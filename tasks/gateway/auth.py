@@ -49,8 +49,7 @@ def needs(need: Need, *, query_key: bool = False) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Caller:
-    """Who made a request: ``owner`` is what the ledger records (``key:<digest prefix>`` or ``addr:<ip>``);
-    ``admin`` callers (a key for every model, or anyone on a gateway without keys) read every job."""
+    """Who made a request: ``owner`` as the ledger records it; ``admin`` callers read every job."""
 
     owner: str
     admin: bool
@@ -67,15 +66,14 @@ class Caller:
 
 
 class Callers:
-    """ASGI middleware: a ``Caller`` in ``scope["state"]["caller"]`` for every request, or 401/403 (see the module).
+    """ASGI middleware: a ``Caller`` in ``scope["state"]["caller"]`` for every request, or 401/403.
 
     Args:
         app: the application it guards.
         keys: the accepted keys; empty: no key is asked for.
         routes: the app's routes, whose declarations (``needs``) say what each request needs.
-        open_paths: paths of routes that declare nothing and need nothing (the framework's own docs).
-        turns: each caller's turns at the gateway's work (``swapless.tasks.gateway.turns``): a request that needs
-            a caller runs in one of its caller's turns.
+        open_paths: paths that need nothing (the framework's own docs).
+        turns: each caller's turns at the gateway's work.
     """
 
     def __init__(self, app: ASGIApp, keys: KeyRing, routes: list[BaseRoute], open_paths: frozenset[str],
@@ -143,8 +141,7 @@ class Callers:
 
     @staticmethod
     def _presented(scope: Scope, query_key: bool) -> str | bytes | None:
-        """The key of a request: its ``Authorization: Bearer`` header, else (routes that take it) ``?key=``. On
-        those routes ``key`` is taken out of the query string either way, so nothing downstream sees it."""
+        """The request's Bearer key, else ``?key=`` where the route takes it (taken out of the query either way)."""
         from_query = _take_query_key(scope) if query_key else None
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
@@ -170,8 +167,7 @@ async def _refuse(scope: Scope, send: Send, status: int, detail: str, challenge:
 
 
 class RedactKeyFilter(logging.Filter):
-    """Rewrites a log record's string arguments so a ``key`` query parameter reads ``key=***`` (uvicorn's access
-    log prints each request's path and query)."""
+    """Shows a ``key`` query parameter as ``key=***`` in uvicorn's access log."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple) and any(isinstance(a, str) and "?" in a for a in record.args):
@@ -190,9 +186,7 @@ def _redact(text: str) -> str:
 
 
 def install_api_keys(app: FastAPI, settings: Settings, store: ModelStore, routes: list[BaseRoute]) -> KeyRing:
-    """Put ``Callers`` in front of ``app``'s ``routes`` (the routers' own, which declare what they need) with the
-    configured keys (none: every caller is an operator), and redact ``?key=`` in uvicorn's access log.
-    ``app.state.api_keys_required`` says whether keys are configured.
+    """Put ``Callers`` in front of ``app``'s ``routes`` and redact ``?key=`` in the access log.
 
     Raises:
         ConfigError: as ``load_keys``.

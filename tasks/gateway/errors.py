@@ -157,8 +157,7 @@ class BadBatchFile(SwaplessError):
 
 
 class QuotaExceeded(SwaplessError):
-    """An API key is at one of its batch quotas: ``setting`` names it; ``too_large`` (413) when the request's own
-    size passes it (an upload's bytes), else 429."""
+    """An API key is at one of its batch quotas (``setting``); 413 when ``too_large``, else 429."""
 
     def __init__(self, detail: str, setting: str, too_large: bool = False) -> None:
         super().__init__(detail, setting, too_large)
@@ -195,8 +194,7 @@ class Problem:
 
 
 class LogThrottle:
-    """Logs a warning of each kind at most once every ``every_s`` seconds (one gateway's; a flood of refusals must
-    not flood its log)."""
+    """Logs a warning of each kind at most once every ``every_s`` seconds."""
 
     def __init__(self, every_s: float = 60.0) -> None:
         self.every_s = every_s
@@ -223,8 +221,7 @@ def _queue_problem(err: QueueFull | QueueUnavailable, log: LogThrottle) -> Probl
 
 
 def problem(err: BaseException, protocol: Literal["rest", "v2"], redis_url: str, log: LogThrottle) -> Problem:
-    """The response for ``err`` (see the module docstring); ``redis_url``: what Redis errors are translated for;
-    ``log``: where what the caller is not told goes."""
+    """The response for ``err`` (Redis errors translated for ``redis_url``); the rest goes to ``log``."""
     if isinstance(err, (RedisError, OSError)):
         err = translate(err, redis_url)
     if isinstance(err, RequestValidationError):

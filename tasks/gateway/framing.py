@@ -36,8 +36,7 @@ _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403:
 
 
 def openai_error(status: int, message: str, errors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """An error body in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: the ``openai`` client
-    shows its message. ``param``: the first invalid field of a body that failed validation, else None."""
+    """An error body in OpenAI's shape; ``param``: the first invalid field of a body, else None."""
     param = None
     if errors:
         loc = [str(part) for part in errors[0].get("loc", ()) if part not in ("body", "query", "path")]
@@ -48,9 +47,7 @@ def openai_error(status: int, message: str, errors: list[dict[str, Any]] | None 
 
 async def reply(scope: Scope, send: Send, status: int, detail: str, headers: Iterable[tuple[bytes, bytes]] = (),
                 *, close: bool = False) -> None:
-    """Send a whole JSON error response: ``{"detail": ...}``, the Open Inference Protocol's ``{"error": ...}``
-    under ``/v2/``, or OpenAI's ``{"error": {"message", ...}}`` under ``/v1/``; ``close``: ask the server to close
-    the connection after it (the rest of a refused body is then never read)."""
+    """Send a whole JSON error response in the path's protocol's shape; ``close``: close the connection after it."""
     path = scope.get("path", "")
     if path == "/v1" or path.startswith("/v1/"):
         payload = json.dumps(openai_error(status, detail)).encode()
@@ -73,9 +70,7 @@ def host_name(value: str) -> str:
 
 @dataclass(frozen=True)
 class BodyLimit:
-    """A bound on a request body: ``bytes``, the setting that sets it, and what the body carries (for the message:
-    ``"the largest job input here takes"``; empty: the gateway's own limit); ``timeout_s``, with its setting, a time
-    of its own for the body to arrive (None: the gateway's)."""
+    """A bound on a request body: its bytes and time, the settings that set them, and what the body carries."""
 
     bytes: int
     setting: str
@@ -91,17 +86,15 @@ class BodyLimit:
 
 
 class RequestGuard:
-    """ASGI middleware: Host, Origin and framing checks, then a body bounded in bytes and time (module docstring).
+    """ASGI middleware: Host, Origin and framing checks, then a body bounded in bytes and time.
 
     Args:
         app: the application it guards.
         max_body_bytes: the most bytes a request body may have, unless its path has a bound of its own.
-        body_timeout_s: the most seconds a body may take to arrive, from when the app first reads it (a request
-            waiting for its caller's turn, ``swapless.tasks.gateway.turns``, is not reading yet).
+        body_timeout_s: the most seconds a body may take to arrive, from the app's first read.
         allowed_hosts: host names answered to (lower case, no port); None: any.
-        allowed_origins: origins (``scheme://host[:port]``) whose cross-origin requests are let through.
-        body_limits: per path of a ``POST``, a bound for its body and the setting that sets it (larger than
-            ``max_body_bytes`` only where the route streams its body to disk: a batch file upload).
+        allowed_origins: origins whose cross-origin requests are let through.
+        body_limits: per path of a ``POST``, a bound for its body.
     """
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float,
@@ -185,8 +178,7 @@ class RequestGuard:
 
 
 class _BoundedBody:
-    """One request's ``receive`` and ``send`` as the app gets them: the body counted and timed as it arrives; past a
-    bound, the refusal is sent here and the app sees a disconnect, and whatever it sends afterwards is dropped."""
+    """One request's ``receive`` and ``send``, the body counted and timed; past a bound, refused here."""
 
     def __init__(self, scope: Scope, receive: Receive, send: Send, limit: BodyLimit, timeout_s: float,
                  timeout_setting: str) -> None:

@@ -61,15 +61,10 @@ def _digest(key: str | bytes) -> bytes:
 
 
 def parse_keys(text: str, source: str, *, per_line: bool) -> list[KeyEntry]:
-    """The entries of ``SWAPLESS_API_KEYS`` (``per_line=False``: comma-separated) or of a keys file.
-
-    Args:
-        text: what the variable or the file holds.
-        source: what to call it in messages (the variable's name, or the file's).
-        per_line: one entry per line, ``#`` starting a comment (a file); else entries separated by commas.
+    """The entries of ``SWAPLESS_API_KEYS`` or of a keys file (``per_line``).
 
     Raises:
-        ConfigError: an entry is malformed; the message names the entry (never the key) and what to write.
+        ConfigError: an entry is malformed; the message names the entry (never the key).
     """
     if per_line:
         raw = [(f"{source} line {n}", line.split("#", 1)[0].strip()) for n, line in enumerate(text.splitlines(), 1)]
@@ -98,12 +93,10 @@ def parse_keys(text: str, source: str, *, per_line: bool) -> list[KeyEntry]:
 
 
 def load_keys(settings: Settings, store: ModelStore) -> list[KeyRule]:
-    """The keys of ``SWAPLESS_API_KEYS`` and ``SWAPLESS_API_KEYS_FILE`` (both, when both are set), hashed; the
-    models they name resolved through ``store``. Empty: no key is configured.
+    """The keys of ``SWAPLESS_API_KEYS`` and ``SWAPLESS_API_KEYS_FILE``, hashed, their models resolved; empty: none.
 
     Raises:
-        ConfigError: an entry is malformed, names an unknown model, or repeats a key; the file cannot be read or
-            lists no key.
+        ConfigError: an entry is malformed, names an unknown model or repeats a key; the file is unusable.
     """
     entries: list[KeyEntry] = []
     if settings.api_keys is not None and settings.api_keys.get_secret_value().strip():

@@ -57,11 +57,11 @@ class LedgerRecord:
 
 
 class JobLedger:
-    """Job records and in-flight counts (see the module docstring).
+    """Job records and in-flight counts.
 
     Args:
         redis: the gateway's asyncio Redis client.
-        results: where results are kept (their key names and expiry).
+        results: where results are kept.
         keyspace: the deployment's keys.
         inflight_cap: ``SWAPLESS_GATEWAY_INFLIGHT_PER_KEY``.
     """
@@ -79,11 +79,10 @@ class JobLedger:
         return self.keyspace.gateway_inflight(owner)
 
     async def admit(self, owner: str, job_ids: Sequence[str], hold_s: float) -> tuple[bool, int]:
-        """Record ``job_ids`` as ``owner``'s, in flight for at most ``hold_s`` seconds, unless that would take its
-        jobs in flight past the cap.
+        """Record ``job_ids`` as ``owner``'s for at most ``hold_s`` seconds, unless that passes the in-flight cap.
 
         Returns:
-            (admitted, jobs in flight: after admitting, or as they are when refused).
+            (admitted, jobs in flight).
         """
         now_ms = int(time.time() * 1000)
         life_s = int(hold_s + self.results.expires_s) + 1

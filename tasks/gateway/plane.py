@@ -45,12 +45,10 @@ class Ask:
 
 
 def check_input(spec: ModelSpec, value: Any, settings: Settings) -> None:
-    """Refuse what the worker serving ``spec`` would fail: text models take a non-blank string within
-    ``SWAPLESS_MAX_TEXT_CHARS``; image models a base64 image within ``SWAPLESS_MAX_IMAGE_BYTES`` and
-    ``SWAPLESS_MAX_IMAGE_PIXELS`` (read from its header), never a file path.
+    """Refuse an input the worker serving ``spec`` would fail (type, size, pixels; never a file path).
 
     Raises:
-        InputError: the input does not fit; the message names the model, the limit and its setting.
+        InputError: the input does not fit; the message names the limit and its setting.
     """
     if spec.type is InputType.TEXT:
         text_input(spec.id, value, settings.max_text_chars)
@@ -63,8 +61,7 @@ def check_input(spec: ModelSpec, value: Any, settings: Settings) -> None:
 
 
 class DataPlane:
-    """Jobs through the gateway (see the module docstring). Built with the app; ``start`` and ``stop`` bracket its
-    Redis connections and its result consumer (the app's lifespan).
+    """Jobs through the gateway; ``start`` and ``stop`` bracket its Redis connections (the app's lifespan).
 
     Args:
         settings: the gateway's settings.
@@ -143,14 +140,15 @@ class DataPlane:
         self, caller: Caller, asks: Sequence[Ask], *, priority: str = "interactive", expires_s: float | None = None,
         label: Callable[[int], str] | None = None, callback_url: str | None = None,
     ) -> list[str]:
-        """Queue ``asks`` as ``caller``'s jobs, all or none; returns their ids (see the module docstring).
-        ``label``: how an input's error names it (``input 'TEXT' element 3``); ``callback_url``: each job's webhook.
+        """Queue ``asks`` as ``caller``'s jobs, all or none; returns their ids.
+
+        Args:
+            label: how an input's error names it (``input 'TEXT' element 3``).
+            callback_url: each job's webhook.
 
         Raises:
-            ModelForbidden, UnknownModel, InputError: nothing is queued.
-            WebhookRefused: ``callback_url`` is not http(s) or its host is not allowed (nothing is queued).
-            OverLimit: the caller is over its rate or in-flight limit (nothing is queued).
-            QueueFull, QueueUnavailable: Redis refused the jobs or cannot be reached (nothing is queued).
+            ModelForbidden, UnknownModel, InputError, WebhookRefused, OverLimit, QueueFull, QueueUnavailable: nothing
+                is queued.
         """
         for model_id in dict.fromkeys(a.model_id for a in asks):
             self.allow(caller, model_id)
@@ -187,8 +185,7 @@ class DataPlane:
         """The job's stored state now, for its submitter or an operator.
 
         Raises:
-            UnknownJob: no record of it that this caller may read (an operator may read a job some other producer
-                sent, once it has a result).
+            UnknownJob: no record of it that this caller may read.
             ResultExpired: it finished, and its result has expired.
         """
         record, stored = await self.ledger.read(job_id)
@@ -226,14 +223,12 @@ class DataPlane:
             yield
 
     async def wait(self, job_id: str, timeout_s: float) -> StoredResult:
-        """The job's result once ready, or its PENDING state after ``timeout_s``; woken by the backend's publish.
-        The request gives its caller's turn back while it waits (``swapless.tasks.gateway.turns``)."""
+        """The job's result once ready, or its PENDING state after ``timeout_s``; the caller's turn is given back."""
         give_back()
         return await self.consumer.wait(job_id, timeout_s)
 
     async def wait_all(self, job_ids: Sequence[str], timeout_s: float) -> tuple[dict[str, StoredResult], list[str]]:
-        """The jobs' final states, and the ids still pending after ``timeout_s`` (one wait for all of them, each
-        woken by its own publish); the caller's turn is given back meanwhile."""
+        """The jobs' final states, and the ids still pending after ``timeout_s``; the caller's turn is given back."""
         give_back()
         stored = await self.consumer.wait_all(job_ids, timeout_s)
         return {s.job_id: s for s in stored if s.ready}, [s.job_id for s in stored if not s.ready]

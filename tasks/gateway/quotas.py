@@ -48,10 +48,10 @@ class GatewayBusy(SwaplessError):
 
 
 class RateLimit:
-    """Jobs per second per caller, shared through Redis (see the module docstring).
+    """Jobs per second per caller, shared through Redis.
 
     Args:
-        redis: the gateway's asyncio Redis client (its connection pool is shared).
+        redis: the gateway's asyncio Redis client.
         rate_per_s: ``SWAPLESS_GATEWAY_RATE_PER_KEY``.
         keyspace: the deployment's keys.
     """

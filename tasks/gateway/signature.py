@@ -70,11 +70,11 @@ def route_models(store: ModelStore, route_id: str) -> list[ModelSpec]:
 
 
 def signature(store: ModelStore, name: str, version: str | None = None) -> Signature:
-    """The model or route ``name`` (an id or alias) as one v2 model; ``version``: the one the request names.
+    """The model or route ``name`` as one v2 model; ``version``: the one the request names.
 
     Raises:
-        UnknownModel: no model, alias or route of that name (the message lists the known ids).
-        UnknownVersion: the model's ``version`` is another, or the name is a route's.
+        UnknownModel: no model, alias or route of that name.
+        UnknownVersion: the model's version is another, or the name is a route's.
     """
     if store.is_route(name):
         if version is not None:
@@ -128,11 +128,10 @@ def _job_value(kind: InputType, element: bytes | str, where: str, model_id: str)
 
 
 def job_inputs(store: ModelStore, sig: Signature, request: InferRequest) -> tuple[str, list[str]]:
-    """What to submit: the id to address (a ``by_type`` route's branch for the input given) and one input per job.
+    """The id to address and one input per job.
 
     Raises:
-        InputError: not one input of the model's, not BYTES of shape ``[n]`` or ``[n, 1]``, no elements, or an
-            element that is not UTF-8 text with a non-blank character (text) or is empty or not base64 (image).
+        InputError: the input tensor does not fit the model.
     """
     names = " or ".join(repr(INPUTS[t]) for t in sig.types)
     if len(request.inputs) != 1:
@@ -158,8 +157,7 @@ def job_inputs(store: ModelStore, sig: Signature, request: InferRequest) -> tupl
 
 
 def chosen_outputs(request: InferRequest, sig: Signature) -> list[tuple[str, bool]]:
-    """The outputs to send, each with whether it goes as binary data: its own ``binary_data``, else the request's
-    ``binary_data_output``, else JSON; all of them when the request names none.
+    """The outputs to send, each with whether it goes as binary data.
 
     Raises:
         InputError: an unknown output name, a classification output, a flag that is not a boolean.

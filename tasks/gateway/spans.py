@@ -28,11 +28,11 @@ def fastapi_traces_requests() -> bool:
 
 
 class TraceRequests:
-    """ASGI middleware: HTTP requests in their callers' traces (see the module docstring).
+    """ASGI middleware: HTTP requests in their callers' traces.
 
     Args:
         app: the ASGI app it wraps.
-        tracer: makes a SERVER span of each request (None: the caller's context is carried, no span is made).
+        tracer: makes a SERVER span of each request (None: only the caller's context is carried).
     """
 
     def __init__(self, app: ASGIApp, tracer: Any = None) -> None:

@@ -42,8 +42,7 @@ def page_html() -> str:
 
 
 def _page_headers(html: str) -> dict[str, str]:
-    """No caching, no referrer, no framing; scripts and styles only those inline in the page (by hash), fetches only
-    to the gateway itself."""
+    """No caching, referrer or framing; only the page's inline scripts and styles; fetches only to the gateway."""
     def hashes(tag: str) -> str:
         blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", html, re.DOTALL)
         return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'" for b in blocks)
@@ -55,11 +54,11 @@ def _page_headers(html: str) -> dict[str, str]:
 
 
 class StatusEndpoints:
-    """The status page's handlers; ``STATUS_ROUTES`` maps them to paths.
+    """The status page's handlers.
 
     Args:
-        settings: the deployment's queue, key prefix and Redis URL.
-        store: the models file (placement is read per model).
+        settings: the deployment's settings.
+        store: the models file.
         redis: the gateway's asyncio Redis client (it exists while the app runs).
     """
 

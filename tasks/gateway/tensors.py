@@ -133,10 +133,10 @@ def _flag(value: Any, model_id: str, where: str) -> bool | None:
 
 
 def declared_elements(raw: dict[str, Any], model_id: str) -> int:
-    """How many elements the inputs of a request's JSON declare, from their shapes alone (nothing else is read).
+    """How many elements a request's inputs declare, from their shapes alone.
 
     Raises:
-        InputError: ``inputs`` is not a list, or a shape is not a list of at most 8 non-negative integers.
+        InputError: ``inputs`` is not a list, or a shape is not a short list of non-negative integers.
     """
     inputs = raw.get("inputs")
     if not isinstance(inputs, list):
@@ -180,11 +180,10 @@ def _bounded(raw: dict[str, Any], model_id: str, max_elements: int) -> None:
 
 
 def check_declared(head: bytes, model_id: str, max_elements: int) -> None:
-    """Check the JSON part of a binary request alone: valid, and declaring at most ``max_elements`` elements.
+    """Check the JSON part of a binary request alone: valid, and within ``max_elements``.
 
     Raises:
-        InputError: not a JSON object with well-formed shapes.
-        TooManyElements: the shapes declare more than ``max_elements``.
+        InputError, TooManyElements: as ``parse_request``.
     """
     _bounded(_header(head, model_id, binary=True), model_id, max_elements)
 
@@ -246,8 +245,6 @@ def parse_request(body: bytes, header_length: str | None, model_id: str, max_ele
                   ) -> InferRequest:
     """An inference request from its body and its ``Inference-Header-Content-Length`` header (None: all JSON).
 
-    ``max_elements``: the most elements the declared shapes may total, checked before any tensor is read.
-
     Raises:
         InputError: the body is not such a request (names the field and what to send).
         TooManyElements: the shapes declare more than ``max_elements``.
@@ -269,10 +266,10 @@ def parse_request(body: bytes, header_length: str | None, model_id: str, max_ele
 
 
 def bytes_elements(tensor: InputTensor, model_id: str) -> list[bytes | str]:
-    """The elements of a BYTES tensor: ``bytes`` from binary data, ``str`` from JSON; as many as its shape says.
+    """The elements of a BYTES tensor: ``bytes`` from binary data, ``str`` from JSON.
 
     Raises:
-        InputError: the data is cut short, has bytes left over, or holds a JSON element that is not a string.
+        InputError: the data is cut short, has bytes left over, or holds a non-string JSON element.
     """
     where = f"input {tensor.name!r}"
     if tensor.raw is None:
@@ -311,9 +308,7 @@ def _binary(tensor: OutputTensor) -> bytes:
 
 
 def encode_response(header: dict[str, Any], outputs: list[tuple[OutputTensor, bool]]) -> tuple[bytes, int | None]:
-    """The body of an inference response: ``header`` (model_name, id, ...) with the ``outputs``, each inline in the
-    JSON or, when its flag is true, as binary data after it; plus the JSON's length when some output is binary
-    (for ``Inference-Header-Content-Length``), else None."""
+    """The response body (binary outputs after the JSON), and the JSON's length when some output is binary."""
     described, chunks = [], []
     for tensor, binary in outputs:
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}

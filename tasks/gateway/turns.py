@@ -40,11 +40,11 @@ class _Lane:
 
 
 class Turns:
-    """At most ``per_caller`` requests of each caller at work at once (see the module docstring).
+    """At most ``per_caller`` requests of each caller at work at once.
 
     Args:
         per_caller: ``SWAPLESS_GATEWAY_ACTIVE_PER_KEY``.
-        wait_s: ``SWAPLESS_GATEWAY_TURN_WAIT_S``, the longest a request waits for its turn.
+        wait_s: ``SWAPLESS_GATEWAY_TURN_WAIT_S``.
     """
 
     def __init__(self, per_caller: int, wait_s: float) -> None:

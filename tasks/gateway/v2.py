@@ -48,8 +48,7 @@ def _failure(status: int, message: str, **extra: Any) -> JSONResponse:
 
 def _decompressed(body: bytes, encoding: str | None, header_length: str | None, model_id: str, max_bytes: int,
                   max_elements: int) -> bytes:
-    """The plain body of a gzip or deflate one, at most ``max_bytes``. With a binary header, its JSON is decompressed
-    and its declared elements checked first, so a bomb of a few KiB is refused before it is inflated."""
+    """The plain body of a gzip or deflate one, at most ``max_bytes``; a binary header's elements checked first."""
     name = (encoding or "identity").strip().lower()
     if name == "identity":
         return body

@@ -75,8 +75,7 @@ class _Group:
 
 
 class _Counts(NullProgress):
-    """A bulk run's progress, as the batch's counts in Redis (the earlier groups' added); each chunk's lines are
-    written in OpenAI's shape as they come (``Shaper``), while the next chunks compute."""
+    """A bulk run's progress as the batch's counts in Redis; each chunk's lines are shaped as they come."""
 
     def __init__(self, driver: BatchDriver, ok: int, failed: int, shaper: Shaper, group: _Group) -> None:
         self.driver, self.ok, self.failed, self.shaper, self.group = driver, ok, failed, shaper, group
@@ -89,7 +88,7 @@ class _Counts(NullProgress):
 
 
 class BatchDriver:
-    """Drives one batch whose lease ``runner_id`` holds (see the module docstring).
+    """Drives one batch whose lease ``runner_id`` holds.
 
     Args:
         batch_id: the batch.
@@ -97,7 +96,7 @@ class BatchDriver:
         files: the file store.
         client: the producer the chunks go through.
         models: the models file.
-        settings: the process's settings (window bounds, input limits, lease).
+        settings: the process's settings.
         work_dir: this batch's work directory.
         runner_id: the lease holder's id.
         stop: set when the process stops.
@@ -115,10 +114,10 @@ class BatchDriver:
         self._decided: dict[str, tuple[str, tuple[str, str, int] | None, ModelSpec | None]] = {}
 
     def check(self) -> None:
-        """Renew the lease every third of it, and look for a cancel (called between waits and after each chunk).
+        """Renew the lease every third of it, and look for a cancel.
 
         Raises:
-            LeaseLost, Stopped: stop driving now (the batch's output so far stays for the next driver).
+            LeaseLost, Stopped: stop driving now (the output so far stays for the next driver).
         """
         now = time.monotonic()
         if self.stop.is_set():
@@ -134,8 +133,7 @@ class BatchDriver:
                 raise _Cancelled
 
     def run(self) -> None:
-        """Drive the batch from where it stands to a final status, in the batch's one trace: its creator's, else
-        the one its first driver began (kept with the batch, so that a takeover goes on in it).
+        """Drive the batch from where it stands to a final status, in the batch's one trace.
 
         Raises:
             LeaseLost, Stopped: as ``check``.
@@ -239,8 +237,7 @@ class BatchDriver:
         return line.custom_id, model, line.priority, line.input, line.key, refusal
 
     def _model(self, name: str, caller: Caller) -> tuple[str, tuple[str, str, int] | None, ModelSpec | None]:
-        """What a line naming model ``name`` runs on: (the model or route, why every such line fails, the spec its
-        inputs are checked against: None for a route). Decided once per name for the whole file."""
+        """What lines naming ``name`` run on: (model or route, why they all fail, the spec to check inputs against)."""
         known = self._decided.get(name)
         if known is not None:
             return known
@@ -314,8 +311,7 @@ class BatchDriver:
         self._announce(ending)
 
     def _announce(self, ending: BatchStatus) -> None:
-        """Queue the batch's end webhook for the workers' senders (its ``callback_url``, else
-        SWAPLESS_BATCH_WEBHOOK_URL); one id per batch and ending, so a redone ending is not sent twice."""
+        """Queue the batch's end webhook, one id per batch and ending, so a redone ending is not sent twice."""
         batch = self.store.get(self.batch_id) or {}
         url = batch.get("callback_url") or self.settings.batch_webhook_url
         if not url:

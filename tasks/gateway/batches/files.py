@@ -60,7 +60,7 @@ class FileInfo:
 
 
 class FileStore:
-    """The files of one deployment under one root (a directory or an fsspec URL).
+    """The files of one deployment under one root.
 
     Args:
         url: the root: a path or an fsspec URL.
@@ -89,8 +89,7 @@ class FileStore:
 
     def put(self, local: Path, *, file_id: str, filename: str, purpose: str, owner: str, lines: int = 0,
             move: bool = False) -> FileInfo:
-        """Store the local file ``local`` under ``file_id`` (replacing one of that id), then its sidecar; ``move``:
-        ``local`` may be moved there rather than copied (a rename, when the store is a local directory).
+        """Store ``local`` under ``file_id``, then its sidecar; ``move``: rename rather than copy where possible.
 
         Raises:
             OSError: the store cannot be written.

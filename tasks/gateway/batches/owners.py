@@ -24,7 +24,7 @@ class OwnerFile:
 
 
 class OwnerIndex:
-    """One deployment's per-key index of batch files and batches (see the module docstring).
+    """One deployment's per-key index of batch files and batches.
 
     Args:
         client: a synchronous Redis client.

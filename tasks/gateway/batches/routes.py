@@ -91,12 +91,12 @@ def _caller_of(request: Request) -> Caller:
 
 
 class BatchEndpoints:
-    """The ``/v1`` handlers over the batch API's stores; ``BATCH_ROUTES`` maps them to paths.
+    """The ``/v1`` handlers over the batch API's stores.
 
     Args:
         settings: the deployment's settings.
         models: the models file.
-        max_line_bytes: the longest line of an input file (one ``/predict`` body's bound).
+        max_line_bytes: the longest line of an input file.
     """
 
     def __init__(self, settings: Settings, models: ModelStore, max_line_bytes: int) -> None:
@@ -123,8 +123,7 @@ class BatchEndpoints:
         return found
 
     def _batches_of(self, caller: Caller, after: str | None, limit: int) -> tuple[list[dict[str, str]], bool]:
-        """A page of the caller's batches, newest first, after the one of id ``after``: from its own index (an
-        operator: every batch)."""
+        """A page of the caller's batches, newest first, after ``after`` (an operator: every batch)."""
         if caller.admin:
             return self.store.page(after, limit, None)
         ids = self.owners.batch_ids(caller.owner)

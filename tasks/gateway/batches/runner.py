@@ -29,9 +29,7 @@ PURGE_EVERY_S = 3600.0
 
 
 def fair_order(waiting: list[tuple[str, str, float]], driven: dict[str, int]) -> list[tuple[str, str]]:
-    """``(batch id, owner)`` of the ``waiting`` batches (id, owner, created at) in the order a runner takes them:
-    round-robin between the keys, the key with the fewest batches driven first (``driven``: per key, by this
-    runner), each key's oldest first; so one key's long batches do not keep another key's waiting for a slot."""
+    """``(batch id, owner)`` of the ``waiting`` batches in turns between keys, the least-driven key first."""
     by_owner: dict[str, list[tuple[float, str]]] = {}
     for batch_id, owner, created in waiting:
         by_owner.setdefault(owner, []).append((created, batch_id))
@@ -59,7 +57,7 @@ def work_root(settings: Settings, files: FileStore) -> Path:
 
 
 class BatchRunner:
-    """Drives batches (see the module docstring). ``start`` starts its thread; ``stop`` ends it and its drivers.
+    """Drives batches: ``start`` starts its thread; ``stop`` ends it and its drivers.
 
     Args:
         settings: the process's settings.
@@ -115,8 +113,7 @@ class BatchRunner:
             self._stop.wait(poll_s)
 
     def tick(self) -> None:
-        """Take the lease of each active batch nobody drives, while this runner has a free slot, in ``fair_order``
-        between the keys; no key takes this runner's last free slot while it drives another of that key's."""
+        """Take the lease of each active batch nobody drives, in ``fair_order``, while a slot is free."""
         for batch_id, thread in list(self._driving.items()):
             if not thread.is_alive():
                 del self._driving[batch_id]

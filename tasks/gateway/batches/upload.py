@@ -91,10 +91,10 @@ class _Position:
 
 
 class MultipartReader:
-    """A ``multipart/form-data`` body parsed as it streams (see the module docstring).
+    """A ``multipart/form-data`` body parsed as it streams.
 
     Args:
-        boundary: the body's boundary (``boundary_of``).
+        boundary: the body's boundary.
         file_field: the part whose bytes go to ``writer``.
         writer: where that part's bytes go.
     """
@@ -108,7 +108,7 @@ class MultipartReader:
         """Parse the body's ``blocks``.
 
         Raises:
-            BadBatchFile: the body is not well-formed multipart, a field is too long, or the file has a bad line.
+            BadBatchFile: the body is malformed, a field is too long, or the file has a bad line.
         """
         at = _Position(Upload({}), bytearray(b"\r\n"))  # the first boundary has no CRLF of its own before it
         steps = {"preamble": self._preamble, "after": self._after, "headers": self._headers}
