@@ -22,9 +22,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kombu.transport.virtual import QoS as VirtualQoS
-
 from swapless.tasks.broker.connection import RedisHealth
+from swapless.tasks.broker.kombu_private import delivered, mark_acked, unacked_dirty
 
 __all__ = ["AckQueue", "refresh_visibility"]
 
@@ -115,12 +114,13 @@ def _ack_messages(messages: list[Any]) -> None:
         except Exception:  # like kombu's ack_log_error: a failed ack is logged, not raised
             logger.critical("could not ack %d message(s); they will be redelivered", len(group), exc_info=True)
             continue
-        for message in group:
-            if message.delivery_tag in rest:  # not a record of this channel's: kombu's own ack
-                message.ack_log_error(logger, channel.connection.client.connection_errors)
-                continue
-            VirtualQoS.ack(qos, message.delivery_tag)
-            message._state = "ACK"
+        acked = group
+        if rest:  # not records of this channel's: kombu's own acks
+            for message in group:
+                if message.delivery_tag in rest:
+                    message.ack_log_error(logger, channel.connection.client.connection_errors)
+            acked = [message for message in group if message.delivery_tag not in rest]
+        mark_acked(qos, acked)
 
 
 def refresh_visibility(channel: Any, health: RedisHealth) -> int:
@@ -135,7 +135,8 @@ def refresh_visibility(channel: Any, health: RedisHealth) -> int:
     held_refresh = getattr(qos, "held_refresh", None)
     if qos is None or held_refresh is None:
         return 0
-    tags = [tag for tag in list(qos._delivered) if tag not in qos._dirty]
+    dirty = unacked_dirty(qos)
+    tags = [tag for tag in list(delivered(qos)) if tag not in dirty]
     if not tags:
         return 0
     try:

@@ -43,6 +43,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from swapless.config.errors import FORMER_MODULES, PUBLIC_MODULE, JobCancelled, JobFailed, SwaplessError
 from swapless.tasks.broker.connection import RedisHealth, ReplicasBehind, ReplicaWait, is_refused_write
+from swapless.tasks.broker.kombu_private import result_meta
 from swapless.tasks.protocol import storage_id
 
 __all__ = ["ALREADY_DONE", "CANCELLED", "REPLICATED_CHANNEL", "TOO_LATE", "ResultStore", "StoredResult"]
@@ -381,11 +382,9 @@ class ResultStore:
 
     def _meta(self, job_id: str, result: Any, error: SwaplessError | None) -> dict[str, Any]:
         if error is None:
-            meta = self.backend._get_result_meta(result=result, state=states.SUCCESS, traceback=None, request=None)
+            meta = result_meta(self.backend, result, states.SUCCESS)
         else:
-            meta = self.backend._get_result_meta(
-                result=self.backend.prepare_exception(error), state=states.FAILURE, traceback=None, request=None
-            )
+            meta = result_meta(self.backend, self.backend.prepare_exception(error), states.FAILURE)
         meta["task_id"] = job_id
         return meta
 

@@ -58,6 +58,7 @@ from kombu.utils.encoding import bytes_to_str
 from redis.exceptions import ResponseError
 
 from swapless.tasks.broker.connection import is_refused_write
+from swapless.tasks.broker.kombu_private import RedisChannel, delivered
 from swapless.tasks.broker.publish import ModelPush, push_to_models
 from swapless.tasks.broker.queues import ACK, FETCH, REFRESH, RESTORE, WAKE, ChannelHooks
 from swapless.tasks.broker.sentinel import is_sentinel_url
@@ -160,9 +161,9 @@ class HeldQoS(kombu_redis.QoS):
 
     def restore_unacked(self, client: Any = None) -> None:
         with self.channel.conn_or_acquire(client) as conn:
-            for tag in self.held_restore(list(self._delivered), conn):
+            for tag in self.held_restore(list(delivered(self)), conn):
                 super().restore_by_tag(tag, client=conn)
-        self._delivered.clear()
+        delivered(self).clear()
 
     def restore_visible(self, *args: Any, **kwargs: Any) -> None:
         if self.channel.swapless_hooks is not None:
@@ -176,7 +177,7 @@ class HeldQoS(kombu_redis.QoS):
             super().append(message, delivery_tag)
 
 
-class Channel(kombu_redis.Channel):
+class Channel(RedisChannel):
     """kombu's Redis channel with the atomic bulk fetch over models' lists and the ingress (module docstring)."""
 
     QoS = HeldQoS
@@ -252,10 +253,10 @@ class Channel(kombu_redis.Channel):
     # kombu counts a queue in a MULTI, which Redis then refuses whole, and re-adds a binding that is already there
     # with SADD, which it refuses too.
 
-    def _size(self, queue: str) -> int:
+    def queue_size(self, queue: str) -> int:
         with self.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
             for pri in self.priority_steps:
-                pipe.llen(self._q_for_pri(queue, pri))
+                pipe.llen(self.priority_list(queue, pri))
             return sum(size for size in pipe.execute() if isinstance(size, int))
 
     def _refused(self, err: ResponseError, what: str) -> None:
@@ -270,9 +271,9 @@ class Channel(kombu_redis.Channel):
         except ResponseError as err:
             self._refused(err, "refreshing the queue's binding")  # the next cycle tries again
 
-    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+    def bind_queue(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
         try:
-            super()._queue_bind(exchange, routing_key, pattern, queue)
+            super().bind_queue(exchange, routing_key, pattern, queue)
         except ResponseError as err:
             self._refused(err, f"binding queue {queue!r}")  # bound at an earlier start: it still is
 
@@ -283,11 +284,11 @@ class Channel(kombu_redis.Channel):
         hooks = self.swapless_hooks
         return hooks if hooks is not None and hooks.queue in self.active_queues else None
 
-    def _brpop_start(self, timeout: float | None = None) -> None:
+    def send_fetch(self, timeout: float | None = None) -> None:
         hooks = self._hooks()
         if hooks is None:
             self._sent = []
-            super()._brpop_start(timeout)
+            super().send_fetch(timeout)
             return
         self._queue = hooks.queue
         keyspace = self._keyspace(self._queue)
@@ -303,8 +304,7 @@ class Channel(kombu_redis.Channel):
         conn = self.client.connection
         conn.send_packed_command(conn.pack_commands(commands))
         self._sent = [str(command[0]) for command in commands]  # what the replies of this round answer
-        self._in_poll = conn
-        self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]  # kombu declares it None
+        self.polling(conn)
 
     def _fetch_commands(self, hooks: ChannelHooks, keyspace: Keyspace) -> list[tuple[Any, ...]]:
         """A ``FETCH`` per claimed model with room left, then one of the ingress."""
@@ -367,7 +367,7 @@ class Channel(kombu_redis.Channel):
         return max(1, math.ceil(jobs / per_message))
 
     def _read_round(self) -> tuple[list[Any], ResponseError | None]:
-        """Read every reply of the round ``_brpop_start`` sent (one per command); a refused write (a read-only
+        """Read every reply of the round ``send_fetch`` sent (one per command); a refused write (a read-only
         replica) reads as None and is returned, so the connection stays in step. Any other failure drops the
         connection (the next poll reconnects) and is raised."""
         conn = self.client.connection
@@ -388,12 +388,12 @@ class Channel(kombu_redis.Channel):
                 replies.append(None)
         return replies, refused
 
-    def _brpop_read(self, **options: Any) -> bool:
+    def read_fetch(self, **options: Any) -> bool:
         # the round's sender decides whose reply this is: the worker's queue can become active between the two
         # (``celery worker -Q``), while kombu's own BRPOP is still out
         hooks = self.swapless_hooks if self._sent else None
         if hooks is None:
-            return bool(super()._brpop_read(**options))
+            return bool(super().read_fetch(**options))
         try:
             replies, refused = self._read_round()
             woken = False
@@ -422,8 +422,7 @@ class Channel(kombu_redis.Channel):
             self._mode = _WAIT if drained else _FETCH
             return True
         finally:
-            self._in_poll = None  # type: ignore[assignment]  # as kombu does
-            self._flush_brpop_reauth()
+            self.poll_done()
 
     # -- what a round fetched ----------------------------------------------------------------------------------
 
@@ -444,7 +443,7 @@ class Channel(kombu_redis.Channel):
             given_up = not from_ingress and lists.name not in claimed
             count = messages = 0
             for raw in reply:
-                payload = self._payload(raw)
+                payload = self._envelope(raw)
                 if payload is None:
                     continue
                 tag = payload["properties"]["delivery_tag"]
@@ -471,7 +470,7 @@ class Channel(kombu_redis.Channel):
         self._deliver_all(hooks, fetched)
         return len(fetched)
 
-    def _payload(self, raw: Any) -> dict[str, Any] | None:
+    def _envelope(self, raw: Any) -> dict[str, Any] | None:
         try:
             payload = json.loads(raw)  # a kombu envelope is plain JSON
             if isinstance(payload["properties"]["delivery_tag"], str):
@@ -530,6 +529,7 @@ class Channel(kombu_redis.Channel):
         """Deliver one round's messages: those the worker's intake takes, in one hand-over; the rest to Celery's
         consumer. If delivery fails midway, the undelivered rest go back at once."""
         intake = hooks.intake
+        rotate, deliver = self.consumer_delivery()
         lean = []
         delivered = 0
         try:
@@ -539,8 +539,8 @@ class Channel(kombu_redis.Channel):
                     self.qos.append(message, message.delivery_tag)  # as kombu's consumer callback does
                     lean.append(message)
                 else:
-                    self._queue_cycle.rotate(self._queue)
-                    self.connection._deliver(payload, self._queue)
+                    rotate(self._queue)
+                    deliver(payload, self._queue)
                 delivered += 1
             if lean and intake is not None:
                 intake(lean)
