@@ -103,7 +103,7 @@ def _ack_messages(messages: list[Any]) -> None:
                         len(group))
             continue
         qos = channel.qos
-        held_ack = getattr(qos, "held_ack", None)  # tasks.broker.transport's QoS
+        held_ack = getattr(qos, "held_ack", None)  # tasks.broker.held's QoS
         if held_ack is None:
             for message in group:
                 message.ack_log_error(logger, channel.connection.client.connection_errors)

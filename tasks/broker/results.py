@@ -44,6 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from swapless.config.errors import FORMER_MODULES, PUBLIC_MODULE, JobCancelled, JobFailed, SwaplessError
 from swapless.tasks.broker.connection import RedisHealth, ReplicasBehind, ReplicaWait, is_refused_write
 from swapless.tasks.broker.kombu_private import result_meta
+from swapless.tasks.broker.result_scripts import CANCEL, PRIOR, SET_FIRST_WINS, START, STORE_MANY
 from swapless.tasks.protocol import storage_id
 
 __all__ = ["ALREADY_DONE", "CANCELLED", "REPLICATED_CHANNEL", "TOO_LATE", "ResultStore", "StoredResult"]
@@ -51,128 +52,11 @@ __all__ = ["ALREADY_DONE", "CANCELLED", "REPLICATED_CHANNEL", "TOO_LATE", "Resul
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# KEYS: the result, the job's attempt counter, the gateway's record of the job. The counter ends with the result
-# (deleted first: see the module docstring), the result is stored only if absent, and published so that Celery's
-# AsyncResult.get() wakes up. A job the gateway accepted has a record: it is marked done (its owner's in-flight
-# count drops) and outlives the result by one result expiry, so that a read after that says "expired".
-_SET_FIRST_WINS = """
-redis.call('DEL', KEYS[2])
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('HSET', KEYS[3], 'done', 1)
-  redis.call('EXPIRE', KEYS[3], 2 * tonumber(ARGV[2]))
-end
-local ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
-if ok then
-  redis.call('PUBLISH', KEYS[1], ARGV[1])
-  return 1
-end
-return 0
-"""
-
-
-# What ``prior`` reads and counts for a group of single jobs, in one call. KEYS: the jobs' results, then their attempt
-# counters, in the same order. ARGV: the expiry, then k: the first k jobs are about to run. Per job: -1 it has a
-# result; else the attempts started before (0: none), and a job among the first k with none gets its first counted.
-# The first write (EXPIRE) takes no memory (see the module docstring).
-_PRIOR = """
-local n = #KEYS / 2
-redis.call('EXPIRE', KEYS[n + 1], ARGV[1])
-local k = tonumber(ARGV[2])
-local found = {}
-for first = 1, n, 500 do
-  local last = math.min(first + 499, n)
-  local results = redis.call('MGET', unpack(KEYS, first, last))
-  local counts = redis.call('MGET', unpack(KEYS, n + first, n + last))
-  for j = 1, last - first + 1 do
-    local i = first + j - 1
-    if results[j] then
-      found[i] = -1
-    else
-      local count = tonumber(counts[j] or '0')
-      if count == 0 and i <= k then
-        redis.call('SETEX', KEYS[n + i], ARGV[1], 1)  -- absent: read above, in this script
-      end
-      found[i] = count
-    end
-  end
-end
-return found
-"""
-
-# The same for many jobs in one call. KEYS: per job its result, attempt counter and record. ARGV: the expiry, then
-# each job's value. Returns per job 1 (stored) or 0 (a result was there). One call per group instead of one per job
-# (a pipeline of one script call per job costs the worker more to write and to read than the stores cost Redis).
-_STORE_MANY = """
-local expires = tonumber(ARGV[1])
-local stored = {}
-for i = 1, #KEYS / 3 do
-  local result = KEYS[3 * i - 2]
-  redis.call('DEL', KEYS[3 * i - 1])
-  if redis.call('EXISTS', KEYS[3 * i]) == 1 then
-    redis.call('HSET', KEYS[3 * i], 'done', 1)
-    redis.call('EXPIRE', KEYS[3 * i], 2 * expires)
-  end
-  if redis.call('SET', result, ARGV[i + 1], 'NX', 'EX', expires) then
-    redis.call('PUBLISH', result, ARGV[i + 1])
-    stored[i] = 1
-  else
-    stored[i] = 0
-  end
-end
-return stored
-"""
-
 #: The channel a store publishes nothing to before its ``WAIT`` (see the module docstring); no one listens.
 REPLICATED_CHANNEL = "swapless-replicated"
 
-#: Most jobs per call of ``_STORE_MANY`` (a bigger batch is several calls in one pipeline).
+#: Most jobs per call of ``STORE_MANY`` (a bigger batch is several calls in one pipeline).
 STORE_PER_CALL = 256
-
-
-# KEYS: n attempt counters, then the n matching result keys (a chunk item's: its chunk's). ARGV: the expiry, then
-# the mode: "fresh" counts a first attempt (1) only on counters with no count yet (the reads before a group),
-# "count" adds one to every counter (a batch about to run). A job that has a result already (cancelled, or done by
-# another worker since it was read) is not counted: returns 1 per such job, else 0. The first EXPIRE writes nothing
-# new (see the module docstring).
-_START = """
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-local n = #KEYS / 2
-local done = {}
-for i = 1, n do
-  if redis.call('EXISTS', KEYS[n + i]) == 1 then
-    done[i] = 1
-  else
-    if ARGV[2] == 'fresh' then
-      redis.call('SET', KEYS[i], 1, 'NX', 'EX', ARGV[1])
-    else
-      redis.call('INCR', KEYS[i])
-      redis.call('EXPIRE', KEYS[i], ARGV[1])
-    end
-    done[i] = 0
-  end
-end
-return done
-"""
-
-
-# KEYS: a job's result, its attempt counter, the gateway's record of it. A job with a result keeps it (2: done); a
-# job started at least once runs to its end (1: too late); else the cancellation is its result, published like any
-# other (0: cancelled), and its record (if any) is done. EXISTS first: a full Redis still answers a cancel that
-# writes nothing.
-_CANCEL = """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return 2
-end
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  return 1
-end
-redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
-redis.call('PUBLISH', KEYS[1], ARGV[1])
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('HSET', KEYS[3], 'done', 1)
-end
-return 0
-"""
 
 #: What ``ResultStore.cancel`` says of each job, by the script's answer.
 CANCELLED, TOO_LATE, ALREADY_DONE = "cancelled", "running", "done"
@@ -324,9 +208,9 @@ class ResultStore:
             job_id, result, error = items[0]
             key = self.key(job_id)
             value = self._encode(job_id, result, error, done_at, models.get(job_id), traces.get(job_id))
-            return [bool(self.client.evalsha(self._sha(_SET_FIRST_WINS), 3, key, self._attempts_key(key),
+            return [bool(self.client.evalsha(self._sha(SET_FIRST_WINS), 3, key, self._attempts_key(key),
                                              self._record_key(key), value, self.expires_s))], None
-        sha = self._sha(_STORE_MANY)
+        sha = self._sha(STORE_MANY)
         pipe = self.client.pipeline(transaction=False)
         for start in range(0, len(items), STORE_PER_CALL):
             keys: list[str] = []
@@ -414,7 +298,7 @@ class ResultStore:
         started_under = [storage_id(job_id) for job_id in start]
 
         def read() -> list[Any]:
-            fresh_sha = self._sha(_START) if start else ""
+            fresh_sha = self._sha(START) if start else ""
             pipe = self.client.pipeline(transaction=False)
             if lookup:
                 pipe.mget([self.key(job_id) for job_id in lookup])
@@ -443,7 +327,7 @@ class ResultStore:
         keys = results + [self._attempts_key(key) for key in results]
 
         def read() -> list[int]:
-            return self.client.evalsha(self._sha(_PRIOR), len(keys), *keys, self.expires_s, starting)
+            return self.client.evalsha(self._sha(PRIOR), len(keys), *keys, self.expires_s, starting)
 
         found = self._retrying(read)
         done = {job_id for job_id, count in zip(job_ids, found, strict=True) if int(count) < 0}
@@ -463,7 +347,7 @@ class ResultStore:
         keys = [self.attempts_key(job_id) for job_id in job_ids] + [self.key(i) for i in under]
 
         def write() -> list[int]:
-            return self.client.evalsha(self._sha(_START), len(keys), *keys, self.expires_s, "count")
+            return self.client.evalsha(self._sha(START), len(keys), *keys, self.expires_s, "count")
 
         return {result_id for result_id, flag in zip(under, self._retrying(write), strict=True) if flag}
 
@@ -488,7 +372,7 @@ class ResultStore:
         keep_s = max(self.expires_s, hold_s or 0)
 
         def write() -> list[int]:
-            sha = self._sha(_CANCEL)
+            sha = self._sha(CANCEL)
             pipe = self.client.pipeline(transaction=False)
             for job_id in unique:
                 key = self.key(job_id)
