@@ -11,7 +11,7 @@
   (``swapless:{queue/*ingress}:held`` ...): a worker moves what arrives there into its model's lists;
 - per **queue**: ``swapless:<queue>:placement-bell`` (rung when a model has no holder), ``:routes`` (run-time
   route weights), ``:shadow`` (shadow agreement counts), ``:wake:<worker id>`` (a worker's own bell, rung by its
-  acks when they free room a waiting fetch had none of), and the webhooks' (``swapless.tasks.broker.webhooks``):
+  acks when they free room a waiting fetch had none of), and the webhooks' (``swapless.tasks.webhooks``):
   ``:webhooks:due`` (delivery ids by next attempt time), ``:webhook:<id>`` (one delivery), ``:webhooks:failed``
   (deliveries that failed after their last retry);
 - per **deployment**: ``swapless:worker:<id>`` (a worker's heartbeat) and ``swapless:workers`` (their index),

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from swapless.tasks.broker.connection import RedisHealth
 
-__all__ = ["ACK", "FETCH", "RECOVER", "REFRESH", "RESTORE", "WAKE", "Affinity", "ChannelHooks", "Intake"]
+__all__ = ["ACK", "FETCH", "RECOVER", "REFRESH", "RESTORE", "WAKE", "Affinity", "ChannelHooks", "LeanIntake"]
 
 #: KEYS: p0 p3 p6 p9 held owner seen. ARGV: most messages, the time, the worker's id.
 #: Returns the messages, highest priority first.
@@ -152,7 +152,7 @@ class Affinity(Protocol):
         here (a chunk for a route, an unknown model, a malformed message: this worker runs or answers it)."""
 
 
-class Intake(Protocol):
+class LeanIntake(Protocol):
     """Takes the messages of one fetch round that need no Celery request (``swapless.tasks.worker.intake``)."""
 
     def eligible(self, payload: dict[str, Any]) -> bool:
@@ -170,5 +170,5 @@ class ChannelHooks:
 
     queue: str
     affinity: Affinity
-    intake: Intake | None
+    intake: LeanIntake | None
     health: RedisHealth
