@@ -65,7 +65,7 @@ class JobLists:
 
 @dataclass(frozen=True)
 class ModelKeys(JobLists):
-    """The keys of one model under one queue (see the module docstring)."""
+    """The keys of one model under one queue."""
 
     holders: str = ""
     bell: str = ""

@@ -1,12 +1,6 @@
-"""Celery's result backend and kombu's transport over Redis Sentinel, with the Sentinel client that reports where it
-finds the primary.
-
-``SentinelTransport`` is the Swapless transport (``swapless.tasks.broker.transport``) over kombu's Sentinel channel;
-kombu finds it by the ``swapless-sentinel://`` scheme of its URLs. Celery's ``SentinelBackend`` asks the sentinels for
-the primary at each connection, so a worker's and a producer's result reads and writes reach the new primary after a
-failover; this one also logs the move, once per process, with every other client of the process
-(``swapless.tasks.broker.sentinel.PrimaryWatch``). ``swapless.tasks.app`` names it as
-``swapless.tasks.broker.failover:SentinelBackend+sentinel://...``.
+"""Celery's result backend and Swapless's transport over Redis Sentinel, logging where they find the primary
+(docs/concepts/delivery.md, "Sentinel and failover"). kombu finds the transport by the ``swapless-sentinel://``
+scheme; ``swapless.tasks.app`` names the backend as ``swapless.tasks.broker.failover:SentinelBackend+sentinel://``.
 """
 
 from __future__ import annotations
@@ -39,14 +33,9 @@ class SentinelBackend(SentinelBackendShim):  # type: ignore[misc]
 
 
 class SentinelChannel(Channel, RedisSentinelChannel):
-    """:class:`Channel` over the primary Redis Sentinel names (kombu's ``SentinelChannel``), logging where it
-    finds it (``swapless.tasks.broker.connection.PrimaryWatch``).
-
-    Its fetches go through one connection it keeps (kombu's), which a failover whose old primary lives on (stalled,
-    then back) leaves open and answered: after each round the channel asks its pool whether the sentinels still
-    name that connection's server (``WatchedPool.recheck``, at most every ``recheck_s``) and, named elsewhere,
-    closes it, so that kombu's next poll connects to the primary they name (the reconnection kombu makes after a
-    connection error) rather than fetching from the old one until the sentinels demote it."""
+    """:class:`Channel` over the primary the sentinels name, closing its fetch connection after a round when they
+    name another.
+    """
 
     from_transport_options = (  # type: ignore[assignment]
         *Channel.from_transport_options,
@@ -102,11 +91,11 @@ class SentinelTransport(kombu_redis.SentinelTransport):
     poll_s = 0.1
 
     def establish_connection(self) -> Any:
-        """kombu's, asking the sentinels again every ``poll_s`` while they name no primary or name one that refuses
-        (between a primary's death and the promotion), for up to the transport option ``failover_wait_s``
-        (``SWAPLESS_REDIS_FAILOVER_WAIT_S``): a worker reconnects within ``poll_s`` of the promotion rather than on
-        kombu's reconnect backoff (2 s, then 4 s, ...), which takes over after the wait. A worker asked to stop
-        stops waiting."""
+        """kombu's, asking the sentinels again every ``poll_s`` while they name no primary, or one that refuses.
+
+        It waits up to the transport option ``failover_wait_s``, then kombu's reconnect backoff takes over; a worker
+        asked to stop stops waiting.
+        """
         options = self.client.transport_options if self.client is not None else {}
         wait_s = float(options.get("failover_wait_s", 0.0))
         deadline = time.monotonic() + wait_s

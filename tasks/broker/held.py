@@ -40,8 +40,7 @@ _FIRST_FETCH = 4
 
 
 class HeldQoS(kombu_redis.QoS):
-    """kombu's QoS with every delivered message's record kept beside its list (``Channel._held``): acks, rejects
-    and restores run the records' scripts. Tags the channel does not hold (a channel without hooks) are kombu's."""
+    """kombu's QoS whose acks, rejects and restores run the records' scripts for the messages its channel holds."""
 
     channel: HoldingChannel
     #: The holds the last ``_forget`` freed room in (models, the ingress).
@@ -121,7 +120,7 @@ class HeldQoS(kombu_redis.QoS):
 
 
 class HoldingChannel(RedisChannel):
-    """kombu's Redis channel that keeps what it holds per model and plans each fetch by the room left."""
+    """kombu's Redis channel that counts what it holds per model and plans each fetch by the room left."""
 
     QoS = HeldQoS
     qos: HeldQoS
@@ -165,8 +164,7 @@ class HoldingChannel(RedisChannel):
         return freed
 
     def _wake_for(self, freed: set[str], client: Any) -> None:
-        """Ring this worker's wake bell (once per wait) when acks freed room for a model (in ``freed``) the waiting
-        fetch had none for: the wait returns and the next round fetches that model (module docstring)."""
+        """Ring this worker's wake bell, once per wait, when acks freed room for a model the waiting fetch skipped."""
         key = self._wake_key
         if key is None or not freed & self._full:
             return
@@ -238,8 +236,7 @@ class HoldingChannel(RedisChannel):
         return commands
 
     def _messages_for(self, model_id: str, jobs: int) -> int:
-        """Messages of ``model_id`` to fetch for room for ``jobs`` more jobs: a chunk message carries many, so a
-        worker alone does not take every chunk of a bulk job and leave nothing to workers that join."""
+        """Messages of ``model_id`` to fetch for room for ``jobs`` more jobs (a chunk message carries many)."""
         if jobs <= 0:
             return 0
         per_message = self._per_message.get(model_id)

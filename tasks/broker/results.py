@@ -1,27 +1,5 @@
-"""Job results in Celery's Redis result-backend format, many per round trip.
-
-Celery's backend writes one result per round trip (``SETEX`` + ``PUBLISH`` per task) and reads one per ``GET``;
-at thousands of jobs per second that is the bottleneck, so results are written and read here in pipelines,
-in exactly the format ``celery.result.AsyncResult`` reads (``celery-task-meta-<id>``, the backend's encoding,
-its key prefix and expiry).
-
-Writes are first-wins: a result is stored with ``SET NX``, so a redelivered copy of a job that already has a
-final result never overwrites it (at-least-once delivery, idempotent results). Each job's started attempts are
-counted beside its result (``swapless-attempts-<id>``) until the result is stored: a job that was in flight
-each time its worker died is a poison job.
-
-Failures are retried with backoff (0.1 s doubling to 2 s): connection failures (a Redis restart) and refused
-writes (``OOM`` over ``maxmemory``, ``READONLY`` during a failover), for ``retry_s`` seconds or, in the worker, for
-as long as they last: the worker keeps the jobs in hand and stores their results the moment Redis takes them.
-Every script starts with a write that takes no memory, so that Redis over ``maxmemory`` lets it through
-(``swapless.tasks.broker.connection.WRITE_FIRST_NOTE``): storing a result is how a full Redis gets drained.
-
-With ``replicas`` (the worker's, from ``SWAPLESS_REDIS_MIN_REPLICAS``) a store returns only once that many replicas
-hold its results: its pipeline ends with a ``PUBLISH`` of nothing to ``REPLICATED_CHANNEL`` and a ``WAIT``. The
-publish is replicated like any write and moves the connection's replication offset past every write before it, so
-that a store retried on another connection, which finds its results already there and writes nothing, still waits
-for them. Too few replicas is retried like a refused write, so the worker acks a job (after its store) only once
-its result would survive the primary.
+"""Job results in Celery's Redis result-backend format, stored and read many per round trip: first-wins writes,
+attempt counts, cancels (docs/concepts/delivery.md, "Results").
 """
 
 from __future__ import annotations
@@ -52,7 +30,7 @@ __all__ = ["ALREADY_DONE", "CANCELLED", "REPLICATED_CHANNEL", "TOO_LATE", "Resul
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: The channel a store publishes nothing to before its ``WAIT`` (see the module docstring); no one listens.
+#: The channel a store publishes nothing to before its ``WAIT``, to wait for its replicas; no one listens.
 REPLICATED_CHANNEL = "swapless-replicated"
 
 #: Most jobs per call of ``STORE_MANY`` (a bigger batch is several calls in one pipeline).
@@ -65,7 +43,7 @@ _CANCEL_ANSWERS = (CANCELLED, TOO_LATE, ALREADY_DONE)
 
 @dataclass(frozen=True)
 class StoredResult:
-    """A job's state as read back: ``state`` is a Celery state; ``value`` the result or the rebuilt error."""
+    """A job's state as read back: a Celery state, and the result or the rebuilt error."""
 
     job_id: str
     state: str
@@ -81,15 +59,14 @@ class StoredResult:
 
 
 class ResultStore:
-    """Pipelined reads and first-wins writes of job results. Use one per thread (Celery backends are per thread).
+    """Pipelined reads and first-wins writes of job results; one per thread.
 
     Args:
-        app: the Celery app whose result backend (Redis) holds the results: its encoding, key prefix and expiry.
-        retry_s: how long failed writes are retried (with backoff) before they are raised; None: for as long as
-            they fail (the worker).
+        app: the Celery app whose Redis result backend holds the results.
+        retry_s: how long failed writes are retried before they are raised; None: for as long as they fail.
         client: the redis-py client to use (default: the backend's own).
-        health: told about each failure and each success (the worker's ``worker_health``).
-        replicas: how many replicas must hold stored results before ``store`` returns (None: none waited for).
+        health: told about each failure and each success.
+        replicas: how many replicas must hold stored results before ``store`` returns (None: none).
     """
 
     def __init__(
@@ -108,8 +85,7 @@ class ResultStore:
         self._shas: dict[str, str] = {}  # script source -> its SHA on the server (see _sha)
 
     def _retrying(self, operation: Callable[[], T]) -> T:
-        """Run a Redis operation, retrying connection failures and refused writes with backoff (see the module
-        docstring) for up to ``retry_s``."""
+        """Run a Redis operation, retrying connection failures and refused writes with backoff for ``retry_s``."""
         deadline = None if self.retry_s is None else time.monotonic() + self.retry_s
         pause_s = 0.1
         while True:
@@ -133,15 +109,14 @@ class ResultStore:
                 pause_s = min(pause_s * 2, 2.0)
 
     def _sha(self, script: str) -> str:
-        """The SHA of a script loaded on the server, for EVALSHA in a pipeline: redis-py's Script objects send
-        SCRIPT EXISTS before every pipeline."""
+        """The SHA of a script loaded on the server, for EVALSHA in a pipeline."""
         sha = self._shas.get(script)
         if sha is None:
             sha = self._shas[script] = self.client.script_load(script)
         return sha
 
     def attempts_key(self, job_id: str) -> str:
-        """Where the number of started attempts of a job is counted (poison-job detection)."""
+        """Where a job's started attempts are counted."""
         return self._attempts_key(self.key(job_id))
 
     @staticmethod
@@ -149,18 +124,16 @@ class ResultStore:
         return result_key.replace("celery-task-meta-", "swapless-attempts-", 1)
 
     def record_key(self, job_id: str) -> str:
-        """Where the gateway records who submitted a job (``swapless.tasks.gateway.ledger``); the worker marks it done
-        with the job's result."""
+        """Where the gateway records who submitted a job; the worker marks it done with the result."""
         return self._record_key(self.key(job_id))
 
     def shadow_ref_key(self, job_id: str) -> str:
-        """Where a shadowed job's ``[served model, top label]`` is kept for its shadows
-        (``swapless.tasks.worker.shadows``)."""
+        """Where a shadowed job's ``[served model, top label]`` is kept for its shadows."""
         return self.key(job_id).replace("celery-task-meta-", "swapless-shadowref-", 1)
 
     @property
     def record_key_prefix(self) -> str:
-        """What every record key starts with (the job id follows)."""
+        """What every record key starts with."""
         return self.record_key("-")[:-1]
 
     @staticmethod
@@ -177,12 +150,11 @@ class ResultStore:
         """Store ``(job_id, result, error)`` triples in one round trip; a job with ``error`` becomes FAILURE.
 
         Args:
-            models: job id -> the model that served it, stored beside the result as ``"model"`` (Celery's readers
-                ignore the field; ``StoredResult.model`` reads it).
-            traces: job id -> its producer's trace id, stored as ``"trace_id"`` (``StoredResult.trace_id``).
+            models: job id -> the model that served it, stored as ``"model"``.
+            traces: job id -> its producer's trace id, stored as ``"trace_id"``.
 
         Returns:
-            per job, whether this write stored it (False: a final result was already there, kept as it was).
+            per job, whether this write stored it (False: a final result was already there).
         """
         items = list(outcomes)
         if not items:
@@ -235,12 +207,10 @@ class ResultStore:
         self, job_id: str, result: Any, error: SwaplessError | None, done_at: str, model: str | None = None,
         trace_id: str | None = None,
     ) -> Any:
-        """The backend's encoding of one job's result meta. A result JSON cannot encode (a custom framework
-        returning a set or a numpy float) becomes this job's failure: raising here would strand the whole batch.
+        """The backend's encoding of one job's result meta; a result JSON cannot encode becomes the job's failure.
 
-        A success is encoded here, with the fields and the JSON Celery's Redis backend writes (its meta builder and
-        serializer cost several times more per job); anything else, and an output plain JSON cannot hold, by the
-        backend itself."""
+        A plain success is encoded here, as Celery's Redis backend writes it; anything else by the backend itself.
+        """
         if error is None and self._plain_json:
             meta = {"status": states.SUCCESS, "result": result, "traceback": None, "children": None,
                     "date_done": done_at, "task_id": job_id}
@@ -275,20 +245,15 @@ class ResultStore:
     def prior(
         self, job_ids: Sequence[str], result_ids: Sequence[str] | None = None, start: Sequence[str] = ()
     ) -> tuple[set[str], dict[str, int]]:
-        """In one round trip: which jobs already have a result, and how often each was started before; and
-        ``start(start)``, counted after the counters were read.
+        """In one round trip: which jobs have a result, how often each was started, and ``start(start)``.
 
         Args:
             job_ids: the jobs whose attempt counters to read.
-            result_ids: the ids whose results to look for (default: all of ``job_ids``; the items of a chunk have
-                no result of their own: look for their chunk's).
-            start: the jobs about to run (the scheduler's first batch of a group): those never started before
-                (no count) get their first attempt counted, so that a lone job needs no round trip for ``start``;
-                the others keep their count for ``start`` to raise when they run. One whose result (a chunk item's:
-                its chunk's) appeared since it was read is not counted, and its result id is in the returned set.
+            result_ids: the ids whose results to look for (default: ``job_ids``; a chunk item's is its chunk's).
+            start: the jobs about to run: those never started get their first attempt counted.
 
         Returns:
-            (result ids with a stored result, {id: attempts started} for ids started at least once without one).
+            (result ids with a stored result, {id: attempts started} for ids started without one).
         """
         if not job_ids:
             return set(), {}
@@ -334,12 +299,10 @@ class ResultStore:
         return done, {job_id: int(count) for job_id, count in zip(job_ids, found, strict=True) if int(count) > 0}
 
     def start(self, job_ids: Sequence[str]) -> set[str]:
-        """Count one more started attempt of each job (cleared when its result is stored): one script call for the
-        whole group, not two commands per job (a bulk group is 256 jobs). A job that has a result already (a chunk
-        item: its chunk has one) is not counted.
+        """Count one more started attempt of each job, in one script call.
 
         Returns:
-            the result ids (a chunk item's: its chunk's) found with a result: those jobs are not to run.
+            the result ids found with a result already: those jobs are not to run.
         """
         if not job_ids:
             return set()
@@ -354,16 +317,12 @@ class ResultStore:
     def cancel(
         self, job_ids: Sequence[str], error_for: Callable[[str], SwaplessError], hold_s: int | None = None
     ) -> dict[str, str]:
-        """Cancel jobs that have not started, in one round trip: each one's result becomes ``error_for(id)`` (a
-        failure, published like any other, so waiters wake and a worker that takes the job later skips it), kept
-        ``hold_s`` seconds (at least the result expiry): as long as the job may still be waiting in the queue.
+        """Cancel jobs that have not started, in one round trip; a chunk item cancels its whole chunk.
 
-        The items of one chunk share its message and its result: cancelling an item cancels its whole chunk, and a
-        chunk is cancelled as long as it has no result (its items that already ran are dropped).
+        Each one's result becomes ``error_for(id)``, kept ``hold_s`` seconds (at least the result expiry).
 
         Returns:
-            per id: ``CANCELLED``; ``TOO_LATE`` (it has started: it runs to its end and its result is kept); or
-            ``ALREADY_DONE`` (it has a result, kept).
+            per id: ``CANCELLED``, ``TOO_LATE`` (it has started) or ``ALREADY_DONE`` (it has a result).
         """
         unique = list(dict.fromkeys(storage_id(job_id) for job_id in job_ids))
         if not unique:
@@ -384,13 +343,12 @@ class ResultStore:
         return {job_id: _CANCEL_ANSWERS[int(answers[storage_id(job_id)])] for job_id in job_ids}
 
     def clear_attempts(self, job_ids: Sequence[str]) -> None:
-        """Drop the attempt counters of jobs whose results were stored under another id (the items of a chunk,
-        whose one result is stored under the chunk's id), in one round trip."""
+        """Drop the attempt counters of jobs whose results were stored under another id (chunk items)."""
         if job_ids:
             self._retrying(lambda: self.client.delete(*[self.attempts_key(job_id) for job_id in job_ids]))
 
     def fetch(self, job_ids: Sequence[str]) -> list[StoredResult]:
-        """Read many results in one MGET; jobs without a stored result are PENDING (queued or unknown)."""
+        """Read many results in one MGET; a job without a stored result is PENDING."""
         if not job_ids:
             return []
         values = self.client.mget([self.key(job_id) for job_id in job_ids])
@@ -410,6 +368,6 @@ class ResultStore:
         return StoredResult(job_id, meta["status"], meta.get("result"), meta.get("model"), meta.get("trace_id"))
 
     def forget(self, job_ids: Sequence[str]) -> None:
-        """Delete stored results (read and no longer wanted), in one round trip."""
+        """Delete stored results, in one round trip."""
         if job_ids:
             self.client.delete(*[self.key(job_id) for job_id in job_ids])

@@ -1,43 +1,5 @@
-"""kombu's Redis transport over the queue's one layout (``swapless.tasks.broker.queues``): a fetch that cannot lose a
-message, many messages per round trip, and every message's record kept beside its list.
-
-kombu takes a message off the queue with ``BRPOP`` and only then, in a second round trip, records it as unacked
-(celery/kombu#305): a worker killed between the two holds the only copy of that job. Here one script (``FETCH``)
-pops up to ``n`` messages **and** records each, atomically: a message is in a list or in its records at every
-instant. A worker's channel, given its hooks (``ChannelHooks``, the transport option ``swapless_hooks``), fetches
-in one round trip from the lists of every model its placement has claimed (each bounded by the room that model has
-left under its ``hold_limit``, in jobs: a chunk message counts its items, ``ITEMS_HEADER``; and by the prefetch
-credit) and from the ingress, kombu's own lists of the queue
-where a plain Celery producer pushes. An ingress message for a model this worker holds, with room under its hold
-limit, is delivered here (recorded in the ingress's records, counted under the model's hold); one for another model
-is moved to its model's lists (pushed there, then acked, in a second round trip: a crash in between leaves two
-copies, and the second finds its result stored and is acked without running); one that names no model, or a chunk
-for a route, is delivered here.
-
-An idle worker waits on the bells of its models and on the queue's placement bell (``BLPOP``, sent together with
-the fetch: Redis runs the fetch the moment the wait returns, so the job that wakes a worker comes back in the same
-round trip); the ingress and new claims are looked at every ``swapless_idle_poll_s`` (0.1 s by default). A worker
-with work in hand never waits for a bell, with one exception: a model at its hold limit gets no fetch, and a round
-with nothing else to fetch waits. Its own wake bell (``Keyspace.wake``) is then among those it waits on, and the
-acks that free room for such a model ring it, so that model's next fetch follows its acks in the same moment
-instead of at the next idle poll: a worker streaming one model keeps its next group fetched while a group runs.
-The placement rings it too when it claims new models (whose bells the outstanding wait does not listen to), and a
-wait that takes the placement bell has the placement run at once.
-
-Acks, rejects, restores and visibility refreshes go through the records' scripts (``swapless.tasks.broker.acks`` acks in
-bulk); a dead worker's records are put back by the cluster's recovery (``swapless.tasks.cluster.placer``), never by
-kombu's unacked sweep. A channel without hooks (a producer's, a tool's) is kombu's own. Key prefixes, TLS and reconnects
-are kombu's.
-
-``swapless.tasks.broker.failover.SentinelTransport`` is the same channel over kombu's Sentinel channel (``sentinel://``
-URLs, the transport option ``master_name``): each connection asks the sentinels for the primary, so after a
-failover Celery's consumer, which reconnects when its connection drops, fetches from the new primary. Its URLs are
-written ``swapless-sentinel://`` for kombu: kombu reads each sentinel of a ``;`` list as a failover URL and takes
-the transport of the one it reconnects through from its scheme, so a plain ``sentinel://`` would bring kombu's own
-channel back after a reconnection, one that fetches from none of the models' lists. A message this worker fetched
-on the old primary is acked, restored and re-stamped by tag on whichever primary there is now; its record there
-(replicated before the crash) or its message in its list (when the fetch was not) is recovered by the cluster's
-``RECOVER`` if this worker no longer holds it.
+"""kombu's Redis transport over the queue's one layout: an atomic bulk fetch from the claimed models' lists and
+the ingress, in one round trip (docs/concepts/delivery.md, "The fetch").
 """
 
 from __future__ import annotations
@@ -77,7 +39,7 @@ def _weight(payload: dict[str, Any]) -> int:
 
 
 class Channel(HoldingChannel):
-    """kombu's Redis channel with the atomic bulk fetch over models' lists and the ingress (module docstring)."""
+    """kombu's Redis channel with the atomic bulk fetch over the models' lists and the ingress."""
 
     from_transport_options = (  # type: ignore[assignment]
         *kombu_redis.Channel.from_transport_options,
@@ -149,9 +111,14 @@ class Channel(HoldingChannel):
         self.polling(conn)
 
     def _read_round(self) -> tuple[list[Any], ResponseError | None]:
-        """Read every reply of the round ``send_fetch`` sent (one per command); a refused write (a read-only
-        replica) reads as None and is returned, so the connection stays in step. Any other failure drops the
-        connection (the next poll reconnects) and is raised."""
+        """Read every reply of the round ``send_fetch`` sent.
+
+        Returns:
+            the replies, and the refused write (a read-only replica) read as None, if any.
+
+        Raises:
+            any other failure, after dropping the connection (the next poll reconnects).
+        """
         conn = self.client.connection
         replies: list[Any] = []
         refused: ResponseError | None = None
@@ -209,8 +176,7 @@ class Channel(HoldingChannel):
     # -- what a round fetched ----------------------------------------------------------------------------------
 
     def _deliver_round(self, hooks: ChannelHooks, replies: Sequence[Any]) -> int:
-        """Deliver what one round fetched, moving ingress messages to their models' lists; returns how many were
-        delivered here."""
+        """Deliver what one round fetched; returns how many were delivered here."""
         fetched: list[dict[str, Any]] = []
         ingress: list[tuple[dict[str, Any], str]] = []
         unclaimed: list[str] = []
@@ -265,7 +231,7 @@ class Channel(HoldingChannel):
     def _move_ingress(
         self, hooks: ChannelHooks, messages: Sequence[tuple[dict[str, Any], str]]
     ) -> list[dict[str, Any]]:
-        """Push the ingress's messages to their models' lists and ack them there; returns those kept here."""
+        """Push ingress messages to their models' lists and ack them; returns those kept here."""
         keyspace = self._keyspace(self._queue)
         affinity = hooks.affinity
         claimed = set(affinity.claimed())
@@ -308,8 +274,9 @@ class Channel(HoldingChannel):
         return steps[max(0, bisect.bisect_right(steps, priority) - 1)]
 
     def _deliver_all(self, hooks: ChannelHooks, payloads: Sequence[dict[str, Any]]) -> None:
-        """Deliver one round's messages: those the worker's intake takes, in one hand-over; the rest to Celery's
-        consumer. If delivery fails midway, the undelivered rest go back at once."""
+        """Hand one round's messages to the worker's intake or to Celery's consumer; on a failure midway, put the
+        undelivered rest back.
+        """
         intake = hooks.intake
         rotate, deliver = self.consumer_delivery()
         lean = []
@@ -338,7 +305,8 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
-#: The scheme of each sentinel's broker URL (``sentinel://`` stays for the result backend): see the module docstring.
+#: The scheme of each sentinel's broker URL, so that kombu reconnects through this transport (``sentinel://`` stays for
+#: the result backend).
 SENTINEL_SCHEME = "swapless-sentinel"
 TRANSPORT_ALIASES.setdefault(SENTINEL_SCHEME, "swapless.tasks.broker.failover:SentinelTransport")
 

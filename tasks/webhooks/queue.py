@@ -104,7 +104,7 @@ class WebhookDelivery:
 
 
 class WebhookQueue:
-    """The webhook deliveries of one queue (see the module docstring).
+    """The webhook deliveries of one queue.
 
     Args:
         client: a redis-py client.
