@@ -1,9 +1,8 @@
-"""Every private kombu, Celery and celery-batches member Swapless uses: this module is the only one naming them.
+"""Every private kombu, Celery and celery-batches member Swapless uses; the only module naming them.
 
-Overridden private methods are renamed to public hooks by the shim classes below; private attributes are read and
-written through small functions. ``PRIVATE_MEMBERS`` lists them all, and tests/test_private_api.py checks that each
-exists in the installed versions. Before raising a pin in pyproject.toml, run that test against the new version and
-follow each renamed or removed member here.
+Overridden private methods call public hooks of the shim classes below; private attributes are reached through
+small functions. tests/test_private_api.py checks each entry of ``PRIVATE_MEMBERS`` against the installed versions:
+before raising a pin in pyproject.toml, run it on the new version and follow what moved.
 """
 
 from __future__ import annotations
@@ -66,8 +65,7 @@ PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
 class RedisChannel(kombu_redis.Channel):
     """kombu's Redis channel with its private fetch, size and bind methods behind public hooks.
 
-    A subclass overrides ``send_fetch``, ``read_fetch``, ``queue_size`` and ``bind_queue``; calling ``super()``
-    there runs kombu's own.
+    Subclasses override ``send_fetch``, ``read_fetch``, ``queue_size`` and ``bind_queue``; ``super()`` runs kombu's.
     """
 
     # kombu.transport.redis.Channel._brpop_start
@@ -87,11 +85,11 @@ class RedisChannel(kombu_redis.Channel):
         self.bind_queue(exchange, routing_key, pattern, queue)
 
     def send_fetch(self, timeout: float | None = None) -> None:
-        """Send one fetch (kombu's: a ``BRPOP`` of the active queues)."""
+        """Send one fetch (kombu's: a ``BRPOP``)."""
         super()._brpop_start(timeout)
 
     def read_fetch(self, **options: Any) -> Any:
-        """Read the reply of the fetch sent and deliver it (kombu's)."""
+        """Read the fetch's reply and deliver it (kombu's)."""
         return super()._brpop_read(**options)
 
     def queue_size(self, queue: str) -> int:
@@ -107,17 +105,17 @@ class RedisChannel(kombu_redis.Channel):
         return str(self._q_for_pri(queue, priority))
 
     def polling(self, connection: Any) -> None:
-        """Tell kombu's event loop that a fetch was sent on ``connection`` just now."""
+        """Tell kombu's event loop a fetch was sent on ``connection``."""
         self._in_poll = connection
         self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]  # kombu declares it None
 
     def poll_done(self) -> None:
-        """Tell kombu's event loop that the fetch's reply was read."""
+        """Tell kombu's event loop the fetch's reply was read."""
         self._in_poll = None  # type: ignore[assignment]  # as kombu does
         self._flush_brpop_reauth()
 
     def consumer_delivery(self) -> tuple[Callable[[str], Any], Callable[[Any, str], Any]]:
-        """``(rotate, deliver)``: kombu's queue rotation and its hand-over of a message to Celery's consumer."""
+        """kombu's queue rotation and its hand-over of a message to Celery's consumer."""
         return self._queue_cycle.rotate, self.connection._deliver
 
 
@@ -129,11 +127,11 @@ class RedisSentinelChannel(RedisChannel, kombu_redis.SentinelChannel):
         return self.sentinel_pool(asynchronous)
 
     def sentinel_pool(self, asynchronous: bool = False) -> Any:
-        """The connection pool of the primary the sentinels name (kombu's)."""
+        """The primary's connection pool (kombu's)."""
         return super()._sentinel_managed_pool(asynchronous)
 
     def connection_params(self, asynchronous: bool = False) -> dict[str, Any]:
-        """kombu's Redis connection parameters of this channel."""
+        """kombu's connection parameters of this channel."""
         return dict(self._connparams(asynchronous))
 
     def keep_sentinel_manager(self, manager: Any, asynchronous: bool) -> None:
@@ -162,17 +160,17 @@ class SentinelBackendShim(CelerySentinelBackend):  # type: ignore[misc]
 
 
 def delivered(qos: virtual.QoS) -> Any:
-    """The QoS's delivered messages by delivery tag (an ordered dict kombu clears and fills)."""
+    """The QoS's delivered messages by delivery tag."""
     return qos._delivered
 
 
 def unacked_dirty(qos: virtual.QoS) -> Any:
-    """The delivery tags the QoS has acked but not yet forgotten."""
+    """The delivery tags the QoS acked but has not forgotten yet."""
     return qos._dirty
 
 
 def mark_acked(qos: virtual.QoS, messages: Iterable[Any]) -> None:
-    """Forget acked messages in kombu's QoS and mark each acknowledged, as ``Message.ack`` does."""
+    """Forget acked messages in kombu's QoS and mark each acknowledged."""
     ack = virtual.QoS.ack
     for message in messages:
         ack(qos, message.delivery_tag)

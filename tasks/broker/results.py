@@ -63,10 +63,10 @@ class ResultStore:
 
     Args:
         app: the Celery app whose Redis result backend holds the results.
-        retry_s: how long failed writes are retried before they are raised; None: for as long as they fail.
-        client: the redis-py client to use (default: the backend's own).
-        health: told about each failure and each success.
-        replicas: how many replicas must hold stored results before ``store`` returns (None: none).
+        retry_s: how long failed writes are retried; None: for as long as they fail.
+        client: the redis-py client (default: the backend's own).
+        health: told about each failure and success.
+        replicas: the replicas a store waits for (None: none).
     """
 
     def __init__(
@@ -150,11 +150,11 @@ class ResultStore:
         """Store ``(job_id, result, error)`` triples in one round trip; a job with ``error`` becomes FAILURE.
 
         Args:
-            models: job id -> the model that served it, stored as ``"model"``.
-            traces: job id -> its producer's trace id, stored as ``"trace_id"``.
+            models: job id -> the model that served it.
+            traces: job id -> its producer's trace id.
 
         Returns:
-            per job, whether this write stored it (False: a final result was already there).
+            per job, whether this write stored it (False: a result was there).
         """
         items = list(outcomes)
         if not items:
@@ -207,10 +207,7 @@ class ResultStore:
         self, job_id: str, result: Any, error: SwaplessError | None, done_at: str, model: str | None = None,
         trace_id: str | None = None,
     ) -> Any:
-        """The backend's encoding of one job's result meta; a result JSON cannot encode becomes the job's failure.
-
-        A plain success is encoded here, as Celery's Redis backend writes it; anything else by the backend itself.
-        """
+        """The backend's encoding of one job's result meta; a result JSON cannot encode becomes a failure."""
         if error is None and self._plain_json:
             meta = {"status": states.SUCCESS, "result": result, "traceback": None, "children": None,
                     "date_done": done_at, "task_id": job_id}
@@ -248,12 +245,11 @@ class ResultStore:
         """In one round trip: which jobs have a result, how often each was started, and ``start(start)``.
 
         Args:
-            job_ids: the jobs whose attempt counters to read.
-            result_ids: the ids whose results to look for (default: ``job_ids``; a chunk item's is its chunk's).
+            result_ids: the ids whose results to look for (default: ``job_ids``).
             start: the jobs about to run: those never started get their first attempt counted.
 
         Returns:
-            (result ids with a stored result, {id: attempts started} for ids started without one).
+            (result ids with a result, {id: attempts started}).
         """
         if not job_ids:
             return set(), {}
@@ -317,12 +313,10 @@ class ResultStore:
     def cancel(
         self, job_ids: Sequence[str], error_for: Callable[[str], SwaplessError], hold_s: int | None = None
     ) -> dict[str, str]:
-        """Cancel jobs that have not started, in one round trip; a chunk item cancels its whole chunk.
-
-        Each one's result becomes ``error_for(id)``, kept ``hold_s`` seconds (at least the result expiry).
+        """Cancel jobs that have not started, in one round trip; a chunk item cancels its chunk.
 
         Returns:
-            per id: ``CANCELLED``, ``TOO_LATE`` (it has started) or ``ALREADY_DONE`` (it has a result).
+            per id: ``CANCELLED``, ``TOO_LATE`` (it has started) or ``ALREADY_DONE``.
         """
         unique = list(dict.fromkeys(storage_id(job_id) for job_id in job_ids))
         if not unique:

@@ -74,10 +74,7 @@ class WebhookDelivery:
     """One webhook to send: ``id`` (the ``webhook-id``: the job's id), its target and its signed body.
 
     Attributes:
-        payload: the JSON text sent (and signed) as it is.
-        created_s: when it was first queued (epoch seconds): retries stop ``SWAPLESS_WEBHOOK_RETRY_S`` after it.
-        attempts: attempts made so far.
-        last_error: why the last attempt failed.
+        created_s: when it was first queued (epoch seconds); retries stop ``SWAPLESS_WEBHOOK_RETRY_S`` after it.
         failed_at: when it was kept as failed (epoch seconds).
     """
 
@@ -107,12 +104,9 @@ class WebhookQueue:
     """The webhook deliveries of one queue.
 
     Args:
-        client: a redis-py client.
-        keyspace: the queue's keys.
         ttl_s: how long a delivery is retried and a failed one kept (``SWAPLESS_WEBHOOK_RETRY_S``).
-        max_pending: ``SWAPLESS_WEBHOOK_MAX_PENDING``.
-        max_failed: ``SWAPLESS_WEBHOOK_MAX_FAILED``.
-        max_pending_per_key: ``SWAPLESS_WEBHOOK_MAX_PENDING_PER_KEY`` (deliveries of one API key's jobs waiting).
+        max_pending: ``SWAPLESS_WEBHOOK_MAX_PENDING``; max_failed: ``SWAPLESS_WEBHOOK_MAX_FAILED``.
+        max_pending_per_key: ``SWAPLESS_WEBHOOK_MAX_PENDING_PER_KEY``.
     """
 
     def __init__(self, client: Any, keyspace: Keyspace, ttl_s: float, max_pending: int, max_failed: int,
@@ -133,8 +127,7 @@ class WebhookQueue:
                    settings.webhook_max_failed, settings.webhook_max_pending_per_key)
 
     def enqueue(self, deliveries: Sequence[WebhookDelivery], now: float | None = None) -> tuple[int, int]:
-        """Queue ``deliveries`` (due now) in one round trip; returns (queued, kept as failed: the queue was full).
-        One already waiting is left as it was."""
+        """Queue ``deliveries`` in one round trip; returns (queued, kept as failed: the queue was full)."""
         if not deliveries:
             return 0, 0
         k = self.keyspace
@@ -204,8 +197,7 @@ class WebhookQueue:
         return int(count), [WebhookDelivery.decode(raw) for raw in raws]
 
     def replay(self, ids: Sequence[str] | None = None) -> int:
-        """Queue failed deliveries again (``ids``: only those; None: all), each with a fresh retry window and its
-        attempts reset; returns how many."""
+        """Queue failed deliveries again (``ids``: only those), attempts reset; returns how many."""
         key = self.keyspace.webhooks_failed
         raws = self.client.lrange(key, 0, -1)
         chosen = [(raw, WebhookDelivery.decode(raw)) for raw in raws]
@@ -226,14 +218,13 @@ class WebhookQueue:
 
 
 def _shown_url(url: str) -> str:
-    """A callback URL as the status shows it: its query (often a token) and fragment left out."""
+    """A callback URL without its query (often a token) and fragment."""
     parts = urlsplit(url)
     return urlunsplit((parts.scheme, parts.netloc, parts.path, "…" if parts.query else "", ""))
 
 
 def read_webhooks(client: Any, keyspace: Keyspace, limit: int = 20) -> dict[str, Any]:
-    """The webhooks' standing for the status: ``{"pending": n, "failed": n, "recent_failed": [delivery, ...]}``
-    (the newest ``limit`` failed deliveries, without their payloads, their URLs without query)."""
+    """The webhooks' standing for the status: pending and failed counts, the newest failed deliveries."""
     pipe = client.pipeline(transaction=False)
     pipe.zcard(keyspace.webhooks_due).llen(keyspace.webhooks_failed)
     pipe.lrange(keyspace.webhooks_failed, 0, max(0, limit - 1))

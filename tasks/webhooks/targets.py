@@ -35,14 +35,11 @@ def check_target(
     """Check that ``url`` may be called back; returns its host.
 
     Args:
-        url: the ``callback_url``.
         allowed: ``allowed_hosts(SWAPLESS_WEBHOOK_ALLOWED_HOSTS)``.
-        resolve: host -> its addresses (the sender's DNS lookup); None: check only what needs no lookup (a
-            literal address, ``localhost``), as producers do.
+        resolve: host -> its addresses; None: check only what needs no lookup, as producers do.
 
     Raises:
-        WebhookRefused: not http(s), no host, a port out of range, a host outside the allow-list, or one that is
-            (or resolves to) an address that is not public.
+        WebhookRefused: not http(s), no host, a bad port, a host off the allow-list, or an address not public.
     """
     if not isinstance(url, str) or len(url) > 2048:
         raise WebhookRefused(str(url)[:100], "it must be an http or https URL of at most 2048 characters")
@@ -85,13 +82,11 @@ def _refuse_internal(url: str, host: str, addresses: Sequence[str]) -> None:
 
 
 def connect_address(url: str, allowed: frozenset[str], resolve: Callable[[str], Sequence[str]]) -> str:
-    """The one address a sender connects to for ``url``, checked as ``check_target`` checks it and looked up once:
-    the connection goes to the address that was checked, so a name that resolves to an internal address a moment
-    after the check (DNS rebinding) is never followed. An allow-listed host may be internal; it is pinned too.
+    """The one address a sender connects to for ``url``, checked as ``check_target`` checks it (no DNS rebinding).
 
     Raises:
         WebhookRefused: as ``check_target``.
-        OSError: the host does not resolve now (a sender tries again later).
+        OSError: the host does not resolve now.
     """
     host = check_target(url, allowed)  # what needs no lookup: scheme, user, allow-list, literal and local names
     try:
@@ -107,8 +102,7 @@ def connect_address(url: str, allowed: frozenset[str], resolve: Callable[[str], 
 
 
 def pinned(url: str, address: str) -> tuple[str, dict[str, str], dict[str, Any]]:
-    """``url`` sent to ``address``: (the URL to connect to, its ``Host`` header, the request's TLS server name),
-    so the receiver sees its own name and a certificate is checked against it."""
+    """``url`` sent to ``address``: the URL to connect to, its ``Host`` header and the TLS server name."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     try:
