@@ -829,7 +829,6 @@ def registry_scenario(rep: int, sizes: Sizes) -> dict[str, list[float]]:
     from swapless.config.settings import load_settings
     from swapless.manager import ModelEngine, ModelManager, ModelStore
     from swapless.tasks.broker.connection import RedisHealth
-    from swapless.tasks.broker.routes import Router
     from swapless.tasks.cli.main import models_text
     from swapless.tasks.cluster.members import read_heartbeats
     from swapless.tasks.cluster.placer import Placer
@@ -841,6 +840,7 @@ def registry_scenario(rep: int, sizes: Sizes) -> dict[str, list[float]]:
     from swapless.tasks.observe.scaling import read_cluster
     from swapless.tasks.observe.stats import WorkerStats
     from swapless.tasks.observe.status import read_status
+    from swapless.tasks.routing import Router
     from swapless.tasks.worker.runtime import load_plugins
 
     ids = model_ids(REGISTRY_MODELS)

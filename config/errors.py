@@ -365,7 +365,7 @@ class MetricsUnavailable(SwaplessError):
 
 
 class WebhookRefused(SwaplessError, ValueError):
-    """A ``callback_url`` this deployment does not call back (``swapless.tasks.broker.webhooks.check_target``)."""
+    """A ``callback_url`` this deployment does not call back (``swapless.tasks.webhooks.check_target``)."""
 
     def __init__(self, url: str, problem: str) -> None:
         super().__init__(url, problem)

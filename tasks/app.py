@@ -1,8 +1,5 @@
-"""The Celery app factory, configured from Settings (environment, ``SWAPLESS_`` prefix); producers and workers
-each build their own app with it. Importing this module builds none.
-
-Celery's own lowercase setting names are used, so anything here can be overridden the Celery way. The worker's app,
-the one with the tasks registered, is ``swapless.tasks.worker.task.app`` (``celery -A swapless worker`` finds it).
+"""The Celery app factory, configured from Settings under Celery's own setting names; producers and workers each
+build their own app. Importing this module builds none; the worker's app is ``swapless.tasks.worker.task.app``.
 """
 
 from __future__ import annotations
@@ -26,11 +23,10 @@ __all__ = ["configure", "make_app"]
 
 
 def make_app(settings: Settings | None = None, include: Sequence[str] = ()) -> Celery:
-    """A Celery app for ``settings`` (the environment's by default). Connects to nothing until used.
+    """A Celery app for ``settings`` (the environment's by default); connects to nothing until used.
 
     Args:
-        settings: the process settings.
-        include: modules a worker imports to register its tasks (producers need none).
+        include: modules a worker imports to register its tasks.
     """
     app = Celery("swapless", include=list(include))
     configure(app, settings or get_settings())

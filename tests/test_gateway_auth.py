@@ -448,9 +448,9 @@ def test_the_status_shows_a_limited_key_its_own_batches_and_no_one_s_callback_ur
     batch only and the webhooks' counts; the operator's key sees every batch and the URLs without their query."""
     import hashlib
 
-    from swapless.tasks.broker.webhooks import Delivery
     from swapless.tasks.gateway.batches.state import BatchStore
     from swapless.tasks.keyspace import Keyspace
+    from swapless.tasks.webhooks import WebhookDelivery
 
     def owner(key: str) -> str:
         return "key:" + hashlib.sha256(key.encode()).hexdigest()[:32]
@@ -460,7 +460,7 @@ def test_the_status_shows_a_limited_key_its_own_batches_and_no_one_s_callback_ur
     store = BatchStore(r, keys)
     store.create("batch_mine", {"owner": owner(LIMITED), "total": 3, "expires_at": int(time.time()) + 60})
     store.create("batch_theirs", {"owner": owner(FULL), "total": 9, "expires_at": int(time.time()) + 60})
-    failed = Delivery("job-1", "https://hooks.example/done?token=s3cret", "{}", attempts=3, last_error="502",
+    failed = WebhookDelivery("job-1", "https://hooks.example/done?token=s3cret", "{}", attempts=3, last_error="502",
                       failed_at=time.time())
     r.lpush(keys.webhooks_failed, failed.encode())
 

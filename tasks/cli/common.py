@@ -75,9 +75,9 @@ def routes_table(store: Any, settings: Settings) -> Table:
     agreement: dict[tuple[str, str, str], tuple[int, int]] = {}
     if settings.redis_url is not None:
         from swapless.tasks.broker.connection import redis_client
-        from swapless.tasks.broker.routes import RouteOverrides, read_shadow
         from swapless.tasks.broker.sentinel import SentinelOptions
         from swapless.tasks.keyspace import Keyspace
+        from swapless.tasks.routing import RouteOverrides, read_shadow
 
         try:
             client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,

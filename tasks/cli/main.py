@@ -247,9 +247,9 @@ def reload(models: ModelsOption = None) -> None:
     `swapless route` are replaced by the file's."""
     from swapless.manager.registry.store import ModelStore
     from swapless.tasks.broker.connection import redis_client
-    from swapless.tasks.broker.routes import RouteOverrides
     from swapless.tasks.broker.sentinel import SentinelOptions
     from swapless.tasks.keyspace import Keyspace
+    from swapless.tasks.routing import RouteOverrides
 
     settings = settings_with(models_file=models)
     try:
@@ -275,9 +275,9 @@ def route(
     `swapless route sentiment sentiment-v1=50 sentiment-v2=50`; `swapless route sentiment --clear`."""
     from swapless.manager.registry.store import ModelStore
     from swapless.tasks.broker.connection import redis_client
-    from swapless.tasks.broker.routes import RouteOverrides
     from swapless.tasks.broker.sentinel import SentinelOptions
     from swapless.tasks.keyspace import Keyspace
+    from swapless.tasks.routing import RouteOverrides
 
     settings = settings_with(models_file=models)
     store = ModelStore.from_file(settings.models_file)

@@ -11,7 +11,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from swapless.tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, check_target
+from swapless.tasks.webhooks import WebhookDelivery, WebhookQueue, allowed_hosts, check_target
 
 if TYPE_CHECKING:
     from swapless.tasks.client import Client
@@ -58,7 +58,7 @@ def queue_run_webhook(
     """Queue the run's webhook; in local mode wait for the embedded worker to settle it. Returns the line to print."""
     queue = WebhookQueue.of(client.redis, client.settings)
     run_id = f"bulk-{uuid.uuid4().hex}"
-    _, full = queue.enqueue([Delivery(run_id, url, run_payload(run_id, job, summary, stopped))])
+    _, full = queue.enqueue([WebhookDelivery(run_id, url, run_payload(run_id, job, summary, stopped))])
     if full:
         return (f"bulk: the run's webhook to {url} was kept as failed: the delivery queue is full "
                 "(SWAPLESS_WEBHOOK_MAX_PENDING); swapless webhooks --replay sends it once there is room")

@@ -68,13 +68,13 @@ def _render(client: Any, keyspace: Any, store: Any, settings: Any, sample: int) 
     from rich.console import Group
 
     from swapless.tasks.broker.connection import translated
-    from swapless.tasks.broker.webhooks import read_webhooks
     from swapless.tasks.cluster.members import read_heartbeats
     from swapless.tasks.cluster.view import read_placement
     from swapless.tasks.observe.batches import read_batches
     from swapless.tasks.observe.memory import read_redis_memory
     from swapless.tasks.observe.queue import read_queue_depth
     from swapless.tasks.observe.view import render_status
+    from swapless.tasks.webhooks import read_webhooks
 
     model_ids = store.ids()
     with translated(settings.broker_url):
@@ -149,7 +149,7 @@ def webhooks(
     prints how many. A worker's sender delivers them."""
     from swapless.tasks.broker.connection import redis_client, translated
     from swapless.tasks.broker.sentinel import SentinelOptions
-    from swapless.tasks.broker.webhooks import WebhookQueue
+    from swapless.tasks.webhooks import WebhookQueue
 
     settings = settings_with(queue=queue)
     client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,

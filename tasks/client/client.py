@@ -41,9 +41,7 @@ from swapless.manager.registry.store import ModelStore
 from swapless.tasks.app import make_app
 from swapless.tasks.broker.connection import redis_client, translated
 from swapless.tasks.broker.results import ResultStore, StoredResult
-from swapless.tasks.broker.routes import RouteOverrides
 from swapless.tasks.broker.sentinel import SentinelOptions
-from swapless.tasks.broker.webhooks import allowed_hosts, check_target
 from swapless.tasks.client.consumer import ResultConsumer
 from swapless.tasks.client.job import Job
 from swapless.tasks.client.publisher import Publisher, Routed
@@ -64,7 +62,9 @@ from swapless.tasks.protocol import (
     priority_level,
     storage_id,
 )
+from swapless.tasks.routing import RouteOverrides
 from swapless.tasks.tracing import sending
+from swapless.tasks.webhooks import allowed_hosts, check_target
 
 __all__ = ["Client"]
 

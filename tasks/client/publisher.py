@@ -38,7 +38,6 @@ from swapless.tasks.broker.publish import (
     push,
     push_to_models,
 )
-from swapless.tasks.broker.routes import RouteOverrides
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.protocol import (
     PREDICT_TASK,
@@ -49,6 +48,7 @@ from swapless.tasks.protocol import (
     new_ids,
     priority_level,
 )
+from swapless.tasks.routing import RouteOverrides
 
 __all__ = ["Publisher", "Routed"]
 

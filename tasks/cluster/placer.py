@@ -43,12 +43,12 @@ from swapless.manager import ModelManager, ModelStore
 from swapless.manager.cache.entries import DEFAULT_LOAD_COST_S, HOST_COST_FRACTION
 from swapless.tasks.broker.connection import RedisHealth
 from swapless.tasks.broker.queues import RECOVER, WAKE
-from swapless.tasks.broker.routes import Router
 from swapless.tasks.cluster.claims import CLAIM, RELEASE, RENEW
 from swapless.tasks.cluster.members import TTL_INTERVALS, Heartbeat, ModelActivity, read_heartbeats
 from swapless.tasks.cluster.plan import Demand, WorkerView, plan
 from swapless.tasks.cluster.view import ModelPlacement, read_placement
 from swapless.tasks.keyspace import Keyspace, ModelKeys
+from swapless.tasks.routing import Router
 
 __all__ = ["Placer"]
 

@@ -18,7 +18,6 @@ from swapless.manager.registry.store import ModelStore
 from swapless.tasks.broker.connection import async_redis_client
 from swapless.tasks.broker.results import StoredResult
 from swapless.tasks.broker.sentinel import SentinelOptions
-from swapless.tasks.broker.webhooks import allowed_hosts, check_target
 from swapless.tasks.client import Client, Routed
 from swapless.tasks.client.aconsumer import AsyncResultConsumer
 from swapless.tasks.gateway.auth import Caller
@@ -28,6 +27,7 @@ from swapless.tasks.gateway.quotas import OverLimit, RateLimit, WaitSlots
 from swapless.tasks.gateway.turns import give_back
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.protocol import CALLBACK_OWNER_HEADER, CALLBACK_URL_HEADER
+from swapless.tasks.webhooks import allowed_hosts, check_target
 
 __all__ = ["Ask", "DataPlane", "check_input"]
 

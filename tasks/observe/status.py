@@ -30,8 +30,6 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from swapless.tasks.broker.routes import read_shadow
-from swapless.tasks.broker.webhooks import read_webhooks
 from swapless.tasks.cluster.members import Heartbeat, aread_heartbeats, read_heartbeats
 from swapless.tasks.cluster.view import ModelPlacement, aread_placement, read_placement
 from swapless.tasks.keyspace import Keyspace
@@ -39,6 +37,8 @@ from swapless.tasks.observe.batches import read_batches
 from swapless.tasks.observe.memory import RedisMemory, read_redis_memory
 from swapless.tasks.observe.queue import DEFAULT_SAMPLE, QueueDepth, aread_queue_depth, read_queue_depth
 from swapless.tasks.observe.scaling import removal_costs
+from swapless.tasks.routing import read_shadow
+from swapless.tasks.webhooks import read_webhooks
 
 __all__ = ["aread_status", "read_status", "status_payload"]
 

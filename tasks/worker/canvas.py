@@ -33,6 +33,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from swapless.config.errors import SwaplessError
+from swapless.tasks.broker.kombu_private import request_payload
 from swapless.tasks.broker.results import ResultStore
 from swapless.tasks.protocol import CHUNK_TASK, PREDICT_TASK
 
@@ -54,7 +55,7 @@ def embed_of(request: Any) -> dict[str, Any] | None:
     """
     embed = getattr(request, "embed", None)
     if embed is None:
-        payload = getattr(request, "_payload", None)
+        payload = request_payload(request)
         if isinstance(payload, (list, tuple)) and len(payload) == 3:
             embed = payload[2]
     if isinstance(embed, dict) and any(embed.get(field) for field in CANVAS_FIELDS):

@@ -45,13 +45,13 @@ from swapless.tasks.broker.acks import AckQueue
 from swapless.tasks.broker.connection import RedisHealth, ReplicaWait, redis_client
 from swapless.tasks.broker.queues import ChannelHooks
 from swapless.tasks.broker.results import ResultStore
-from swapless.tasks.broker.routes import RouteOverrides, Router
 from swapless.tasks.broker.sentinel import SentinelOptions
-from swapless.tasks.broker.webhooks import WebhookQueue
 from swapless.tasks.cluster.members import read_heartbeats
 from swapless.tasks.cluster.placer import Placer
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.observe.podcost import PodDeletionCost
+from swapless.tasks.routing import RouteOverrides, Router
+from swapless.tasks.webhooks import WebhookQueue
 from swapless.tasks.worker.canvas import Canvas
 from swapless.tasks.worker.followups import Followups
 from swapless.tasks.worker.intake import Intake, answer_malformed

@@ -29,7 +29,6 @@ from swapless.config.errors import InputError
 from swapless.config.settings import Settings
 from swapless.manager import Job
 from swapless.manager.registry.store import ModelStore
-from swapless.tasks.broker.routes import Router
 from swapless.tasks.protocol import (
     CHUNK_TASK,
     KEYS_HEADER,
@@ -40,6 +39,7 @@ from swapless.tasks.protocol import (
     item_id,
     read_payload,
 )
+from swapless.tasks.routing import Router
 from swapless.tasks.tracing import TRACEPARENT_HEADER
 
 __all__ = ["Delivery", "decode"]

@@ -42,9 +42,9 @@ from swapless.config.errors import JobCancelled, JobExpired, PoisonJob, Predicti
 from swapless.manager import Backlog, Job, Outcome, run_group
 from swapless.tasks.broker.acks import AckQueue
 from swapless.tasks.broker.results import ResultStore
-from swapless.tasks.broker.routes import Router
 from swapless.tasks.observe.accounting import NULL_OBSERVER, SchedulerObserver
 from swapless.tasks.protocol import deadline_text, item_id, split_item_id, storage_id
+from swapless.tasks.routing import Router
 from swapless.tasks.worker.ahead import ReadAhead
 from swapless.tasks.worker.attempts import plan_attempts
 from swapless.tasks.worker.chunks import ChunkAssembler

@@ -18,9 +18,9 @@ from typing import Any
 
 from swapless.manager import Outcome
 from swapless.tasks.broker.results import ResultStore
-from swapless.tasks.broker.routes import count_shadow
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.observe.accounting import SchedulerObserver
+from swapless.tasks.routing import count_shadow
 from swapless.tasks.worker.delivery import Delivery
 
 __all__ = ["SHADOW_REF_S", "Shadows"]

@@ -39,9 +39,10 @@ from swapless.config.settings import get_settings
 from swapless.manager import run_group
 from swapless.tasks.app import make_app
 from swapless.tasks.broker.acks import refresh_visibility
+from swapless.tasks.broker.kombu_private import batches_buffer
 from swapless.tasks.broker.results import ResultStore
-from swapless.tasks.broker.routes import Router
 from swapless.tasks.protocol import CHUNK_TASK, PREDICT_TASK
+from swapless.tasks.routing import Router
 from swapless.tasks.worker import control as _control  # noqa: F401 - registers Swapless's revoke in place of Celery's
 from swapless.tasks.worker.chunks import ChunkAssembler
 from swapless.tasks.worker.context import FinishInHand, SwaplessWorker, WorkerContext
@@ -125,9 +126,11 @@ class SwaplessBatches(Batches):
             self.flush_every = 1
             return
 
+        empty, flush = batches_buffer(self)
+
         def tick() -> None:
-            if not self._buffer.empty():
-                self._do_flush()
+            if not empty():
+                flush()
 
         self._tick, self._tick_hub = tick, hub
         hub.on_tick.add(tick)

@@ -41,9 +41,9 @@ from standardwebhooks import Webhook
 
 from swapless.config.errors import SwaplessError, WebhookRefused
 from swapless.config.settings import Settings
-from swapless.tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, connect_address, pinned, resolve_host
 from swapless.tasks.protocol import CALLBACK_OWNER_HEADER, CALLBACK_URL_HEADER, SENT_AT_HEADER, encode_outcome
 from swapless.tasks.tracing import TRACEPARENT_HEADER, context_of, trace_id_of
+from swapless.tasks.webhooks import WebhookDelivery, WebhookQueue, allowed_hosts, connect_address, pinned, resolve_host
 
 __all__ = ["WebhookIntake", "WebhookSender", "backoff_s", "job_payload"]
 
@@ -109,7 +109,7 @@ class WebhookIntake:
             payload = job_payload(request.id, result, error, models.get(request.id), sent, now)
             owner = headers.get(CALLBACK_OWNER_HEADER)
             traceparent = headers.get(TRACEPARENT_HEADER)
-            deliveries.append(Delivery(request.id, url, payload, created_s=now,
+            deliveries.append(WebhookDelivery(request.id, url, payload, created_s=now,
                                        owner=owner if isinstance(owner, str) and owner else None,
                                        traceparent=traceparent if isinstance(traceparent, str) else None))
         if not deliveries:
@@ -211,7 +211,7 @@ class WebhookSender:
             return 1.0
         return 1.0 if due is None else min(1.0, max(0.01, due - time.time()))
 
-    def _attempt(self, delivery: Delivery) -> None:
+    def _attempt(self, delivery: WebhookDelivery) -> None:
         try:
             if self.tracer is not None and delivery.traceparent is not None:
                 outcome = self._traced_post(delivery, delivery.traceparent)
@@ -224,7 +224,7 @@ class WebhookSender:
             self._slots.release()
             self._wake.set()
 
-    def _traced_post(self, delivery: Delivery, traceparent: str) -> tuple[bool, str | None]:
+    def _traced_post(self, delivery: WebhookDelivery, traceparent: str) -> tuple[bool, str | None]:
         """``_post`` in a ``webhook`` span of the job's trace, its request carrying the span's context."""
         from opentelemetry import propagate, trace
 
@@ -242,7 +242,9 @@ class WebhookSender:
                 span.set_status(trace.StatusCode.ERROR, (why or "").lstrip("!"))
             return ok, why
 
-    def _post(self, delivery: Delivery, trace_headers: Mapping[str, str] | None = None) -> tuple[bool, str | None]:
+    def _post(
+        self, delivery: WebhookDelivery, trace_headers: Mapping[str, str] | None = None
+    ) -> tuple[bool, str | None]:
         """(delivered, why not). ``why not`` with ``delivered`` False and a ``!`` first: never retry.
         ``trace_headers``: the attempt's trace context, sent with it."""
         if self._signer is None:
@@ -272,7 +274,7 @@ class WebhookSender:
             return True, None
         return False, f"the receiver answered {response.status_code}"
 
-    def _settle(self, delivery: Delivery, outcome: tuple[bool, str | None]) -> None:
+    def _settle(self, delivery: WebhookDelivery, outcome: tuple[bool, str | None]) -> None:
         ok, why = outcome
         if ok:
             self.queue.delivered(delivery)
@@ -294,7 +296,7 @@ class WebhookSender:
         self.queue.retry(delivery, retry_at)
 
 
-def _trace_note(delivery: Delivery) -> str:
+def _trace_note(delivery: WebhookDelivery) -> str:
     """What a log line about ``delivery`` says of its job's trace (``" [trace <id>]"``, or nothing)."""
     trace_id = trace_id_of(delivery.traceparent)
     return f" [trace {trace_id}]" if trace_id is not None else ""

@@ -21,7 +21,6 @@ from swapless.config.errors import DeadlinePassed, InputError
 from swapless.config.settings import Settings
 from swapless.manager.registry.specs import ModelSpec
 from swapless.manager.registry.store import ModelStore
-from swapless.tasks.broker.webhooks import Delivery, WebhookQueue
 from swapless.tasks.client.bulk import BulkJob, BulkRun, ChunkSource
 from swapless.tasks.client.progress import NullProgress
 from swapless.tasks.gateway.auth import Caller
@@ -34,6 +33,7 @@ from swapless.tasks.gateway.errors import BadBatchFile
 from swapless.tasks.gateway.keys import KeyRule
 from swapless.tasks.gateway.plane import check_input
 from swapless.tasks.tracing import working
+from swapless.tasks.webhooks import WebhookDelivery, WebhookQueue
 
 __all__ = ["BatchDriver", "LeaseLost", "Stopped", "file_id_for"]
 
@@ -324,7 +324,8 @@ class BatchDriver:
                               "created_at": int(time.time()), "data": data})
         try:
             owner = batch.get("owner") if batch.get("callback_url") else None  # the deployment's own URL: no key's
-            WebhookQueue.of(self.store.redis, self.settings).enqueue([Delivery(event_id, url, payload, owner=owner)])
+            delivery = WebhookDelivery(event_id, url, payload, owner=owner)
+            WebhookQueue.of(self.store.redis, self.settings).enqueue([delivery])
         except Exception:  # the batch's end stands; its webhook is what is lost, and the log says so
             logger.exception("could not queue the end webhook of batch %s", self.batch_id)
 

@@ -20,7 +20,6 @@ from swapless.config.settings import Settings
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks.broker.connection import redis_client
 from swapless.tasks.broker.sentinel import SentinelOptions
-from swapless.tasks.broker.webhooks import allowed_hosts, check_target
 from swapless.tasks.gateway.auth import Caller, Need, needs
 from swapless.tasks.gateway.batches.files import FileInfo, FileStore, new_file_id
 from swapless.tasks.gateway.batches.lines import ENDPOINT, LineChecker
@@ -32,6 +31,7 @@ from swapless.tasks.gateway.errors import BadBatch, BadBatchFile, UnknownBatch, 
 from swapless.tasks.gateway.http import Route, router_of
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.tracing import current_traceparent
+from swapless.tasks.webhooks import allowed_hosts, check_target
 
 __all__ = ["BATCH_ROUTES", "BatchEndpoints", "BatchRequest", "batch_router", "parse_window"]
 
