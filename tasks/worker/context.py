@@ -252,10 +252,11 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
         observer=reporting.observer,
         followups=followups,
         spans=spans,
+        refused=reporting.stats.refused,
     )
     placer = Placer(settings, keyspace, runtime.store, runtime.manager, router, control, health,
                     reporting.worker_id, activity=reporting.stats.models, on_release=scheduler.hand_over)
-    scheduler.backlog.queued = placer.queued
+    scheduler.inbox.backlog.queued = placer.queued
 
     def malformed(message: Any, err: Exception) -> None:
         answer_malformed(ResultStore(app, retry_s=5, health=health, replicas=replicas), message, err)

@@ -143,6 +143,7 @@ class WorkerReporting:
             problem = self.health.describe()
             if problem is None and self._publisher is not None:
                 problem = refusals.check(self._publisher.client)
+            jobs_done, jobs_failed = self.stats.totals()
             return build_heartbeat(
                 hostname=self.hostname,
                 worker_id=self.worker_id,
@@ -152,8 +153,8 @@ class WorkerReporting:
                 manager=scheduler.runtime.manager,
                 stats=self.stats,
                 backlog=scheduler.backlog_counts(),
-                jobs_done=scheduler.jobs_done,
-                jobs_failed=scheduler.jobs_failed,
+                jobs_done=jobs_done,
+                jobs_failed=jobs_failed,
                 redis_problem=problem,
                 routing=settings.routing,
                 claimed=claimed(),
