@@ -38,7 +38,7 @@ from celery.worker import state as worker_state
 
 from swapless.config.errors import SwaplessError
 from swapless.config.settings import Settings, get_settings
-from swapless.manager import ModelEngine
+from swapless.manager import ModelEngine, ModelManager
 from swapless.manager.batching.warmup import load_kept, warm_steps
 from swapless.tasks import tracing
 from swapless.tasks.broker.acks import AckQueue
@@ -106,72 +106,12 @@ class WorkerContext:
     def start(self) -> None:
         """Seed what earlier workers learned, warm up on the scheduler's thread, start the heartbeat, then place."""
         runtime, s = self.runtime, self.settings
-        engine = runtime.manager.factory
         if self.scheduler.spans is not None:
             self.provider = tracing.configure("swapless-worker")
         tune_interpreter()
         after_beat: list[Callable[[], Any]] = []
-        records: dict[str, Any] = {}
-        kind = ""
-        if isinstance(engine, ModelEngine):
-            kind = device_label(s.device)
-            learned = LearnedStore(self.control, self.keyspace, kind)
-            try:
-                records = learned.seed(runtime.manager, engine)
-            except Exception as err:  # noqa: BLE001 - what was learned only saves time
-                logger.warning("could not read what earlier workers learned (%s); learning afresh", err)
-            after_beat.append(functools.partial(learned.save, runtime.manager, engine))
-        warming = engine if s.warm_start and isinstance(engine, ModelEngine) else None
-        kept = [spec.id for spec in runtime.store if spec.keep_loaded]
-        if warming is not None or kept:
-            others = self._others_live()
-            skip = self._measured_if_joining(records, kind, others) if others else set()
-            # a worker joining a fleet under placement loads no kept model: the fleet holds them, placement gives
-            # this one what it needs
-            skip_kept = set(kept) if others and s.routing == "placement" else set()
-
-            def warm() -> Iterator[None]:
-                """The warm start, a model at a time while no job has come (the scheduler stops it at the first)."""
-                assert warming is not None
-                started, took, ended = time.perf_counter(), 0, "all warmed or its budget spent"
-                steps = warm_steps(runtime.manager, warming, total_budget_s=s.warm_start_budget_s,
-                                   order=list(records), tuned=set(records), skip=skip | skip_kept,
-                                   keep=self.scheduler.wants)
-                try:
-                    yield  # primed here: closed before any model, it still says so
-                    # jobs waiting in the queue's lists go to some worker of the fleet within a placement round:
-                    # a load begun for the warm start now would only hold them up (or be made twice)
-                    while not self.placer.jobs_waiting():
-                        if next(steps, None) is None:
-                            break
-                        took += 1
-                        yield
-                    else:
-                        ended = "ended by jobs waiting; the others warm on their first jobs"
-                except GeneratorExit:
-                    ended = "ended by the first job; the others warm on their first jobs"
-                    raise
-                finally:
-                    close = getattr(steps, "close", None)  # a generator: closed, it closes its model's use
-                    if close is not None:
-                        close()
-                    logger.info("warm start on %s: %d model(s) in %.1f s (%s)", threading.current_thread().name,
-                                took, time.perf_counter() - started, ended)
-
-            idle = warm() if warming is not None else None
-            if idle is not None:
-                next(idle)
-
-            def first() -> None:
-                """The kept models, and ``SWAPLESS_WARM_BEFORE_READY_S`` of the warm start, before ready."""
-                load_kept(runtime.manager, skip=skip_kept)
-                ends = time.perf_counter() + s.warm_before_ready_s
-                while idle is not None and time.perf_counter() < ends and next(idle, StopIteration) is None:
-                    pass
-
-            # on the thread that will run the jobs: those before ready, the rest of the warm start while idle
-            self.scheduler.start(first=first, idle=idle)
-            self.scheduler.ready.wait()
+        records, kind = self._seed(after_beat)
+        self._warm_up(records, kind)
         beats = redis_client(s.broker_url, connect_timeout_s=5, socket_timeout_s=5, sentinel=SentinelOptions.of(s))
         pod_cost = PodDeletionCost.from_environment(s, beats, self.keyspace, self.reporting.worker_id)
         if pod_cost is not None:
@@ -185,6 +125,51 @@ class WorkerContext:
         ids = runtime.store.ids()
         shown = ", ".join(ids[:READY_NAMES]) + (f" and {len(ids) - READY_NAMES} more" if len(ids) > READY_NAMES else "")
         logger.info("swapless worker ready: %d model(s): %s", len(ids), shown)
+
+    def _seed(self, after_beat: list[Callable[[], Any]]) -> tuple[dict[str, Any], str]:
+        """Seed what earlier workers learned on this kind of device; returns their records and the device kind."""
+        engine = self.runtime.manager.factory
+        if not isinstance(engine, ModelEngine):
+            return {}, ""
+        kind = device_label(self.settings.device)
+        learned = LearnedStore(self.control, self.keyspace, kind)
+        records: dict[str, Any] = {}
+        try:
+            records = learned.seed(self.runtime.manager, engine)
+        except Exception as err:  # noqa: BLE001 - what was learned only saves time
+            logger.warning("could not read what earlier workers learned (%s); learning afresh", err)
+        after_beat.append(functools.partial(learned.save, self.runtime.manager, engine))
+        return records, kind
+
+    def _warm_up(self, records: dict[str, Any], kind: str) -> None:
+        """Load the kept models and start the warm start, on the scheduler's thread; wait until it is ready."""
+        runtime, s = self.runtime, self.settings
+        engine = runtime.manager.factory
+        warming = engine if s.warm_start and isinstance(engine, ModelEngine) else None
+        kept = [spec.id for spec in runtime.store if spec.keep_loaded]
+        if warming is None and not kept:
+            return
+        others = self._others_live()
+        skip = self._measured_if_joining(records, kind, others) if others else set()
+        # a worker joining a fleet under placement loads no kept model: the fleet holds them, placement gives
+        # this one what it needs
+        skip_kept = set(kept) if others and s.routing == "placement" else set()
+        idle = None
+        if warming is not None:
+            idle = _warm_start(runtime.manager, warming, s, records, skip | skip_kept, self.scheduler.wants,
+                               self.placer.jobs_waiting)
+            next(idle)
+
+        def first() -> None:
+            """The kept models, and ``SWAPLESS_WARM_BEFORE_READY_S`` of the warm start, before ready."""
+            load_kept(runtime.manager, skip=skip_kept)
+            ends = time.perf_counter() + s.warm_before_ready_s
+            while idle is not None and time.perf_counter() < ends and next(idle, StopIteration) is None:
+                pass
+
+        # on the thread that will run the jobs: those before ready, the rest of the warm start while idle
+        self.scheduler.start(first=first, idle=idle)
+        self.scheduler.ready.wait()
 
     def _others_live(self) -> int:
         """How many other workers are live on this queue (0 when their heartbeats cannot be read)."""
@@ -218,6 +203,34 @@ class WorkerContext:
         self.runtime.manager.close()
         tracing.shutdown(self.provider)  # the last spans exported before the process exits
         self.provider = None
+
+
+def _warm_start(manager: ModelManager, engine: ModelEngine, s: Settings, records: dict[str, Any], skip: set[str],
+                keep: Callable[[str], bool], jobs_waiting: Callable[[], bool]) -> Iterator[None]:
+    """The warm start, a model at a time while no job has come (the scheduler closes it at the first)."""
+    started, took, ended = time.perf_counter(), 0, "all warmed or its budget spent"
+    steps = warm_steps(manager, engine, total_budget_s=s.warm_start_budget_s, order=list(records),
+                       tuned=set(records), skip=skip, keep=keep)
+    try:
+        yield  # primed here: closed before any model, it still says so
+        # jobs waiting in the queue's lists go to some worker of the fleet within a placement round:
+        # a load begun for the warm start now would only hold them up (or be made twice)
+        while not jobs_waiting():
+            if next(steps, None) is None:
+                break
+            took += 1
+            yield
+        else:
+            ended = "ended by jobs waiting; the others warm on their first jobs"
+    except GeneratorExit:
+        ended = "ended by the first job; the others warm on their first jobs"
+        raise
+    finally:
+        close = getattr(steps, "close", None)  # a generator: closed, it closes its model's use
+        if close is not None:
+            close()
+        logger.info("warm start on %s: %d model(s) in %.1f s (%s)", threading.current_thread().name,
+                    took, time.perf_counter() - started, ended)
 
 
 def build_context(app: Celery, settings: Settings, hostname: str | None = None) -> WorkerContext:
