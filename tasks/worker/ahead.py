@@ -1,19 +1,6 @@
-"""The next group's reads, sent during the last pass of the group before it: ``ReadAhead``.
+"""ReadAhead: the next group's reads, sent during the last pass of the group before it.
 
-Before a group runs, the scheduler asks Redis in one round trip which of its jobs have a result already (cancelled,
-or a redelivered copy of a finished job) and how often each was started before, and counts the first slice's
-attempts (``ResultStore.prior``). On a device that computes without the CPU, that round trip is time the device
-idles between two groups: 2-4 ms of a 75 ms group of 256 jobs on the simulated device (``bench/DEVICE.md``). As the
-last forward pass of a group begins (``run_group``'s ``before_last_pass``), ``ReadAhead`` sends the same round trip,
-on a thread of its own, for the group the backlog would give next (``Backlog.peek_group``); when that group is the
-one taken, the scheduler uses the answer instead of asking.
-
-A job counted ahead counts as started from then on, one forward pass before its own: a cancel answers ``running``,
-and the job runs and keeps its result. Only a job never started before is counted ahead, and once: one that then
-never runs here (its worker died during the pass before it) carries one attempt it did not make, and runs again with
-the jobs in flight at one death (together, as ``swapless.tasks.worker.attempts`` decides), never alone or as poison for
-it. What this worker counted ahead is its own and not an earlier life's: ``own`` takes it out of later reads, and a job
-handed over or left at a clean stop has its count cleared (``forget``, ``close``).
+What a job counted ahead means for its attempts: docs/concepts/scheduling.md.
 """
 
 from __future__ import annotations

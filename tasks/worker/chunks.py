@@ -1,14 +1,4 @@
-"""Chunk messages in the worker: each chunk's items collected back into its one result.
-
-A bulk producer sends ``swapless.predict_chunk`` messages whose args are ``[model_id, [input, ...]]``. Decoding
-(``swapless.tasks.worker.delivery``) expands each chunk into one ``Job`` per input (ids ``"<chunk id>:<index>"``,
-``swapless.tasks.protocol.item_id``) in the same backlog as single jobs, so grouping, caching and failure isolation are
-exactly those of single jobs; one bad input fails alone. When every item of a chunk has an outcome, the chunk's
-result is stored once, as a list of ``swapless.tasks.protocol.encode_outcome`` dicts in input order, and only then is
-the chunk's message acked. A chunk whose payload is malformed, or that names an unknown model, fails as a whole (its
-stored result is that error, like a single job's).
-
-Plain data: no Redis, no Celery, no torch. ``ChunkAssembler`` is what the batch scheduler holds.
+"""ChunkAssembler: a chunk message's items collected back into its one result. Plain data.
 """
 
 from __future__ import annotations

@@ -1,25 +1,7 @@
-"""The worker's composition root: every collaborator of one worker process, built once where it starts and handed
-to each part, as Celery's own bootsteps do (``celery/worker/components.py``).
+"""The worker's composition root: every collaborator of one worker process, built once where it starts.
 
-``SwaplessWorker``, a bootstep of the worker's blueprint, builds the ``WorkerContext`` when Celery creates the
-worker (after its logging is set up, before the consumer connects) and attaches it as ``worker.swapless``:
-
-    settings ─► Keyspace, RedisHealth, the Redis clients
-             ─► Runtime (registry, engine, cache) ─► Router (routes with their run-time weights)
-             ─► WorkerReporting (heartbeat, metrics, events: the observer of every group)
-             ─► BatchScheduler (decode once, backlog, groups, results, acks) and its Shadows
-             ─► Followups: Celery's canvas and the webhooks' intake (between a store and its ack)
-             ─► WebhookSender (its own thread: the webhook deliveries of the queue, signed)
-             ─► BatchSpans (with OTEL_* set: the spans of traced jobs, swapless.tasks.tracing)
-             ─► Placer (claims, recovery: the transport's Affinity) and the Intake (the lean path)
-             ─► ChannelHooks: what the transport's channels take, as the transport option ``swapless_hooks``
-
-Its ``start`` (before the consumer starts, which Celery starts last) sets tracing up (when the ``OTEL_*`` variables
-ask for it), seeds what earlier workers learned, runs the
-warm start on the scheduler's thread, starts the heartbeat, the webhook sender and then placement (a model is not
-claimed by a worker still warming up). The consumer's ``FinishInHand`` step finishes the group in hand on a warm
-shutdown while the broker connection is still open; the worker step's ``stop`` stops the rest and unloads every
-model. The batch task binds to the context of the consumer that serves it (``swapless.tasks.worker.task``).
+``SwaplessWorker`` (a bootstep) builds the ``WorkerContext`` and attaches it as ``worker.swapless``; the order of
+its start: docs/concepts/scheduling.md.
 """
 
 from __future__ import annotations

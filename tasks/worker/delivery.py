@@ -1,21 +1,7 @@
-"""A message as the worker decoded it, once, at intake: ``decode(request, ...)`` reads the payload, routes each
-input to the model that serves it, and fixes the deadline, into a ``Delivery`` every later stage reads (the
-scheduler, the chunk assembler, the shadows) instead of asking the request or the registry again.
+"""A message as the worker decodes it, once, at intake: ``decode`` makes the ``Delivery`` every later stage reads.
 
-- A job (``swapless.predict``, args ``[model_id, input]``) is one ``Job``; addressed to a route (a plain Celery
-  producer's: ``Client`` resolves its own), it goes to the model the route picks by the job's id, as
-  ``Client.submit`` would pick it.
-- A chunk (``swapless.predict_chunk``, args ``[model_id, [input, ...]]``) is one ``Job`` per input, ids
-  ``"<chunk id>:<index>"``; addressed to a route, each item is routed by its sticky key (the message's
-  ``KEYS_HEADER``), else by its own id.
-- Its deadline: the message's ``expires`` (Celery's header), else ``SWAPLESS_INTERACTIVE_EXPIRES_S`` or
-  ``SWAPLESS_BULK_EXPIRES_S`` from its send time, when set.
-- A shadow copy (``SHADOW_HEADER``) names the job it shadows and the route; a job with shadows (``SHADOWED_HEADER``)
-  leaves its top label for them.
-- Its producer's trace context (the W3C ``traceparent`` header: ``Client``'s, the gateway's, or a plain Celery
-  producer's instrumentation) goes with each of its jobs (``Job.trace``) to the worker's spans.
-
-Plain data and pure functions over the request, the router and the settings: no Redis of its own, no Celery.
+It holds the message's jobs (one per input of a chunk, each routed), its deadline, its shadow headers and its
+producer's trace context. Pure functions: no Redis, no Celery.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""The lean path from a fetched message to the scheduler, for the worker's own two tasks.
+"""Intake: the lean path from a fetched message to the scheduler, for the worker's own two tasks.
 
-Celery turns every message into a ``Request`` (protocol conversion, promises, signals, the strategy's buffer and its
-flush) before the batch task's scheduler sees it: about a third of a millisecond of the worker's CPU per job, more
-than a small model's forward pass on a GPU. Messages of ``swapless.predict`` and ``swapless.predict_chunk`` that
-need none of it (JSON, no ETA, task events off) skip it: the transport hands every such message of one fetch round
-to ``Intake`` at once (``swapless.tasks.broker.placed.use_intake``), which decodes its body and gives the scheduler one
-``LeanRequest`` per message, in one hand-over. The message format is Celery's (producers are unchanged); acks,
-rejects and restores go through kombu's message and channel as Celery's would. Any other message (another task, an
-ETA, another content type, task events on) takes Celery's own path.
+Messages that need none of Celery's ``Request`` (JSON, no ETA, task events off) skip it; any other message takes
+Celery's own path.
 """
 
 from __future__ import annotations

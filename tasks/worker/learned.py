@@ -1,12 +1,7 @@
-"""What workers learn about each model, kept in Redis so that a restarted (or a new) worker starts tuned.
+"""What workers learn about each model, kept in Redis per device kind so a new worker starts tuned.
 
-Per device kind (``cpu``, ``cuda:NVIDIA H200``, ...), one hash ``Keyspace.learned(device)``: per
-model, JSON of its measured seconds per input at each batch size (the ``BatchTuner``'s), its last load time from
-disk (``load_s``), its last swap-in from the host tier (``host_load_s``) and its size in bytes. A worker reads it
-at start-up (``seed``: tuners, load costs per tier for the scheduler and placement, sizes for loading ahead under
-a byte budget, and the order of the warm start) and writes what changed once per heartbeat (``save``). The hash
-expires ``LEARNED_TTL_S`` after the last worker started or wrote to it (a deployment gone for a month leaves
-nothing behind); a worker whose Redis lacks it simply learns again.
+Per model: seconds per input at each batch size, load and swap-in times, size in bytes. Read at start-up
+(``seed``), written once per heartbeat (``save``); it expires ``LEARNED_TTL_S`` after its last use.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""What a worker tells the world: its heartbeat, its Prometheus metrics and Celery's task events.
-
-``WorkerReporting`` is built by the worker's context (``swapless.tasks.worker.context``) before the scheduler, whose
-``observer`` it provides (every group feeds the heartbeat's per-model activity, the metrics and the task events),
-and opens the metrics endpoint when ``metrics_port`` is set; ``start(...)`` then starts the heartbeat thread, and
-``stop`` stops both and deletes the heartbeat. The parts themselves live in ``swapless.tasks.observe``.
+"""WorkerReporting: a worker's heartbeat, Prometheus metrics and Celery task events (``swapless.tasks.observe``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""What one worker holds of the model side: the settings, the registry and the model cache, built by
-``build_runtime`` (the worker's start-up builds one, ``swapless.tasks.worker.context``; ``swapless worker`` builds one
-first to check the models file and the settings).
+"""Runtime: the settings, the registry and the model cache one worker holds, built by ``build_runtime``.
 """
 
 from __future__ import annotations

@@ -1,27 +1,7 @@
-"""The batch task: queued jobs -> grouped by model -> run through the model cache -> one result per job.
+"""The batch task: queued jobs, grouped by model, run through the model cache, one result per job.
 
-Why not plain celery-batches: its strategy is kept (it turns each message into a request and handles ETAs), but
-its flushing is replaced. celery-batches flushes every ``flush_every`` messages or every ``flush_interval``
-seconds, hands the batch to the pool, and acks late messages when the batch returns, even if it raised. Here:
-
-- most messages skip Celery's requests altogether: the transport hands them to the worker's intake
-  (``swapless.tasks.worker.intake``); those that take Celery's path (an ETA, task events on) go into the worker's
-  backlog as soon as they arrive: everything one read of the transport delivered is flushed at once, on the event loop's
-  next tick (``_flush_per_tick``);
-- one scheduler thread takes the next group from the backlog the moment it is idle, so a lone job never waits
-  for a timer and, while a group computes, the consumer keeps fetching (the backlog grows in the meantime);
-- the scheduler sees the whole backlog (up to ``SWAPLESS_PREFETCH`` unacked jobs), serves loaded models first,
-  then the cold model with the most waiting work per second of load (``swapless.manager.batching.order``);
-- each job's own result or error is stored (pipelined, first result wins), and only then is its message acked.
-  A job that never got a result is never acked: a dead worker's jobs are redelivered.
-
-Chunk messages (``swapless.predict_chunk``) go to the same scheduler: one backlog and one cache per worker, both
-kinds of message grouped by model together. ``predict.apply(args=[model_id, input])`` and
-``predict_chunk.apply(args=[model_id, inputs])`` run eagerly through the same model code (a cache built for the
-call: for tests and debugging).
-
-The worker's collaborators are built once, by its composition root (``swapless.tasks.worker.context``, a bootstep of
-this app); the task binds to the consumer that serves it when that consumer starts, as celery-batches binds its pool.
+``predict.apply`` and ``predict_chunk.apply`` run eagerly through the same model code. Why not plain
+celery-batches: docs/concepts/scheduling.md.
 """
 
 from __future__ import annotations
