@@ -26,8 +26,7 @@ _RETRY_S = 5.0
 
 
 class ReadAhead:
-    """Reads a group's state ahead of its run (see the module docstring). Thread-safe: the scheduler thread takes
-    the reads; they are launched from it or from the consumer's thread, as jobs arrive while a group computes.
+    """Reads a group's state ahead of its run. Thread-safe.
 
     Args:
         results_factory: builds the ResultStore of the thread that reads ahead.
@@ -44,8 +43,7 @@ class ReadAhead:
         self._closed = False
 
     def launch(self, group: Sequence[str], first: Sequence[str]) -> None:
-        """Read the state of ``group`` (job ids) and count the attempts of ``first`` (its first slice), in the
-        background; a read still unused stays the one in flight."""
+        """Read the state of ``group`` and count the attempts of ``first``, in the background."""
         with self._lock:
             if self._pending is not None or not group or self._closed:
                 return
@@ -62,9 +60,7 @@ class ReadAhead:
         return self._store.prior(group, result_ids, start=first)
 
     def take(self, group: Sequence[str], first: Sequence[str]) -> Prior | None:
-        """The state of the group about to run (its job ids, those of its first slice) as read ahead, with ``own``
-        applied; None when the read ahead does not cover it (or failed): the scheduler asks now. Either way the
-        jobs the read counted are remembered as this worker's."""
+        """The read ahead of the group about to run, with ``own`` applied; None when it does not cover the group."""
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is None:
@@ -91,8 +87,7 @@ class ReadAhead:
         return {job_id: count for job_id, count in adjusted.items() if count > 0}
 
     def record(self, first: Collection[str], done: Collection[str], attempts: Mapping[str, int]) -> None:
-        """Remember as this worker's the jobs a read (``prior``'s answer ``done``, ``attempts``, read before it
-        counted) counted of ``first``: those never started and without a result."""
+        """Remember as this worker's the jobs of ``first`` a read counted: never started, without a result."""
         with self._lock:
             self._counted.update(j for j in first if j not in attempts and storage_id(j) not in done)
 
@@ -109,8 +104,7 @@ class ReadAhead:
         return mine
 
     def forget(self, job_ids: Collection[str]) -> list[str]:
-        """Of jobs leaving this worker unrun (handed over, given back at a stop), those counted ahead: forgotten
-        here; the caller clears their counters (``ResultStore.clear_attempts``)."""
+        """Of jobs leaving this worker unrun, those counted ahead (the caller clears their counters)."""
         return sorted(self.running(job_ids))
 
     def prune(self, live: Callable[[str], bool]) -> None:

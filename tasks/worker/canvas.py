@@ -58,12 +58,10 @@ class Canvas:
         self.default_queue = default_queue
 
     def fire(self, store: ResultStore, items: Sequence[tuple[Any, Any, BaseException | None]]) -> int:
-        """Send the follow-ups of each ``(request, result, error)`` whose message asks for some; returns how many
-        jobs had some.
+        """Send the follow-ups of each ``(request, result, error)``; returns how many jobs had some.
 
         Raises:
-            RedisError, OperationalError: the broker or the result backend failed: the jobs stay unacked (their
-                results are stored) and their follow-ups are sent again when they are retried or redelivered.
+            RedisError, OperationalError: the jobs stay unacked and their follow-ups are sent again on retry.
         """
         fired = 0
         for request, result, error in items:

@@ -26,14 +26,14 @@ Completion = tuple[Callable[[ResultStore], None], Sequence[Job]]
 
 
 class Completions:
-    """The scheduler thread's side of the results thread. Results are stored in the order their groups ran.
+    """The scheduler thread's side of the results thread.
 
     Args:
         results_factory: builds the results thread's ResultStore.
-        max_batch_size: a completion of more jobs (a whole group) waits for the next group's first round trip.
-        keep: puts jobs without an outcome back in the backlog (a Redis failure).
+        max_batch_size: a completion of more jobs waits for the next group's first round trip.
+        keep: puts jobs without an outcome back (a Redis failure).
         give_back: requeues jobs without an outcome (any other failure).
-        busy: whether more work waits (then storing overlaps it).
+        busy: whether more work waits.
     """
 
     def __init__(self, results_factory: Callable[[], ResultStore], max_batch_size: int,

@@ -57,8 +57,7 @@ SETTINGS_KEY = "swapless_settings"
 
 
 def settings_of(app: Celery) -> Settings:
-    """The settings the worker runs with: those ``swapless worker`` put in the app's configuration, else the
-    environment's (``celery -A swapless worker``)."""
+    """The settings ``swapless worker`` put in the app's configuration, else the environment's."""
     given = app.conf.get(SETTINGS_KEY)
     return given if isinstance(given, Settings) else get_settings()
 
@@ -161,17 +160,14 @@ class WorkerContext:
             return 0
 
     def _measured_if_joining(self, records: dict[str, Any], kind: str, others: int) -> set[str]:
-        """The models a worker joining a fleet need not warm: those whose load and batch costs were measured on its
-        kind of device (it loads them when placement gives it one, and serves seconds after it starts). Alone, a
-        worker warms them all (it is the fleet: its first jobs should not pay for it)."""
+        """The models a worker joining a fleet need not warm: those measured on its kind of device before."""
         measured = {m for m, r in records.items() if r.get("batch_costs_s") and r.get("load_s") is not None}
         logger.info("joining %d live worker(s) on %s: not warming the %d model(s) measured there before (%s)",
                     others, kind, len(measured), ", ".join(sorted(measured)) or "-")
         return measured
 
     def finish_in_hand(self) -> None:
-        """Warm shutdown, while the broker connection is open: give up claims (other workers take the models over
-        at once), finish the group in hand and ack it."""
+        """Warm shutdown, while the broker connection is open: give up claims, finish the group in hand, ack it."""
         self.placer.stop()
         self.scheduler.stop(timeout_s=self.settings.visibility_timeout_s)
         self.scheduler.acks.drain()
@@ -287,13 +283,9 @@ class SwaplessWorker(bootsteps.StartStopStep):
 
 
 class FinishInHand(bootsteps.StartStopStep):
-    """Warm shutdown (SIGTERM): give up the claims, finish the group in hand and ack it while the broker connection
-    is still open.
+    """Warm shutdown (SIGTERM): give up the claims, finish the group in hand and ack it while the broker is connected.
 
-    A consumer step that needs the task consumer, so it stops before the task consumer and the connection do.
-    Consumer steps also stop when the connection is lost (the consumer restarts them); only a worker that is
-    closing (its blueprint's state) finishes in hand, and not on a cold shutdown. Jobs still waiting in the
-    backlog stay unacked; they go back to their lists when the channel closes.
+    Only a closing worker finishes in hand; jobs still in the backlog go back to their lists.
     """
 
     requires = ("celery.worker.consumer.tasks:Tasks",)

@@ -33,14 +33,14 @@ __all__ = ["Delivery", "decode"]
 
 @dataclass(frozen=True)
 class Delivery:
-    """One message, decoded and routed (see the module docstring).
+    """One message, decoded and routed.
 
     Attributes:
         request: what acks and rejects go through (Celery's request, or the intake's ``LeanRequest``).
         jobs: its jobs, each addressed to the model that serves it (a chunk: one per input).
-        chunk: whether it is a chunk (its one result is stored once every item has an outcome).
+        chunk: whether it is a chunk.
         shadow_of: ``(served job id, route id)`` when it is a shadow copy.
-        shadowed: whether it is a routed job with shadow copies (its top label is kept for them).
+        shadowed: whether it is a routed job with shadow copies.
     """
 
     request: Any
@@ -75,9 +75,7 @@ def _deadline(request: Any, urgent: bool, settings: Settings, sent_at: float | N
 
 
 def _queued_at(sent_at: float | None, received_s: float, wall_s: float) -> float:
-    """When the job was queued, on the worker's monotonic clock: its producer's send time where the message carries
-    one (under placement a worker fetches a model's jobs as it gets to them: a job of a long burst fetched now has
-    waited since the burst came, and the starvation bound counts from then), else when the worker took it."""
+    """When the job was queued, on the monotonic clock: its producer's send time if stamped, else when taken."""
     if sent_at is None:
         return received_s
     return received_s - max(wall_s - sent_at, 0.0)  # a producer's clock ahead of ours: no wait yet
@@ -112,16 +110,14 @@ def _homed(jobs: list[Job], store: ModelStore) -> list[Job]:
 def decode(
     request: Any, router: Router, settings: Settings, received_s: float, wall_s: float | None = None
 ) -> Delivery:
-    """The delivery of one request (see the module docstring).
+    """The delivery of one request.
 
     Args:
-        request: a Celery request (or the intake's ``LeanRequest``): ``id``, ``name``, ``args``, ``kwargs``,
-            ``delivery_info``, ``request_dict``.
+        request: a Celery request (or the intake's ``LeanRequest``).
         router: resolves routes (with the run-time weights).
         settings: the default deadlines.
         received_s: when the worker took it (``time.monotonic()``).
-        wall_s: the same moment on the wall clock (``time.time()``; one reading for all the jobs of a hand-over, so
-            that jobs sent together keep their order).
+        wall_s: the same moment on the wall clock (one reading per hand-over keeps the jobs' order).
 
     Raises:
         InputError: the payload is malformed; a route has no branch for an input.

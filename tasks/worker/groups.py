@@ -33,18 +33,18 @@ logger = logging.getLogger(__name__)
 
 
 class GroupRunner:
-    """Runs the groups the scheduler thread takes, stores their outcomes and acks their messages.
+    """Runs the groups the scheduler thread takes; only that thread calls it.
 
     Args:
         runtime: store, cache and settings.
         inbox: the backlog.
         ledger: the requests held.
         ahead: the next group's reads.
-        completions: stores and acks, here or on the results thread.
-        shadows: keeps shadowed jobs' references and compares their shadows.
+        completions: stores and acks.
+        shadows: compares shadowed jobs with their shadows.
         observer: told about every group run.
         spans: makes the spans of traced jobs; None: tracing is off.
-        refused: counts jobs answered with an error outside any group report (poison jobs).
+        refused: counts poison jobs.
     """
 
     def __init__(self, runtime: Runtime, inbox: JobInbox, ledger: RequestLedger, ahead: ReadAhead,
@@ -154,7 +154,7 @@ class GroupRunner:
     ) -> list[Outcome]:
         """Mark ``batch`` started, run it and return one outcome per job (never raises).
 
-        Jobs found with a result when marked do not run. The ``last`` batch sends the next group's reads.
+        The ``last`` batch of a group sends the next group's reads.
         """
         batch = [job for job in batch if self.ledger.live(job.id)]  # not of a chunk dropped since the group began
         # a Redis failure keeps the batch
@@ -272,12 +272,7 @@ class GroupRunner:
             logger.info("loading %s ahead while %s computes", upcoming, running)
 
     def load_aside(self, group: Sequence[Job]) -> bool:
-        """Load a bulk group's cold model on the load-ahead thread and put the group back meanwhile.
-
-        Returns:
-            False when the group should load its model itself (loads ahead off, no room, or the load ended without
-            the model).
-        """
+        """Load a bulk group's cold model aside and put the group back; False: the group loads it itself."""
         manager = self.runtime.manager
         model_id = group[0].model_id
         if not self.runtime.settings.load_ahead or any(job.urgent for job in group):

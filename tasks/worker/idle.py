@@ -17,11 +17,11 @@ IDLE_AFTER_S = 0.5
 
 
 class IdleWork:
-    """Steps ``steps`` while no job waits in ``inbox``; the first job, a stop or a failed step ends it.
+    """Steps ``steps`` while no job waits in ``inbox``; a job, a stop or a failed step ends it.
 
     Args:
-        steps: the work, one step per ``next``; closed when it ends early, so a generator can say so.
-        inbox: the scheduler's inbox, whose jobs end the work.
+        steps: one step per ``next``; closed when it ends early.
+        inbox: the scheduler's inbox.
     """
 
     def __init__(self, steps: Iterator[Any], inbox: JobInbox) -> None:

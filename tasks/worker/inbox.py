@@ -28,10 +28,10 @@ Taken = tuple[list[tuple[Any, SwaplessError]], list[Job], list[Job]]
 
 
 class JobInbox:
-    """The backlog of one worker behind one lock, with the hand-over between the consumer and the scheduler.
+    """The backlog of one worker behind one lock.
 
     Args:
-        max_wait_s: how long a bulk job may wait before it is starved (``Backlog``).
+        max_wait_s: how long a bulk job may wait before it is starved.
     """
 
     def __init__(self, max_wait_s: float) -> None:
@@ -49,8 +49,7 @@ class JobInbox:
     def put(self, jobs: list[Job], rejected: Sequence[tuple[Any, SwaplessError]] = ()) -> None:
         """Add jobs (and requests to answer with an error) and wake the scheduler thread.
 
-        When it was idle, wait up to ``HAND_OVER_S`` for it to take them before going on to the next fetch, which
-        would otherwise hold the GIL while the woken scheduler waits for it.
+        An idle scheduler thread gets up to ``HAND_OVER_S`` to take them before this thread goes on.
         """
         with self._cond:
             self.backlog.add(jobs)

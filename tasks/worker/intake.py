@@ -55,14 +55,14 @@ def answer_malformed(results: ResultStore, message: Any, err: Exception) -> None
 
 
 class LeanRequest:
-    """What the scheduler needs of a Celery request, and no more (it reads, acks and rejects these the same way).
+    """What the scheduler needs of a Celery request, and no more.
 
     Args:
         message: the kombu message (acks and rejects go through it, on the consumer thread).
         args: the task's positional args.
         kwargs: its keyword args.
-        embed: the third part of the body, Celery's canvas fields (None: none).
-        defer: runs a callable on the consumer thread (``Consumer.call_soon``): kombu channels are not thread-safe.
+        embed: Celery's canvas fields (None: none).
+        defer: runs a callable on the consumer thread (kombu channels are not thread-safe).
     """
 
     __slots__ = ("acknowledged", "args", "defer", "delivery_info", "embed", "id", "kwargs", "message", "name",
@@ -102,15 +102,12 @@ class LeanRequest:
 
 
 class Intake:
-    """Turns fetched messages into ``LeanRequest``s for the scheduler (see the module docstring).
+    """Turns fetched messages into ``LeanRequest``s for the scheduler.
 
     Args:
         submit: the scheduler's ``submit``.
-        record_sent_at: told the send times (queue-wait accounting) of the jobs of one hand-over whose producer
-            stamped one, as ``(job id, send time)`` pairs, at once.
-        answer_malformed: answers a message whose body is not a job with its error (and is told which).
-
-    ``bind`` gives it the consumer's ``call_soon`` at each connection (until then, acks and rejects run at once).
+        record_sent_at: told the ``(job id, send time)`` pairs of one hand-over's stamped jobs.
+        answer_malformed: answers a message whose body is not a job with its error.
     """
 
     eligible = staticmethod(eligible)

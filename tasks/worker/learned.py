@@ -30,11 +30,7 @@ GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
 
 
 def device_label(device: str) -> str:
-    """The kind of device a worker computes on: what it learned applies to workers on the same kind.
-
-    A device named outright other than CUDA (``cpu``, ``mps``) is its own kind, and so is ``auto`` on a machine with
-    no GPU driver (``cpu``): a worker that serves no torch model starts without importing torch (seconds per start).
-    """
+    """The kind of device a worker computes on (without importing torch where it can)."""
     if device == "auto" and not any(os.path.exists(path) for path in GPU_DEVICE_FILES):
         return "cpu"
     if device != "auto" and not device.startswith("cuda"):

@@ -47,18 +47,18 @@ def _no_count(jobs: int) -> None:
 
 
 class BatchScheduler:
-    """Owns the backlog of one worker and the thread that runs it. Thread-safe ``submit``.
+    """The backlog of one worker and the thread that runs it. Thread-safe ``submit``.
 
     Args:
         runtime: store, cache and settings.
         router: resolves each job's route once, at admission.
-        results_factory: builds a ResultStore (one per thread that stores).
-        shadows: keeps shadowed jobs' references and compares their shadows.
-        acks: acks go through it, in bulk (the batch task binds it to the consumer's thread).
-        observer: told about every group run (the worker's heartbeat, metrics and task events).
-        followups: what is done between a result's store and its ack (Celery's canvas, webhooks).
+        results_factory: builds a ResultStore (one per storing thread).
+        shadows: compares shadowed jobs with their shadows.
+        acks: acks go through it, in bulk.
+        observer: told about every group run.
+        followups: what is done between a result's store and its ack.
         spans: makes the spans of traced jobs; None: tracing is off.
-        refused: counts requests answered with an error without a group report (rejected, poison).
+        refused: counts requests answered with an error outside any group report.
     """
 
     def __init__(
@@ -110,10 +110,9 @@ class BatchScheduler:
         self.start()
 
     def hand_over(self, model_id: str) -> int:
-        """Give back the waiting jobs of a model placement moved to another worker; returns how many went back.
+        """Give back the waiting jobs of a model another worker now holds; returns how many went back.
 
-        Their messages go back to the head of the model's list. A chunk goes back whole when none of its items has
-        started; one partly done stays. The group running now finishes.
+        A chunk goes back whole when none of its items has started; one partly done stays.
         """
         whole: set[str] = set()
 
@@ -149,7 +148,7 @@ class BatchScheduler:
 
         Args:
             first: run on that thread before any job; ``ready`` is set after it.
-            idle: stepped on that thread while no job has come yet (the warm start); the first job closes it.
+            idle: stepped on that thread until the first job comes (the warm start).
         """
         if self._thread is None:
             self._first = first
@@ -243,8 +242,7 @@ class BatchScheduler:
         self.inbox.put(self.ledger.unfinished(group))
 
     def _give_back(self, group: Sequence[Job]) -> None:
-        """Requeue the messages of jobs that got no result; chunk items go back to the backlog (their chunk's
-        message also holds items that did finish)."""
+        """Requeue the messages of jobs without a result; chunk items go back to the backlog."""
         unfinished = self.ledger.unfinished(group)
         requests = self.ledger.release(unfinished)
         self.inbox.put([job for job in unfinished if split_item_id(job.id) is not None])

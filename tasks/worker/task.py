@@ -55,8 +55,7 @@ class SwaplessBatches(Batches):
     _tick_hub: Any = None
 
     def Strategy(self, task: Any, app: Any, consumer: Any) -> Callable[..., Any]:  # Celery's name
-        """Called by the consumer at each (re)connection: bind to the worker's context (its scheduler, bulk acks
-        and intake on the consumer's thread) and refresh the held messages' visibility on its timer."""
+        """Called by the consumer at each (re)connection: bind to the worker's context and refresh visibility."""
         context: WorkerContext = consumer.controller.swapless
         self._scheduler = context.scheduler  # as celery-batches binds the consumer's pool here
         context.scheduler.acks.bind(consumer.call_soon)
@@ -91,13 +90,7 @@ class SwaplessBatches(Batches):
         return guarded
 
     def _flush_per_tick(self, hub: Any) -> None:
-        """Hand the scheduler everything that arrived in one turn of the event loop at once.
-
-        The transport delivers up to ``swapless_fetch_limit`` messages per read; flushing each one alone
-        (celery-batches' ``flush_every = 1``) took the scheduler's lock and woke its thread once per job. The hub
-        runs ``on_tick`` before each poll, so one flush follows each read. Without a hub, every message is flushed
-        as it comes.
-        """
+        """Hand the scheduler everything that arrived in one turn of the event loop at once (one flush per read)."""
         if self._tick is not None and self._tick_hub is not None:
             self._tick_hub.on_tick.discard(self._tick)
             self._tick = self._tick_hub = None
@@ -159,12 +152,11 @@ def run_chunks_now(requests: Sequence[Any]) -> None:
 
 @app.task(base=SwaplessBatches, name=PREDICT_TASK, bind=False, acks_late=True)
 def predict(requests: Sequence[Any]) -> None:
-    """The batch task. In a worker, SwaplessBatches.flush feeds the scheduler and this body is not used;
-    ``predict.apply(args=[model_id, input])`` runs it eagerly through the same model code."""
+    """The batch task; in a worker the scheduler runs its jobs. ``predict.apply`` runs it eagerly."""
     run_now(requests)
 
 
 @app.task(base=SwaplessBatches, name=CHUNK_TASK, bind=False, acks_late=True)
 def predict_chunk(requests: Sequence[Any]) -> None:
-    """The chunk task. In a worker its flush feeds the same scheduler as ``predict``'s; this body is not used."""
+    """The chunk task; in a worker the scheduler runs its items."""
     run_chunks_now(requests)

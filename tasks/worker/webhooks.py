@@ -102,7 +102,7 @@ class WebhookIntake:
 
 
 class WebhookSender:
-    """The worker's webhook sender thread (see the module docstring). Nothing starts until ``start``.
+    """The worker's webhook sender thread. Nothing starts until ``start``.
 
     Args:
         queue: the delivery queue.
