@@ -23,8 +23,7 @@ class AttemptPlan:
 
 
 def plan_attempts(jobs: Sequence[Job], attempts: Mapping[str, int], max_attempts: int) -> AttemptPlan:
-    """Split ``jobs`` by their started attempts (``attempts``: job id -> attempts started before; a job absent
-    never started) against ``max_attempts`` (see the module docstring)."""
+    """Split ``jobs`` by their attempts started before (job id -> count; absent: never started)."""
     poison = [job for job in jobs if attempts.get(job.id, 0) >= max_attempts]
     again = [job for job in jobs if 0 < attempts.get(job.id, 0) < max_attempts]
     together = [job for job in again if attempts[job.id] == 1 and max_attempts > 2]

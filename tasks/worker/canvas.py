@@ -45,7 +45,7 @@ def embed_of(request: Any) -> dict[str, Any] | None:
 
 
 class Canvas:
-    """Sends the follow-ups of finished jobs (see the module docstring).
+    """Sends the follow-ups of finished jobs.
 
     Args:
         app: the worker's Celery app (its producer pool sends the follow-ups, its result backend holds the chord

@@ -64,7 +64,7 @@ def settings_of(app: Celery) -> Settings:
 
 @dataclass
 class WorkerContext:
-    """One worker process's collaborators (see the module docstring)."""
+    """One worker process's collaborators."""
 
     app: Celery
     settings: Settings
@@ -212,7 +212,7 @@ def _warm_start(manager: ModelManager, engine: ModelEngine, s: Settings, records
 
 
 def build_context(app: Celery, settings: Settings, hostname: str | None = None) -> WorkerContext:
-    """Build one worker's collaborators (see the module docstring); nothing starts.
+    """Build one worker's collaborators; nothing starts.
 
     Raises:
         SwaplessError: a bad models file, plugin or setting (``ConfigError``), or a metrics port that cannot be
@@ -259,7 +259,7 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
 
 
 class SwaplessWorker(bootsteps.StartStopStep):
-    """The worker step that builds, starts and stops the ``WorkerContext`` (see the module docstring)."""
+    """The worker step that builds, starts and stops the ``WorkerContext``."""
 
     label = "Swapless"
     requires = ("celery.worker.components:Timer",)

@@ -17,7 +17,7 @@ __all__ = ["Followups"]
 
 
 class Followups:
-    """The canvas and the webhooks of finished jobs (see the module docstring).
+    """The canvas and the webhooks of finished jobs.
 
     Args:
         canvas: sends Celery follow-ups (None: a worker that does not).

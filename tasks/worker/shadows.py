@@ -41,8 +41,7 @@ class Shadows:
         self.observer = observer
 
     def settle(self, results: ResultStore, answered: Sequence[tuple[Delivery, Outcome]]) -> None:
-        """After ``answered`` jobs' results are stored: keep the references of shadowed ones (comparing the shadows
-        that finished first), compare shadows whose served job finished (else leave them waiting for it)."""
+        """After ``answered`` jobs' results are stored: keep shadowed jobs' references and compare the shadows."""
         counts: collections.Counter[tuple[str, str, str, bool]] = collections.Counter()
         served = [(o.job.id, o.job.served_model, _top(o.result)) for d, o in answered if d.shadowed and o.error is None]
         if served:

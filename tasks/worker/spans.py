@@ -20,8 +20,7 @@ NOTE_TRACES = 3
 
 
 def traces_note(jobs: Sequence[Job]) -> str:
-    """What a log line about ``jobs`` says of their producers' traces: ``""`` when none carried one, else
-    ``" [trace <id>]"`` (``" [traces <id>, <id> and 4 more]"``)."""
+    """What a log line about ``jobs`` says of their producers' traces (``""`` when none carried one)."""
     seen = dict.fromkeys(job.trace for job in jobs if job.trace is not None)
     if not seen:
         return ""
@@ -33,7 +32,7 @@ def traces_note(jobs: Sequence[Job]) -> str:
 
 
 class BatchSpans:
-    """Makes the spans of the batches one worker runs (see the module docstring).
+    """Makes the spans of the batches one worker runs.
 
     Args:
         tracer: an OpenTelemetry tracer.

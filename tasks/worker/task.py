@@ -40,7 +40,7 @@ app.steps["consumer"].add(FinishInHand)
 
 
 class SwaplessBatches(Batches):
-    """celery-batches' strategy with Swapless' scheduler in place of its flush (see the module docstring)."""
+    """celery-batches' strategy with Swapless' scheduler in place of its flush."""
 
     abstract = True
     #: Hand every message to the scheduler as it arrives (per event-loop tick when there is a hub, see

@@ -44,7 +44,7 @@ def _iso(epoch_s: float) -> str:
 
 def job_payload(job_id: str, result: Any, error: BaseException | None, model: str | None, sent_at: float | None,
                 done_at: float) -> str:
-    """The webhook body of one finished job (see the module docstring)."""
+    """The webhook body of one finished job."""
     data = {
         "job_id": job_id,
         "state": "SUCCESS" if error is None else "FAILURE",
