@@ -1,6 +1,4 @@
-"""What one worker holds of the model side: the settings, the registry and the model cache, built by
-``build_runtime`` (the worker's start-up builds one, ``swapless.tasks.worker.context``; ``swapless worker`` builds one
-first to check the models file and the settings).
+"""Runtime: the settings, the registry and the model cache one worker holds, built by ``build_runtime``.
 """
 
 from __future__ import annotations
@@ -32,20 +30,10 @@ GIL_SWITCH_S = 0.0005
 
 
 def tune_interpreter() -> None:
-    """Keep the interpreter from stalling the device between passes. Called once, before any model loads.
-
-    - What the process holds before its first model (the libraries it imported: about 90,000 objects with torch,
-      celery and kombu) goes out of the cycle collector's reach (``gc.freeze``): a full collection then walks only
-      what was made since. Without it one took 50-60 ms every second or so of a stream, holding the GIL while a
-      finished pass waited to hand back its batch, and ``free_memory``'s ``gc.collect`` on a CUDA swap cost 0.2 s.
-      Models load after it, so an unloaded model's cycles are still collected.
-    - A thread back from the device (a pass sleeps in CUDA, or in the simulated framework, without the GIL) waits
-      at most ``GIL_SWITCH_S`` for the GIL, not 5 ms, while the consumer thread decodes the next messages: with a
-      pass of 18 ms, Python's 5 ms made the passes of a stream 5-10 % slower than back to back.
-    """
+    """Keep the interpreter from stalling the device between passes. Called once, before any model loads."""
     gc.collect()
-    gc.freeze()
-    sys.setswitchinterval(GIL_SWITCH_S)
+    gc.freeze()  # the libraries imported so far leave the cycle collector's reach: a full collection stays short
+    sys.setswitchinterval(GIL_SWITCH_S)  # a thread back from the device waits less for the GIL
 
 
 def load_plugins(settings: Settings) -> None:
@@ -62,11 +50,11 @@ def load_plugins(settings: Settings) -> None:
 
 
 def build_runtime(settings: Settings, *, warm_up: bool = False) -> Runtime:
-    """Import the plugins, read the models file (failing at start-up on a bad entry) and build an empty cache.
+    """Import the plugins, read the models file and build an empty cache.
 
     Args:
         settings: the process settings.
-        warm_up: import the frameworks' libraries now, so that the first job does not wait for them.
+        warm_up: import the frameworks' libraries now.
 
     Raises:
         ConfigError: a plugin cannot be imported, or the models file is missing or invalid.

@@ -1,28 +1,7 @@
-"""Webhooks from the worker: each finished job whose message named a ``callback_url`` is queued for delivery in Redis
-(``WebhookIntake``, between its result's store and its ack), and the worker's sender thread (``WebhookSender``)
-posts each one, signed per the Standard Webhooks spec, retrying with backoff.
+"""Webhooks from the worker: ``WebhookIntake`` queues a finished job's delivery in Redis between its store and its
+ack; ``WebhookSender``'s thread posts each, signed per the Standard Webhooks spec, retrying with backoff.
 
-The body (``Content-Type: application/json``), signed as sent::
-
-    {"type": "job.succeeded", "timestamp": "2025-01-01T12:00:00.123+00:00",
-     "data": {"job_id": "...", "state": "SUCCESS", "model": "sentiment-v2", "result": [{"label": ..., "score": ...}],
-              "error": null, "timings": {"sent_at": ..., "done_at": ..., "total_s": 0.012}}}
-
-``type`` is ``job.failed`` with ``error`` ``{"error": message, "type": "InputError", "args": [...]}`` and ``result``
-null; ``sent_at`` and ``total_s`` are null when the producer stamped no send time (a plain Celery producer). The
-headers: ``webhook-id`` (the job id: the same for every attempt and every resend), ``webhook-timestamp`` (epoch
-seconds of this attempt) and ``webhook-signature`` (``v1,<base64 HMAC-SHA256>`` with ``SWAPLESS_WEBHOOK_SECRET``;
-``standardwebhooks.Webhook(secret).verify(body, headers)`` checks it).
-
-The sender never runs on the forward pass's thread and never holds the scheduler's lock: a slow or dead receiver
-delays only other webhooks. It takes due deliveries from Redis (any worker's: a delivery belongs to the queue, not to
-the worker that queued it), posts up to ``SWAPLESS_WEBHOOK_CONCURRENCY`` at once, and settles each: a 2xx answer
-delivers it; anything else (an error status, a timeout, a refused connection) retries it after 1 s, doubling to 10
-minutes, until ``SWAPLESS_WEBHOOK_RETRY_S`` after it was queued; then, or at once for a target that is not allowed
-or with no secret to sign with, it is kept as failed (``swapless webhooks`` lists and replays them).
-
-A job whose message carried a trace context keeps it in its delivery: with tracing on, each attempt is a
-``webhook`` span (kind CLIENT) in the job's producer's trace, and its request carries that span's ``traceparent``.
+The body and headers: docs/guides/web-apps.md.
 """
 
 from __future__ import annotations
@@ -65,7 +44,7 @@ def _iso(epoch_s: float) -> str:
 
 def job_payload(job_id: str, result: Any, error: BaseException | None, model: str | None, sent_at: float | None,
                 done_at: float) -> str:
-    """The webhook body of one finished job (see the module docstring)."""
+    """The webhook body of one finished job."""
     data = {
         "job_id": job_id,
         "state": "SUCCESS" if error is None else "FAILURE",
@@ -123,7 +102,7 @@ class WebhookIntake:
 
 
 class WebhookSender:
-    """The worker's webhook sender thread (see the module docstring). Nothing starts until ``start``.
+    """The worker's webhook sender thread. Nothing starts until ``start``.
 
     Args:
         queue: the delivery queue.
