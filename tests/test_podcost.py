@@ -134,7 +134,7 @@ def test_a_worker_keeps_its_pods_deletion_cost_current(
     wait_for(lambda: handler.writes and int(handler.writes[-1]) >= 6000, 20,
              "the cost of the interactive model it alone holds")
     s = Settings()
-    [beat] = read_heartbeats(redis.Redis.from_url(s.broker_url), Keyspace.of(s))
+    [beat] = read_heartbeats(redis.Redis.from_url(s.redis.broker_url), Keyspace.of(s))
     [chat] = beat.loaded
     assert chat.model_id == "chat" and chat.interactive
     assert handler.writes[-1] == str(deletion_cost(RemovalCost(("chat",), chat.load_s, 0, ("chat",), chat.load_s)))

@@ -32,7 +32,7 @@ def test_a_size_without_a_known_unit_says_how_to_write_one(text: str) -> None:
 
 def test_the_memory_budget_takes_a_size(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWAPLESS_MEMORY_BUDGET_BYTES", "4GiB")
-    assert Settings().memory_budget_bytes == 4 * 1024**3
+    assert Settings().cache.memory_budget_bytes == 4 * 1024**3
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_other_tools_variables_under_the_prefix_are_left_alone(monkeypatch: pyte
     monkeypatch.setenv("SWAPLESS_PYTHON", "/usr/bin/python3")
     get_settings.cache_clear()
     try:
-        assert get_settings().max_models == 2
+        assert get_settings().cache.max_models == 2
     finally:
         get_settings.cache_clear()
 
@@ -91,7 +91,7 @@ def test_a_variable_that_is_no_setting_is_named_in_one_warning_line(monkeypatch:
     listed = run_cli("models", env={"SWAPLESS_FILES_DIR": "/srv/batches", "SWAPLESS_ZEBRA": "1"})
     assert listed.returncode == 0 and "model(s)" in listed.stdout
     warning = ("warning: ignoring SWAPLESS_FILES_DIR (SWAPLESS_BATCH_FILES_URL?), SWAPLESS_ZEBRA: no such setting "
-               "(the settings are listed in config/settings.py)")
+               "(the settings are listed in config/settings/)")
     assert listed.stderr.splitlines() == [warning]
 
 
@@ -112,7 +112,7 @@ def test_the_settings_reference_lists_every_variable_with_its_default() -> None:
         sys.path.pop(0)
     page = reference.settings_page()
     rows = re.findall(r"^\| `SWAPLESS_([A-Z_]+)` \| ([^|]+?) \|", page, re.MULTILINE)
-    assert sorted(name.lower() for name, _ in rows) == sorted(Settings.model_fields)
+    assert sorted(name.lower() for name, _ in rows) == sorted(fields())
     shown = {name.lower(): default for name, default in rows}
     assert shown["max_models"] == "2" and shown["redis_url"] == "unset" and shown["task_events"] == "false"
     assert shown["gateway_max_body_bytes"] == "33554432 (32 MiB)" and shown["cancel_hold_s"] == "604800 s (7 days)"

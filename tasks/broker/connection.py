@@ -270,9 +270,9 @@ class ReplicaWait:
     @classmethod
     def of(cls, settings: Settings) -> ReplicaWait | None:
         """The wait ``settings`` ask for; None: none (``SWAPLESS_REDIS_MIN_REPLICAS`` is 0)."""
-        if settings.redis_min_replicas <= 0:
+        if settings.redis.redis_min_replicas <= 0:
             return None
-        return cls(settings.redis_min_replicas, settings.redis_replica_timeout_s)
+        return cls(settings.redis.redis_min_replicas, settings.redis.redis_replica_timeout_s)
 
     def command(self) -> tuple[str, int, int]:
         """The ``WAIT`` to send after the write."""

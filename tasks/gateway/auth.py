@@ -215,7 +215,7 @@ def install_api_keys(app: FastAPI, settings: Settings, store: ModelStore, routes
     app.state.api_keys_required = bool(keys)
     docs = frozenset(p for p in (app.docs_url, app.openapi_url, app.swagger_ui_oauth2_redirect_url, app.redoc_url) if p)
     own = [route for route in app.router.routes if isinstance(route, Route)]  # the docs' (included routers nest)
-    turns = Turns(settings.gateway_active_per_key, settings.gateway_turn_wait_s)
+    turns = Turns(settings.gateway.gateway_active_per_key, settings.gateway.gateway_turn_wait_s)
     app.add_middleware(Callers, keys=keys, routes=[*own, *routes], open_paths=docs, turns=turns)
     access_log = logging.getLogger("uvicorn.access")
     if keys and not any(isinstance(f, RedactKeyFilter) for f in access_log.filters):

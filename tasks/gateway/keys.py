@@ -114,13 +114,13 @@ def load_keys(settings: Settings, store: ModelStore) -> list[KeyRule]:
             lists no key.
     """
     entries: list[KeyEntry] = []
-    if settings.api_keys is not None and settings.api_keys.get_secret_value().strip():
-        entries += parse_keys(settings.api_keys.get_secret_value(), "SWAPLESS_API_KEYS", per_line=False)
+    if settings.gateway.api_keys is not None and settings.gateway.api_keys.get_secret_value().strip():
+        entries += parse_keys(settings.gateway.api_keys.get_secret_value(), "SWAPLESS_API_KEYS", per_line=False)
         if not entries:
             raise ConfigError("SWAPLESS_API_KEYS", "it lists no key: write KEY or KEY:MODEL|MODEL, comma-separated, "
                               "or unset it")
-    if settings.api_keys_file is not None:
-        path = settings.api_keys_file
+    if settings.gateway.api_keys_file is not None:
+        path = settings.gateway.api_keys_file
         try:
             text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is not part of the first key
         except (OSError, UnicodeDecodeError) as err:

@@ -68,13 +68,13 @@ def check_input(spec: ModelSpec, value: Any, settings: Settings) -> None:
         InputError: the input does not fit; the message names the model, the limit and its setting.
     """
     if spec.type is InputType.TEXT:
-        text_input(spec.id, value, settings.max_text_chars)
+        text_input(spec.id, value, settings.inputs.max_text_chars)
         return
-    data = base64_image(spec.id, value, settings.max_image_bytes)
+    data = base64_image(spec.id, value, settings.inputs.max_image_bytes)
     if data is None:
         raise InputError(spec.id, "the image is not valid base64: send the image's bytes in base64 (the gateway reads "
                          "no file paths)")
-    image_header(spec.id, data, settings.max_image_pixels)
+    image_header(spec.id, data, settings.inputs.max_image_pixels)
 
 
 class DataPlane:
@@ -92,7 +92,7 @@ class DataPlane:
         self.keyspace = Keyspace.of(settings)
         self.store = store
         self.client = client
-        self.waits = WaitSlots(settings.gateway_max_waits)
+        self.waits = WaitSlots(settings.gateway.gateway_max_waits)
         self._redis: aredis.Redis | None = None
         self._ledger: JobLedger | None = None
         self._rate: RateLimit | None = None
@@ -100,11 +100,11 @@ class DataPlane:
 
     async def start(self) -> None:
         s = self.settings
-        self._redis = async_redis_client(s.broker_url, connect_timeout_s=s.connect_timeout_s,
+        self._redis = async_redis_client(s.redis.broker_url, connect_timeout_s=s.redis.connect_timeout_s,
                                          sentinel=SentinelOptions.of(s))
-        self._ledger = JobLedger(self._redis, self.client.results, self.keyspace, s.gateway_inflight_per_key)
-        self._rate = RateLimit(self._redis, s.gateway_rate_per_key, self.keyspace)
-        self._consumer = AsyncResultConsumer(self._redis, self.client.results, failover_s=s.failover_wait_s)
+        self._ledger = JobLedger(self._redis, self.client.results, self.keyspace, s.gateway.gateway_inflight_per_key)
+        self._rate = RateLimit(self._redis, s.gateway.gateway_rate_per_key, self.keyspace)
+        self._consumer = AsyncResultConsumer(self._redis, self.client.results, failover_s=s.redis.failover_wait_s)
 
     async def stop(self) -> None:
         if self._consumer is not None:
@@ -171,7 +171,7 @@ class DataPlane:
             self.allow(caller, model_id)
         headers = None
         if callback_url is not None:
-            check_target(callback_url, allowed_hosts(self.settings.webhook_allowed_hosts))
+            check_target(callback_url, allowed_hosts(self.settings.webhooks.webhook_allowed_hosts))
             headers = [{CALLBACK_URL_HEADER: callback_url, CALLBACK_OWNER_HEADER: caller.owner} for _ in asks]
         large = len(asks) > 1 or any(isinstance(a.value, str) and len(a.value) > _OFF_LOOP_CHARS for a in asks)
         routed = await asyncio.to_thread(self._route, asks, label) if large else self._route(asks, label)
@@ -179,7 +179,7 @@ class DataPlane:
             raise RuntimeError("the gateway's limits exist only while the app runs (lifespan)")
         await self._rate.take(caller.owner, len(routed))
         ids = [job.job_id for job in routed]
-        hold_s = expires_s if expires_s is not None else float(self.settings.cancel_hold_s)
+        hold_s = expires_s if expires_s is not None else float(self.settings.jobs.cancel_hold_s)
         admitted, count = await self.ledger.admit(caller.owner, ids, hold_s)
         if not admitted:
             raise OverLimit("SWAPLESS_GATEWAY_INFLIGHT_PER_KEY", f"this caller has {count} jobs submitted and not yet "

@@ -71,7 +71,7 @@ def status_router(settings: Settings, store: ModelStore, redis: Callable[[], are
     html = page_html()
     headers = _page_headers(html)
     model_ids = store.ids()
-    sync = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+    sync = redis_client(settings.redis.broker_url, connect_timeout_s=settings.redis.connect_timeout_s,
                         sentinel=SentinelOptions.of(settings))  # connects when used
 
     @router.get("/", include_in_schema=False, **needs(Need.NOTHING))

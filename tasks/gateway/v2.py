@@ -185,13 +185,13 @@ def v2_router(plane: DataPlane) -> APIRouter:
     async def infer(request: Request, sig: Signature) -> Response:
         body = await request.body()
         args = (body, request.headers.get("content-encoding"), request.headers.get(HEADER_LENGTH), sig.id,
-                settings.gateway_max_body_bytes, settings.gateway_max_elements)
+                settings.gateway.gateway_max_body_bytes, settings.gateway.gateway_max_elements)
         off_loop = len(body) > 64 * 1024 or request.headers.get("content-encoding", "identity") != "identity"
         parsed = await asyncio.to_thread(_decoded, *args) if off_loop else _decoded(*args)
         target, values = job_inputs(store, sig, parsed)
         chosen = chosen_outputs(parsed, sig)
         timeout_us = parsed.parameters.get("timeout")
-        wait_s = settings.predict_timeout_s
+        wait_s = settings.gateway.predict_timeout_s
         if isinstance(timeout_us, (int, float)) and not isinstance(timeout_us, bool) and timeout_us > 0:
             wait_s = min(timeout_us / 1e6, _MAX_WAIT_S)
         async with plane.waiting():

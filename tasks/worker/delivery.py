@@ -82,7 +82,7 @@ def _deadline(request: Any, urgent: bool, settings: Settings, sent_at: float | N
     deadline = deadline_of(request)
     if deadline is not None:
         return deadline
-    default_s = settings.interactive_expires_s if urgent else settings.bulk_expires_s
+    default_s = settings.worker.interactive_expires_s if urgent else settings.worker.bulk_expires_s
     if default_s is None:
         return None
     return (sent_at if sent_at is not None else time.time()) + default_s

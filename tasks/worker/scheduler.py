@@ -103,7 +103,7 @@ class BatchScheduler:
         self.shadows = shadows
         self.acks = acks if acks is not None else AckQueue()
         self.observer = observer
-        self.backlog = Backlog(runtime.settings.max_wait_s)
+        self.backlog = Backlog(runtime.settings.worker.max_wait_s)
         self._cond = threading.Condition()
         self.chunks = ChunkAssembler()  # chunk requests in progress, by chunk id
         self.ledger = RequestLedger(self._cond, self.acks, self.chunks, followups)
@@ -258,7 +258,7 @@ class BatchScheduler:
                 return None
             rejected = self.ledger.take_rejected()
             expired = self.backlog.take_expired(time.time())
-            group = self.backlog.next_group(loaded, manager.load_cost_s, self.runtime.settings.max_group,
+            group = self.backlog.next_group(loaded, manager.load_cost_s, self.runtime.settings.worker.max_group,
                                             loading=manager.loading_ids())
             if group and group[0].model_id in self._stayed_for:
                 self._stayed_for = frozenset()  # its jobs came: worth waiting for again
@@ -343,7 +343,7 @@ class BatchScheduler:
             work(results)  # nothing to overlap: no hand-over in a lone job's path
             return
         self._hand_over_deferred()
-        if len(jobs) <= self.runtime.settings.max_batch_size:
+        if len(jobs) <= self.runtime.settings.cache.max_batch_size:
             self._completions.put((work, jobs))  # a slice or a few jobs: stored at once, beside the next pass
             return
         # A whole group: handed over once the next group's first round trip (``_run``'s ``prior``) is sent; storing
@@ -428,7 +428,7 @@ class BatchScheduler:
         ended without the model (it failed, or the model was evicted again)."""
         manager = self.runtime.manager
         model_id = group[0].model_id
-        if not self.runtime.settings.load_ahead or any(job.urgent for job in group):
+        if not self.runtime.settings.cache.load_ahead or any(job.urgent for job in group):
             return False
         waited, self._aside = self._aside == model_id, None
         if manager.is_loaded(model_id):
@@ -453,7 +453,7 @@ class BatchScheduler:
     def _run(self, results: ResultStore, group: Sequence[Job]) -> None:
         """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
         model_id = group[0].model_id
-        if self.runtime.settings.load_ahead and model_id in self.runtime.manager.loaded_ids():
+        if self.runtime.settings.cache.load_ahead and model_id in self.runtime.manager.loaded_ids():
             self._load_ahead(model_id)  # loaded already: the next model's load starts before this group's reads
         self._cancel_revoked(results, group)
         # The first batch's attempts are counted in the same round trip as the reads (see _run_batch), sent during
@@ -473,7 +473,7 @@ class BatchScheduler:
             # Cancelled jobs, and redelivered copies of jobs that already have a final result: never run them.
             self._drop(results, model_id, done_before)
             group = [job for job in group if storage_id(job.id) not in done_before]
-        max_attempts = self.runtime.settings.max_attempts
+        max_attempts = self.runtime.settings.worker.max_attempts
         plan = plan_attempts(group, attempts, max_attempts)
         if plan.poison:
             logger.error("%d job(s) of %s were in flight at %d worker deaths each: failing them", len(plan.poison),
@@ -492,7 +492,7 @@ class BatchScheduler:
         manager = self.runtime.manager
         with self._cond:
             upcoming = self.backlog.peek_group(manager.loaded_ids(), manager.load_cost_s,
-                                               self.runtime.settings.max_group)
+                                               self.runtime.settings.worker.max_group)
         if upcoming:
             self.ahead.launch(*self._first_slice(upcoming[0].model_id, upcoming))
 
@@ -504,7 +504,7 @@ class BatchScheduler:
 
     def _slice(self, model_id: str, jobs: Sequence[Job]) -> int | None:
         """Jobs per slice of a group (``_run_sliced``), or None: it runs whole."""
-        size = self.runtime.settings.max_batch_size
+        size = self.runtime.settings.cache.max_batch_size
         if any(job.expires_at is not None for job in jobs):
             size = min(size, self.runtime.store.get(model_id).max_batch_size or size)
         elif any(job.urgent for job in jobs):
@@ -570,7 +570,7 @@ class BatchScheduler:
             warm = model_id in self.runtime.manager.loaded_ids()
             traced = self.spans.start(model_id, batch, self.runtime.manager) if self.spans is not None else None
             started = time.perf_counter()
-            ahead = (lambda: self._load_ahead(model_id)) if self.runtime.settings.load_ahead else None
+            ahead = (lambda: self._load_ahead(model_id)) if self.runtime.settings.cache.load_ahead else None
             if traced is not None:
                 ahead = traced.on_loaded(ahead)
             outcomes = run_group(self.runtime.manager, model_id, batch, waiting, on_loaded=ahead,
@@ -601,7 +601,7 @@ class BatchScheduler:
             return
         ids = [under for under in dict.fromkeys(storage_id(job.id) for job in group) if under in revoked]
         if ids:
-            answers = results.cancel(ids, JobCancelled, self.runtime.settings.cancel_hold_s)
+            answers = results.cancel(ids, JobCancelled, self.runtime.settings.jobs.cancel_hold_s)
             logger.info("revoked job(s) of %s: %s", group[0].model_id, answers)
 
     def _drop(self, results: ResultStore, model_id: str, result_ids: Collection[str]) -> None:

@@ -82,7 +82,7 @@ class FileStore:
     @classmethod
     def of(cls, settings: Settings) -> FileStore:
         """The store ``SWAPLESS_BATCH_FILES_URL`` names."""
-        return cls(settings.batch_files_url or default_files_url(), settings.batch_file_retention_s)
+        return cls(settings.batches.batch_files_url or default_files_url(), settings.batches.batch_file_retention_s)
 
     def _path(self, name: str) -> str:
         return f"{self.root}/{name}"

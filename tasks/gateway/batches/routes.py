@@ -98,11 +98,11 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
     """
     router = APIRouter(prefix="/v1", route_class=GuardedRoute)
     files = FileStore.of(settings)
-    store = BatchStore(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+    store = BatchStore(redis_client(settings.redis.broker_url, connect_timeout_s=settings.redis.connect_timeout_s,
                                     sentinel=SentinelOptions.of(settings)), Keyspace.of(settings),
-                       settings.batch_retention_s, settings.batch_max_window_s)
+                       settings.batches.batch_retention_s, settings.batches.batch_max_window_s)
     uploads = work_root(settings, files) / "uploads"
-    owners = OwnerIndex(store.redis, store.keys, settings)
+    owners = OwnerIndex(store.redis, store.keys, settings.batches)
 
     def caller_of(request: Request) -> Caller:
         caller: Caller = request.state.caller
@@ -162,7 +162,7 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
         await asyncio.to_thread(owners.check_file, caller.owner, 0)  # at its file count already: read nothing
         uploads.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=uploads, suffix=".jsonl") as spool:
-            checker = LineChecker(settings.batch_max_lines, max_line_bytes)
+            checker = LineChecker(settings.batches.batch_max_lines, max_line_bytes)
             upload = await MultipartReader(boundary, "file", LineWriter(spool, checker)).read(request.stream())
             purpose = upload.fields.get("purpose")
             if purpose != "batch":
@@ -220,9 +220,9 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
         info = await own_file(caller, body.input_file_id)
         if info.purpose != "batch":
             raise BadBatch(f"file {info.id} is a {info.purpose} file, not an input: upload one with purpose=batch")
-        window_s = parse_window(body.completion_window, settings.batch_max_window_s)
+        window_s = parse_window(body.completion_window, settings.batches.batch_max_window_s)
         if body.callback_url is not None:
-            check_target(body.callback_url, allowed_hosts(settings.webhook_allowed_hosts))
+            check_target(body.callback_url, allowed_hosts(settings.webhooks.webhook_allowed_hosts))
         await asyncio.to_thread(owners.check_batch, caller.owner)
         rule = caller.rule
         batch_id = new_batch_id()

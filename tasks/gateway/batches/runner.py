@@ -60,9 +60,9 @@ def fair_order(waiting: list[tuple[str, str, float]], driven: dict[str, int]) ->
 
 
 def work_root(settings: Settings, files: FileStore) -> Path:
-    """Where drivers keep their work files (``SWAPLESS_BATCH_WORK_DIR``; see config/settings.py)."""
-    if settings.batch_work_dir is not None:
-        return settings.batch_work_dir
+    """Where drivers keep their work files (``SWAPLESS_BATCH_WORK_DIR``; see config/settings/)."""
+    if settings.batches.batch_work_dir is not None:
+        return settings.batches.batch_work_dir
     if files.local:
         return Path(files.root) / "work"
     return Path.home() / ".cache" / "swapless" / "batch-work"
@@ -90,9 +90,9 @@ class BatchRunner:
     def start(self) -> None:
         s = self.settings
         self.files = FileStore.of(s)
-        self.store = BatchStore(redis_client(s.broker_url, connect_timeout_s=s.connect_timeout_s,
-                                             sentinel=SentinelOptions.of(s)), Keyspace.of(s), s.batch_retention_s,
-                                s.batch_max_window_s)
+        self.store = BatchStore(redis_client(s.redis.broker_url, connect_timeout_s=s.redis.connect_timeout_s,
+                                             sentinel=SentinelOptions.of(s)), Keyspace.of(s),
+                                s.batches.batch_retention_s, s.batches.batch_max_window_s)
         self._client = Client(settings=s, validate=False)
         self._thread = threading.Thread(target=self._loop, name="swapless-batches", daemon=True)
         self._thread.start()
@@ -112,7 +112,7 @@ class BatchRunner:
         return sorted(self._driving)
 
     def _loop(self) -> None:
-        poll_s = min(1.0, self.settings.batch_lease_s / 3)
+        poll_s = min(1.0, self.settings.batches.batch_lease_s / 3)
         purged = 0.0
         while not self._stop.is_set():
             try:
@@ -142,14 +142,14 @@ class BatchRunner:
                 mine[owner] = mine.get(owner, 0) + 1
             elif self.store.lease_holder(batch_id) is None:
                 waiting.append((batch_id, owner, float(batch.get("created_at") or 0)))
-        slots = self.settings.batch_max_active
+        slots = self.settings.batches.batch_max_active
         per_key = max(1, slots - 1) if self._tenants > 1 else slots
         for batch_id, owner in fair_order(waiting, mine):
             if len(self._driving) >= slots:
                 return
             if mine.get(owner, 0) >= per_key:
                 continue
-            if self.store.take_lease(batch_id, self.runner_id, self.settings.batch_lease_s):
+            if self.store.take_lease(batch_id, self.runner_id, self.settings.batches.batch_lease_s):
                 mine[owner] = mine.get(owner, 0) + 1
                 thread = threading.Thread(target=self._drive, args=(batch_id,), name=f"swapless-{batch_id}",
                                           daemon=True)
