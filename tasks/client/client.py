@@ -127,9 +127,8 @@ class Client:
         #: The Celery app whose result backend's encoding, key names and expiry the results follow.
         self.app: Celery = make_app(self.settings)
         #: Every call of this client goes through it (one connection pool per URL in the process).
-        self.redis = redis_client(self.settings.redis.broker_url,
-                                  connect_timeout_s=self.settings.redis.connect_timeout_s,
-                                  sentinel=SentinelOptions.of(self.settings))
+        self.redis = redis_client(self.settings.redis.broker_url, sentinel=SentinelOptions.of(self.settings),
+                                  connect_timeout_s=self.settings.redis.connect_timeout_s)
         #: A producer's writes (cancels, forgets) ride out a blip (with Sentinel, a failover), but a Redis that is
         #: down is reported within the connect timeout, not after the worker's minute of retries.
         retry_s = self.settings.redis.connect_timeout_s
