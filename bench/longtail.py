@@ -897,7 +897,7 @@ def registry_scenario(rep: int, sizes: Sizes) -> dict[str, list[float]]:
             def cli_models() -> None:
                 """``swapless models`` (tasks/cli/main.py): the registry read, its listing drawn 120 columns wide."""
                 s = load_settings(models_file=models_file, plugins="bench.simulated")
-                load_plugins(s)
+                load_plugins(s.cache)
                 models_text(ModelStore.from_file(s.cache.models_file, ModelEngine().frameworks), width=120)
 
             # The heartbeat: built by build_heartbeat from a cache of the worker's size (empty: what it has

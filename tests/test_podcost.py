@@ -54,11 +54,11 @@ def test_without_its_pod_the_worker_says_what_is_missing_and_goes_on(
         monkeypatch.delenv(name, raising=False)
     client = redis.Redis()
     off = Settings(kubernetes_service_account_dir=tmp_path)
-    assert PodDeletionCost.from_environment(off, client, Keyspace.of(off), "w") is None
+    assert PodDeletionCost.from_environment(off.scaling, client, Keyspace.of(off), "w") is None
     assert not caplog.records
     on = Settings(pod_deletion_cost=True, kubernetes_service_account_dir=tmp_path)
     with caplog.at_level(logging.WARNING):
-        assert PodDeletionCost.from_environment(on, client, Keyspace.of(on), "w") is None
+        assert PodDeletionCost.from_environment(on.scaling, client, Keyspace.of(on), "w") is None
     [line] = [r.getMessage() for r in caplog.records]
     assert "KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT, POD_NAME, POD_NAMESPACE" in line
     assert str(tmp_path / "token") in line and "downward API" in line

@@ -81,4 +81,4 @@ def test_too_few_replicas_is_a_retryable_queue_unavailable_saying_what_happened(
         "(SWAPLESS_REDIS_REPLICA_TIMEOUT_S); the job is on the primary only and may still run: send it again (or "
         "check the replicas, or lower SWAPLESS_REDIS_MIN_REPLICAS)"
     )
-    assert ReplicaWait.of(load_settings()) is None
+    assert ReplicaWait.of(load_settings().redis) is None

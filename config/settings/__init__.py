@@ -1,8 +1,5 @@
-"""Process settings from the environment, one model per component (pydantic-settings).
-
-Each field is read from ``SWAPLESS_<FIELD>``; its description documents it, and the docs' settings reference is
-generated from the fields.
-"""
+"""Process settings from the ``SWAPLESS_`` variables, one model per component; the docs' reference is generated
+from the fields' descriptions."""
 
 from swapless.config.settings.connection import JobSettings, RedisSettings
 from swapless.config.settings.fleet import ObserveSettings, ScalingSettings

@@ -10,7 +10,7 @@ __all__ = ["JobSettings", "RedisSettings"]
 
 
 class RedisSettings(BaseModel):
-    """How every process reaches Redis: its URL, Sentinel and replicas."""
+    """How every process reaches Redis, Sentinel and replicas."""
 
     model_config = ConfigDict(title="Redis connection")
 
@@ -66,18 +66,18 @@ class RedisSettings(BaseModel):
 
     @property
     def failover_wait_s(self) -> float:
-        """How long a wait rides out an unreachable primary: ``redis_failover_wait_s`` with Sentinel, else 0."""
+        """``redis_failover_wait_s`` with Sentinel, else 0."""
         sentinel = (self.redis_url or "").lower().startswith("sentinel://")
         return self.redis_failover_wait_s if sentinel else 0.0
 
     @property
     def broker_url(self) -> str:
-        """The Redis URL the worker connects to: the configured one, else the local default."""
+        """``redis_url``, else the local default."""
         return self.redis_url or DEFAULT_REDIS_URL
 
 
 class JobSettings(BaseModel):
-    """The queue's name and keys, what producers may send, how long results are kept."""
+    """The queue's keys, what producers may send, how long results stay."""
 
     model_config = ConfigDict(title="Queue, limits and results")
 

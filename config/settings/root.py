@@ -1,5 +1,4 @@
-"""The process settings: one model per component, composed by ``Settings``, read from the flat ``SWAPLESS_``
-variables; ``load_settings`` and ``get_settings`` build them, ``unknown_variables`` names the strays."""
+"""``Settings``: the components composed, read from the flat ``SWAPLESS_`` variables."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ _PREFIX = "SWAPLESS_"
 
 
 class _FlatEnvironment(PydanticBaseSettingsSource):
-    """Each component's fields from ``SWAPLESS_<FIELD>`` (no component in the name), case-insensitive."""
+    """Each component's fields from ``SWAPLESS_<FIELD>``, case-insensitive."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False  # unused: __call__ reads every component at once
@@ -42,11 +41,7 @@ class _FlatEnvironment(PydanticBaseSettingsSource):
 
 
 class Settings(BaseSettings):
-    """Process settings, one component per part of the system (``settings.worker.prefetch``).
-
-    Each field is read from ``SWAPLESS_<FIELD>`` (``SWAPLESS_PREFETCH``). The constructor and ``model_copy`` also
-    take fields by their own name (``Settings(prefetch=4)``).
-    """
+    """Process settings by component; the constructor and ``model_copy`` also take fields by name."""
 
     model_config = SettingsConfigDict(env_prefix=_PREFIX, extra="ignore")
 
@@ -76,16 +71,14 @@ class Settings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _nest(cls, data: Any) -> Any:
-        """Move fields given by their own name into their component, over what the component already has."""
         return _nested(data, {}) if isinstance(data, dict) else data
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        """A copy with ``update`` applied; its keys may be components or their fields (``{"redis_url": ...}``)."""
+        """A copy with ``update`` applied; its keys may be components or fields."""
         return super().model_copy(update=_nested(dict(update or {}), self.__dict__), deep=deep)
 
 
 def _components() -> dict[str, tuple[type[BaseModel], tuple[str, ...]]]:
-    """Each component of ``Settings``: its model and its fields' names."""
     found = {}
     for component, info in Settings.model_fields.items():
         model = info.annotation
@@ -95,7 +88,7 @@ def _components() -> dict[str, tuple[type[BaseModel], tuple[str, ...]]]:
 
 
 def fields() -> dict[str, tuple[str, FieldInfo]]:
-    """Every setting by its field name (the variable less ``SWAPLESS_``): its component and its field."""
+    """Every setting by name: its component and its field."""
     return {
         name: (component, model.model_fields[name])
         for component, (model, names) in _components().items()
@@ -104,8 +97,7 @@ def fields() -> dict[str, tuple[str, FieldInfo]]:
 
 
 def _nested(data: dict[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
-    """``data`` with fields given by their own name moved into their component (a copy of it where ``current``
-    holds one)."""
+    """``data`` with each field given by name moved into its component."""
     where = {name: component for name, (component, _) in fields().items()}
     flat = {name: data.pop(name) for name in list(data) if name in where}
     for name, value in flat.items():
@@ -120,7 +112,7 @@ def _nested(data: dict[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _misspelt_variable() -> ConfigError | None:
-    """A ``SWAPLESS_`` variable that looks like a setting's name misspelt (it would be ignored), if any."""
+    """A variable that looks like a setting's name misspelt, if any."""
     known = [name.upper() for name in fields()]
     for variable in sorted(os.environ):
         if not variable.startswith(_PREFIX) or variable[len(_PREFIX) :] in known:
@@ -137,8 +129,7 @@ _OTHER_TOOLS = ("SWAPLESS_TEST_", "SWAPLESS_BENCH_", "SWAPLESS_FAULTS_", "SWAPLE
 
 
 def unknown_variables() -> list[str]:
-    """The environment's ``SWAPLESS_*`` variables that are no setting (and no other tool's), each with the setting
-    it most resembles, if any (``SWAPLESS_FILES_DIR (SWAPLESS_BATCH_FILES_URL?)``)."""
+    """The ``SWAPLESS_*`` variables that are no setting, each with its likeliest setting (``X (SWAPLESS_Y?)``)."""
     known = [name.upper() for name in fields()]
     found = []
     for variable in sorted(os.environ):
@@ -151,11 +142,10 @@ def unknown_variables() -> list[str]:
 
 
 def load_settings(**overrides: object) -> Settings:
-    """The environment's settings with ``overrides`` on top (a command's flags, by field name; None: not given).
+    """The environment's settings with ``overrides`` (by field name; None: not given) on top.
 
     Raises:
-        ConfigError: a variable or an override is invalid, or a variable looks like a setting's name misspelt; the
-            message names it and what is wrong.
+        ConfigError: a variable or an override is invalid, or a variable looks misspelt.
     """
     misspelt = _misspelt_variable()
     if misspelt is not None:
@@ -173,7 +163,7 @@ def load_settings(**overrides: object) -> Settings:
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The environment's settings, read once per process (``load_settings`` with no overrides).
+    """The environment's settings, read once per process.
 
     Raises:
         ConfigError: as ``load_settings``.

@@ -20,10 +20,10 @@ _UNITS = {
 
 
 def parse_bytes(value: str | float) -> int:
-    """Parse a size such as ``4GiB``, ``512MB``, ``1.5 GiB`` or ``1048576`` into bytes.
+    """Bytes of a size such as ``4GiB``, ``512MB``, ``1.5 GiB`` or ``1048576``.
 
     Raises:
-        ValueError: the text is not a number followed by a known unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB).
+        ValueError: not a number and a known unit.
     """
     if isinstance(value, (int, float)):
         if value < 0:
@@ -38,11 +38,7 @@ def parse_bytes(value: str | float) -> int:
 
 
 def size_or(value: object, unset: int | None) -> int | None:
-    """A size field's value: ``unset`` for None or an empty string, else the parsed size.
-
-    Raises:
-        ValueError: the value is no size.
-    """
+    """A size field's value: ``unset`` for None or an empty string."""
     if value is None or value == "":
         return unset
     if isinstance(value, (str, int, float)):

@@ -13,7 +13,7 @@ __all__ = ["CacheSettings", "InputSettings", "PlacementSettings", "WorkerSetting
 
 
 class CacheSettings(BaseModel):
-    """The model registry, the device, and what the model cache keeps loaded."""
+    """The model registry, the device and the model cache."""
 
     model_config = ConfigDict(title="Models and the model cache")
 
@@ -77,7 +77,7 @@ class CacheSettings(BaseModel):
 
 
 class WorkerSettings(BaseModel):
-    """What one worker holds, how it groups jobs, their deadlines and redelivery, its warm start."""
+    """How one worker holds, groups, times out and redelivers jobs; its warm start."""
 
     model_config = ConfigDict(title="Worker: scheduling, deadlines and delivery")
 
@@ -135,7 +135,7 @@ class WorkerSettings(BaseModel):
 
     @property
     def restore_sweep_s(self) -> int:
-        """How often a worker looks for dead workers' jobs (kombu's unacked restore sweep)."""
+        """How often a worker looks for dead workers' jobs."""
         return max(1, round(self.visibility_refresh_s))
 
 

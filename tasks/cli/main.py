@@ -229,7 +229,7 @@ def models(
 
     try:
         settings = settings_with(models_file=models)
-        load_plugins(settings)  # their frameworks are known frameworks
+        load_plugins(settings.cache)  # their frameworks are known frameworks
         store = ModelStore.from_file(settings.cache.models_file, ModelEngine().frameworks)
     except SwaplessError as err:
         fail(err)

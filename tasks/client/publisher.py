@@ -113,7 +113,7 @@ class Publisher:
         self.redis = redis_client
         self.keyspace = Keyspace.of(settings)
         #: How many replicas must hold each message before a send returns (``SWAPLESS_REDIS_MIN_REPLICAS``).
-        self.replicas = ReplicaWait.of(settings)
+        self.replicas = ReplicaWait.of(settings.redis)
         self._store: ModelStore | None = None
         self._routing_unavailable = False
         self._overrides: RouteOverrides | None = None

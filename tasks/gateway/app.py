@@ -28,7 +28,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from swapless.config.settings import Settings, get_settings
+from swapless.config.settings import GatewaySettings, Settings, get_settings
 from swapless.manager.registry.specs import InputType
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks import tracing
@@ -48,12 +48,12 @@ from swapless.tasks.gateway.v2 import v2_router
 __all__ = ["allowed_hosts", "create_app", "job_body_limit"]
 
 
-def allowed_hosts(settings: Settings, keys: KeyRing) -> frozenset[str] | None:
+def allowed_hosts(settings: GatewaySettings, keys: KeyRing) -> frozenset[str] | None:
     """The host names the gateway answers to (``SWAPLESS_GATEWAY_ALLOWED_HOSTS``); None: any."""
-    if settings.gateway.gateway_allowed_hosts is None:
-        open_to_all = bool(keys) or settings.gateway.gateway_insecure_no_auth
+    if settings.gateway_allowed_hosts is None:
+        open_to_all = bool(keys) or settings.gateway_insecure_no_auth
         return None if open_to_all else LOOPBACK_HOSTS
-    names = [name.strip() for name in settings.gateway.gateway_allowed_hosts.split(",") if name.strip()]
+    names = [name.strip() for name in settings.gateway_allowed_hosts.split(",") if name.strip()]
     return None if "*" in names else frozenset(host_name(name) for name in names)
 
 
@@ -121,13 +121,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in routers:
         app.include_router(router)
     # added first: inside the guard, so bodies are bounded already; it reads each route's declaration
-    keys = install_api_keys(app, settings, store, [route for router in routers for route in router.routes])
+    keys = install_api_keys(app, settings.gateway, store, [route for router in routers for route in router.routes])
     gateway, batches = settings.gateway, settings.batches
     origins = frozenset(o.strip().lower().rstrip("/") for o in gateway.gateway_allowed_origins.split(",") if o.strip())
     batch_file = BodyLimit(batches.batch_max_file_bytes + UPLOAD_ENVELOPE_BYTES, "SWAPLESS_BATCH_MAX_FILE_BYTES",
                            "a batch file may take", batches.batch_upload_timeout_s, "SWAPLESS_BATCH_UPLOAD_TIMEOUT_S")
     app.add_middleware(RequestGuard, max_body_bytes=gateway.gateway_max_body_bytes,
-                       body_timeout_s=gateway.gateway_body_timeout_s, allowed_hosts=allowed_hosts(settings, keys),
+                       body_timeout_s=gateway.gateway_body_timeout_s, allowed_hosts=allowed_hosts(gateway, keys),
                        allowed_origins=origins,
                        body_limits={"/jobs": one_job, "/predict": one_job, "/v1/files": batch_file})
     if not (traced and fastapi_traces_requests()):

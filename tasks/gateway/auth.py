@@ -30,7 +30,7 @@ from fastapi import FastAPI, Security
 from fastapi.security import HTTPBearer
 from starlette.routing import BaseRoute, Match, Route
 
-from swapless.config.settings import Settings
+from swapless.config.settings import GatewaySettings
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks.gateway.framing import ASGIApp, Receive, Scope, Send, reply
 from swapless.tasks.gateway.keys import KeyRing, KeyRule, load_keys
@@ -203,7 +203,7 @@ def _redact(text: str) -> str:
     return path + "?" + urlencode([(n, "***" if n == "key" else v) for n, v in pairs], safe="*")
 
 
-def install_api_keys(app: FastAPI, settings: Settings, store: ModelStore, routes: list[BaseRoute]) -> KeyRing:
+def install_api_keys(app: FastAPI, settings: GatewaySettings, store: ModelStore, routes: list[BaseRoute]) -> KeyRing:
     """Put ``Callers`` in front of ``app``'s ``routes`` (the routers' own, which declare what they need) with the
     configured keys (none: every caller is an operator), and redact ``?key=`` in uvicorn's access log.
     ``app.state.api_keys_required`` says whether keys are configured.
@@ -215,7 +215,7 @@ def install_api_keys(app: FastAPI, settings: Settings, store: ModelStore, routes
     app.state.api_keys_required = bool(keys)
     docs = frozenset(p for p in (app.docs_url, app.openapi_url, app.swagger_ui_oauth2_redirect_url, app.redoc_url) if p)
     own = [route for route in app.router.routes if isinstance(route, Route)]  # the docs' (included routers nest)
-    turns = Turns(settings.gateway.gateway_active_per_key, settings.gateway.gateway_turn_wait_s)
+    turns = Turns(settings.gateway_active_per_key, settings.gateway_turn_wait_s)
     app.add_middleware(Callers, keys=keys, routes=[*own, *routes], open_paths=docs, turns=turns)
     access_log = logging.getLogger("uvicorn.access")
     if keys and not any(isinstance(f, RedactKeyFilter) for f in access_log.filters):

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from swapless.config.errors import ConfigError
-from swapless.config.settings import Settings
+from swapless.config.settings import GatewaySettings
 from swapless.manager.registry.store import ModelStore
 
 __all__ = ["MAX_KEY_CHARS", "MIN_KEY_CHARS", "KeyEntry", "KeyRing", "KeyRule", "load_keys", "parse_keys"]
@@ -105,7 +105,7 @@ def parse_keys(text: str, source: str, *, per_line: bool) -> list[KeyEntry]:
     return entries
 
 
-def load_keys(settings: Settings, store: ModelStore) -> list[KeyRule]:
+def load_keys(settings: GatewaySettings, store: ModelStore) -> list[KeyRule]:
     """The keys of ``SWAPLESS_API_KEYS`` and ``SWAPLESS_API_KEYS_FILE`` (both, when both are set), hashed; the
     models they name resolved through ``store``. Empty: no key is configured.
 
@@ -114,13 +114,13 @@ def load_keys(settings: Settings, store: ModelStore) -> list[KeyRule]:
             lists no key.
     """
     entries: list[KeyEntry] = []
-    if settings.gateway.api_keys is not None and settings.gateway.api_keys.get_secret_value().strip():
-        entries += parse_keys(settings.gateway.api_keys.get_secret_value(), "SWAPLESS_API_KEYS", per_line=False)
+    if settings.api_keys is not None and settings.api_keys.get_secret_value().strip():
+        entries += parse_keys(settings.api_keys.get_secret_value(), "SWAPLESS_API_KEYS", per_line=False)
         if not entries:
             raise ConfigError("SWAPLESS_API_KEYS", "it lists no key: write KEY or KEY:MODEL|MODEL, comma-separated, "
                               "or unset it")
-    if settings.gateway.api_keys_file is not None:
-        path = settings.gateway.api_keys_file
+    if settings.api_keys_file is not None:
+        path = settings.api_keys_file
         try:
             text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is not part of the first key
         except (OSError, UnicodeDecodeError) as err:

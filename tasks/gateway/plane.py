@@ -26,7 +26,7 @@ from typing import Any
 import redis.asyncio as aredis
 
 from swapless.config.errors import InputError, JobCancelled
-from swapless.config.settings import Settings
+from swapless.config.settings import InputSettings, Settings
 from swapless.manager.frameworks.inputs import base64_image, image_header, text_input
 from swapless.manager.registry.specs import InputType, ModelSpec
 from swapless.manager.registry.store import ModelStore
@@ -59,7 +59,7 @@ class Ask:
     key: str | None = None
 
 
-def check_input(spec: ModelSpec, value: Any, settings: Settings) -> None:
+def check_input(spec: ModelSpec, value: Any, settings: InputSettings) -> None:
     """Refuse what the worker serving ``spec`` would fail: text models take a non-blank string within
     ``SWAPLESS_MAX_TEXT_CHARS``; image models a base64 image within ``SWAPLESS_MAX_IMAGE_BYTES`` and
     ``SWAPLESS_MAX_IMAGE_PIXELS`` (read from its header), never a file path.
@@ -68,13 +68,13 @@ def check_input(spec: ModelSpec, value: Any, settings: Settings) -> None:
         InputError: the input does not fit; the message names the model, the limit and its setting.
     """
     if spec.type is InputType.TEXT:
-        text_input(spec.id, value, settings.inputs.max_text_chars)
+        text_input(spec.id, value, settings.max_text_chars)
         return
-    data = base64_image(spec.id, value, settings.inputs.max_image_bytes)
+    data = base64_image(spec.id, value, settings.max_image_bytes)
     if data is None:
         raise InputError(spec.id, "the image is not valid base64: send the image's bytes in base64 (the gateway reads "
                          "no file paths)")
-    image_header(spec.id, data, settings.inputs.max_image_pixels)
+    image_header(spec.id, data, settings.max_image_pixels)
 
 
 class DataPlane:
@@ -147,7 +147,7 @@ class DataPlane:
             try:
                 if self.store.is_route(job.model_id):  # the route could not place this input: say why
                     self.store.route(job.model_id, job.value, job.job_id, paths=False)
-                check_input(self.store.get(job.model_id), job.value, self.settings)
+                check_input(self.store.get(job.model_id), job.value, self.settings.inputs)
             except InputError as err:
                 if label is None:
                     raise

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from swapless.config.settings import Settings
+from swapless.config.settings import ScalingSettings
 from swapless.tasks.cluster.members import read_heartbeats
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.observe.scaling import RemovalCost, removal_costs
@@ -78,14 +78,14 @@ class PodDeletionCost:
 
     @classmethod
     def from_environment(
-        cls, settings: Settings, client: redis.Redis, keyspace: Keyspace, worker_id: str
+        cls, settings: ScalingSettings, client: redis.Redis, keyspace: Keyspace, worker_id: str
     ) -> PodDeletionCost | None:
         """The writer of this pod, when ``SWAPLESS_POD_DELETION_COST`` is on; None (and one line saying what is
         missing) when the worker does not run in a pod it can annotate."""
-        if not settings.scaling.pod_deletion_cost:
+        if not settings.pod_deletion_cost:
             return None
         env = os.environ
-        account = settings.scaling.kubernetes_service_account_dir
+        account = settings.kubernetes_service_account_dir
         missing = [name for name in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "POD_NAME", "POD_NAMESPACE")
                    if not env.get(name)]
         missing += [str(account / name) for name in ("token", "ca.crt") if not (account / name).is_file()]
@@ -99,7 +99,7 @@ class PodDeletionCost:
         return cls(client, keyspace, worker_id, api_url=f"https://{host}:{env['KUBERNETES_SERVICE_PORT']}",
                    namespace=env["POD_NAMESPACE"], pod=env["POD_NAME"],
                    token=(account / "token").read_text().strip(), ca=account / "ca.crt",
-                   interval_s=settings.scaling.pod_deletion_cost_interval_s)
+                   interval_s=settings.pod_deletion_cost_interval_s)
 
     def __call__(self) -> None:
         """Write the cost if it changed and the last write is ``interval_s`` old (run after each heartbeat)."""

@@ -174,7 +174,7 @@ class WorkerContext:
             self.scheduler.ready.wait()
         beats = redis_client(s.redis.broker_url, connect_timeout_s=5, socket_timeout_s=5,
                              sentinel=SentinelOptions.of(s))
-        pod_cost = PodDeletionCost.from_environment(s, beats, self.keyspace, self.reporting.worker_id)
+        pod_cost = PodDeletionCost.from_environment(s.scaling, beats, self.keyspace, self.reporting.worker_id)
         if pod_cost is not None:
             after_beat.append(pod_cost)
         self.reporting.start(self.scheduler, beats, self.placer.claimed, after_beat, device=kind)
@@ -230,7 +230,7 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
     """
     keyspace = Keyspace.of(settings)
     health = RedisHealth()
-    replicas = ReplicaWait.of(settings)
+    replicas = ReplicaWait.of(settings.redis)
     control = redis_client(settings.redis.broker_url, connect_timeout_s=5, socket_timeout_s=10,
                            sentinel=SentinelOptions.of(settings))
     runtime = build_runtime(settings, warm_up=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swapless.config.errors import InputError
-from swapless.config.settings import Settings
+from swapless.config.settings import Settings, WorkerSettings
 from swapless.manager import Job
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks.broker.routes import Router
@@ -78,11 +78,11 @@ def _sent_at(request: Any) -> float | None:
     return float(sent_at) if isinstance(sent_at, (int, float)) else None
 
 
-def _deadline(request: Any, urgent: bool, settings: Settings, sent_at: float | None) -> float | None:
+def _deadline(request: Any, urgent: bool, settings: WorkerSettings, sent_at: float | None) -> float | None:
     deadline = deadline_of(request)
     if deadline is not None:
         return deadline
-    default_s = settings.worker.interactive_expires_s if urgent else settings.worker.bulk_expires_s
+    default_s = settings.interactive_expires_s if urgent else settings.bulk_expires_s
     if default_s is None:
         return None
     return (sent_at if sent_at is not None else time.time()) + default_s
@@ -155,7 +155,7 @@ def decode(
         jobs = [Job(id=request.id, model_id=target, input=value, received_s=received_s, urgent=urgent, trace=trace)]
     if router.store.has_variants:
         jobs = _homed(jobs, router.store)
-    deadline = _deadline(request, jobs[0].urgent, settings, sent_at)
+    deadline = _deadline(request, jobs[0].urgent, settings.worker, sent_at)
     if deadline is not None:
         jobs = [dataclasses.replace(job, expires_at=deadline) for job in jobs]
     of = headers.get(SHADOW_HEADER)

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 
 from swapless.config.errors import ConfigError
-from swapless.config.settings import Settings
+from swapless.config.settings import CacheSettings, Settings
 from swapless.manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
 from swapless.manager.frameworks.adapter_checks import adapter_reserve
 
@@ -48,13 +48,13 @@ def tune_interpreter() -> None:
     sys.setswitchinterval(GIL_SWITCH_S)
 
 
-def load_plugins(settings: Settings) -> None:
+def load_plugins(settings: CacheSettings) -> None:
     """Import the modules of ``SWAPLESS_PLUGINS``, which register custom frameworks.
 
     Raises:
         ConfigError: a plugin cannot be imported.
     """
-    for module in filter(None, (name.strip() for name in settings.cache.plugins.split(","))):
+    for module in filter(None, (name.strip() for name in settings.plugins.split(","))):
         try:
             importlib.import_module(module)
         except ImportError as err:
@@ -72,7 +72,7 @@ def build_runtime(settings: Settings, *, warm_up: bool = False) -> Runtime:
         ConfigError: a plugin cannot be imported, or the models file is missing or invalid.
     """
     s = settings
-    load_plugins(s)
+    load_plugins(s.cache)
     limits = WorkerLimits(
         device=s.cache.device,
         max_batch_size=s.cache.max_batch_size,

@@ -246,7 +246,7 @@ class BatchDriver:
         model, refusal, spec = self._model(line.model_id, caller)
         if refusal is None and spec is not None:
             try:
-                check_input(spec, line.input, self.settings)
+                check_input(spec, line.input, self.settings.inputs)
             except InputError as err:
                 refusal = ("InputError", str(err), 422)
         return line.custom_id, model, line.priority, line.input, line.key, refusal

@@ -23,7 +23,7 @@ from typing import IO, Any
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
-from swapless.config.settings import Settings
+from swapless.config.settings import BatchSettings
 
 __all__ = ["FileInfo", "FileStore", "default_files_url", "new_file_id"]
 
@@ -80,9 +80,9 @@ class FileStore:
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
 
     @classmethod
-    def of(cls, settings: Settings) -> FileStore:
+    def of(cls, settings: BatchSettings) -> FileStore:
         """The store ``SWAPLESS_BATCH_FILES_URL`` names."""
-        return cls(settings.batches.batch_files_url or default_files_url(), settings.batches.batch_file_retention_s)
+        return cls(settings.batch_files_url or default_files_url(), settings.batch_file_retention_s)
 
     def _path(self, name: str) -> str:
         return f"{self.root}/{name}"

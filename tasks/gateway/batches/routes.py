@@ -97,11 +97,11 @@ def batch_router(settings: Settings, models: ModelStore, max_line_bytes: int) ->
         max_line_bytes: the longest line of an input file (one ``/predict`` body's bound).
     """
     router = APIRouter(prefix="/v1", route_class=GuardedRoute)
-    files = FileStore.of(settings)
+    files = FileStore.of(settings.batches)
     store = BatchStore(redis_client(settings.redis.broker_url, connect_timeout_s=settings.redis.connect_timeout_s,
                                     sentinel=SentinelOptions.of(settings)), Keyspace.of(settings),
                        settings.batches.batch_retention_s, settings.batches.batch_max_window_s)
-    uploads = work_root(settings, files) / "uploads"
+    uploads = work_root(settings.batches, files) / "uploads"
     owners = OwnerIndex(store.redis, store.keys, settings.batches)
 
     def caller_of(request: Request) -> Caller:

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from swapless.config.settings import Settings
+from swapless.config.settings import BatchSettings, Settings
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks.broker.connection import redis_client
 from swapless.tasks.broker.sentinel import SentinelOptions
@@ -59,10 +59,10 @@ def fair_order(waiting: list[tuple[str, str, float]], driven: dict[str, int]) ->
     return order
 
 
-def work_root(settings: Settings, files: FileStore) -> Path:
+def work_root(settings: BatchSettings, files: FileStore) -> Path:
     """Where drivers keep their work files (``SWAPLESS_BATCH_WORK_DIR``; see config/settings/)."""
-    if settings.batches.batch_work_dir is not None:
-        return settings.batches.batch_work_dir
+    if settings.batch_work_dir is not None:
+        return settings.batch_work_dir
     if files.local:
         return Path(files.root) / "work"
     return Path.home() / ".cache" / "swapless" / "batch-work"
@@ -81,7 +81,7 @@ class BatchRunner:
         self.models = models
         self.runner_id = f"{socket.gethostname()}:{secrets.token_hex(4)}"
         #: API keys of the deployment: with several, one slot stays free of any one key's batches
-        self._tenants = len(load_keys(settings, models))
+        self._tenants = len(load_keys(settings.gateway, models))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._driving: dict[str, threading.Thread] = {}
@@ -89,7 +89,7 @@ class BatchRunner:
 
     def start(self) -> None:
         s = self.settings
-        self.files = FileStore.of(s)
+        self.files = FileStore.of(s.batches)
         self.store = BatchStore(redis_client(s.redis.broker_url, connect_timeout_s=s.redis.connect_timeout_s,
                                              sentinel=SentinelOptions.of(s)), Keyspace.of(s),
                                 s.batches.batch_retention_s, s.batches.batch_max_window_s)
@@ -160,7 +160,7 @@ class BatchRunner:
         if self._client is None:
             raise RuntimeError("BatchRunner.start makes its client before any batch is driven")
         driver = BatchDriver(batch_id, self.store, self.files, self._client, self.models, self.settings,
-                             work_root(self.settings, self.files) / batch_id, self.runner_id, self._stop)
+                             work_root(self.settings.batches, self.files) / batch_id, self.runner_id, self._stop)
         try:
             driver.run()
         except LeaseLost:
