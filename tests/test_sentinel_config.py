@@ -64,7 +64,7 @@ def test_a_plain_url_keeps_todays_configuration() -> None:
     conf = make_app(load_settings(redis_url="redis://127.0.0.1:6379/3")).conf
     assert (conf.broker_url, conf.result_backend) == ("redis://127.0.0.1:6379/3", "redis://127.0.0.1:6379/3")
     assert "master_name" not in conf.broker_transport_options
-    assert load_settings(redis_url="redis://127.0.0.1:6379/3").failover_wait_s == 0
+    assert load_settings(redis_url="redis://127.0.0.1:6379/3").redis.failover_wait_s == 0
 
 
 def test_too_few_replicas_is_a_retryable_queue_unavailable_saying_what_happened() -> None:

@@ -357,7 +357,7 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     for i in range(7):
         parked.submit("vision", encode_image(i), priority="bulk")
     parked.submit("topic", "later")
-    shown = run_cli("status", "--queue", other.queue)
+    shown = run_cli("status", "--queue", other.jobs.queue)
     assert shown.returncode == 0, shown.stderr
     out = shown.stdout
     assert "models across workers: 8 messages waiting in their lists, 0 held by workers" in out
