@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any, Self
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -32,8 +32,7 @@ class _FlatEnvironment(PydanticBaseSettingsSource):
     def __call__(self) -> dict[str, Any]:
         environ = {name.upper(): value for name, value in os.environ.items()}
         found: dict[str, Any] = {}
-        for component, (model, names) in _components().items():
-            del model
+        for component, (_, names) in _components().items():
             values = {name: environ[_PREFIX + name.upper()] for name in names if _PREFIX + name.upper() in environ}
             if values:
                 found[component] = values
@@ -78,6 +77,7 @@ class Settings(BaseSettings):
         return super().model_copy(update=_nested(dict(update or {}), self.__dict__), deep=deep)
 
 
+@cache
 def _components() -> dict[str, tuple[type[BaseModel], tuple[str, ...]]]:
     found = {}
     for component, info in Settings.model_fields.items():
