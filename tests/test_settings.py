@@ -194,3 +194,9 @@ def test_the_settings_reference_lists_every_variable_with_its_default() -> None:
     assert shown["max_models"] == "2" and shown["redis_url"] == "unset" and shown["task_events"] == "false"
     assert shown["gateway_max_body_bytes"] == "33554432 (32 MiB)" and shown["cancel_hold_s"] == "604800 s (7 days)"
     assert shown["models_file"] == "config/models.json"
+    sections = re.split(r"^## ", page, flags=re.MULTILINE)[1:]
+    assert len(sections) == len(Settings.model_fields)
+    for section, component in zip(sections, Settings.model_fields, strict=True):
+        listed = re.findall(r"^\| `SWAPLESS_([A-Z_]+)` \|", section, re.MULTILINE)
+        assert f"`settings.{component}`" in section
+        assert [name.lower() for name in listed] == [n for n, (c, _) in fields().items() if c == component]
