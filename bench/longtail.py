@@ -897,8 +897,8 @@ def registry_scenario(rep: int, sizes: Sizes) -> dict[str, list[float]]:
             def cli_models() -> None:
                 """``swapless models`` (tasks/cli/main.py): the registry read, its listing drawn 120 columns wide."""
                 s = load_settings(models_file=models_file, plugins="bench.simulated")
-                load_plugins(s)
-                models_text(ModelStore.from_file(s.models_file, ModelEngine().frameworks), width=120)
+                load_plugins(s.cache)
+                models_text(ModelStore.from_file(s.cache.models_file, ModelEngine().frameworks), width=120)
 
             # The heartbeat: built by build_heartbeat from a cache of the worker's size (empty: what it has
             # loaded is at most 4 entries) and stats fed with the worker's activity per model as its last heartbeat
@@ -960,8 +960,8 @@ def registry_scenario(rep: int, sizes: Sizes) -> dict[str, list[float]]:
             def tick_plan() -> Any:
                 return plan(beat.worker_id, placer._workers(tick["beats"]),
                             placer._demand(tick["places"], tick["beats"], tick["live"]),
-                            copy_backlog_s=settings.copy_backlog_s, max_copies=settings.max_copies,
-                            copy_idle_s=settings.copy_idle_s)
+                            copy_backlog_s=settings.placement.copy_backlog_s, max_copies=settings.placement.max_copies,
+                            copy_idle_s=settings.placement.copy_idle_s)
 
             reads: dict[str, Callable[[], Any]] = {
                 "models": cli_models,
@@ -975,8 +975,8 @@ def registry_scenario(rep: int, sizes: Sizes) -> dict[str, list[float]]:
                 "placement": lambda: read_placement(r, keyspace, ids),
                 "tick reads": tick_reads,
                 "tick plan": tick_plan,
-                "cluster": lambda: read_cluster(r, keyspace, ids, unknown_job_s=settings.scale_unknown_job_s,
-                                                unknown_load_s=settings.scale_unknown_load_s),
+                "cluster": lambda: read_cluster(r, keyspace, ids, unknown_job_s=settings.scaling.scale_unknown_job_s,
+                                                unknown_load_s=settings.scaling.scale_unknown_load_s),
                 "get metrics": lambda: http.get("/metrics").raise_for_status(),
             }
             waiting = WaitingWork(client, r, keyspace, ids)

@@ -66,7 +66,7 @@ class Keyspace:
     @classmethod
     def of(cls, settings: Settings) -> Keyspace:
         """The keyspace of ``SWAPLESS_QUEUE`` under ``SWAPLESS_KEY_PREFIX``."""
-        return cls(settings.queue, settings.key_prefix or "")
+        return cls(settings.jobs.queue, settings.jobs.key_prefix or "")
 
     def _tagged(self, name: str, part: str) -> str:
         return f"{self.prefix}swapless:{{{self.queue}/{name}}}:{part}"

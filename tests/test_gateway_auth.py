@@ -98,7 +98,7 @@ def test_keys_are_kept_as_digests_and_models_resolved_to_their_ids(store: ModelS
     keys_file = tmp_path / "keys.txt"
     keys_file.write_text(f"# more keys\n{LIMITED}:sentiment|tone\n")
     settings = settings_with(FULL, keys_file)
-    rules = load_keys(settings, store)
+    rules = load_keys(settings.gateway, store)
     assert [r.models for r in rules] == [None, frozenset({"550e8400-e29b-41d4-a716-446655440000", "tone"})]
     assert [r.names for r in rules] == [(), ("sentiment", "tone")]
     for shown in (repr(rules), repr(settings), settings.model_dump_json()):
@@ -107,7 +107,7 @@ def test_keys_are_kept_as_digests_and_models_resolved_to_their_ids(store: ModelS
     assert limited.allows(store, "sentiment") and limited.allows(store, "550e8400-e29b-41d4-a716-446655440000")
     assert limited.allows(store, "tone") and not limited.allows(store, "tone-v1")  # the route, not its versions
     assert not limited.allows(store, "spam") and not limited.allows(store, "no-such-model")
-    assert load_keys(settings_with(), store) == [] and load_keys(settings_with("  "), store) == []
+    assert load_keys(settings_with().gateway, store) == [] and load_keys(settings_with("  ").gateway, store) == []
 
 
 @pytest.mark.parametrize(
@@ -131,13 +131,13 @@ def test_a_bad_key_configuration_stops_the_gateway_with_one_line(
         keys_file = tmp_path / "keys.txt"
         keys_file.write_text(file_text)
     with pytest.raises(ConfigError) as caught:
-        load_keys(settings_with(keys, keys_file), store)
+        load_keys(settings_with(keys, keys_file).gateway, store)
     assert message in str(caught.value)
 
 
 def test_a_missing_keys_file_says_what_to_point_it_at(store: ModelStore, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
-        load_keys(settings_with(keys_file=tmp_path / "nope.txt"), store)
+        load_keys(settings_with(keys_file=tmp_path / "nope.txt").gateway, store)
     assert str(caught.value) == (f"SWAPLESS_API_KEYS_FILE: cannot read {tmp_path / 'nope.txt'} (No such file or "
                                  "directory): point it at a readable UTF-8 file of keys, one per line")
 

@@ -141,7 +141,7 @@ def test_metrics_endpoint_of_a_real_worker_after_known_jobs(
     )
 
     # a clean stop takes the heartbeat away at once (not after its TTL) and closes the port
-    r = redis.Redis.from_url(settings.broker_url)
+    r = redis.Redis.from_url(settings.redis.broker_url)
     beats = read_heartbeats(r, Keyspace.of(settings))
     assert [b.hostname for b in beats] == [f"m@{os.uname().nodename}"]
     left_ms = r.pttl(Keyspace.of(settings).heartbeat(beats[0].worker_id))

@@ -50,7 +50,7 @@ def test_a_worker_with_a_host_tier_swaps_in_and_shows_each_models_tier(
     assert log.count("loaded sentiment (") == 1 and "swapped sentiment in from host memory" in log
     assert "moved sentiment to host memory" in log and "moved spam to host memory" in log
 
-    r = redis.Redis.from_url(settings.broker_url)
+    r = redis.Redis.from_url(settings.redis.broker_url)
     # the cache counts a swap-in when it happens, the model's row when its group ends: wait for both
     beat = _beat(r, settings, lambda b: b.cache.swap_ins >= 1 and bool(b.host)
                  and "sentiment" in b.models and b.models["sentiment"].swap_ins >= 1)

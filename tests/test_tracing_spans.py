@@ -137,7 +137,7 @@ def test_a_webhook_is_a_span_of_its_jobs_trace_and_carries_it(
     client = redis.Redis.from_url(redis_url)
     queue = WebhookQueue(client, Keyspace("q", key_prefix), ttl_s=60, max_pending=3, max_failed=2)
     s = settings.model_copy(update={"webhook_secret": SecretStr(SECRET), "webhook_allowed_hosts": "hooks.test"})
-    sender = WebhookSender(queue, s, transport=httpx.MockTransport(answer), resolve=lambda host: ["10.0.0.7"],
+    sender = WebhookSender(queue, s.webhooks, transport=httpx.MockTransport(answer), resolve=lambda host: ["10.0.0.7"],
                            tracer=tracer)
     queue.enqueue([WebhookDelivery("job-1", "http://hooks.test/h?token=secret", json.dumps({"x": 1}), traceparent=A)])
     sender.start()

@@ -128,7 +128,8 @@ def test_the_sender_retries_then_keeps_the_delivery_as_failed(webhook_queue: Web
 
     s = settings.model_copy(update={"webhook_secret": SecretStr(SECRET), "webhook_allowed_hosts": "hooks.test",
                                     "webhook_retry_s": 1.5})
-    sender = WebhookSender(webhook_queue, s, transport=httpx.MockTransport(answer), resolve=lambda host: ["10.0.0.7"])
+    sender = WebhookSender(webhook_queue, s.webhooks, transport=httpx.MockTransport(answer),
+                           resolve=lambda host: ["10.0.0.7"])
     webhook_queue.enqueue([WebhookDelivery("job-1", "http://hooks.test/h", json.dumps({"x": 1}))])
     sender.start()
     try:
@@ -154,7 +155,7 @@ def _send_once(webhook_queue: WebhookQueue, settings: Settings, url: str,
         return httpx.Response(204)
 
     s = settings.model_copy(update={"webhook_secret": SecretStr(SECRET), "webhook_allowed_hosts": allowed})
-    sender = WebhookSender(webhook_queue, s, transport=httpx.MockTransport(answer), resolve=resolve)
+    sender = WebhookSender(webhook_queue, s.webhooks, transport=httpx.MockTransport(answer), resolve=resolve)
     webhook_queue.enqueue([WebhookDelivery("job-pin", url, "{}")])
     sender.start()
     try:
@@ -207,7 +208,7 @@ def test_a_pinned_delivery_reaches_a_real_receiver_under_its_name_and_verifies(
 ) -> None:
     receiver = Receiver().start()
     s = settings.model_copy(update={"webhook_secret": SecretStr(SECRET), "webhook_allowed_hosts": "localhost"})
-    sender = WebhookSender(webhook_queue, s, resolve=lambda host: ["127.0.0.1"])  # the network, one lookup
+    sender = WebhookSender(webhook_queue, s.webhooks, resolve=lambda host: ["127.0.0.1"])  # the network, one lookup
     url = f"http://localhost:{receiver.port}/hook"
     webhook_queue.enqueue([WebhookDelivery("job-real", url, json.dumps({"ok": 1}))])
     sender.start()

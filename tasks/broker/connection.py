@@ -21,7 +21,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from swapless.config.errors import QueueFull, QueueUnavailable, SwaplessError
-from swapless.config.settings import Settings
+from swapless.config.settings import RedisSettings
 from swapless.tasks.broker.urls import redact
 
 if TYPE_CHECKING:
@@ -246,7 +246,7 @@ class ReplicaWait:
     timeout_s: float
 
     @classmethod
-    def of(cls, settings: Settings) -> ReplicaWait | None:
+    def of(cls, settings: RedisSettings) -> ReplicaWait | None:
         """The wait ``settings`` ask for; None: none (``SWAPLESS_REDIS_MIN_REPLICAS`` is 0)."""
         if settings.redis_min_replicas <= 0:
             return None

@@ -91,11 +91,11 @@ class SentinelOptions:
     @classmethod
     def of(cls, settings: Settings) -> SentinelOptions | None:
         """The options ``settings`` give, or None without a master name (no sentinels)."""
-        if not settings.redis_sentinel_master:
+        if not settings.redis.redis_sentinel_master:
             return None
-        secret = settings.redis_sentinel_password
-        return cls(settings.redis_sentinel_master, settings.redis_sentinel_username,
-                   secret.get_secret_value() if secret is not None else None, settings.redis_sentinel_tls)
+        secret = settings.redis.redis_sentinel_password
+        return cls(settings.redis.redis_sentinel_master, settings.redis.redis_sentinel_username,
+                   secret.get_secret_value() if secret is not None else None, settings.redis.redis_sentinel_tls)
 
     def sentinel_kwargs(self, connect_timeout_s: float, socket_timeout_s: float | None) -> dict[str, Any]:
         """The keyword arguments of every connection to a sentinel."""

@@ -102,7 +102,7 @@ def _run_bulk(
     except (SwaplessError, ValueError) as err:
         fail(err)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    outcome = _Outcome(settings.broker_url)
+    outcome = _Outcome(settings.redis.broker_url)
     try:
         _run_session(job, settings, outcome, local=local, progress=progress, log_every_s=log_every_s,
                      callback_url=callback_url)
@@ -133,14 +133,14 @@ def _run_session(
         stack.callback(tracing.shutdown, tracing.configure("swapless-bulk"))  # the run's spans out before exit
         watchdog = None
         if local:
-            why = "SWAPLESS_REDIS_URL is unset" if settings.redis_url is None else "--local"
+            why = "SWAPLESS_REDIS_URL is unset" if settings.redis.redis_url is None else "--local"
             err_console.print(f"local mode: starting an embedded Redis and a worker ({why})")
             embedded = stack.enter_context(LocalSwapless(settings, env=_local_env(job.input_path)))
             client = Client(settings=embedded.settings)
             watchdog = embedded.check
         else:
             client = Client(settings=settings)
-        outcome.redis_url = client.settings.broker_url
+        outcome.redis_url = client.settings.redis.broker_url
         stack.callback(client.close)
         reporter = make_progress(sys.stderr, interval_s=log_every_s, force=progress)
         runner = BulkRun(job, client, progress=reporter, watchdog=watchdog)
@@ -180,12 +180,12 @@ def _send_run_webhook(
     if isinstance(stopped_by, KeyboardInterrupt):
         stopped = "interrupted"
     elif stopped_by is not None:
-        stopped = f"stopped by an error: {translate(stopped_by, client.settings.broker_url)}"
+        stopped = f"stopped by an error: {translate(stopped_by, client.settings.redis.broker_url)}"
     try:
         err_console.print(queue_run_webhook(client, url, job, summary, stopped, local=local), highlight=False)
     except Exception as err:  # noqa: BLE001 - Redis gone: the run's own outcome is reported next
         err_console.print(f"bulk: the run's webhook to {url} could not be queued: "
-                          f"{translate(err, client.settings.broker_url)}", highlight=False)
+                          f"{translate(err, client.settings.redis.broker_url)}", highlight=False)
 
 
 def _print_summary(job: BulkJob, summary: BulkSummary | None, stopped: str | None = None) -> None:
@@ -264,7 +264,7 @@ def bulk(
         fail(ValueError(f"--progress must be auto, bar, log or none, not {progress!r}"))
     if callback_url is not None:
         try:
-            check_callback_url(callback_url, settings.webhook_allowed_hosts)
+            check_callback_url(callback_url, settings.webhooks.webhook_allowed_hosts)
         except SwaplessError as err:
             fail(err)
     try:
@@ -275,7 +275,7 @@ def bulk(
         model, input, output, field=field, id_field=id_field, fmt=fmt, chunk_size=chunk_size,
         max_in_flight=max_in_flight, restart=restart, timeout_s=timeout, expires=deadline, key_field=key_field,
     )
-    use_local = local if local is not None else settings.redis_url is None
+    use_local = local if local is not None else settings.redis.redis_url is None
     _run_bulk(job, settings, local=use_local, progress=None if progress == "auto" else progress,
               log_every_s=log_every, allow_failures=allow_failures, callback_url=callback_url)
 

@@ -65,7 +65,7 @@ def settings_with(**flags: Any) -> Settings:
     unknown = unknown_variables()
     if unknown:
         err_console.print(f"[yellow]warning:[/] ignoring {escape(', '.join(unknown))}: no such setting (the "
-                          "settings are listed in config/settings.py)", highlight=False)
+                          "settings are listed in config/settings/)", highlight=False)
     return settings
 
 
@@ -73,14 +73,14 @@ def routes_table(store: Any, settings: Settings) -> Table:
     """Each route with its split now and its shadows' agreement; without Redis, the file's weights."""
     overrides: dict[str, dict[str, float]] = {}
     agreement: dict[tuple[str, str, str], tuple[int, int]] = {}
-    if settings.redis_url is not None:
+    if settings.redis.redis_url is not None:
         from swapless.tasks.broker.connection import redis_client
         from swapless.tasks.broker.sentinel import SentinelOptions
         from swapless.tasks.keyspace import Keyspace
         from swapless.tasks.routing import RouteOverrides, read_shadow
 
         try:
-            client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+            client = redis_client(settings.redis.broker_url, connect_timeout_s=settings.redis.connect_timeout_s,
                                   sentinel=SentinelOptions.of(settings))
             overrides = RouteOverrides(client, Keyspace.of(settings)).get()
             agreement = read_shadow(client, Keyspace.of(settings))

@@ -163,7 +163,8 @@ class LocalSwapless:
         # no warm start: the worker lives for one command, which uses one model or two, not the whole registry
         env = {"SWAPLESS_WARM_START": "false", **os.environ, **self.env, "SWAPLESS_REDIS_URL": self.redis_url,
                "PYTHONUNBUFFERED": "1"}
-        env["SWAPLESS_MODELS_FILE"] = str(self.base_settings.models_file)  # the command's --models, else the env's
+        # the command's --models, else the env's
+        env["SWAPLESS_MODELS_FILE"] = str(self.base_settings.cache.models_file)
         self._worker_log = self.worker_log.open("wb")
         self.worker_proc = subprocess.Popen(
             [sys.executable, "-m", "swapless", "worker", "--loglevel", "INFO", *self.worker_args],

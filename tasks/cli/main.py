@@ -95,8 +95,8 @@ def worker(
     from swapless.tasks.worker.task import app as celery_app
 
     configure(celery_app, settings)
-    argv = ["worker", "--pool=solo", "--concurrency=1", f"--loglevel={loglevel}", f"--queues={settings.queue}"]
-    argv += [f"--prefetch-multiplier={settings.prefetch}", "--without-gossip", "--without-mingle"]
+    argv = ["worker", "--pool=solo", "--concurrency=1", f"--loglevel={loglevel}", f"--queues={settings.jobs.queue}"]
+    argv += [f"--prefetch-multiplier={settings.worker.prefetch}", "--without-gossip", "--without-mingle"]
     if hostname:
         argv.append(f"--hostname={hostname}")
     celery_app.worker_main(argv)
@@ -131,7 +131,7 @@ def submit(
     Without SWAPLESS_REDIS_URL it runs in local mode: an embedded Redis and a worker, started and stopped for this
     one job (so it always waits)."""
     settings = settings_with(models_file=models)
-    if settings.redis_url is None:  # local mode
+    if settings.redis.redis_url is None:  # local mode
         _bulk.submit_local(model, _read_input(input, file), timeout, settings)
         return
     from swapless.tasks.client import Client
@@ -226,8 +226,8 @@ def models(
 
     try:
         settings = settings_with(models_file=models)
-        load_plugins(settings)  # their frameworks are known frameworks
-        store = ModelStore.from_file(settings.models_file, ModelEngine().frameworks)
+        load_plugins(settings.cache)  # their frameworks are known frameworks
+        store = ModelStore.from_file(settings.cache.models_file, ModelEngine().frameworks)
     except SwaplessError as err:
         fail(err)
     if as_json:
@@ -253,10 +253,11 @@ def reload(models: ModelsOption = None) -> None:
 
     settings = settings_with(models_file=models)
     try:
-        store = ModelStore.from_file(settings.models_file)
+        store = ModelStore.from_file(settings.cache.models_file)
     except SwaplessError as err:
         fail(f"{err}; nothing was reloaded: the running routes stay as they were")
-    overrides = RouteOverrides(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+    overrides = RouteOverrides(redis_client(settings.redis.broker_url,
+                                            connect_timeout_s=settings.redis.connect_timeout_s,
                                             sentinel=SentinelOptions.of(settings)),
                                Keyspace.of(settings))
     overrides.reload(store)
@@ -280,7 +281,7 @@ def route(
     from swapless.tasks.routing import RouteOverrides
 
     settings = settings_with(models_file=models)
-    store = ModelStore.from_file(settings.models_file)
+    store = ModelStore.from_file(settings.cache.models_file)
     parsed: dict[str, float] = {}
     for item in weights or []:
         target, sep, number = item.partition("=")
@@ -292,7 +293,8 @@ def route(
             fail(ValueError(f"{item!r}: write each version as VERSION=WEIGHT, e.g. {target or 'v2'}=10"))
     if clear == bool(parsed):
         fail(ValueError("give VERSION=WEIGHT pairs, or --clear (not both)"))
-    overrides = RouteOverrides(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+    overrides = RouteOverrides(redis_client(settings.redis.broker_url,
+                                            connect_timeout_s=settings.redis.connect_timeout_s,
                                             sentinel=SentinelOptions.of(settings)),
                                Keyspace.of(settings))
     if clear:
@@ -344,7 +346,7 @@ def serve(
         gateway = create_app(settings)
     except SwaplessError as err:
         fail(err)
-    if not gateway.state.api_keys_required and not _is_loopback(host) and not settings.gateway_insecure_no_auth:
+    if not gateway.state.api_keys_required and not _is_loopback(host) and not settings.gateway.gateway_insecure_no_auth:
         fail(f"no API key is configured, so the gateway listens on a loopback address only, not {host}: set "
              "SWAPLESS_API_KEYS (or SWAPLESS_API_KEYS_FILE), or pass --insecure-no-auth to serve it open")
     _large_buffers_back_to_the_os()
@@ -364,7 +366,7 @@ def batches(models: ModelsOption = None) -> None:
 
     try:
         settings = settings_with(models_file=models)
-        runner = BatchRunner(settings, ModelStore.from_file(settings.models_file))
+        runner = BatchRunner(settings, ModelStore.from_file(settings.cache.models_file))
     except SwaplessError as err:
         fail(err)
     stopping = threading.Event()

@@ -41,9 +41,9 @@ def status(
 
     settings = settings_with(queue=queue)
     keyspace = Keyspace.of(settings)
-    client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+    client = redis_client(settings.redis.broker_url, connect_timeout_s=settings.redis.connect_timeout_s,
                           sentinel=SentinelOptions.of(settings))
-    store = ModelStore.from_file(settings.models_file)
+    store = ModelStore.from_file(settings.cache.models_file)
     model_ids = store.ids()
 
     def render() -> Any:
@@ -52,7 +52,7 @@ def status(
     if as_json:
         from swapless.tasks.observe.status import read_status
 
-        with translated(settings.broker_url):
+        with translated(settings.redis.broker_url):
             payload = read_status(client, keyspace, model_ids, sample)
         sys.stdout.write(json.dumps(payload) + "\n")
         return
@@ -77,7 +77,7 @@ def _render(client: Any, keyspace: Any, store: Any, settings: Any, sample: int) 
     from swapless.tasks.webhooks import read_webhooks
 
     model_ids = store.ids()
-    with translated(settings.broker_url):
+    with translated(settings.redis.broker_url):
         depth = read_queue_depth(client, keyspace, model_ids, sample)
         workers = read_heartbeats(client, keyspace)
         view = render_status(depth, workers, memory=read_redis_memory(client, keyspace, model_ids),
@@ -152,14 +152,14 @@ def webhooks(
     from swapless.tasks.webhooks import WebhookQueue
 
     settings = settings_with(queue=queue)
-    client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+    client = redis_client(settings.redis.broker_url, connect_timeout_s=settings.redis.connect_timeout_s,
                           sentinel=SentinelOptions.of(settings))
     hooks = WebhookQueue.of(client, settings)
-    with translated(settings.broker_url):
+    with translated(settings.redis.broker_url):
         if replay:
             sys.stdout.write(json.dumps({"replayed": hooks.replay(delivery_ids or None)}) + "\n")
             return
-        _, failed = hooks.failed(limit=settings.webhook_max_failed)
+        _, failed = hooks.failed(limit=settings.webhooks.webhook_max_failed)
     for d in failed:
         if delivery_ids and d.id not in delivery_ids:
             continue

@@ -114,11 +114,11 @@ class Placer:
         self.client = client
         self.health = health
         self.worker_id = worker_id
-        self.claims = settings.routing == "placement"
-        self.per_model_limit = settings.prefetch_per_model
+        self.claims = settings.placement.routing == "placement"
+        self.per_model_limit = settings.placement.prefetch_per_model
         self.activity = activity
         self.on_release = on_release
-        self.lease_ms = int(settings.heartbeat_interval_s * TTL_INTERVALS * 1000)
+        self.lease_ms = int(settings.observe.heartbeat_interval_s * TTL_INTERVALS * 1000)
         self._claimed: list[str] = [] if self.claims else store.ids()
         self._limits: dict[str, int] = {}
         self._queued: dict[str, int] = {}
@@ -191,7 +191,7 @@ class Placer:
             logger.info("released the claims on %s", ", ".join(claimed))
 
     def _run(self) -> None:
-        interval = self.settings.placement_interval_s
+        interval = self.settings.placement.placement_interval_s
         while not self._stop.is_set():
             try:
                 self.tick()
@@ -219,7 +219,7 @@ class Placer:
     def _live(self) -> tuple[list[Heartbeat], set[str]]:
         """The live workers of this queue (their heartbeats, and their ids with this worker's)."""
         s = self.settings
-        beats = [beat for beat in read_heartbeats(self.client, self.keyspace) if beat.queue == s.queue]
+        beats = [beat for beat in read_heartbeats(self.client, self.keyspace) if beat.queue == s.jobs.queue]
         gone = {beat.worker_id for beat in beats if _gone_from_this_machine(beat)}
         beats = [beat for beat in beats if beat.worker_id not in gone]
         return beats, {beat.worker_id for beat in beats} | {self.worker_id}
@@ -246,9 +246,9 @@ class Placer:
             self.worker_id,
             workers,
             demand,
-            copy_backlog_s=s.copy_backlog_s,
-            max_copies=s.max_copies,
-            copy_idle_s=s.copy_idle_s,
+            copy_backlog_s=s.placement.copy_backlog_s,
+            max_copies=s.placement.max_copies,
+            copy_idle_s=s.placement.copy_idle_s,
         )
         now_ms = int(time.time() * 1000)
         held_now = [p.model_id for p in places if self.worker_id in p.holder_ids]
@@ -289,16 +289,16 @@ class Placer:
         a worker that holds more of a hot model's jobs than that keeps them from the copies placement adds."""
         s = self.settings
         try:
-            batch = self.store.get(d.model_id).max_batch_size or s.max_batch_size
+            batch = self.store.get(d.model_id).max_batch_size or s.cache.max_batch_size
         except KeyError:
-            batch = s.max_batch_size
-        seconds_worth = math.ceil(s.copy_backlog_s / max(d.job_s, 1e-6))
+            batch = s.cache.max_batch_size
+        seconds_worth = math.ceil(s.placement.copy_backlog_s / max(d.job_s, 1e-6))
         return min(self.per_model_limit, max(2 * batch, seconds_worth))
 
     def recover(self, models: list[str], live: set[str]) -> int:
         """Put back every held job (of ``models`` and of the ingress) of a worker not in ``live``, and every one not
         refreshed for the visibility timeout; returns how many came back."""
-        stale_before = time.time() - self.settings.visibility_timeout_s
+        stale_before = time.time() - self.settings.worker.visibility_timeout_s
         pipe = self.client.pipeline(transaction=False)
         for lists in [*(self._keys(model_id) for model_id in models), self.keyspace.ingress_lists]:
             pipe.eval(RECOVER, 7, *lists.queue_and_records, repr(stale_before), *sorted(live))

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Security
 from fastapi.security import HTTPBearer
 from starlette.routing import BaseRoute, Match, Route
 
-from swapless.config.settings import Settings
+from swapless.config.settings import GatewaySettings
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks.gateway.framing import ASGIApp, Receive, Scope, Send, reply
 from swapless.tasks.gateway.keys import KeyRing, KeyRule, load_keys
@@ -185,7 +185,7 @@ def _redact(text: str) -> str:
     return path + "?" + urlencode([(n, "***" if n == "key" else v) for n, v in pairs], safe="*")
 
 
-def install_api_keys(app: FastAPI, settings: Settings, store: ModelStore, routes: list[BaseRoute]) -> KeyRing:
+def install_api_keys(app: FastAPI, settings: GatewaySettings, store: ModelStore, routes: list[BaseRoute]) -> KeyRing:
     """Put ``Callers`` in front of ``app``'s ``routes`` and redact ``?key=`` in the access log.
 
     Raises:

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from swapless.config.errors import ConfigError
-from swapless.config.settings import Settings
+from swapless.config.settings import GatewaySettings
 from swapless.manager.registry.store import ModelStore
 
 __all__ = ["MAX_KEY_CHARS", "MIN_KEY_CHARS", "KeyEntry", "KeyRing", "KeyRule", "load_keys", "parse_keys"]
@@ -92,7 +92,7 @@ def parse_keys(text: str, source: str, *, per_line: bool) -> list[KeyEntry]:
     return entries
 
 
-def load_keys(settings: Settings, store: ModelStore) -> list[KeyRule]:
+def load_keys(settings: GatewaySettings, store: ModelStore) -> list[KeyRule]:
     """The keys of ``SWAPLESS_API_KEYS`` and ``SWAPLESS_API_KEYS_FILE``, hashed, their models resolved; empty: none.
 
     Raises:

@@ -11,7 +11,7 @@ from typing import Any
 import redis.asyncio as aredis
 
 from swapless.config.errors import InputError, JobCancelled
-from swapless.config.settings import Settings
+from swapless.config.settings import InputSettings, Settings
 from swapless.manager.frameworks.inputs import base64_image, image_header, text_input
 from swapless.manager.registry.specs import InputType, ModelSpec
 from swapless.manager.registry.store import ModelStore
@@ -44,7 +44,7 @@ class Ask:
     key: str | None = None
 
 
-def check_input(spec: ModelSpec, value: Any, settings: Settings) -> None:
+def check_input(spec: ModelSpec, value: Any, settings: InputSettings) -> None:
     """Refuse an input the worker serving ``spec`` would fail (type, size, pixels; never a file path).
 
     Raises:
@@ -74,7 +74,7 @@ class DataPlane:
         self.keyspace = Keyspace.of(settings)
         self.store = store
         self.client = client
-        self.waits = WaitSlots(settings.gateway_max_waits)
+        self.waits = WaitSlots(settings.gateway.gateway_max_waits)
         self._redis: aredis.Redis | None = None
         self._ledger: JobLedger | None = None
         self._rate: RateLimit | None = None
@@ -82,11 +82,11 @@ class DataPlane:
 
     async def start(self) -> None:
         s = self.settings
-        self._redis = async_redis_client(s.broker_url, connect_timeout_s=s.connect_timeout_s,
+        self._redis = async_redis_client(s.redis.broker_url, connect_timeout_s=s.redis.connect_timeout_s,
                                          sentinel=SentinelOptions.of(s))
-        self._ledger = JobLedger(self._redis, self.client.results, self.keyspace, s.gateway_inflight_per_key)
-        self._rate = RateLimit(self._redis, s.gateway_rate_per_key, self.keyspace)
-        self._consumer = AsyncResultConsumer(self._redis, self.client.results, failover_s=s.failover_wait_s)
+        self._ledger = JobLedger(self._redis, self.client.results, self.keyspace, s.gateway.gateway_inflight_per_key)
+        self._rate = RateLimit(self._redis, s.gateway.gateway_rate_per_key, self.keyspace)
+        self._consumer = AsyncResultConsumer(self._redis, self.client.results, failover_s=s.redis.failover_wait_s)
 
     async def stop(self) -> None:
         if self._consumer is not None:
@@ -129,7 +129,7 @@ class DataPlane:
             try:
                 if self.store.is_route(job.model_id):  # the route could not place this input: say why
                     self.store.route(job.model_id, job.value, job.job_id, paths=False)
-                check_input(self.store.get(job.model_id), job.value, self.settings)
+                check_input(self.store.get(job.model_id), job.value, self.settings.inputs)
             except InputError as err:
                 if label is None:
                     raise
@@ -154,7 +154,7 @@ class DataPlane:
             self.allow(caller, model_id)
         headers = None
         if callback_url is not None:
-            check_target(callback_url, allowed_hosts(self.settings.webhook_allowed_hosts))
+            check_target(callback_url, allowed_hosts(self.settings.webhooks.webhook_allowed_hosts))
             headers = [{CALLBACK_URL_HEADER: callback_url, CALLBACK_OWNER_HEADER: caller.owner} for _ in asks]
         large = len(asks) > 1 or any(isinstance(a.value, str) and len(a.value) > _OFF_LOOP_CHARS for a in asks)
         routed = await asyncio.to_thread(self._route, asks, label) if large else self._route(asks, label)
@@ -162,7 +162,7 @@ class DataPlane:
             raise RuntimeError("the gateway's limits exist only while the app runs (lifespan)")
         await self._rate.take(caller.owner, len(routed))
         ids = [job.job_id for job in routed]
-        hold_s = expires_s if expires_s is not None else float(self.settings.cancel_hold_s)
+        hold_s = expires_s if expires_s is not None else float(self.settings.jobs.cancel_hold_s)
         admitted, count = await self.ledger.admit(caller.owner, ids, hold_s)
         if not admitted:
             raise OverLimit("SWAPLESS_GATEWAY_INFLIGHT_PER_KEY", f"this caller has {count} jobs submitted and not yet "

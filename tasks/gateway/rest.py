@@ -130,7 +130,7 @@ class RestEndpoints:
     async def predict(self, request: Request, body: JobRequest, timeout_s: float | None = _TIMEOUT_QUERY) -> Any:
         """Queue a job and wait for its result. On timeout: 504 with the job id, to poll ``GET /jobs/{job_id}`` (the
         job still runs, unless the body's ``expires_s`` passes before it starts)."""
-        wait_s = timeout_s if timeout_s is not None else self.plane.settings.predict_timeout_s
+        wait_s = timeout_s if timeout_s is not None else self.plane.settings.gateway.predict_timeout_s
         async with self.plane.waiting():
             job_id = await self._submit(request, body)
             stored = await self.plane.wait(job_id, wait_s)
@@ -180,7 +180,7 @@ class RestEndpoints:
             await aping(plane.redis, _PING_S)
             workers = len(await aread_heartbeats(plane.redis, plane.keyspace))
         except Exception as err:  # noqa: BLE001 - any failure to reach Redis is "unavailable"
-            request.app.state.log.unavailable(err, plane.settings.broker_url)
+            request.app.state.log.unavailable(err, plane.settings.redis.broker_url)
             health = Health(status="unavailable", redis="unavailable")
             return JSONResponse(status_code=503, content=health.model_dump(exclude_none=True))
         return Health(status="ok", redis="ok", workers=workers)

@@ -68,7 +68,7 @@ class StatusEndpoints:
         self.html = page_html()
         self.headers = _page_headers(self.html)
         self.model_ids = store.ids()
-        self.sync = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+        self.sync = redis_client(settings.redis.broker_url, connect_timeout_s=settings.redis.connect_timeout_s,
                                  sentinel=SentinelOptions.of(settings))  # connects when used
         self.metrics = signals_registry(ScalingSignals(self.sync, settings, self.model_ids))
 

@@ -210,12 +210,12 @@ class V2Endpoints:
         plane, settings = self.plane, self.settings
         body = await request.body()
         args = (body, request.headers.get("content-encoding"), request.headers.get(HEADER_LENGTH), sig.id,
-                settings.gateway_max_body_bytes, settings.gateway_max_elements)
+                settings.gateway.gateway_max_body_bytes, settings.gateway.gateway_max_elements)
         off_loop = len(body) > 64 * 1024 or request.headers.get("content-encoding", "identity") != "identity"
         parsed = await asyncio.to_thread(_decoded, *args) if off_loop else _decoded(*args)
         target, values = job_inputs(self.store, sig, parsed)
         chosen = chosen_outputs(parsed, sig)
-        wait_s = _wait_s(parsed.parameters, settings.predict_timeout_s)
+        wait_s = _wait_s(parsed.parameters, settings.gateway.predict_timeout_s)
         async with plane.waiting():
             name = parsed.inputs[0].name
             job_ids = await plane.submit(caller_of(request), [Ask(target, v) for v in values],

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from swapless.config.settings import Settings
+from swapless.config.settings import ScalingSettings
 from swapless.tasks.cluster.members import read_heartbeats
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.observe.scaling import RemovalCost, removal_costs
@@ -78,7 +78,7 @@ class PodDeletionCost:
 
     @classmethod
     def from_environment(
-        cls, settings: Settings, client: redis.Redis, keyspace: Keyspace, worker_id: str
+        cls, settings: ScalingSettings, client: redis.Redis, keyspace: Keyspace, worker_id: str
     ) -> PodDeletionCost | None:
         """The writer of this pod, when ``SWAPLESS_POD_DELETION_COST`` is on; None (and one line saying what is
         missing) when the worker does not run in a pod it can annotate."""

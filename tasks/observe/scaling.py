@@ -481,7 +481,7 @@ class ScalingSignals:
         self.settings = settings
         self.keyspace = Keyspace.of(settings)
         self.model_ids = list(model_ids)
-        self.tracker = DemandTracker(settings.scale_window_s)
+        self.tracker = DemandTracker(settings.scaling.scale_window_s)
         self._lock = threading.Lock()  # scrapes may come at once; the demand's window is one
 
     def read(self, now: float | None = None) -> Signals:
@@ -490,7 +490,7 @@ class ScalingSignals:
         Raises:
             redis.RedisError: Redis could not be read.
         """
-        s = self.settings
+        s = self.settings.scaling
         with self._lock:
             reading = read_cluster(self.client, self.keyspace, self.model_ids, unknown_job_s=s.scale_unknown_job_s,
                                    unknown_load_s=s.scale_unknown_load_s, now=now)

@@ -123,8 +123,9 @@ class WebhookQueue:
     @classmethod
     def of(cls, client: Any, settings: Any) -> WebhookQueue:
         """The queue of ``settings`` (its keyspace and its webhook bounds)."""
-        return cls(client, Keyspace.of(settings), settings.webhook_retry_s, settings.webhook_max_pending,
-                   settings.webhook_max_failed, settings.webhook_max_pending_per_key)
+        hooks = settings.webhooks
+        return cls(client, Keyspace.of(settings), hooks.webhook_retry_s, hooks.webhook_max_pending,
+                   hooks.webhook_max_failed, hooks.webhook_max_pending_per_key)
 
     def enqueue(self, deliveries: Sequence[WebhookDelivery], now: float | None = None) -> tuple[int, int]:
         """Queue ``deliveries`` in one round trip; returns (queued, kept as failed: the queue was full)."""

@@ -93,16 +93,17 @@ class WorkerContext:
         after_beat: list[Callable[[], Any]] = []
         records, kind = self._seed(after_beat)
         self._warm_up(records, kind)
-        beats = redis_client(s.broker_url, connect_timeout_s=5, socket_timeout_s=5, sentinel=SentinelOptions.of(s))
-        pod_cost = PodDeletionCost.from_environment(s, beats, self.keyspace, self.reporting.worker_id)
+        beats = redis_client(s.redis.broker_url, connect_timeout_s=5, socket_timeout_s=5,
+                             sentinel=SentinelOptions.of(s))
+        pod_cost = PodDeletionCost.from_environment(s.scaling, beats, self.keyspace, self.reporting.worker_id)
         if pod_cost is not None:
             after_beat.append(pod_cost)
         self.reporting.start(self.scheduler, beats, self.placer.claimed, after_beat, device=kind)
         self.webhooks.start()
         self.placer.start()  # claims once warm: a model is not held by a worker still warming up
-        if s.routing == "placement":
+        if s.placement.routing == "placement":
             logger.info("placement: %s claims models of queue %s with the other workers", self.reporting.worker_id,
-                        s.queue)
+                        s.jobs.queue)
         ids = runtime.store.ids()
         shown = ", ".join(ids[:READY_NAMES]) + (f" and {len(ids) - READY_NAMES} more" if len(ids) > READY_NAMES else "")
         logger.info("swapless worker ready: %d model(s): %s", len(ids), shown)
@@ -112,7 +113,7 @@ class WorkerContext:
         engine = self.runtime.manager.factory
         if not isinstance(engine, ModelEngine):
             return {}, ""
-        kind = device_label(self.settings.device)
+        kind = device_label(self.settings.cache.device)
         learned = LearnedStore(self.control, self.keyspace, kind)
         records: dict[str, Any] = {}
         try:
@@ -126,7 +127,7 @@ class WorkerContext:
         """Load the kept models and start the warm start, on the scheduler's thread; wait until it is ready."""
         runtime, s = self.runtime, self.settings
         engine = runtime.manager.factory
-        warming = engine if s.warm_start and isinstance(engine, ModelEngine) else None
+        warming = engine if s.worker.warm_start and isinstance(engine, ModelEngine) else None
         kept = [spec.id for spec in runtime.store if spec.keep_loaded]
         if warming is None and not kept:
             return
@@ -134,7 +135,7 @@ class WorkerContext:
         skip = self._measured_if_joining(records, kind, others) if others else set()
         # a worker joining a fleet under placement loads no kept model: the fleet holds them, placement gives
         # this one what it needs
-        skip_kept = set(kept) if others and s.routing == "placement" else set()
+        skip_kept = set(kept) if others and s.placement.routing == "placement" else set()
         idle = None
         if warming is not None:
             idle = _warm_start(runtime.manager, warming, s, records, skip | skip_kept, self.scheduler.wants,
@@ -144,7 +145,7 @@ class WorkerContext:
         def first() -> None:
             """The kept models, and ``SWAPLESS_WARM_BEFORE_READY_S`` of the warm start, before ready."""
             load_kept(runtime.manager, skip=skip_kept)
-            ends = time.perf_counter() + s.warm_before_ready_s
+            ends = time.perf_counter() + s.worker.warm_before_ready_s
             while idle is not None and time.perf_counter() < ends and next(idle, StopIteration) is None:
                 pass
 
@@ -155,7 +156,7 @@ class WorkerContext:
     def _others_live(self) -> int:
         """How many other workers are live on this queue (0 when their heartbeats cannot be read)."""
         try:
-            return sum(1 for b in read_heartbeats(self.control, self.keyspace) if b.queue == self.settings.queue)
+            return sum(1 for b in read_heartbeats(self.control, self.keyspace) if b.queue == self.settings.jobs.queue)
         except Exception:  # noqa: BLE001 - only saves time
             return 0
 
@@ -169,7 +170,7 @@ class WorkerContext:
     def finish_in_hand(self) -> None:
         """Warm shutdown, while the broker connection is open: give up claims, finish the group in hand, ack it."""
         self.placer.stop()
-        self.scheduler.stop(timeout_s=self.settings.visibility_timeout_s)
+        self.scheduler.stop(timeout_s=self.settings.worker.visibility_timeout_s)
         self.scheduler.acks.drain()
 
     def stop(self) -> None:
@@ -187,7 +188,7 @@ def _warm_start(manager: ModelManager, engine: ModelEngine, s: Settings, records
                 keep: Callable[[str], bool], jobs_waiting: Callable[[], bool]) -> Iterator[None]:
     """The warm start, a model at a time while no job has come (the scheduler closes it at the first)."""
     started, took, ended = time.perf_counter(), 0, "all warmed or its budget spent"
-    steps = warm_steps(manager, engine, total_budget_s=s.warm_start_budget_s, order=list(records),
+    steps = warm_steps(manager, engine, total_budget_s=s.worker.warm_start_budget_s, order=list(records),
                        tuned=set(records), skip=skip, keep=keep)
     try:
         yield  # primed here: closed before any model, it still says so
@@ -220,18 +221,18 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
     """
     keyspace = Keyspace.of(settings)
     health = RedisHealth()
-    replicas = ReplicaWait.of(settings)
-    control = redis_client(settings.broker_url, connect_timeout_s=5, socket_timeout_s=10,
+    replicas = ReplicaWait.of(settings.redis)
+    control = redis_client(settings.redis.broker_url, connect_timeout_s=5, socket_timeout_s=10,
                            sentinel=SentinelOptions.of(settings))
     runtime = build_runtime(settings, warm_up=True)
     router = Router(runtime.store, RouteOverrides(control, keyspace) if runtime.store.routes else None)
     reporting = WorkerReporting(runtime, keyspace, health, hostname)
-    sending = redis_client(settings.broker_url, connect_timeout_s=5, socket_timeout_s=10,
+    sending = redis_client(settings.redis.broker_url, connect_timeout_s=5, socket_timeout_s=10,
                            sentinel=SentinelOptions.of(settings))
-    spans = BatchSpans(tracing.tracer(), settings.queue) if tracing.wanted() else None
-    sender = WebhookSender(WebhookQueue.of(sending, settings), settings,
+    spans = BatchSpans(tracing.tracer(), settings.jobs.queue) if tracing.wanted() else None
+    sender = WebhookSender(WebhookQueue.of(sending, settings), settings.webhooks,
                            tracer=spans.tracer if spans is not None else None)
-    followups = Followups(Canvas(app, settings.canvas_queue),
+    followups = Followups(Canvas(app, settings.worker.canvas_queue),
                           WebhookIntake(WebhookQueue.of(control, settings), wake=sender.wake))
     scheduler = BatchScheduler(
         runtime,
@@ -253,9 +254,10 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
         answer_malformed(ResultStore(app, retry_s=5, health=health, replicas=replicas), message, err)
 
     # with task events on, every message goes through Celery's requests
-    intake = None if settings.task_events else Intake(scheduler.submit, reporting.sent_times.record_many, malformed)
+    intake = (None if settings.observe.task_events
+              else Intake(scheduler.submit, reporting.sent_times.record_many, malformed))
     return WorkerContext(app, settings, keyspace, health, control, runtime, router, reporting, scheduler, placer,
-                         intake, ChannelHooks(settings.queue, placer, intake, health), sender, malformed)
+                         intake, ChannelHooks(settings.jobs.queue, placer, intake, health), sender, malformed)
 
 
 class SwaplessWorker(bootsteps.StartStopStep):

@@ -32,7 +32,7 @@ def revoke(state: Any, task_id: Any, terminate: bool = False, signal: str | None
     if terminate:
         logger.warning("revoke with terminate=True: a running job is never terminated here; it runs to its end")
     context = getattr(getattr(state.consumer, "controller", None), "swapless", None)
-    hold_s = context.settings.cancel_hold_s if context is not None else None
+    hold_s = context.settings.jobs.cancel_hold_s if context is not None else None
     try:
         answers = ResultStore(state.app, retry_s=_RETRY_S).cancel(task_ids, JobCancelled, hold_s)
     except Exception as err:  # noqa: BLE001 - the consumer thread must outlive a Redis failure

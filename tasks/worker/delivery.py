@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swapless.config.errors import InputError
-from swapless.config.settings import Settings
+from swapless.config.settings import Settings, WorkerSettings
 from swapless.manager import Job
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks.protocol import (
@@ -64,7 +64,7 @@ def _sent_at(request: Any) -> float | None:
     return float(sent_at) if isinstance(sent_at, (int, float)) else None
 
 
-def _deadline(request: Any, urgent: bool, settings: Settings, sent_at: float | None) -> float | None:
+def _deadline(request: Any, urgent: bool, settings: WorkerSettings, sent_at: float | None) -> float | None:
     deadline = deadline_of(request)
     if deadline is not None:
         return deadline
@@ -137,7 +137,7 @@ def decode(
         jobs = [Job(id=request.id, model_id=target, input=value, received_s=received_s, urgent=urgent, trace=trace)]
     if router.store.has_variants:
         jobs = _homed(jobs, router.store)
-    deadline = _deadline(request, jobs[0].urgent, settings, sent_at)
+    deadline = _deadline(request, jobs[0].urgent, settings.worker, sent_at)
     if deadline is not None:
         jobs = [dataclasses.replace(job, expires_at=deadline) for job in jobs]
     of = headers.get(SHADOW_HEADER)

@@ -68,7 +68,7 @@ class GroupRunner:
     def run(self, results: ResultStore, group: Sequence[Job]) -> None:
         """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
         model_id = group[0].model_id
-        if self.runtime.settings.load_ahead and model_id in self.runtime.manager.loaded_ids():
+        if self.runtime.settings.cache.load_ahead and model_id in self.runtime.manager.loaded_ids():
             self._load_ahead(model_id)  # loaded already: the next model's load starts before this group's reads
         self._cancel_revoked(results, group)
         # the first batch's attempts are counted in the same round trip as the reads, perhaps sent ahead
@@ -87,7 +87,7 @@ class GroupRunner:
             # Cancelled jobs, and redelivered copies of jobs that already have a final result: never run them.
             self._drop(results, model_id, done_before)
             group = [job for job in group if storage_id(job.id) not in done_before]
-        max_attempts = self.runtime.settings.max_attempts
+        max_attempts = self.runtime.settings.worker.max_attempts
         plan = plan_attempts(group, attempts, max_attempts)
         if plan.poison:
             logger.error("%d job(s) of %s were in flight at %d worker deaths each: failing them", len(plan.poison),
@@ -104,7 +104,8 @@ class GroupRunner:
     def _read_next(self) -> None:
         """Send the reads of the group the backlog would give next (as this group's last pass begins)."""
         manager = self.runtime.manager
-        upcoming = self.inbox.peek_group(manager.loaded_ids(), manager.load_cost_s, self.runtime.settings.max_group)
+        max_group = self.runtime.settings.worker.max_group
+        upcoming = self.inbox.peek_group(manager.loaded_ids(), manager.load_cost_s, max_group)
         if upcoming:
             self.ahead.launch(*self._first_slice(upcoming[0].model_id, upcoming))
 
@@ -116,7 +117,7 @@ class GroupRunner:
 
     def _slice(self, model_id: str, jobs: Sequence[Job]) -> int | None:
         """Jobs per slice of a group (``_run_sliced``), or None: it runs whole."""
-        size = self.runtime.settings.max_batch_size
+        size = self.runtime.settings.cache.max_batch_size
         if any(job.expires_at is not None for job in jobs):
             size = min(size, self.runtime.store.get(model_id).max_batch_size or size)
         elif any(job.urgent for job in jobs):
@@ -171,7 +172,7 @@ class GroupRunner:
             warm = model_id in self.runtime.manager.loaded_ids()
             traced = self.spans.start(model_id, batch, self.runtime.manager) if self.spans is not None else None
             started = time.perf_counter()
-            ahead = (lambda: self._load_ahead(model_id)) if self.runtime.settings.load_ahead else None
+            ahead = (lambda: self._load_ahead(model_id)) if self.runtime.settings.cache.load_ahead else None
             if traced is not None:
                 ahead = traced.on_loaded(ahead)
             outcomes = run_group(self.runtime.manager, model_id, batch, waiting, on_loaded=ahead,
@@ -201,7 +202,7 @@ class GroupRunner:
             return
         ids = [under for under in dict.fromkeys(storage_id(job.id) for job in group) if under in revoked]
         if ids:
-            answers = results.cancel(ids, JobCancelled, self.runtime.settings.cancel_hold_s)
+            answers = results.cancel(ids, JobCancelled, self.runtime.settings.jobs.cancel_hold_s)
             logger.info("revoked job(s) of %s: %s", group[0].model_id, answers)
 
     def _drop(self, results: ResultStore, model_id: str, result_ids: Collection[str]) -> None:
@@ -275,7 +276,7 @@ class GroupRunner:
         """Load a bulk group's cold model aside and put the group back; False: the group loads it itself."""
         manager = self.runtime.manager
         model_id = group[0].model_id
-        if not self.runtime.settings.load_ahead or any(job.urgent for job in group):
+        if not self.runtime.settings.cache.load_ahead or any(job.urgent for job in group):
             return False
         waited, self._aside = self._aside == model_id, None
         if manager.is_loaded(model_id):

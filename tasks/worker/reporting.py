@@ -63,12 +63,12 @@ class WorkerReporting:
         listeners: list[Callable[[GroupReport], None]] = [self.stats]
         skipped: list[Callable[[str, str, int], None]] = [self.stats.skipped]
         shadowed: list[Callable[[str, str, str, bool, int], None]] = []
-        if settings.metrics_port is not None:
-            metrics = self._serve_metrics(settings.metrics_host, settings.metrics_port)
+        if settings.observe.metrics_port is not None:
+            metrics = self._serve_metrics(settings.observe.metrics_host, settings.observe.metrics_port)
             listeners.append(metrics.observe)
             skipped.append(metrics.skipped)
             shadowed.append(metrics.shadowed)
-        remembered = max(10_000, 4 * settings.prefetch)
+        remembered = max(10_000, 4 * settings.worker.prefetch)
         self.sent_times = SentTimes(max_entries=remembered)
         self.events = TaskEvents(max_entries=remembered)
         self.observer = Observers(
@@ -138,24 +138,24 @@ class WorkerReporting:
             return build_heartbeat(
                 hostname=self.hostname,
                 worker_id=self.worker_id,
-                queue=settings.queue,
+                queue=settings.jobs.queue,
                 started_at=started_at,
-                interval_s=settings.heartbeat_interval_s,
+                interval_s=settings.observe.heartbeat_interval_s,
                 manager=scheduler.runtime.manager,
                 stats=self.stats,
                 backlog=scheduler.backlog_counts(),
                 jobs_done=jobs_done,
                 jobs_failed=jobs_failed,
                 redis_problem=problem,
-                routing=settings.routing,
+                routing=settings.placement.routing,
                 claimed=claimed(),
                 device=device,
             )
 
         self._publisher = HeartbeatPublisher(client, self.keyspace, self.worker_id, build,
-                                             settings.heartbeat_interval_s, self.health)
+                                             settings.observe.heartbeat_interval_s, self.health)
         self._publisher.start()
-        logger.info("heartbeat: %s every %.1f s", self._publisher.key, settings.heartbeat_interval_s)
+        logger.info("heartbeat: %s every %.1f s", self._publisher.key, settings.observe.heartbeat_interval_s)
 
     def stop(self) -> None:
         """Stop the heartbeat (deleting it) and the metrics endpoint. Safe to call twice."""

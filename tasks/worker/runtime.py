@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 
 from swapless.config.errors import ConfigError
-from swapless.config.settings import Settings
+from swapless.config.settings import CacheSettings, Settings
 from swapless.manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
 from swapless.manager.frameworks.adapter_checks import adapter_reserve
 
@@ -36,7 +36,7 @@ def tune_interpreter() -> None:
     sys.setswitchinterval(GIL_SWITCH_S)  # a thread back from the device waits less for the GIL
 
 
-def load_plugins(settings: Settings) -> None:
+def load_plugins(settings: CacheSettings) -> None:
     """Import the modules of ``SWAPLESS_PLUGINS``, which register custom frameworks.
 
     Raises:
@@ -60,32 +60,32 @@ def build_runtime(settings: Settings, *, warm_up: bool = False) -> Runtime:
         ConfigError: a plugin cannot be imported, or the models file is missing or invalid.
     """
     s = settings
-    load_plugins(s)
+    load_plugins(s.cache)
     limits = WorkerLimits(
-        device=s.device,
-        max_batch_size=s.max_batch_size,
-        max_text_chars=s.max_text_chars,
-        max_image_bytes=s.max_image_bytes,
-        max_image_pixels=s.max_image_pixels,
-        input_root=str(s.input_root) if s.input_root else None,
-        triton_url=s.triton_url,
-        max_adapters=s.max_adapters,
-        adapter_host_bytes=s.adapter_host_bytes,
+        device=s.cache.device,
+        max_batch_size=s.cache.max_batch_size,
+        max_text_chars=s.inputs.max_text_chars,
+        max_image_bytes=s.inputs.max_image_bytes,
+        max_image_pixels=s.inputs.max_image_pixels,
+        input_root=str(s.inputs.input_root) if s.inputs.input_root else None,
+        triton_url=s.cache.triton_url,
+        max_adapters=s.cache.max_adapters,
+        adapter_host_bytes=s.cache.adapter_host_bytes,
     )
     engine = ModelEngine(limits)
-    store = ModelStore.from_file(s.models_file, engine.frameworks)
+    store = ModelStore.from_file(s.cache.models_file, engine.frameworks)
     if store.has_variants:
-        limits.adapter_bytes, limits.adapter_shapes = adapter_reserve(store, s.max_adapters, engine.runs_adapters)
+        limits.adapter_bytes, limits.adapter_shapes = adapter_reserve(store, s.cache.max_adapters, engine.runs_adapters)
     if warm_up:
         engine.warm_up(spec.framework for spec in store)
     manager = ModelManager(
         store,
         engine,
-        max_models=s.max_models,
-        memory_budget_bytes=s.memory_budget_bytes,
-        remote_max_models=s.triton_max_models,
-        host_max_models=s.host_max_models,
-        host_memory_budget_bytes=s.host_memory_budget_bytes,
-        keep_interactive_s=s.keep_interactive_s,
+        max_models=s.cache.max_models,
+        memory_budget_bytes=s.cache.memory_budget_bytes,
+        remote_max_models=s.cache.triton_max_models,
+        host_max_models=s.cache.host_max_models,
+        host_memory_budget_bytes=s.cache.host_memory_budget_bytes,
+        keep_interactive_s=s.cache.keep_interactive_s,
     )
     return Runtime(s, store, manager)

@@ -80,12 +80,12 @@ class BatchScheduler:
         self.results_factory = results_factory
         self.acks = acks if acks is not None else AckQueue()
         self.refused = refused
-        self.inbox = JobInbox(runtime.settings.max_wait_s)
+        self.inbox = JobInbox(runtime.settings.worker.max_wait_s)
         self.chunks = ChunkAssembler()  # chunk requests in progress, by chunk id
         self.ledger = RequestLedger(self.acks, self.chunks, followups)
         self.ahead = ReadAhead(results_factory)  # the next group's reads, sent while a group computes
-        self.completions = Completions(results_factory, runtime.settings.max_batch_size, self._keep, self._give_back,
-                                       self.inbox.busy)
+        self.completions = Completions(results_factory, runtime.settings.cache.max_batch_size, self._keep,
+                                       self._give_back, self.inbox.busy)
         self.runner = GroupRunner(runtime, self.inbox, self.ledger, self.ahead, self.completions, shadows, observer,
                                   spans, refused)
         self._thread: threading.Thread | None = None
@@ -172,7 +172,7 @@ class BatchScheduler:
         if self._idle is not None:
             self._idle.run()
             self._idle = None
-        return self.inbox.take(manager.loaded_ids, manager.load_cost_s, self.runtime.settings.max_group,
+        return self.inbox.take(manager.loaded_ids, manager.load_cost_s, self.runtime.settings.worker.max_group,
                                manager.loading_ids)
 
     def _loop(self) -> None:

@@ -72,7 +72,7 @@ class SwaplessBatches(Batches):
                 if task_consumer is not None:
                     refresh_visibility(task_consumer.channel, context.health)
 
-            self._refresh_tref = consumer.timer.call_repeatedly(context.settings.visibility_refresh_s, refresh)
+            self._refresh_tref = consumer.timer.call_repeatedly(context.settings.worker.visibility_refresh_s, refresh)
         self._flush_per_tick(getattr(consumer, "hub", None))
         handler = super().Strategy(task, app, consumer)
 

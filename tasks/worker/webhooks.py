@@ -19,7 +19,7 @@ import httpx
 from standardwebhooks import Webhook
 
 from swapless.config.errors import SwaplessError, WebhookRefused
-from swapless.config.settings import Settings
+from swapless.config.settings import WebhookSettings
 from swapless.tasks.protocol import CALLBACK_OWNER_HEADER, CALLBACK_URL_HEADER, SENT_AT_HEADER, encode_outcome
 from swapless.tasks.tracing import TRACEPARENT_HEADER, context_of, trace_id_of
 from swapless.tasks.webhooks import WebhookDelivery, WebhookQueue, allowed_hosts, connect_address, pinned, resolve_host
@@ -112,7 +112,7 @@ class WebhookSender:
         tracer: makes a span of each attempt of a traced job's delivery (None: tracing is off).
     """
 
-    def __init__(self, queue: WebhookQueue, settings: Settings, transport: httpx.BaseTransport | None = None,
+    def __init__(self, queue: WebhookQueue, settings: WebhookSettings, transport: httpx.BaseTransport | None = None,
                  resolve: Callable[[str], Sequence[str]] | None = None, tracer: Any = None) -> None:
         self.queue = queue
         self.tracer = tracer

@@ -122,8 +122,8 @@ class BatchDriver:
         now = time.monotonic()
         if self.stop.is_set():
             raise Stopped
-        if now - self._renewed >= self.settings.batch_lease_s / 3:
-            if not self.store.renew_lease(self.batch_id, self.runner_id, self.settings.batch_lease_s):
+        if now - self._renewed >= self.settings.batches.batch_lease_s / 3:
+            if not self.store.renew_lease(self.batch_id, self.runner_id, self.settings.batches.batch_lease_s):
                 raise LeaseLost
             self._renewed = now
         if now - self._looked >= _CANCEL_CHECK_S:
@@ -231,7 +231,7 @@ class BatchDriver:
         model, refusal, spec = self._model(line.model_id, caller)
         if refusal is None and spec is not None:
             try:
-                check_input(spec, line.input, self.settings)
+                check_input(spec, line.input, self.settings.inputs)
             except InputError as err:
                 refusal = ("InputError", str(err), 422)
         return line.custom_id, model, line.priority, line.input, line.key, refusal
@@ -298,7 +298,7 @@ class BatchDriver:
                 file_id = file_id_for(self.batch_id, kind)
                 info = self.files.put(path, file_id=file_id, filename=f"{self.batch_id}_{kind}.jsonl",
                                       purpose="batch_output", owner=owner, move=True)
-                OwnerIndex(self.store.redis, self.store.keys, self.settings).add_file(owner, file_id,
+                OwnerIndex(self.store.redis, self.store.keys, self.settings.batches).add_file(owner, file_id,
                                                                                      info.created_at, info.bytes)
                 fields[field] = file_id
         self.store.update(self.batch_id, **fields)
@@ -313,7 +313,7 @@ class BatchDriver:
     def _announce(self, ending: BatchStatus) -> None:
         """Queue the batch's end webhook, one id per batch and ending, so a redone ending is not sent twice."""
         batch = self.store.get(self.batch_id) or {}
-        url = batch.get("callback_url") or self.settings.batch_webhook_url
+        url = batch.get("callback_url") or self.settings.batches.batch_webhook_url
         if not url:
             return
         event_id = "evt_" + hashlib.blake2b(f"{self.batch_id}\0{ending.value}".encode(), digest_size=12).hexdigest()

@@ -19,7 +19,7 @@ from typing import IO, Any
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
-from swapless.config.settings import Settings
+from swapless.config.settings import BatchSettings
 
 __all__ = ["FileInfo", "FileStore", "default_files_url", "new_file_id"]
 
@@ -76,7 +76,7 @@ class FileStore:
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
 
     @classmethod
-    def of(cls, settings: Settings) -> FileStore:
+    def of(cls, settings: BatchSettings) -> FileStore:
         """The store ``SWAPLESS_BATCH_FILES_URL`` names."""
         return cls(settings.batch_files_url or default_files_url(), settings.batch_file_retention_s)
 

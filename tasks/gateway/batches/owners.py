@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import redis
 
-from swapless.config.settings import Settings
+from swapless.config.settings import BatchSettings
 from swapless.tasks.gateway.errors import QuotaExceeded
 from swapless.tasks.keyspace import Keyspace
 
@@ -32,7 +32,7 @@ class OwnerIndex:
         settings: the quotas and retentions.
     """
 
-    def __init__(self, client: redis.Redis, keyspace: Keyspace, settings: Settings) -> None:
+    def __init__(self, client: redis.Redis, keyspace: Keyspace, settings: BatchSettings) -> None:
         self.redis = client
         self.keys = keyspace
         self.settings = settings

@@ -102,12 +102,13 @@ class BatchEndpoints:
     def __init__(self, settings: Settings, models: ModelStore, max_line_bytes: int) -> None:
         self.settings = settings
         self.max_line_bytes = max_line_bytes
-        self.files = FileStore.of(settings)
-        self.store = BatchStore(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+        self.files = FileStore.of(settings.batches)
+        redis = settings.redis
+        self.store = BatchStore(redis_client(redis.broker_url, connect_timeout_s=redis.connect_timeout_s,
                                              sentinel=SentinelOptions.of(settings)), Keyspace.of(settings),
-                                settings.batch_retention_s, settings.batch_max_window_s)
-        self.uploads = work_root(settings, self.files) / "uploads"
-        self.owners = OwnerIndex(self.store.redis, self.store.keys, settings)
+                                settings.batches.batch_retention_s, settings.batches.batch_max_window_s)
+        self.uploads = work_root(settings.batches, self.files) / "uploads"
+        self.owners = OwnerIndex(self.store.redis, self.store.keys, settings.batches)
 
     def _files_of(self, caller: Caller) -> list[FileInfo]:
         """The caller's files, newest first: from its own index (an operator: every file)."""
@@ -153,7 +154,7 @@ class BatchEndpoints:
 
     async def _spool(self, request: Request, caller: Caller, boundary: bytes, spool: Any) -> FileInfo:
         """Stream the upload into ``spool``, checking each line, then store it as the caller's file."""
-        checker = LineChecker(self.settings.batch_max_lines, self.max_line_bytes)
+        checker = LineChecker(self.settings.batches.batch_max_lines, self.max_line_bytes)
         upload = await MultipartReader(boundary, "file", LineWriter(spool, checker)).read(request.stream())
         purpose = upload.fields.get("purpose")
         if purpose != "batch":
@@ -214,9 +215,9 @@ class BatchEndpoints:
         info = await self._own_file(caller, body.input_file_id)
         if info.purpose != "batch":
             raise BadBatch(f"file {info.id} is a {info.purpose} file, not an input: upload one with purpose=batch")
-        window_s = parse_window(body.completion_window, settings.batch_max_window_s)
+        window_s = parse_window(body.completion_window, settings.batches.batch_max_window_s)
         if body.callback_url is not None:
-            check_target(body.callback_url, allowed_hosts(settings.webhook_allowed_hosts))
+            check_target(body.callback_url, allowed_hosts(settings.webhooks.webhook_allowed_hosts))
         await asyncio.to_thread(self.owners.check_batch, caller.owner)
         rule = caller.rule
         batch_id = new_batch_id()

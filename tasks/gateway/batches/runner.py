@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from swapless.config.settings import Settings
+from swapless.config.settings import BatchSettings, Settings
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks.broker.connection import redis_client
 from swapless.tasks.broker.sentinel import SentinelOptions
@@ -47,8 +47,8 @@ def fair_order(waiting: list[tuple[str, str, float]], driven: dict[str, int]) ->
     return order
 
 
-def work_root(settings: Settings, files: FileStore) -> Path:
-    """Where drivers keep their work files (``SWAPLESS_BATCH_WORK_DIR``; see config/settings.py)."""
+def work_root(settings: BatchSettings, files: FileStore) -> Path:
+    """Where drivers keep their work files (``SWAPLESS_BATCH_WORK_DIR``; see config/settings/)."""
     if settings.batch_work_dir is not None:
         return settings.batch_work_dir
     if files.local:
@@ -69,7 +69,7 @@ class BatchRunner:
         self.models = models
         self.runner_id = f"{socket.gethostname()}:{secrets.token_hex(4)}"
         #: API keys of the deployment: with several, one slot stays free of any one key's batches
-        self._tenants = len(load_keys(settings, models))
+        self._tenants = len(load_keys(settings.gateway, models))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._driving: dict[str, threading.Thread] = {}
@@ -77,10 +77,10 @@ class BatchRunner:
 
     def start(self) -> None:
         s = self.settings
-        self.files = FileStore.of(s)
-        self.store = BatchStore(redis_client(s.broker_url, connect_timeout_s=s.connect_timeout_s,
-                                             sentinel=SentinelOptions.of(s)), Keyspace.of(s), s.batch_retention_s,
-                                s.batch_max_window_s)
+        self.files = FileStore.of(s.batches)
+        self.store = BatchStore(redis_client(s.redis.broker_url, connect_timeout_s=s.redis.connect_timeout_s,
+                                             sentinel=SentinelOptions.of(s)), Keyspace.of(s),
+                                s.batches.batch_retention_s, s.batches.batch_max_window_s)
         self._client = Client(settings=s, validate=False)
         self._thread = threading.Thread(target=self._loop, name="swapless-batches", daemon=True)
         self._thread.start()
@@ -100,7 +100,7 @@ class BatchRunner:
         return sorted(self._driving)
 
     def _loop(self) -> None:
-        poll_s = min(1.0, self.settings.batch_lease_s / 3)
+        poll_s = min(1.0, self.settings.batches.batch_lease_s / 3)
         purged = 0.0
         while not self._stop.is_set():
             try:
@@ -129,14 +129,14 @@ class BatchRunner:
                 mine[owner] = mine.get(owner, 0) + 1
             elif self.store.lease_holder(batch_id) is None:
                 waiting.append((batch_id, owner, float(batch.get("created_at") or 0)))
-        slots = self.settings.batch_max_active
+        slots = self.settings.batches.batch_max_active
         per_key = max(1, slots - 1) if self._tenants > 1 else slots
         for batch_id, owner in fair_order(waiting, mine):
             if len(self._driving) >= slots:
                 return
             if mine.get(owner, 0) >= per_key:
                 continue
-            if self.store.take_lease(batch_id, self.runner_id, self.settings.batch_lease_s):
+            if self.store.take_lease(batch_id, self.runner_id, self.settings.batches.batch_lease_s):
                 mine[owner] = mine.get(owner, 0) + 1
                 thread = threading.Thread(target=self._drive, args=(batch_id,), name=f"swapless-{batch_id}",
                                           daemon=True)
@@ -147,7 +147,7 @@ class BatchRunner:
         if self._client is None:
             raise RuntimeError("BatchRunner.start makes its client before any batch is driven")
         driver = BatchDriver(batch_id, self.store, self.files, self._client, self.models, self.settings,
-                             work_root(self.settings, self.files) / batch_id, self.runner_id, self._stop)
+                             work_root(self.settings.batches, self.files) / batch_id, self.runner_id, self._stop)
         try:
             driver.run()
         except LeaseLost:
