@@ -46,7 +46,7 @@ from swapless.tasks.broker.queues import RECOVER, WAKE
 from swapless.tasks.broker.routes import Router
 from swapless.tasks.cluster.claims import CLAIM, RELEASE, RENEW
 from swapless.tasks.cluster.members import TTL_INTERVALS, Heartbeat, ModelActivity, read_heartbeats
-from swapless.tasks.cluster.plan import Demand, WorkerView, plan
+from swapless.tasks.cluster.plan import Demand, PlanWorker, plan
 from swapless.tasks.cluster.view import ModelPlacement, read_placement
 from swapless.tasks.keyspace import Keyspace, ModelKeys
 
@@ -307,14 +307,14 @@ class Placer:
             logger.warning("put %d job(s) of dead or silent workers back on their models' lists", restored)
         return restored
 
-    def _workers(self, beats: list[Heartbeat]) -> list[WorkerView]:
+    def _workers(self, beats: list[Heartbeat]) -> list[PlanWorker]:
         now = time.time()
         views = {}
         for beat in beats:
             if not beat.worker_id or beat.routing != "placement":
                 continue
             idle = {m: now - a.last_run_at for m, a in beat.models.items() if a.last_run_at is not None}
-            views[beat.worker_id] = WorkerView(beat.worker_id, beat.cache.max_models,
+            views[beat.worker_id] = PlanWorker(beat.worker_id, beat.cache.max_models,
                                                frozenset(e.model_id for e in beat.loaded), idle,
                                                frozenset(e.model_id for e in beat.host),
                                                frozenset(e.model_id for e in beat.loaded if e.interactive))
@@ -322,7 +322,7 @@ class Placer:
         idle = {m: now - a.last_run_at for m, a in self.activity().items() if a.last_run_at is not None}
         loaded = manager.snapshot()
         # a model being loaded counts as loaded: its load is paid already, and handing it over would pay another
-        views[self.worker_id] = WorkerView(self.worker_id, manager.max_models, frozenset(manager.in_cache()),
+        views[self.worker_id] = PlanWorker(self.worker_id, manager.max_models, frozenset(manager.in_cache()),
                                            idle, frozenset(manager.host.ids()),
                                            frozenset(e.model_id for e in loaded if manager.resident(e)))
         return list(views.values())
