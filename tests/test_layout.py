@@ -290,7 +290,6 @@ OVER_LIMIT = {
     "tasks/broker/transport.py": 580,
     "tasks/client/client.py": 483,
     "manager/cache/lru.py": 507,
-    "tasks/observe/scaling.py": 555,
     "tasks/worker/scheduler.py": 655,
 }
 

@@ -1,27 +1,7 @@
-"""This worker's part in placement: it claims models, renews and releases its claims, and puts a dead worker's
-jobs back, so that several workers on one Redis act as one model cache. It is the transport's ``Affinity``.
+"""This worker's part in placement: a daemon thread that claims, renews and releases models and puts a dead
+worker's jobs back, so that several workers on one Redis act as one model cache. It is the transport's ``Affinity``.
 
-A daemon thread, ``swapless-placement``, every ``SWAPLESS_PLACEMENT_INTERVAL_S``:
-
-- reads where every model stands (``swapless.tasks.cluster.view``: its lists, its held jobs, its holders) and the
-  live workers (their heartbeats), and runs the pure policy (``swapless.tasks.cluster.plan.plan``) for this worker;
-- claims what the plan gives it (``CLAIM``: atomic, so a cold model is claimed by one worker however many see its
-  jobs) and releases what it takes away;
-- sets how many jobs of each model it may hold (``hold_limit``): with other workers live, about
-  ``SWAPLESS_COPY_BACKLOG_S`` seconds of the model's work (at least two forward passes, at most
-  ``SWAPLESS_PREFETCH_PER_MODEL``), so that the rest stays in Redis for a copy on another worker to take; alone,
-  ``SWAPLESS_PREFETCH_PER_MODEL``;
-- renews its claims' leases (``RENEW``; a lease lasts ``TTL_INTERVALS`` heartbeats, so a worker that dies loses
-  its claims as its heartbeat expires); a claim found lapsed is dropped;
-- once a second, puts back the held jobs of workers whose heartbeat has expired, and any not refreshed for the
-  visibility timeout (``RECOVER``), for every model and the ingress.
-
-With ``SWAPLESS_ROUTING=shared`` it claims nothing: every worker fetches every model's lists (one worker, or the
-baseline placement is measured against), and the thread only recovers.
-
-The transport fetches from the models ``claimed()`` returns (``swapless.tasks.broker.transport``), and moves each
-ingress message to the model ``route`` names. On a warm shutdown the claims are released first, so that other workers
-take the models over at once; the jobs still held come back when the channel closes (``restore_unacked``).
+docs/concepts/several-workers.md describes what it does each interval.
 """
 
 from __future__ import annotations
@@ -78,7 +58,7 @@ def _gone_from_this_machine(beat: Heartbeat) -> bool:
 
 
 class Placer:
-    """This worker's claims and the thread that keeps them (see the module docstring); the transport's ``Affinity``.
+    """This worker's claims and the thread that keeps them; the transport's ``Affinity``.
 
     Args:
         settings: the worker's settings (routing mode, intervals, hold limits, visibility timeout).
@@ -146,16 +126,15 @@ class Placer:
         return self.manager.in_cache() if claimed > LONG_TAIL_FACTOR * self.manager.max_models else None
 
     def queued(self) -> dict[str, int]:
-        """Jobs waiting in Redis per model this worker claims (not fetched yet), as the last round read them."""
+        """Messages waiting in Redis per model this worker claims (not fetched yet), as the last round read them."""
         return self._queued
 
     def jobs_waiting(self) -> bool:
-        """Whether the last round found jobs waiting in any model's lists of the queue, claimed or not (placement
-        is about to hand work to the fleet)."""
+        """Whether the last round found messages waiting in any model's lists, claimed or not."""
         return self._jobs_waiting
 
     def hold_limit(self, model_id: str) -> int:
-        """Most jobs of ``model_id`` this worker holds at once (see the module docstring)."""
+        """Most jobs of ``model_id`` this worker holds at once."""
         return self._limits.get(model_id, self.per_model_limit)
 
     def route(self, payload: dict[str, Any]) -> str | None:
@@ -234,8 +213,9 @@ class Placer:
                 self.recover(models, self._live()[1])
             return
         places = read_placement(self.client, self.keyspace, models)
-        self._queued = {p.model_id: p.waiting for p in places if p.waiting and self.worker_id in p.holder_ids}
-        self._jobs_waiting = any(p.waiting for p in places)
+        self._queued = {p.model_id: p.waiting_messages for p in places
+                        if p.waiting_messages and self.worker_id in p.holder_ids}
+        self._jobs_waiting = any(p.waiting_messages for p in places)
         beats, live = self._live()
         dead = sorted({h for p in places for h in p.holder_ids if h not in live})
         workers = self._workers(beats)
@@ -362,14 +342,14 @@ class Placer:
         demand = []
         for p in places:
             holders = tuple(h for h in p.holder_ids if h in live)  # a dead worker's claims are void already
-            if not (p.waiting or p.held or holders):
+            if not (p.waiting_messages or p.held or holders):
                 continue
             job_s = ran.get(p.model_id) or measured.get(p.model_id) or like_the_others
             load = load_s[p.model_id] / loads[p.model_id] if loads.get(p.model_id) else self._known_load_s(p.model_id)
             load = DEFAULT_LOAD_COST_S if load is None else load
             swap = swap_s[p.model_id] / swaps[p.model_id] if swaps.get(p.model_id) else self._known_load_s(
                 p.model_id, "host_load_s")
-            demand.append(Demand(p.model_id, p.waiting, p.held, job_s, holders, load,
+            demand.append(Demand(p.model_id, p.waiting_messages, p.held, job_s, holders, load,
                                  load * HOST_COST_FRACTION if swap is None else swap,
                                  measured=p.model_id in ran or p.model_id in measured))
         return demand

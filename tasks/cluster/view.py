@@ -1,8 +1,6 @@
-"""Where each model stands across the workers: its jobs waiting in its own lists (exact), the jobs workers hold,
-and the workers holding a claim on it, read in one call inside Redis (``swapless.tasks.keyspace`` names the keys).
-
-Read by the worker's placer (``swapless.tasks.cluster.placer``) several times a second, and by ``swapless status`` and
-the gateway's ``GET /models``.
+"""Where each model stands across the workers: the messages waiting in its own lists (exact), the jobs workers
+hold, and the workers holding a claim on it, read in one call inside Redis. Read by the placer several times a
+second, by ``swapless status`` and by the gateway's ``GET /models``.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ class ModelPlacement:
 
     Attributes:
         model_id: the model.
-        queued: jobs waiting in its lists, per priority level (exact).
+        queued: messages waiting in its lists, per priority level (exact).
         held: jobs workers have fetched and not yet finished.
         holders: the workers holding a live claim, in the order they claimed it, with when each lease ends.
     """
@@ -38,8 +36,8 @@ class ModelPlacement:
     holders: tuple[tuple[str, float], ...]
 
     @property
-    def waiting(self) -> int:
-        """Jobs queued in Redis."""
+    def waiting_messages(self) -> int:
+        """Messages waiting in its lists (a chunk is one message)."""
         return sum(self.queued.values())
 
     @property

@@ -65,7 +65,7 @@ def status_payload(
             for (route, served, copy), (agreed, total) in shadow.items()
         ],
         "redis": dataclasses.asdict(memory),
-        "models": [{**dataclasses.asdict(p), "waiting": p.waiting} for p in places],
+        "models": [{**dataclasses.asdict(p), "waiting": p.waiting_messages} for p in places],
         "queue": {**dataclasses.asdict(depth), "total": depth.total},
         "workers": [{**beat.model_dump(), "removal": dataclasses.asdict(removal[beat.worker_id or beat.hostname])}
                     for beat in workers],
@@ -76,7 +76,7 @@ def status_payload(
 
 def _active(places: Sequence[ModelPlacement]) -> list[str]:
     """The models with jobs waiting or held, or a claim: the only ones whose keys hold anything."""
-    return [p.model_id for p in places if p.waiting or p.held or p.holders]
+    return [p.model_id for p in places if p.waiting_messages or p.held or p.holders]
 
 
 def read_status(

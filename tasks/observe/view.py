@@ -33,11 +33,11 @@ def _seconds(value: float | None) -> str:
 
 
 def render_placement(places: list[ModelPlacement], workers: list[Heartbeat], now: float) -> RenderableType:
-    """Each model across the workers: its jobs waiting in its own lists (exact), held, and who holds it."""
+    """Each model across the workers: the messages waiting in its own lists (exact), its held jobs, its holders."""
     names = {beat.worker_id: f"{beat.hostname} (pid {beat.pid})" for beat in workers}
-    active = [p for p in places if p.waiting or p.held or p.holders]
+    active = [p for p in places if p.waiting_messages or p.held or p.holders]
     header = Text(
-        f"models across workers: {sum(p.waiting for p in active)} messages waiting in their lists, "
+        f"models across workers: {sum(p.waiting_messages for p in active)} messages waiting in their lists, "
         f"{sum(p.held for p in active)} held by workers", style="bold",
     )
     if not active:
@@ -49,7 +49,8 @@ def render_placement(places: list[ModelPlacement], workers: list[Heartbeat], now
     for p in active:
         holders = ", ".join(f"{names.get(w, w)} ({max(0.0, until - now):.0f}s)" for w, until in p.holders) or "-"
         interactive = sum(n for level, n in p.queued.items() if is_urgent(level))
-        table.add_row(p.model_id, str(p.waiting), str(interactive), str(p.waiting - interactive), str(p.held),
+        waiting = p.waiting_messages
+        table.add_row(p.model_id, str(waiting), str(interactive), str(waiting - interactive), str(p.held),
                       str(len(p.holders)), holders)
     return Group(header, table)
 
