@@ -1,13 +1,6 @@
-"""The cluster's members: each live worker's heartbeat, what it has loaded and has done, as published to Redis,
-and read back (by the placer, the status and the gateway).
-
-Every worker publishes a ``Heartbeat`` (what its cache holds, its counters, its queue wait) as JSON under
-``Keyspace.heartbeat(worker_id)`` (``hostname:pid``) every ``SWAPLESS_HEARTBEAT_INTERVAL_S`` seconds
-(``swapless.tasks.observe.beats`` publishes it). The key expires after ``TTL_INTERVALS`` intervals, so a worker that
-dies vanishes by itself; one that stops cleanly deletes it. A sorted set, ``Keyspace.heartbeats``, lists the worker ids,
-so readers never SCAN the database (which holds every result).
-
-Readers come in pairs, one for ``redis.Redis`` and one for ``redis.asyncio`` (the gateway), around one parser.
+"""The cluster's members: each worker's ``Heartbeat`` as published to Redis and read back (a reader for
+``redis.Redis`` and one for ``redis.asyncio``). A heartbeat expires after ``TTL_INTERVALS`` intervals;
+``Keyspace.heartbeats`` lists the worker ids, so readers never scan the database.
 """
 
 from __future__ import annotations

@@ -44,8 +44,7 @@ LONG_TAIL_FACTOR = 2
 
 
 def _gone_from_this_machine(beat: Heartbeat) -> bool:
-    """A worker of this machine whose process has exited, though its heartbeat has not expired yet (a worker that
-    crashed and was restarted by its supervisor): its jobs need not wait for the heartbeat's TTL."""
+    """A worker of this machine whose process has exited before its heartbeat expired: its jobs need not wait."""
     if beat.machine != socket.gethostname() or beat.pid == os.getpid():
         return False
     try:
@@ -118,9 +117,8 @@ class Placer:
             return list(self._claimed)
 
     def fetch_first(self) -> list[str] | None:
-        """With a long tail claimed (more than twice the models the cache holds), those loaded or loading: the
-        transport fetches their jobs first, and one job of each other (the tail's jobs would fill the window); None:
-        all alike (a model or two beyond the cache are fetched ahead, so their groups are ready when they load)."""
+        """With a long tail claimed (over ``LONG_TAIL_FACTOR`` times the cache's slots), the models loaded or loading,
+        whose jobs the transport fetches first; None: all alike."""
         with self._lock:
             claimed = len(self._claimed)
         return self.manager.in_cache() if claimed > LONG_TAIL_FACTOR * self.manager.max_models else None
@@ -265,8 +263,7 @@ class Placer:
             self.recover(models, live)
 
     def _hold_for(self, d: Demand) -> int:
-        """About ``copy_backlog_s`` seconds of ``d``'s work, within [two forward passes, ``prefetch_per_model``]:
-        a worker that holds more of a hot model's jobs than that keeps them from the copies placement adds."""
+        """About ``copy_backlog_s`` seconds of ``d``'s work, within [two forward passes, ``prefetch_per_model``]."""
         s = self.settings
         try:
             batch = self.store.get(d.model_id).max_batch_size or s.max_batch_size
@@ -276,8 +273,8 @@ class Placer:
         return min(self.per_model_limit, max(2 * batch, seconds_worth))
 
     def recover(self, models: list[str], live: set[str]) -> int:
-        """Put back every held job (of ``models`` and of the ingress) of a worker not in ``live``, and every one not
-        refreshed for the visibility timeout; returns how many came back."""
+        """Put back the held jobs of workers not in ``live`` and those not refreshed for the visibility timeout;
+        returns how many came back."""
         stale_before = time.time() - self.settings.visibility_timeout_s
         pipe = self.client.pipeline(transaction=False)
         for lists in [*(self._keys(model_id) for model_id in models), self.keyspace.ingress_lists]:
@@ -308,14 +305,12 @@ class Placer:
         return list(views.values())
 
     def _known_load_s(self, model_id: str, tier: str = "load_s") -> float | None:
-        """A load (``load_s``) or a swap-in (``host_load_s``) no live worker has measured yet: what this worker's
-        cache learned (its own, or earlier workers' through the learned store); None when unknown."""
+        """A load (``load_s``) or swap-in (``host_load_s``) time this worker's cache learned; None when unknown."""
         learned = self.manager.learned(model_id).get(tier)
         return float(learned) if learned is not None else None
 
     def _measured_job_s(self) -> dict[str, float]:
-        """Seconds per job of the models this worker's tuners have measured, at each one's cheapest batch size (its
-        warm start, or earlier workers' measurements on this kind of device)."""
+        """Seconds per job of the models this worker's tuners measured, at each one's cheapest batch size."""
         per_input_s = getattr(self.manager.factory, "per_input_s", None)
         return per_input_s() if per_input_s is not None else {}
 

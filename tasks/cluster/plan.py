@@ -22,12 +22,10 @@ class PlanWorker:
     """One live worker as placement sees it.
 
     Attributes:
-        worker_id: its id (``hostname:pid``).
-        slots: models its cache holds at once (``max_models``).
-        loaded: models loaded in its cache now.
+        slots: models its cache holds at once.
         idle_s: per model, seconds since it last ran a group of it (absent: never).
-        host: models in its host tier now (a swap-in away, not a load).
-        resident: loaded models that served interactive jobs lately; placement keeps them.
+        host: models in its host tier (a swap-in away).
+        resident: loaded models that served interactive jobs lately.
     """
 
     worker_id: str
@@ -43,14 +41,11 @@ class Demand:
     """One model's work as placement sees it.
 
     Attributes:
-        model_id: the model.
-        queued: messages waiting in the model's own lists in Redis.
-        held: jobs fetched by workers and not yet finished.
-        job_s: estimated seconds of work per job.
-        load_s: estimated seconds to load it from disk.
-        host_load_s: estimated seconds to swap it in from a host tier (None: ``load_s``).
-        holders: the workers holding a live claim on it, by id.
-        measured: ``job_s`` was measured on this model, not guessed from others: only measured work earns a copy.
+        queued: messages waiting in its own lists.
+        held: jobs fetched by workers, not finished.
+        job_s, load_s, host_load_s: estimated seconds per job, per load, per swap-in (None: ``load_s``).
+        holders: the workers holding a live claim, by id.
+        measured: ``job_s`` was measured on this model: only measured work earns a copy.
     """
 
     model_id: str
@@ -138,8 +133,7 @@ class Board:
         return sum(self.cost_s(worker_id, model_id) for model_id in self.claims[worker_id])
 
     def victim(self, worker_id: str) -> tuple[str, float] | None:
-        """The claimed model this worker would give up, with its idle seconds: no waiting work, idle longest, and,
-        when loaded here, idle at least as long as its load and not resident."""
+        """The claimed model this worker would give up, and its idle seconds (phase 1's victim)."""
         worker = self.workers[worker_id]
         idle = [
             (model_id, worker.idle_s.get(model_id, math.inf))
@@ -160,8 +154,8 @@ class Board:
 def _choose(
     board: Board, model_id: str, exclude: Sequence[str], any_worker: bool
 ) -> tuple[str, str | None, float] | None:
-    """``(worker, victim or None, seconds until it would be done with the model)``: the worker done soonest with
-    ``model_id``. With ``any_worker`` off, only a worker with a free slot or a victim may take it."""
+    """``(worker, victim or None, seconds until done with it)``: the worker done soonest with ``model_id``; with
+    ``any_worker`` off, only one with a free slot or a victim."""
     d = board.demand.get(model_id)
     options = []
     for worker_id in board.workers:
@@ -202,8 +196,7 @@ def place_cold(board: Board, demand: Sequence[Demand]) -> tuple[Board, list[Take
 
 
 def _earns_copy(board: Board, d: Demand, copy_backlog_s: float, copies_cap: int) -> float | None:
-    """When its holders are the long pole of measured work over ``copy_backlog_s`` a copy, the seconds until the
-    least busy holder is done; else None."""
+    """Seconds until ``d``'s least busy holder is done, when ``d`` earns a copy; else None."""
     if len(d.holders) >= copies_cap or not d.measured or d.backlog_s(len(d.holders)) <= copy_backlog_s:
         return None
     holders_s = [board.busy_s(h) for h in d.holders if h in board.claims]
@@ -244,8 +237,7 @@ def drop_idle_copies(me: PlanWorker, demand: Sequence[Demand], copy_idle_s: floa
 
 
 def hand_over(board: Board, me: str, kept: set[str], by_model: Mapping[str, Demand]) -> list[str]:
-    """The claim ``me`` releases so that a worker with room takes a share: at most one it alone holds and has not
-    loaded (``kept``: models it claims a victim for, or drops, are not candidates)."""
+    """The claim ``me`` hands over to a worker with room, if any (``kept``: its victims and drops stay)."""
     alone = len(board.workers) == 1
     if not (board.free(me) < 0 or alone):
         return []
@@ -287,7 +279,7 @@ def plan(
         copy_idle_s: an extra copy of a model with no work for this long is dropped.
 
     Returns:
-        the claims ``me`` should make (with the most holders each may make, enforced in Redis), release and drop.
+        what ``me`` should claim, release and drop.
     """
     me_view = next((w for w in workers if w.worker_id == me), None)
     if me_view is None:
@@ -302,7 +294,6 @@ def plan(
 
 
 def _evicted_idle(view: PlanWorker, d: Demand) -> bool:
-    """Whether ``d``'s model ran on ``view``'s worker and has been idle there longer than its load, with no jobs
-    waiting or held: evicted a while ago, not on its way in."""
+    """Whether ``d``'s model ran on ``view``'s worker and has been idle longer than its load, with no work."""
     idle = view.idle_s.get(d.model_id)
     return idle is not None and idle > d.load_s and not (d.waiting or d.held)

@@ -45,8 +45,8 @@ class ModelPlacement:
         return tuple(worker for worker, _ in self.holders)
 
 
-#: Reads every model's counts inside Redis and answers only for the models with anything queued, held or claimed:
-#: a registry of 1,000 idle models costs one call and an empty answer, not 6,000 replies to parse. KEYS: per model,
+#: Reads every model's counts inside Redis and answers only for the models with anything queued, held or claimed
+#: (an idle registry costs one call and an empty answer). KEYS: per model,
 #: its priority lists, its held hash and its holders zset (ARGV[2] keys each, in that order); ARGV[1]: now, in ms.
 #: Answer: a flat list of (model's index, [list lengths..., held, holders with scores]).
 _READ = """

@@ -1,16 +1,5 @@
-"""What the batch scheduler reports after each group, and how it is turned into per-model accounting.
-
-``BatchScheduler`` calls ``observer.on_group(model_id, jobs, outcomes, run_s)`` once per group, in its own thread,
-after the group ran and before its results are stored. ``GroupAccounting`` turns each call into a ``GroupReport``
-and hands it to its listeners (the heartbeat's ``WorkerStats``, the Prometheus ``WorkerMetrics``).
-
-The cache's counters are totals (``ModelManager.stats``); the accounting attributes their changes to the group that
-caused them. That is exact because only the scheduler thread uses the cache: whatever changed since the previous
-group (a hit or a miss, the load and its time, the models that left the cache) happened during this one.
-
-Queue wait is measured from the producer's send time (the ``swapless_sent_at`` header every producer that imports
-``swapless.tasks.app`` adds; wall clocks, so it includes any clock skew between hosts, clamped at 0) to the start of the
-job's group. Jobs sent without the header are measured from their receipt by this worker.
+"""Per-group accounting: the scheduler reports each group, and ``GroupAccounting`` turns it into a
+``GroupReport`` with the cache activity it caused, for its listeners (heartbeat statistics, Prometheus).
 """
 
 from __future__ import annotations

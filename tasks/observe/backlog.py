@@ -35,8 +35,8 @@ DEFAULT_SAMPLE = 100
 
 
 def job_seconds(costs: Mapping[int, float], jobs: int) -> float | None:
-    """Device seconds per job for a backlog of ``jobs``: the measured seconds per input at the largest measured
-    batch size the backlog fills (the smallest measured size when it fills none); None when nothing is measured."""
+    """Device seconds per job for a backlog of ``jobs``: at the largest measured batch size it fills (else the
+    smallest); None when nothing is measured."""
     if not costs:
         return None
     sizes = sorted(costs)
@@ -49,14 +49,12 @@ class ModelBacklog:
     """One model's work in the cluster now.
 
     Attributes:
-        model_id: the model.
-        waiting_jobs: jobs waiting in Redis (its lists and its share of the ingress); a chunk counts its inputs.
-        held: jobs live workers hold, waiting for their group.
-        job_s: device seconds per job (``job_seconds``), or the unknown default.
-        load_s: what its first group costs before it runs: 0 when a live worker has it on its device, a swap-in
-            from a host tier, else a load from disk.
+        waiting_jobs: ``ModelWaiting.waiting_jobs``.
+        held: jobs live workers hold.
+        job_s: device seconds per job, or the unknown default.
+        load_s: seconds before its first group runs: 0 when on a live worker's device, a swap-in, or a load.
         measured: ``job_s`` and ``load_s`` come from measurements.
-        oldest_age_s: per priority level, the age of the oldest job waiting in Redis whose send time is known.
+        oldest_age_s: per priority level, the age of the oldest waiting job whose send time is known.
     """
 
     model_id: str
@@ -79,14 +77,8 @@ class ModelBacklog:
 
 @dataclass(frozen=True)
 class ClusterReading:
-    """The cluster's work at one reading.
-
-    Attributes:
-        now: when (epoch seconds).
-        models: each model with work or a record, by model id.
-        workers: the live workers' heartbeats (of this queue).
-        estimated: some list held more than the sample, so its counts are scaled up.
-    """
+    """The cluster's work at one reading (``now``, epoch seconds): each model with work or a record, the live
+    workers of the queue, and whether some count was scaled up from a sample."""
 
     now: float
     models: dict[str, ModelBacklog]
@@ -114,14 +106,7 @@ class ClusterReading:
 
 @dataclass(frozen=True)
 class ClusterRecords:
-    """What one read of Redis found, as plain data.
-
-    Attributes:
-        now: when (epoch seconds).
-        waiting: the waiting work.
-        workers: the live workers' heartbeats (of this queue).
-        learned: per model, per device kind, what workers learned of it there.
-    """
+    """What one read of Redis found, as plain data."""
 
     now: float
     waiting: Waiting
@@ -155,8 +140,7 @@ def read_records(
     client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str], *, sample: int = DEFAULT_SAMPLE,
     now: float | None = None,
 ) -> ClusterRecords:
-    """Read the cluster in three round trips: the waiting work and the device kinds, the heartbeats, what was
-    learned on the live workers' device kinds (with none live, on every kind).
+    """Read the cluster in three round trips: the waiting work, the heartbeats, what was learned.
 
     Raises:
         redis.RedisError: Redis could not be read.

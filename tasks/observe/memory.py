@@ -1,9 +1,5 @@
-"""Where Redis's memory goes: used and limit, the queue's share, and the stored results (``swapless status``).
-
-Read in one round trip without scanning the keyspace (which holds every result): ``INFO memory``, ``DBSIZE``,
-``MEMORY USAGE`` of the queue's lists and records in its one layout, every model's and the ingress's (sampled by
-Redis: an estimate for long lists), and ``RANDOMKEY`` drawn ``sample`` times: the share of result keys among the
-draws, times ``DBSIZE``, is the estimated number of stored results, and their mean ``MEMORY USAGE`` their size.
+"""Where Redis's memory goes (``swapless status``): used and limit, the queue's share, and the stored results,
+read in one round trip without scanning the keyspace (the results estimated from ``RANDOMKEY`` draws).
 """
 
 from __future__ import annotations
@@ -101,14 +97,9 @@ def read_redis_memory(
 
 
 class WriteRefusals:
-    """Whether Redis is refusing writes for lack of memory, as one heartbeat after another sees it.
-
-    Redis at its ``maxmemory`` with ``noeviction`` refuses new jobs while workers go on
-    (``swapless.tasks.broker.connection.WRITE_FIRST_NOTE``); its memory hovers just under the limit and over it as
-    writes are refused and buffers shrink, so the limit alone flickers. Redis counts the ``OOM`` errors it replies
-    (``INFO errorstats``): any since the last check means it refused writes in between, and the heartbeats go on
-    saying so for ``hold_s`` after the last refusal seen (a reader polling every few seconds sees it too).
-    """
+    """Whether Redis is refusing writes for lack of memory, as one heartbeat after another sees it: any new ``OOM``
+    error in ``INFO errorstats`` since the last check (the memory alone flickers around the limit), held for
+    ``hold_s`` after the last one seen."""
 
     def __init__(self, hold_s: float = 10.0) -> None:
         self.hold_s = hold_s

@@ -1,32 +1,5 @@
-"""The worker's Prometheus endpoint (``swapless worker --metrics-port``; off by default).
-
-Served by prometheus-client's own HTTP server in a daemon thread, bound to 127.0.0.1 unless ``--metrics-host``
-says otherwise, from a private registry (so nothing else registered in the process leaks in). Metrics:
-
-    swapless_model_load_seconds{model}          histogram  seconds per model load
-    swapless_model_load_failures_total{model}   counter    loads that failed
-    swapless_model_swap_in_seconds{model}       histogram  seconds per swap-in from the host tier (a copy to the
-                                                           device; not a load)
-    swapless_cache_hits_total{model}            counter    groups whose model was already loaded
-    swapless_cache_misses_total{model}          counter    groups that had to load their model
-    swapless_cache_evictions_total{model}       counter    times the model was unloaded to make room
-    swapless_batch_size{model}                  histogram  jobs per group run on a model
-    swapless_job_queue_wait_seconds{model}      histogram  seconds from send (or receipt) to the start of the job's
-                                                           group
-    swapless_job_run_seconds{model}             histogram  seconds the job's group took (load included): a job's
-                                                           result is ready when its group is done
-    swapless_jobs_total{model,outcome}          counter    jobs run, outcome "success" or "failure"
-    swapless_job_errors_total{model,error}      counter    failed jobs per error type
-    swapless_models_loaded                      gauge      models in the cache now
-    swapless_model_loaded_bytes{model}          gauge      bytes of each loaded model now
-    swapless_models_host                        gauge      models in the host tier now
-    swapless_model_host_bytes{model}            gauge      bytes of each model in the host tier now
-    swapless_model_tier{model,tier}             gauge      1 for each model on the device or in the host tier
-    swapless_backlog_jobs{model}                gauge      jobs held by this worker, waiting for their group
-    swapless_model_claimed{model}               gauge      1 for each model this worker holds a claim on (placement)
-
-Jobs refused before they reach a group (unknown model, malformed payload) count in the heartbeat's
-``jobs_failed`` but not here, as they have no group.
+"""The worker's Prometheus endpoint (``swapless worker --metrics-port``; off by default), from a private registry
+served by prometheus-client in a daemon thread. docs/concepts/several-workers.md lists the metrics.
 """
 
 from __future__ import annotations

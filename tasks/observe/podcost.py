@@ -1,18 +1,5 @@
-"""The pod deletion cost: a worker running in Kubernetes keeps its pod's ``controller.kubernetes.io/pod-deletion-cost``
-annotation current, so that a Deployment scaling down (KEDA or the HPA lowering its replicas) deletes first the
-pod whose loss costs the fleet least: Kubernetes deletes the pods with the lowest cost first (every pod counts 0
-without the annotation).
-
-The cost is this worker's ``RemovalCost.rank`` (``swapless.tasks.observe.scaling``, read from every live worker's
-heartbeat) as one integer (``deletion_cost``): the load seconds of the interactive models only it holds weigh most, then
-whether it holds jobs, then the load seconds of the models only it holds. Kubernetes asks that the annotation not
-be updated often (each update is a write of the pod on the API server): the worker writes it after a heartbeat
-only when the cost changed, and at most once per ``SWAPLESS_POD_DELETION_COST_INTERVAL_S`` (10 s).
-
-It talks to the API server as any in-cluster client does: ``https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT``,
-with the pod's service account token and CA (``SWAPLESS_KUBERNETES_SERVICE_ACCOUNT_DIR``), and knows its pod by the
-downward API (``POD_NAME``, ``POD_NAMESPACE``); the service account needs ``patch`` on pods
-(``deploy/k8s/worker.yaml``). A write that fails is one warning line; the worker goes on.
+"""Keeps this worker's pod's ``controller.kubernetes.io/pod-deletion-cost`` annotation at its ``RemovalCost.rank``,
+so that a Deployment scaling down deletes first the pod whose loss costs the fleet least.
 """
 
 from __future__ import annotations

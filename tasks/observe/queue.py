@@ -20,17 +20,8 @@ DEFAULT_SAMPLE = 200
 
 @dataclass(frozen=True)
 class QueueDepth:
-    """Messages waiting in Redis (not yet fetched by any worker), per priority level and per model.
-
-    Attributes:
-        queue: the queue name.
-        by_priority: messages per priority level, the models' lists and the ingress: exact.
-        by_model: messages per model: its own lists', exact, and the ingress's, estimates when ``sampled``.
-        sampled: an ingress level held more than ``sample`` messages, so ``by_model`` is partly scaled up.
-        sample: messages decoded per list at most.
-        unreadable: sampled ingress messages whose model could not be read.
-        ingress: messages waiting in the ingress (not yet moved to a model's lists).
-    """
+    """Messages waiting in Redis, per priority level (exact) and per model (``Waiting``'s, under the names the
+    status JSON has always used: ``sampled`` is ``messages_estimated``)."""
 
     queue: str
     by_priority: dict[int, int]
@@ -59,8 +50,7 @@ def read_queue_depth(
     client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int = DEFAULT_SAMPLE,
     known: Mapping[str, Mapping[int, int]] | None = None,
 ) -> QueueDepth:
-    """The queue's depth in one round trip. ``known``: each model's list lengths by priority, read already
-    (``ModelPlacement.queued``): not read again."""
+    """The queue's depth in one round trip (``known``: as for ``read_waiting``)."""
     return depth_of(keyspace.queue, read_waiting(client, keyspace, model_ids, sample, known))
 
 

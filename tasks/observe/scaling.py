@@ -71,11 +71,8 @@ def priority_name(level: int) -> str:
 
 @dataclass(frozen=True)
 class RemovalCost:
-    """What removing one worker costs the fleet: the models only it has on its device (another worker loads them
-    again when their next job comes) and their load seconds, those of them serving interactive traffic (resident:
-    their next callers would wait for that load) and their load seconds, and the jobs it holds (handed back on a
-    drain).
-    """
+    """What removing one worker costs: the models only it has on its device and their load seconds, those of them
+    that are interactive and theirs, and the jobs it holds."""
 
     models: tuple[str, ...]
     load_s: float
@@ -85,9 +82,7 @@ class RemovalCost:
 
     @property
     def rank(self) -> tuple[float, bool, float]:
-        """Sorts workers cheapest to remove first: the fewest load seconds of interactive models only it holds
-        (callers would wait for them), then one holding no jobs (a busy worker's work would move, and its models
-        load again elsewhere), then the fewest load seconds of the models only it holds."""
+        """Sorts workers cheapest to remove first (interactive loads, then held jobs, then loads)."""
         return self.interactive_load_s, self.held > 0, self.load_s
 
     def text(self) -> str:
@@ -117,8 +112,7 @@ def removal_costs(workers: Sequence[Heartbeat]) -> dict[str, RemovalCost]:
 
 def busy_workers(reading: ClusterReading, busy_s: float, unknown_job_s: float) -> int:
     """Live workers with at least ``busy_s`` device seconds of work of their own: the jobs they hold, and their
-    share of the jobs waiting in Redis for the models they claim (a worker holds a few seconds of a model's jobs at
-    a time; the rest of its work waits in the model's lists)."""
+    share of the jobs waiting for the models they claim."""
     claimers = collections.Counter(m for beat in reading.workers for m, a in beat.models.items() if a.claimed)
 
     def own_s(beat: Heartbeat) -> float:
@@ -136,15 +130,7 @@ def busy_workers(reading: ClusterReading, busy_s: float, unknown_job_s: float) -
 
 class DemandTracker:
     """The work arriving, in device seconds per second, over a sliding window of readings: the device seconds the
-    live workers spent since the window's start (groups, loads, swap-ins) plus what the backlog grew by, over the
-    window's length, leaving out the window's largest step between two readings: a burst of bulk work arrives in
-    one step and is counted in the backlog already (counting it as a rate too would ask for its workers twice), and
-    so does a one-off load. Loads that recur (a fleet too small for the models in use reloads them) are a rate:
-    more workers would spare them. 0 until the window holds three steps.
-
-    A worker first seen after the tracker's first reading counts all it did since it started; one that vanishes
-    keeps what it counted (its last seconds before it died are not seen).
-    """
+    live workers spent plus what the backlog grew by, without the window's largest step; 0 until three steps."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
@@ -183,7 +169,7 @@ def desired_workers(
     demand: float, backlog_s: float, jobs: int, *, target_utilization: float, drain_s: float, min_workers: int,
     max_workers: int, busy: int = 0,
 ) -> int:
-    """The fleet size the module's formula asks for (``busy``: the live workers holding work)."""
+    """The fleet size the scaling formula asks for (``busy``: the live workers holding work)."""
     wanted = max(math.ceil(demand / target_utilization + backlog_s / drain_s - 1e-9), busy)
     if jobs:
         wanted = max(wanted, 1)
@@ -192,7 +178,7 @@ def desired_workers(
 
 @dataclass(frozen=True)
 class Signals:
-    """One reading's signals (the module docstring lists them)."""
+    """One reading's signals."""
 
     reading: ClusterReading
     demand: float

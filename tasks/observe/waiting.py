@@ -1,8 +1,5 @@
-"""The work waiting in Redis, read once: per model, in messages and in jobs (a chunk of a bulk job is one message
-and counts its inputs as jobs), with the oldest send time per priority level.
-
-Each model's lists are counted exactly in messages (``LLEN``); the ingress's messages per model, every list's jobs
-and the send times come from a sample of the oldest messages of each list, scaled up when the list is longer.
+"""The work waiting in Redis, read once: per model in messages and in jobs (a chunk counts its inputs as jobs).
+docs/concepts/several-workers.md says who reads which.
 """
 
 from __future__ import annotations
@@ -24,13 +21,12 @@ __all__ = ["ModelWaiting", "Waiting", "aread_waiting", "count_waiting", "message
 
 @dataclass(frozen=True)
 class ModelWaiting:
-    """One model's work waiting in Redis (its own lists and its share of the ingress).
+    """One model's work waiting in Redis: its own lists and its share of the ingress.
 
     Attributes:
-        model_id: the model.
-        waiting_messages: messages: exact for its own lists, an estimate for the ingress's when sampled.
-        waiting_jobs: jobs: a chunk counts its inputs; an estimate where a list is longer than the sample.
-        oldest_sent_at: per priority level, the send time (epoch seconds) of the oldest sampled job that has one.
+        waiting_messages: exact for its own lists, estimated for the ingress's when sampled.
+        waiting_jobs: a chunk counts its inputs; estimated where a list is longer than the sample.
+        oldest_sent_at: per priority level, the oldest sampled send time (epoch seconds).
     """
 
     model_id: str
@@ -45,11 +41,11 @@ class Waiting:
 
     Attributes:
         by_model: each model with waiting work.
-        messages_by_priority: messages per priority level, every model's lists and the ingress (exact).
-        ingress_messages: messages in the ingress, not yet moved to their model's lists (exact).
-        unreadable_messages: ingress messages whose model could not be read (an estimate when sampled).
-        messages_estimated: an ingress level was longer than the sample, so per-model messages are partly scaled.
-        jobs_estimated: some list was longer than the sample, so per-model jobs are partly scaled.
+        messages_by_priority: exact, every model's lists and the ingress.
+        ingress_messages: exact, not yet moved to their model's lists.
+        unreadable_messages: ingress messages whose model could not be read.
+        messages_estimated: an ingress level was longer than the sample.
+        jobs_estimated: some list was longer than the sample.
         sample: messages read per list at most.
     """
 
@@ -95,8 +91,8 @@ class _Tally:
 
 def _sample_list(tallies: dict[str, _Tally], level: int, length: int, messages: Sequence[Any],
                  model_id: str | None) -> int:
-    """Add one list's sample, scaled to its ``length``, to ``tallies`` (``model_id`` None: the ingress, each
-    message's own); the number of sampled messages whose model could not be read."""
+    """Add one list's sample, scaled to its ``length``, to ``tallies`` (``model_id`` None: the ingress); returns the
+    sampled messages whose model could not be read."""
     scale = length / len(messages)
     unreadable = 0
     for raw in messages:
@@ -165,8 +161,7 @@ def count_waiting(model_ids: Sequence[str], replies: Sequence[Any], sample: int,
 
 def read_waiting(client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int,
                  known: Mapping[str, Mapping[int, int]] | None = None) -> Waiting:
-    """The waiting work in one round trip. ``known``: each model's list lengths by priority, read already
-    (``ModelPlacement.queued``): not read again.
+    """The waiting work in one round trip (``known``: list lengths read already, per model and priority).
 
     Raises:
         redis.RedisError: Redis could not be read.
