@@ -184,8 +184,7 @@ class Placer:
             self._poke.clear()
 
     def wake(self) -> None:
-        """Place now rather than at the next interval: the transport's wait took the placement bell (a producer
-        queued jobs for a model no worker holds)."""
+        """Place now: a producer queued jobs for a model no worker holds."""
         self._poke.set()
 
     # -- one round -----------------------------------------------------------------------------------------

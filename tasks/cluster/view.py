@@ -24,10 +24,9 @@ class ModelPlacement:
     """One model's place in the cluster now.
 
     Attributes:
-        model_id: the model.
         queued: messages waiting in its lists, per priority level (exact).
         held: jobs workers have fetched and not yet finished.
-        holders: the workers holding a live claim, in the order they claimed it, with when each lease ends.
+        holders: the workers holding a live claim, sorted by id, each with when its lease ends (epoch seconds).
     """
 
     model_id: str
@@ -106,8 +105,7 @@ def _parse(keys: Sequence[ModelKeys], answer: Sequence[Any]) -> list[ModelPlacem
 
 
 def read_placement(client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str]) -> list[ModelPlacement]:
-    """Every model's place now (one call, read inside Redis; its cost there grows with the registry, its answer
-    with the models that have work or claims)."""
+    """Every model's place now, in one call read inside Redis."""
     if not model_ids:
         return []
     keys, names = _keys(keyspace, model_ids)

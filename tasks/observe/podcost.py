@@ -35,17 +35,12 @@ def deletion_cost(cost: RemovalCost) -> int:
 
 
 class PodDeletionCost:
-    """Writes this worker's deletion cost on its pod (see the module docstring); an ``after_beat`` hook.
+    """Writes this worker's deletion cost on its pod; an ``after_beat`` hook.
 
     Args:
-        client: the deployment's Redis (the heartbeats).
-        keyspace: its keys.
-        worker_id: this worker's id (its heartbeat's).
         api_url: the API server (``https://host:port``).
-        namespace: the pod's namespace.
-        pod: the pod's name.
         token: the service account token.
-        ca: the CA bundle the API server's certificate is checked against.
+        ca: the CA bundle that checks the API server's certificate.
         interval_s: the least time between two writes.
     """
 

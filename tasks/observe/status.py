@@ -1,9 +1,5 @@
-"""The whole status as plain JSON data: what ``swapless status --json`` prints and the gateway's ``GET /status.json``
-serves (the status page draws it).
-
-One builder over plain readings (``status_payload``) and a pair of readers around it, as elsewhere in this package:
-``read_status`` for ``redis.Redis``, ``aread_status`` for asyncio code (the readers that exist only for
-``redis.Redis``, Redis's memory, the shadow agreement, the webhooks and the batches, run in a worker thread there).
+"""The whole status as plain JSON data (``swapless status --json``, the gateway's ``GET /status.json``): one
+builder over plain readings (``status_payload``) and two readers around it (``read_status``, ``aread_status``).
 
 The shape::
 
