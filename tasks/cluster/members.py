@@ -42,8 +42,8 @@ class _Model(BaseModel):
 
 
 class LoadedEntry(_Model):
-    """A model in a worker's cache now: on the device (``loaded``) or in its host tier (``host``; ``loaded_at`` is
-    when it came there, ``load_s`` what its last arrival on the device took)."""
+    """A model in a worker's cache now, on the device or in its host tier (``load_s``: its last arrival on the
+    device)."""
 
     model_id: str
     bytes: int

@@ -1,7 +1,5 @@
-"""This worker's part in placement: a daemon thread that claims, renews and releases models and puts a dead
-worker's jobs back, so that several workers on one Redis act as one model cache. It is the transport's ``Affinity``.
-
-docs/concepts/several-workers.md describes what it does each interval.
+"""This worker's part in placement: a daemon thread that claims, renews and releases models and puts dead
+workers' jobs back (docs/concepts/several-workers.md says what it does each interval).
 """
 
 from __future__ import annotations
@@ -61,15 +59,12 @@ class Placer:
 
     Args:
         settings: the worker's settings (routing mode, intervals, hold limits, visibility timeout).
-        keyspace: the queue's keys.
-        store: the models that exist.
         manager: this worker's cache (what it has loaded, what it learned).
         router: resolves the model of an ingress message.
-        client: the Redis to read and claim in.
         health: told of every Redis failure.
-        worker_id: this worker's id (``hostname:pid``), as its heartbeat names it.
-        activity: what this worker did per model so far (its heartbeat's; idle times, costs per job).
-        on_release: told of each model whose claim this worker gave up (it hands the model's waiting jobs over).
+        worker_id: this worker's id (``hostname:pid``).
+        activity: what this worker did per model so far (its heartbeat's).
+        on_release: told of each model whose claim this worker gave up (it hands its waiting jobs over).
     """
 
     def __init__(
@@ -128,7 +123,7 @@ class Placer:
         return self._queued
 
     def jobs_waiting(self) -> bool:
-        """Whether the last round found messages waiting in any model's lists, claimed or not."""
+        """Whether the last round found messages in any model's lists."""
         return self._jobs_waiting
 
     def hold_limit(self, model_id: str) -> int:

@@ -1,8 +1,5 @@
-"""Placement across workers: which worker holds which model, as pure functions over plain data.
-
-Every worker runs the same ``plan`` over the same reading and carries out only its own moves; ties are broken by a
-hash of (model, worker), so the workers agree without talking. ``plan`` composes four phases: place the cold models,
-copy the hot ones, drop idle copies, hand over a share. docs/concepts/several-workers.md gives the rules.
+"""Placement across workers, as pure functions over plain data: ``plan`` composes four phases (place the cold
+models, copy the hot ones, drop idle copies, hand over a share). docs/concepts/several-workers.md gives the rules.
 """
 
 from __future__ import annotations
@@ -271,12 +268,11 @@ def plan(
     """The moves of worker ``me``.
 
     Args:
-        me: the worker planning.
         workers: every live worker, ``me`` included.
         demand: every model with waiting work or a holder.
-        copy_backlog_s: seconds of waiting work per copy above which a model gets one more copy.
+        copy_backlog_s: waiting seconds per copy above which a model gets one more copy.
         max_copies: most holders of one model (None: as many as there are workers).
-        copy_idle_s: an extra copy of a model with no work for this long is dropped.
+        copy_idle_s: an extra copy with no work for this long is dropped.
 
     Returns:
         what ``me`` should claim, release and drop.

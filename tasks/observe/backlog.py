@@ -1,5 +1,5 @@
-"""The cluster's backlog per model, for autoscaling: read from Redis once (``read_records``), then estimated in
-device seconds by pure functions (``estimate``) from what workers learned on their kind of device."""
+"""The cluster's backlog per model for autoscaling: read from Redis into plain data (``read_records``), then
+estimated in device seconds by pure functions (``estimate``)."""
 
 from __future__ import annotations
 

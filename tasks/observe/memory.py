@@ -27,14 +27,10 @@ class RedisMemory:
     """Redis's memory as one reading saw it.
 
     Attributes:
-        used_bytes: memory Redis uses now (``used_memory``).
-        max_bytes: its limit (``maxmemory``); 0: none.
-        policy: what Redis does at the limit (``maxmemory-policy``; ``noeviction`` refuses writes).
-        keys: keys in this database.
-        queue_bytes: the queue's lists and records (jobs fetched, not yet acked), every model's and the ingress's,
-            estimated.
-        results: stored results, estimated from a sample of keys.
-        result_bytes: the memory of those results, estimated.
+        max_bytes: ``maxmemory``; 0: none.
+        policy: ``maxmemory-policy`` (``noeviction`` refuses writes).
+        queue_bytes: every model's and the ingress's lists and records, estimated.
+        results, result_bytes: stored results and their memory, estimated from a sample of keys.
     """
 
     used_bytes: int

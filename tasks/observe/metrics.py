@@ -65,9 +65,8 @@ class WorkerMetrics:
     """The Prometheus metrics of one worker. ``observe`` is a ``GroupAccounting`` listener.
 
     Args:
-        manager: the worker's cache (read at scrape time).
-        backlog: jobs the worker holds per model, waiting (called at scrape time).
-        claimed: the models the worker holds a claim on (called at scrape time).
+        manager, backlog, claimed: the worker's cache, its held jobs per model and its claimed models, read at
+            scrape time.
         registry: where the metrics live; a fresh private registry by default.
     """
 

@@ -62,8 +62,8 @@ class PodDeletionCost:
     def from_environment(
         cls, settings: Settings, client: redis.Redis, keyspace: Keyspace, worker_id: str
     ) -> PodDeletionCost | None:
-        """The writer of this pod, when ``SWAPLESS_POD_DELETION_COST`` is on; None (and one line saying what is
-        missing) when the worker does not run in a pod it can annotate."""
+        """The writer of this pod, when ``SWAPLESS_POD_DELETION_COST`` is on and the worker runs in a pod it can
+        annotate; else None (logging what is missing)."""
         if not settings.pod_deletion_cost:
             return None
         env = os.environ

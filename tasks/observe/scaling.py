@@ -1,7 +1,5 @@
-"""The cluster-wide autoscaling signals, exported by ``swapless serve``'s ``GET /metrics`` and ``swapless exporter``
-(``SIGNALS`` names them): the backlog per model (``swapless.tasks.observe.backlog``), the work arriving, the busy
-workers, the fleet size asked for, and what removing each worker costs. docs/operations/autoscaling.md gives the
-formula.
+"""The cluster-wide autoscaling signals (``SIGNALS``) for ``GET /metrics`` and ``swapless exporter``, and what
+removing each worker costs. docs/operations/autoscaling.md gives the formula.
 """
 
 from __future__ import annotations

@@ -78,14 +78,7 @@ def _active(places: Sequence[ModelPlacement]) -> list[str]:
 def read_status(
     client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int = DEFAULT_SAMPLE
 ) -> dict[str, Any]:
-    """The status now, read with ``client``.
-
-    Args:
-        client: the deployment's Redis.
-        keyspace: its queue's keys.
-        model_ids: the models of the models file (the layout is read per model).
-        sample: ingress messages read per priority level to count messages per model.
-    """
+    """The status now (``model_ids``: the models file's; ``sample``: messages read per list at most)."""
     places = read_placement(client, keyspace, model_ids)
     return status_payload(
         depth=read_queue_depth(client, keyspace, model_ids, sample, {p.model_id: p.queued for p in places}),

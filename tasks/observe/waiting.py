@@ -112,8 +112,8 @@ def _sample_list(tallies: dict[str, _Tally], level: int, length: int, messages: 
 
 def waiting_commands(pipe: Any, keyspace: Keyspace, model_ids: Sequence[str], sample: int,
                      known: Mapping[str, Mapping[int, int]] | None = None) -> None:
-    """Queue the reads of ``count_waiting`` on ``pipe``: per model list its ``LLEN`` (unless ``known``) and a sample
-    of its oldest messages (with ``known``, of its non-empty lists only), then the same per ingress level."""
+    """Queue the reads of ``count_waiting`` on ``pipe``: each list's ``LLEN`` (unless ``known``) and a sample of
+    its oldest messages."""
     for model_id in model_ids:
         for level, key in zip(PRIORITY_STEPS, keyspace.model(model_id).lists, strict=True):
             if known is None:
