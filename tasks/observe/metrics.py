@@ -1,5 +1,6 @@
 """The worker's Prometheus endpoint (``swapless worker --metrics-port``; off by default), from a private registry
-served by prometheus-client in a daemon thread. docs/concepts/several-workers.md lists the metrics.
+served by prometheus-client in a daemon thread. ``METRICS`` names them; docs/concepts/several-workers.md says what
+each measures.
 """
 
 from __future__ import annotations
@@ -14,7 +15,31 @@ from swapless.config.errors import MetricsUnavailable
 from swapless.manager import ModelManager
 from swapless.tasks.observe.accounting import GroupReport
 
-__all__ = ["WorkerMetrics"]
+__all__ = ["METRICS", "WorkerMetrics"]
+
+#: The metric names a worker exports, as scraped (counters with ``_total``).
+METRICS = (
+    "swapless_model_load_seconds",
+    "swapless_model_load_failures_total",
+    "swapless_model_swap_in_seconds",
+    "swapless_cache_hits_total",
+    "swapless_cache_misses_total",
+    "swapless_cache_evictions_total",
+    "swapless_batch_size",
+    "swapless_job_queue_wait_seconds",
+    "swapless_job_run_seconds",
+    "swapless_jobs_total",
+    "swapless_job_errors_total",
+    "swapless_jobs_not_run_total",
+    "swapless_shadow_compared_total",
+    "swapless_models_loaded",
+    "swapless_model_loaded_bytes",
+    "swapless_models_host",
+    "swapless_model_host_bytes",
+    "swapless_model_tier",
+    "swapless_backlog_jobs",
+    "swapless_model_claimed",
+)
 
 _LOAD_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _WAIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
