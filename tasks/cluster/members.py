@@ -89,7 +89,7 @@ class ModelActivity(_Model):
 
 
 class WaitSummary(_Model):
-    """Queue wait of the last ``window`` jobs (seconds from send to the start of their group)."""
+    """Queue wait of the last ``window`` jobs, from send to the start of their group."""
 
     count: int = 0
     window: int = 0
@@ -155,7 +155,7 @@ class Heartbeat(_Model):
 
 
 def parse_heartbeats(values: Sequence[bytes | str | None]) -> list[Heartbeat]:
-    """Heartbeats from raw key values, skipping expired (None) and unreadable ones; sorted by hostname."""
+    """Heartbeats from raw key values (expired and unreadable ones skipped), sorted by hostname."""
     found = []
     for raw in values:
         if raw is None:

@@ -119,7 +119,7 @@ class Placer:
         return self.manager.in_cache() if claimed > LONG_TAIL_FACTOR * self.manager.max_models else None
 
     def queued(self) -> dict[str, int]:
-        """Messages waiting in Redis per model this worker claims (not fetched yet), as the last round read them."""
+        """Messages waiting per model this worker claims, as the last round read them."""
         return self._queued
 
     def jobs_waiting(self) -> bool:
@@ -142,7 +142,7 @@ class Placer:
             self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop placing and release every claim, so that other workers take this worker's models at once."""
+        """Stop placing and release every claim, for other workers to take at once."""
         self._stop.set()
         self._poke.set()
         if self._thread is not None:
@@ -179,7 +179,7 @@ class Placer:
             self._poke.clear()
 
     def wake(self) -> None:
-        """Place now: a producer queued jobs for a model no worker holds."""
+        """Place now: jobs came for a model no worker holds."""
         self._poke.set()
 
     # -- one round -----------------------------------------------------------------------------------------
@@ -188,7 +188,7 @@ class Placer:
         return self.keyspace.model(model_id)
 
     def _live(self) -> tuple[list[Heartbeat], set[str]]:
-        """The live workers of this queue (their heartbeats, and their ids with this worker's)."""
+        """The live workers' heartbeats, and their ids with this worker's."""
         s = self.settings
         beats = [beat for beat in read_heartbeats(self.client, self.keyspace) if beat.queue == s.queue]
         gone = {beat.worker_id for beat in beats if _gone_from_this_machine(beat)}

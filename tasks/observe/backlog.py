@@ -49,12 +49,10 @@ class ModelBacklog:
     """One model's work in the cluster now.
 
     Attributes:
-        waiting_jobs: ``ModelWaiting.waiting_jobs``.
-        held: jobs live workers hold.
         job_s: device seconds per job, or the unknown default.
-        load_s: seconds before its first group runs: 0 when on a live worker's device, a swap-in, or a load.
+        load_s: seconds before its first group runs (0 when on a live worker's device).
         measured: ``job_s`` and ``load_s`` come from measurements.
-        oldest_age_s: per priority level, the age of the oldest waiting job whose send time is known.
+        oldest_age_s: per priority level, the oldest waiting job's age.
     """
 
     model_id: str
@@ -71,14 +69,13 @@ class ModelBacklog:
 
     @property
     def seconds(self) -> float:
-        """The backlog's device seconds: its jobs, plus the load where it has any job."""
+        """Device seconds: its jobs, plus the load when it has any."""
         return self.jobs * self.job_s + (self.load_s if self.jobs else 0.0)
 
 
 @dataclass(frozen=True)
 class ClusterReading:
-    """The cluster's work at one reading (``now``, epoch seconds): each model with work or a record, the live
-    workers of the queue, and whether some count was scaled up from a sample."""
+    """The cluster's work at one reading: each model with work or a record, and the live workers."""
 
     now: float
     models: dict[str, ModelBacklog]
@@ -94,7 +91,7 @@ class ClusterReading:
         return sum(m.jobs for m in self.models.values())
 
     def busy_s(self) -> dict[str, tuple[float, float]]:
-        """Per live worker: its start time and the device seconds it spent since (groups, loads, swap-ins)."""
+        """Per live worker: its start time and the device seconds it spent since."""
         return {
             beat.worker_id or beat.hostname: (
                 beat.started_at,

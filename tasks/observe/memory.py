@@ -61,7 +61,7 @@ def _estimate(keys: int, draws: Sequence[bytes | str | None], result_prefix: str
 def read_redis_memory(
     client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int = DEFAULT_KEY_SAMPLE
 ) -> RedisMemory:
-    """One reading of Redis's memory (two round trips); ``model_ids``: the models of the models file."""
+    """One reading of Redis's memory, in two round trips."""
     queue_keys = _queue_keys(keyspace, model_ids)
     pipe = client.pipeline(transaction=False)
     pipe.info("memory")
@@ -93,9 +93,8 @@ def read_redis_memory(
 
 
 class WriteRefusals:
-    """Whether Redis is refusing writes for lack of memory, as one heartbeat after another sees it: any new ``OOM``
-    error in ``INFO errorstats`` since the last check (the memory alone flickers around the limit), held for
-    ``hold_s`` after the last one seen."""
+    """Whether Redis refuses writes for lack of memory: a new ``OOM`` error in ``INFO errorstats`` since the last
+    check, held for ``hold_s``."""
 
     def __init__(self, hold_s: float = 10.0) -> None:
         self.hold_s = hold_s

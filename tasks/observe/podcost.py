@@ -27,8 +27,7 @@ _MAX_COST = 2**31 - 1
 
 
 def deletion_cost(cost: RemovalCost) -> int:
-    """``cost.rank`` as one integer, in tenths of a second: the interactive loads weigh 2,000 per tenth, holding
-    jobs 1,000, the loads of the models only it holds 1 per tenth (up to 999)."""
+    """``cost.rank`` as one integer, each part in tenths of a second."""
     interactive = round(cost.interactive_load_s * 10)
     loads = min(round(cost.load_s * 10), 999)
     return min(interactive * 2000 + (1000 if cost.held else 0) + loads, _MAX_COST)

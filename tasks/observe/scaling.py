@@ -69,8 +69,8 @@ def priority_name(level: int) -> str:
 
 @dataclass(frozen=True)
 class RemovalCost:
-    """What removing one worker costs: the models only it has on its device and their load seconds, those of them
-    that are interactive and theirs, and the jobs it holds."""
+    """What removing one worker costs: the models only it has loaded (the interactive ones apart), their load
+    seconds, and its held jobs."""
 
     models: tuple[str, ...]
     load_s: float
@@ -138,7 +138,7 @@ class DemandTracker:
         self._history: collections.deque[tuple[float, float, float]] = collections.deque()
 
     def update(self, reading: ClusterReading) -> float:
-        """Record ``reading``; the demand over the window now (0 until two readings are apart)."""
+        """Record ``reading``; the demand over the window now."""
         busy = reading.busy_s()
         for worker, (started_at, spent) in busy.items():
             before = self._last.get(worker)
@@ -192,7 +192,6 @@ class ScalingSignals:
     """Reads the cluster and keeps the demand's window: one per exporting process.
 
     Args:
-        client: the deployment's Redis.
         settings: the queue, the key prefix and the ``SWAPLESS_SCALE_*`` settings.
         model_ids: the models of the models file.
     """

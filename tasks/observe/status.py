@@ -100,10 +100,8 @@ async def aread_status(
     sample: int = DEFAULT_SAMPLE,
     owner: str | None = None,
 ) -> dict[str, Any]:
-    """``read_status`` for asyncio code: ``client`` for the readers that have an asyncio twin, ``sync_client`` (in a
-    worker thread, so the event loop never waits on Redis) for the others. ``owner``: a caller that is no operator
-    (the gateway's key): its own batches only, and the webhooks' counts without the failed deliveries (those are
-    other callers' URLs)."""
+    """``read_status`` for asyncio code (``sync_client``: for the readers without an asyncio twin, run in a thread).
+    ``owner``: a caller that is no operator sees its own batches only, and no failed webhook deliveries."""
     places = await aread_placement(client, keyspace, model_ids)
     depth, workers, memory, shadow, (webhooks, batches) = await asyncio.gather(
         aread_queue_depth(client, keyspace, model_ids, sample, {p.model_id: p.queued for p in places}),

@@ -33,7 +33,7 @@ def _seconds(value: float | None) -> str:
 
 
 def render_placement(places: list[ModelPlacement], workers: list[Heartbeat], now: float) -> RenderableType:
-    """Each model across the workers: the messages waiting in its own lists (exact), its held jobs, its holders."""
+    """Each model across the workers: waiting messages, held jobs, holders."""
     names = {beat.worker_id: f"{beat.hostname} (pid {beat.pid})" for beat in workers}
     active = [p for p in places if p.waiting_messages or p.held or p.holders]
     header = Text(
@@ -56,8 +56,7 @@ def render_placement(places: list[ModelPlacement], workers: list[Heartbeat], now
 
 
 def render_queue(depth: QueueDepth, workers: list[Heartbeat]) -> RenderableType:
-    """The queue: messages waiting in Redis (every model's lists and the ingress) and jobs already held by workers,
-    per model."""
+    """The queue per model: messages waiting in Redis and jobs held by workers."""
     levels = ", ".join(f"priority {p}: {n}" for p, n in depth.by_priority.items() if n) or "empty"
     held: dict[str, int] = {}
     for beat in workers:
@@ -93,8 +92,7 @@ def render_queue(depth: QueueDepth, workers: list[Heartbeat]) -> RenderableType:
 
 
 def render_worker(beat: Heartbeat, now: float, removal: RemovalCost | None = None) -> RenderableType:
-    """One worker: its cache and counters, then a row per model it has loaded or run (``removal``: what removing
-    it would cost, in the caption)."""
+    """One worker: its cache and counters, then a row per model it has loaded or run."""
     cache = beat.cache
     budget = f"budget {format_bytes(cache.memory_budget_bytes)}" if cache.memory_budget_bytes else "no byte budget"
     wait = beat.queue_wait
@@ -195,8 +193,7 @@ def render_status(
     memory: RedisMemory | None = None,
     places: list[ModelPlacement] | None = None,
 ) -> RenderableType:
-    """The whole status: Redis's memory, each model across the workers, the queue's shared lists, then each live
-    worker (or a line saying there is none)."""
+    """The whole status: Redis's memory, the models across the workers, the queue, each live worker."""
     now = time.time() if now is None else now
     parts: list[RenderableType] = [render_memory(memory)] if memory is not None else []
     if places is not None:

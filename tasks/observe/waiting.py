@@ -21,11 +21,11 @@ __all__ = ["ModelWaiting", "Waiting", "aread_waiting", "count_waiting", "message
 
 @dataclass(frozen=True)
 class ModelWaiting:
-    """One model's work waiting in Redis: its own lists and its share of the ingress.
+    """One model's work waiting in Redis, in its own lists and the ingress.
 
     Attributes:
-        waiting_messages: exact for its own lists, estimated for the ingress's when sampled.
-        waiting_jobs: a chunk counts its inputs; estimated where a list is longer than the sample.
+        waiting_messages: exact for its own lists, sampled for the ingress's.
+        waiting_jobs: a chunk counts its inputs; sampled.
         oldest_sent_at: per priority level, the oldest sampled send time (epoch seconds).
     """
 
@@ -37,16 +37,11 @@ class ModelWaiting:
 
 @dataclass(frozen=True)
 class Waiting:
-    """The queue's waiting work.
+    """The queue's waiting work: each model's, and the messages per priority level (exact) and in the ingress.
 
     Attributes:
-        by_model: each model with waiting work.
-        messages_by_priority: exact, every model's lists and the ingress.
-        ingress_messages: exact, not yet moved to their model's lists.
-        unreadable_messages: ingress messages whose model could not be read.
         messages_estimated: an ingress level was longer than the sample.
         jobs_estimated: some list was longer than the sample.
-        sample: messages read per list at most.
     """
 
     by_model: dict[str, ModelWaiting]
