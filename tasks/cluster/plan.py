@@ -4,6 +4,7 @@ models, copy the hot ones, drop idle copies, hand over a share). docs/concepts/s
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
@@ -111,8 +112,8 @@ class Board:
                     self.claims[holder].append(d.model_id)
 
     def copy(self) -> Board:
-        board = Board.__new__(Board)
-        board.workers, board.demand = self.workers, self.demand
+        """The same board with claims of its own."""
+        board = copy.copy(self)
         board.claims = {worker_id: list(models) for worker_id, models in self.claims.items()}
         return board
 
