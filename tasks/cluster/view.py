@@ -1,6 +1,5 @@
 """Where each model stands across the workers: the messages waiting in its own lists (exact), the jobs workers
-hold, and the workers holding a claim on it, read in one call inside Redis. Read by the placer several times a
-second, by ``swapless status`` and by the gateway's ``GET /models``.
+hold, and its holders, read in one call inside Redis (by the placer, the status and ``GET /models``).
 """
 
 from __future__ import annotations
