@@ -772,8 +772,8 @@ class WaitingWork:
         """(models with jobs waiting or held, those jobs) now."""
         from swapless.tasks.cluster.view import read_placement
 
-        busy = [p for p in read_placement(self.redis, self.keyspace, self.ids) if p.waiting or p.held]
-        return len(busy), sum(p.waiting + p.held for p in busy)
+        busy = [p for p in read_placement(self.redis, self.keyspace, self.ids) if p.waiting_messages or p.held]
+        return len(busy), sum(p.waiting_messages + p.held for p in busy)
 
     def top_up(self) -> tuple[int, int]:
         models, _ = self.count()

@@ -91,7 +91,7 @@ def _beat(worker: str, started_at: float, busy_s: float) -> Heartbeat:
 
 
 def _reading(now: float, backlog_s: float, *beats: Heartbeat) -> ClusterReading:
-    model = ModelBacklog("m", waiting=int(backlog_s * 100), held=0, job_s=0.01, load_s=0.0, measured=True)
+    model = ModelBacklog("m", waiting_jobs=int(backlog_s * 100), held=0, job_s=0.01, load_s=0.0, measured=True)
     return ClusterReading(now=now, models={"m": model} if backlog_s else {}, workers=list(beats))
 
 
@@ -219,9 +219,9 @@ def test_queued_jobs_chunks_and_plain_celery_messages_read_as_seconds_of_work(sc
     reading = read_cluster(client, keyspace, ["sim", "other"], unknown_job_s=s.scaling.scale_unknown_job_s,
                            unknown_load_s=s.scaling.scale_unknown_load_s)
     sim, other = reading.models["sim"], reading.models["other"]
-    assert (sim.waiting, sim.held, sim.job_s, sim.load_s, sim.measured) == (801, 0, 0.0005, 1.5, True)
+    assert (sim.waiting_jobs, sim.held, sim.job_s, sim.load_s, sim.measured) == (801, 0, 0.0005, 1.5, True)
     assert sim.seconds == pytest.approx(801 * 0.0005 + 1.5)
-    assert (other.waiting, other.job_s, other.load_s, other.measured) == (1, 0.05, 10.0, False)
+    assert (other.waiting_jobs, other.job_s, other.load_s, other.measured) == (1, 0.05, 10.0, False)
     assert set(sim.oldest_age_s) == {0, 6}  # interactive and bulk
     assert 0.2 <= sim.oldest_age_s[0] <= time.time() - sent_at + 0.01
 

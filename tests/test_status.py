@@ -216,10 +216,10 @@ def test_each_model_s_own_lists_are_counted_exactly(swapless_env: dict[str, str]
     client.submit_jobs([("spam", "hi")] * 20 + [("vision", encode_image(1))] * 10, priority="bulk")
     r = redis.Redis.from_url(settings.redis.broker_url)
     places = {p.model_id: p for p in read_placement(r, Keyspace.of(settings), ["sentiment", "spam", "vision", "topic"])}
-    assert {m: p.queued for m, p in places.items() if p.waiting} == {
+    assert {m: p.queued for m, p in places.items() if p.waiting_messages} == {
         "sentiment": {0: 30, 3: 0, 6: 0, 9: 0}, "spam": {0: 0, 3: 0, 6: 20, 9: 0}, "vision": {0: 0, 3: 0, 6: 10, 9: 0}
     }
-    assert not places["topic"].waiting and all(not p.holders and not p.held for p in places.values())
+    assert not places["topic"].waiting_messages and all(not p.holders and not p.held for p in places.values())
     shown = run_cli("status")
     assert shown.returncode == 0, shown.stderr
     assert "models across workers: 60 messages waiting in their lists, 0 held by workers" in shown.stdout
