@@ -2,7 +2,7 @@
 
 from swapless.tasks.cluster.members import Heartbeat
 from swapless.tasks.observe.backlog import ClusterRecords, Learned, estimate
-from swapless.tasks.observe.waiting import ModelWaiting, Waiting
+from swapless.tasks.observe.waiting import ModelWaiting, QueueWaiting
 
 
 def _beat(models: dict[str, dict[str, float]], loaded: list[str]) -> Heartbeat:
@@ -17,7 +17,7 @@ def _beat(models: dict[str, dict[str, float]], loaded: list[str]) -> Heartbeat:
 
 
 def _records(by_model: dict[str, ModelWaiting], workers: list[Heartbeat], learned: Learned) -> ClusterRecords:
-    waiting = Waiting(by_model, {0: 0, 3: 0, 6: 0, 9: 0}, 0, 0, False, False, 100)
+    waiting = QueueWaiting(by_model, {0: 0, 3: 0, 6: 0, 9: 0}, 0, 0, False, False, 100)
     return ClusterRecords(now=100.0, waiting=waiting, workers=workers, learned=learned)
 
 

@@ -14,7 +14,7 @@ import redis
 
 from swapless.tasks.cluster.members import Heartbeat, read_heartbeats
 from swapless.tasks.keyspace import Keyspace
-from swapless.tasks.observe.waiting import ModelWaiting, Waiting, count_waiting, waiting_commands
+from swapless.tasks.observe.waiting import ModelWaiting, QueueWaiting, count_waiting, waiting_commands
 
 #: Per model, per device kind, what workers learned of it there.
 Learned = dict[str, dict[str, dict[str, Any]]]
@@ -106,7 +106,7 @@ class ClusterRecords:
     """What one read of Redis found, as plain data."""
 
     now: float
-    waiting: Waiting
+    waiting: QueueWaiting
     workers: list[Heartbeat]
     learned: Learned
 

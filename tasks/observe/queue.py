@@ -10,7 +10,7 @@ import redis
 import redis.asyncio as aredis
 
 from swapless.tasks.keyspace import Keyspace
-from swapless.tasks.observe.waiting import Waiting, aread_waiting, message_model, read_waiting
+from swapless.tasks.observe.waiting import QueueWaiting, aread_waiting, message_model, read_waiting
 
 __all__ = ["DEFAULT_SAMPLE", "QueueDepth", "aread_queue_depth", "depth_of", "message_model", "read_queue_depth"]
 
@@ -20,7 +20,7 @@ DEFAULT_SAMPLE = 200
 
 @dataclass(frozen=True)
 class QueueDepth:
-    """Messages waiting in Redis, per priority level (exact) and per model (``Waiting``'s, under the names the
+    """Messages waiting in Redis, per priority level (exact) and per model (``QueueWaiting``'s, under the names the
     status JSON has always used: ``sampled`` is ``messages_estimated``)."""
 
     queue: str
@@ -36,7 +36,7 @@ class QueueDepth:
         return sum(self.by_priority.values())
 
 
-def depth_of(queue: str, waiting: Waiting) -> QueueDepth:
+def depth_of(queue: str, waiting: QueueWaiting) -> QueueDepth:
     """The depth of ``queue`` from its waiting work."""
     return QueueDepth(
         queue=queue, by_priority=waiting.messages_by_priority,

@@ -15,7 +15,7 @@ import redis.asyncio as aredis
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.protocol import CHUNK_TASK, PRIORITY_STEPS, SENT_AT_HEADER, message_args
 
-__all__ = ["ModelWaiting", "Waiting", "aread_waiting", "count_waiting", "message_model", "read_waiting",
+__all__ = ["ModelWaiting", "QueueWaiting", "aread_waiting", "count_waiting", "message_model", "read_waiting",
            "waiting_commands"]
 
 
@@ -36,7 +36,7 @@ class ModelWaiting:
 
 
 @dataclass(frozen=True)
-class Waiting:
+class QueueWaiting:
     """The queue's waiting work: each model's, and the messages per priority level (exact) and in the ingress.
 
     Attributes:
@@ -122,7 +122,7 @@ def waiting_commands(pipe: Any, keyspace: Keyspace, model_ids: Sequence[str], sa
 
 
 def count_waiting(model_ids: Sequence[str], replies: Sequence[Any], sample: int,
-                  known: Mapping[str, Mapping[int, int]] | None = None) -> Waiting:
+                  known: Mapping[str, Mapping[int, int]] | None = None) -> QueueWaiting:
     """The waiting work from the replies of ``waiting_commands`` given the same arguments."""
     reply = iter(replies)
     tallies: dict[str, _Tally] = {}
@@ -151,11 +151,11 @@ def count_waiting(model_ids: Sequence[str], replies: Sequence[Any], sample: int,
         model_id: ModelWaiting(model_id, round(t.messages), round(t.jobs), dict(sorted(t.oldest.items())))
         for model_id, t in sorted(tallies.items(), key=lambda item: -item[1].messages)
     }
-    return Waiting(by_model, by_priority, ingress, unreadable, messages_estimated, jobs_estimated, sample)
+    return QueueWaiting(by_model, by_priority, ingress, unreadable, messages_estimated, jobs_estimated, sample)
 
 
 def read_waiting(client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int,
-                 known: Mapping[str, Mapping[int, int]] | None = None) -> Waiting:
+                 known: Mapping[str, Mapping[int, int]] | None = None) -> QueueWaiting:
     """The waiting work in one round trip (``known``: list lengths read already, per model and priority).
 
     Raises:
@@ -167,7 +167,7 @@ def read_waiting(client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[st
 
 
 async def aread_waiting(client: aredis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int,
-                        known: Mapping[str, Mapping[int, int]] | None = None) -> Waiting:
+                        known: Mapping[str, Mapping[int, int]] | None = None) -> QueueWaiting:
     """``read_waiting`` for asyncio code."""
     pipe = client.pipeline(transaction=False)
     waiting_commands(pipe, keyspace, model_ids, sample, known)
