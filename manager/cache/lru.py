@@ -1,30 +1,8 @@
-"""ModelManager: what is loaded now. An LRU cache of loaded workers with a count limit and a memory budget.
+"""ModelManager: what is loaded now, an LRU cache of loaded workers with a count limit and a memory budget.
 
-Local models (in this process) and remote models (on a Triton server) are two separate pools: a remote load
-never evicts a local model and the reverse. A model with a batch in flight is pinned and never evicted.
-
-Loads run outside the cache's lock, with the slot (and the bytes) they will take reserved, so that another thread
-can use a loaded model meanwhile. ``load_ahead`` starts loading, on a thread of its own, the model the scheduler
-will need next, while the current group computes: only into room there is, or that evicting models with no
-waiting work (never one in use) makes, and, under a byte budget, only for a model whose size is known from an
-earlier load, and never while another load of its pool runs. A ``use`` of a model being loaded waits for that
-load instead of starting another.
-
-Models kept loaded by their spec (``keep_loaded``), and those that served interactive jobs in the last
-``keep_interactive_s``, are resident: a load ahead never evicts them, and a load a group needs evicts them last
-(``swapless.manager.cache.eviction``). Interactive traffic is sparse (a few jobs a second on a model, none waiting
-between them): under plain LRU a bulk burst evicts those models between two jobs, and each interactive caller then waits
-for a reload.
-
-Local loads run one at a time (remote loads, on a server, do not): two at once on one device only share its
-bandwidth, and libraries with lazy imports are not thread-safe on first use (two transformers loads in two threads
-can fail with "cannot import name AutoModelForSequenceClassification").
-
-Two tiers, with a host tier (``host_max_models`` and ``host_memory_budget_bytes`` above 0;
-``swapless.manager.cache.host``): a model evicted from the device moves to host memory, kept built, when it fits there,
-and its next ``use`` is a copy back to the device rather than a load from disk; the host tier has its own LRU and drops
-to disk. Without it (the default), an evicted model is unloaded. ``load_cost_s`` prices each model by its tier: 0 on the
-device, its measured swap-in from host memory, else its measured load from disk.
+Local models and remote (Triton) models are two pools; a model with a batch in flight is pinned; a host tier
+(``swapless.manager.cache.host``) may keep evicted models built in host memory. The design is in
+docs/concepts/cache.md.
 """
 
 from __future__ import annotations
@@ -35,6 +13,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal, overload
 
 from swapless.config.errors import ModelLoadError, ModelTooLarge, SwaplessError
 from swapless.manager.cache.costs import LoadCosts
@@ -46,6 +26,8 @@ from swapless.manager.cache.entries import (
     Loading,
     Tier,
     is_out_of_memory,
+    safe_unload,
+    unload_entry,
 )
 from swapless.manager.cache.eviction import Cached, choose_victims
 from swapless.manager.cache.host import HostEntry, HostTier
@@ -56,6 +38,18 @@ from swapless.manager.registry.store import ModelStore
 __all__ = ["DEFAULT_LOAD_COST_S", "CacheStats", "LoadedModel", "ModelManager", "Tier"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Reservation:
+    """A load whose room is held: the worker to load (new, or from the host tier) and its size when known."""
+
+    spec: ModelSpec
+    worker: ModelWorker
+    remote: bool
+    host: HostEntry | None
+    size_bytes: int | None
+    loading: Loading
 
 
 class ModelManager:
@@ -103,7 +97,7 @@ class ModelManager:
         self._local_load_lock = threading.Lock()
         self._closed = False
         self._cond = threading.Condition(threading.RLock())
-        self.host = HostTier(host_max_models, host_memory_budget_bytes, self._cond, self.stats, self._unload)
+        self.host = HostTier(host_max_models, host_memory_budget_bytes, self.stats)
 
     # -- queries -----------------------------------------------------------------------------------------
 
@@ -219,32 +213,23 @@ class ModelManager:
                     return entry
                 loading = self._loading.get(model_id)
                 host = self.host.get(model_id)
-                if loading is None and host is not None and not host.ready:
-                    moving = host.moved  # on its way to host memory (queued, perhaps): swapped in once there
-                    settle = True
-                elif loading is None:
-                    self.stats.misses += 1
-                    spec = self.store.get(model_id)
-                    host = self.host.take(model_id)
-                    worker = host.entry.worker if host is not None else self.factory(spec)
-                    remote = worker.remote
-                    size = host.size_bytes if host is not None else self._costs.sizes.get(model_id, 0)
-                    try:
-                        self._make_room(model_id, size, remote, waiting)
-                    except SwaplessError:
-                        if host is not None:
-                            self._unload(host.entry)
-                        raise
-                    loading = self._loading[model_id] = Loading(size, remote)
-                    break
-                else:
+                if loading is not None:
                     moving = loading.done  # loaded ahead, or for another thread: used as it is, or loaded anew
-                    settle = False
-            if settle:
+                elif host is not None and not host.ready:
+                    moving = host.moved  # on its way to host memory (queued, perhaps): swapped in once there
+                else:
+                    self.stats.misses += 1
+                    reservation = self._reserve(model_id, waiting)
+                    break
+            if loading is None:
                 self._settle(wait=True)
             moving.wait()
+        return self._load_for_use(reservation, waiting)
+
+    def _load_for_use(self, res: _Reservation, waiting: Mapping[str, int]) -> LoadedModel:
+        model_id, loading = res.spec.id, res.loading
         try:
-            entry = self._load(spec, worker, remote, host)
+            entry = self._load(res)
         except BaseException:
             with self._cond:
                 del self._loading[model_id]
@@ -256,10 +241,10 @@ class ModelManager:
             entry.pins += 1
             try:
                 # The real size is known only now: evict more if the estimate was low.
-                if not remote and self.memory_budget_bytes is not None:
-                    self._make_room(model_id, entry.size_bytes, remote, waiting)
+                if not res.remote and self.memory_budget_bytes is not None:
+                    self._evict_each(self._make_room(model_id, entry.size_bytes, res.remote, waiting), waiting)
             except SwaplessError:
-                self._unload(entry)
+                unload_entry(entry)
                 raise
             else:
                 self._entries[model_id] = entry
@@ -271,12 +256,12 @@ class ModelManager:
         return entry
 
     def load_ahead(self, model_id: str, waiting: Mapping[str, int]) -> bool:
-        """Start loading ``model_id`` in the background, if it fits now (see the module docstring); a model of the
-        host tier is swapped in.
+        """Start loading ``model_id`` on a thread of its own if it fits now without evicting a model in use, with
+        waiting work or resident; a model of the host tier is swapped in.
 
         Args:
             model_id: the model the scheduler will run next.
-            waiting: jobs waiting per model: a model with any is never evicted for it.
+            waiting: jobs waiting per model.
 
         Returns:
             whether a load was started.
@@ -287,72 +272,74 @@ class ModelManager:
             host = self.host.get(model_id)
             if host is not None and not host.ready:
                 return False  # still on its way to host memory
-            spec = self.store.get(model_id)
-            worker = host.entry.worker if host is not None else self.factory(spec)
-            remote = worker.remote
-            if any(r.remote == remote for r in self._loading.values()):
-                return False  # one load ahead at a time, and none that would wait behind a load a group needs
-            size = host.size_bytes if host is not None else self._costs.sizes.get(model_id)
-            budget = None if remote else self.memory_budget_bytes
-            if budget is not None and size is None:
-                return False  # its size is known only once it has been loaded: it could overrun the budget
-            pool = [e for e in self._entries.values() if e.remote == remote]
-            reserved = [
-                Cached(f"\0{m}", r.size_bytes, True, remote) for m, r in self._loading.items() if r.remote == remote
-            ]
-            now = time.monotonic()
-            kept = [  # in use, with work waiting, or resident: never evicted for a load that may not be needed
-                Cached(e.model_id, e.size_bytes, e.pins > 0 or waiting.get(e.model_id, 0) > 0 or self.resident(e, now),
-                       e.remote)
-                for e in pool
-            ]
-            victims = choose_victims(
-                kept + reserved,
-                incoming_bytes=size or 0,
-                max_models=self.remote_max_models if remote else self.max_models,
-                memory_budget_bytes=budget,
-            )
-            if victims is None:
-                return False  # no room without evicting a model that has work or is in use
-            for victim in victims:
-                self._evict(victim, waiting)
-            if host is not None:
-                self.host.take(model_id)
-            loading = self._loading[model_id] = Loading(size or 0, remote)
+            reservation = self._reserve(model_id, waiting, ahead=True)
+            if reservation is None:
+                return False
             self.stats.loads_ahead += 1
         threading.Thread(
-            target=self._load_in_background, args=(spec, worker, remote, loading, host), name="swapless-load-ahead",
-            daemon=True,
+            target=self._load_in_background, args=(reservation,), name="swapless-load-ahead", daemon=True
         ).start()
         return True
 
-    def _load_in_background(
-        self, spec: ModelSpec, worker: ModelWorker, remote: bool, loading: Loading, host: HostEntry | None
-    ) -> None:
+    @overload
+    def _reserve(self, model_id: str, waiting: Mapping[str, int]) -> _Reservation: ...
+    @overload
+    def _reserve(self, model_id: str, waiting: Mapping[str, int], *, ahead: Literal[True]) -> _Reservation | None: ...
+
+    def _reserve(self, model_id: str, waiting: Mapping[str, int], *, ahead: bool = False) -> _Reservation | None:
+        """Under the lock: take the worker to load, evict what its room needs, and hold that room.
+
+        For a use, waits for pinned models to be released (``_make_room``). Ahead, evicts only idle models with no
+        waiting work, and returns None when that is not enough.
+
+        Raises:
+            ModelTooLarge, ModelLoadError: for a use, no room can be made.
+        """
+        spec = self.store.get(model_id)
+        host = self.host.get(model_id) if ahead else self.host.take(model_id)
+        worker = host.entry.worker if host is not None else self.factory(spec)
+        remote = worker.remote
+        size = host.size_bytes if host is not None else self._costs.sizes.get(model_id)
+        if ahead:
+            victims = self._room_ahead(model_id, size, remote, waiting)
+            if victims is None or (host is not None and self.host.take(model_id) is not host):
+                return None
+        else:
+            try:
+                victims = self._make_room(model_id, size or 0, remote, waiting)
+            except SwaplessError:
+                if host is not None:
+                    unload_entry(host.entry)
+                raise
+        self._evict_each(victims, waiting)
+        loading = self._loading[model_id] = Loading(size or 0, remote)
+        return _Reservation(spec, worker, remote, host, size, loading)
+
+    def _load_in_background(self, res: _Reservation) -> None:
+        spec = res.spec
         try:
-            entry = self._load(spec, worker, remote, host)
+            entry: LoadedModel | None = self._load(res)
         except Exception as err:  # noqa: BLE001 - the group that needs it loads it again and reports the error
             logger.warning("loading %s ahead failed (%s); its group will load it", spec.id, err)
             entry = None
         with self._cond:
             del self._loading[spec.id]
             if entry is not None and self._closed:
-                self._unload(entry)
+                unload_entry(entry)
             elif entry is not None:
                 self._entries[spec.id] = entry
-                loading.entry = entry
+                res.loading.entry = entry
             self._cond.notify_all()
-        loading.done.set()
+        res.loading.done.set()
 
-    def _load(self, spec: ModelSpec, worker: ModelWorker, remote: bool, host: HostEntry | None) -> LoadedModel:
-        """Load ``worker`` (outside the cache's lock: its slot is reserved), or swap it in from the host tier;
-        out of memory, evict every idle model and retry once. Local loads take turns (see the module docstring),
-        and the moves to host memory queued before go first."""
-        if remote:
-            return self._load_now(spec, worker, remote, None)
+    def _load(self, res: _Reservation) -> LoadedModel:
+        """Load the reserved worker outside the cache's lock, or swap it in from the host tier. Local loads take
+        turns, after the queued moves to host memory."""
+        if res.remote:
+            return self._load_now(res.spec, res.worker, res.remote, None)
         with self._local_load_lock:
             self.host.settle()
-            return self._load_now(spec, worker, remote, host)
+            return self._load_now(res.spec, res.worker, res.remote, res.host)
 
     def _settle(self, wait: bool = False) -> None:
         """Carry out the moves to host memory that evictions queued, unless (``wait`` off) a load holds the local
@@ -376,7 +363,7 @@ class ModelManager:
             except SwaplessError:
                 with self._cond:
                     self.stats.load_failures += 1
-                self._safe_unload(worker)
+                safe_unload(worker)
                 raise
             except Exception as err:  # any loader failure becomes a clear ModelLoadError
                 with self._cond:
@@ -384,7 +371,7 @@ class ModelManager:
                     if not evicted:
                         self.stats.load_failures += 1
                 if not (evicted and host is not None):  # a copy half done is kept for the retry
-                    self._safe_unload(worker)
+                    safe_unload(worker)
                 if evicted:
                     if not remote:
                         self.host.settle()
@@ -412,35 +399,62 @@ class ModelManager:
         logger.info("loaded %s (%s) in %.3f s, %d bytes", spec.id, spec.framework, load_s, size)
         return LoadedModel(spec.id, worker, size, load_s, remote)
 
-    def _make_room(self, model_id: str, incoming_bytes: int, remote: bool, waiting: Mapping[str, int]) -> None:
+    def _make_room(self, model_id: str, incoming_bytes: int, remote: bool, waiting: Mapping[str, int]) -> list[str]:
+        """The models to evict so that ``model_id`` fits, waiting up to ``pin_wait_s`` for pinned ones."""
         budget = None if remote else self.memory_budget_bytes
         if budget is not None and incoming_bytes > budget:
             raise ModelTooLarge(model_id, incoming_bytes, budget)
         deadline = time.monotonic() + self.pin_wait_s
         while True:
-            pool = [e for e in self._entries.values() if e.remote == remote]
-            reserved = [  # loads in progress hold their room
-                Cached(f"\0{m}", r.size_bytes, True, remote)
-                for m, r in self._loading.items()
-                if r.remote == remote and m != model_id
-            ]
-            now = time.monotonic()
-            victims = choose_victims(
-                [Cached(e.model_id, e.size_bytes, e.pins > 0, e.remote, self.resident(e, now)) for e in pool]
-                + reserved,
-                incoming_bytes=incoming_bytes,
-                max_models=self.remote_max_models if remote else self.max_models,
-                memory_budget_bytes=budget,
-                keep=waiting,
-            )
+            victims = self._victims(model_id, incoming_bytes, remote, waiting, ahead=False)
             if victims is not None:
-                for victim in victims:
-                    self._evict(victim, waiting)
-                return
+                return victims
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ModelLoadError(model_id, "no room: every loaded model is busy with a batch; try again later")
             self._cond.wait(remaining)  # a pinned model is released -> try again
+
+    def _room_ahead(
+        self, model_id: str, size: int | None, remote: bool, waiting: Mapping[str, int]
+    ) -> list[str] | None:
+        """The models to evict for a load ahead, or None when it should not start."""
+        if any(r.remote == remote for r in self._loading.values()):
+            return None  # one load ahead at a time, and none that would wait behind a load a group needs
+        if size is None and not remote and self.memory_budget_bytes is not None:
+            return None  # its size is known only once it has been loaded: it could overrun the budget
+        return self._victims(model_id, size or 0, remote, waiting, ahead=True)
+
+    def _victims(
+        self, model_id: str, incoming_bytes: int, remote: bool, waiting: Mapping[str, int], *, ahead: bool
+    ) -> list[str] | None:
+        """``choose_victims`` over ``remote``'s pool; loads in progress hold their room. Ahead, a model in use, with
+        work waiting, or resident is never evicted (the load may not be needed)."""
+        pool = [e for e in self._entries.values() if e.remote == remote]
+        reserved = [
+            Cached(f"\0{m}", r.size_bytes, True, remote)
+            for m, r in self._loading.items()
+            if r.remote == remote and m != model_id
+        ]
+        now = time.monotonic()
+        if ahead:
+            cached = [
+                Cached(e.model_id, e.size_bytes, e.pins > 0 or waiting.get(e.model_id, 0) > 0 or self.resident(e, now),
+                       e.remote)
+                for e in pool
+            ]
+        else:
+            cached = [Cached(e.model_id, e.size_bytes, e.pins > 0, e.remote, self.resident(e, now)) for e in pool]
+        return choose_victims(
+            cached + reserved,
+            incoming_bytes=incoming_bytes,
+            max_models=self.remote_max_models if remote else self.max_models,
+            memory_budget_bytes=None if remote else self.memory_budget_bytes,
+            keep=None if ahead else waiting,
+        )
+
+    def _evict_each(self, victims: list[str], waiting: Mapping[str, int]) -> None:
+        for victim in victims:
+            self._evict(victim, waiting)
 
     def _evict(self, model_id: str, waiting: Mapping[str, int]) -> None:
         """Take an idle model off the device (under the lock): into the host tier if it may go there (its move is
@@ -448,24 +462,13 @@ class ModelManager:
         entry = self._entries.pop(model_id)
         self.stats.evictions += 1
         if not self.host.admit(entry, waiting):
-            self._unload(entry)
+            unload_entry(entry)
 
     def _evict_all_unpinned(self, remote: bool) -> bool:
         victims = [e.model_id for e in self._entries.values() if e.remote == remote and e.pins == 0]
         for model_id in victims:
             self._evict(model_id, {})
         return bool(victims)
-
-    def _unload(self, entry: LoadedModel) -> None:
-        logger.info("unloading %s (%d bytes)", entry.model_id, entry.size_bytes)
-        self._safe_unload(entry.worker)
-
-    @staticmethod
-    def _safe_unload(worker: ModelWorker) -> None:
-        try:
-            worker.unload()
-        except Exception:  # a failing unload must not take the worker down
-            logger.exception("unloading %s failed", worker.spec.id)
 
     # -- what was learned --------------------------------------------------------------------------------
 
@@ -503,5 +506,5 @@ class ModelManager:
             self._closed = True
             while self._entries:
                 _, entry = self._entries.popitem(last=False)
-                self._unload(entry)
+                unload_entry(entry)
             self.host.close()
