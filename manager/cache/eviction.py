@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["Cached", "choose_victims"]
+if TYPE_CHECKING:
+    from swapless.manager.cache.entries import LoadedModel
+
+__all__ = ["Cached", "choose_victims", "pool_candidates"]
 
 
 @dataclass(frozen=True)
@@ -59,3 +63,27 @@ def choose_victims(
         if fits(count, used):
             return victims
     return None
+
+
+def pool_candidates(
+    pool: Sequence[LoadedModel],
+    reserved: Mapping[str, int],
+    waiting: Mapping[str, int],
+    resident: Callable[[LoadedModel], bool],
+    *,
+    remote: bool,
+    ahead: bool,
+) -> list[Cached]:
+    """A pool's entries (LRU first), then its loads in progress (``reserved``: bytes per model), as ``Cached``.
+
+    Loads in progress hold their room. For a load ahead (``ahead``), a model in use, with waiting work or resident
+    is pinned: it is never evicted for a load that may not be needed.
+    """
+    if ahead:
+        cached = [
+            Cached(e.model_id, e.size_bytes, e.pins > 0 or waiting.get(e.model_id, 0) > 0 or resident(e), e.remote)
+            for e in pool
+        ]
+    else:
+        cached = [Cached(e.model_id, e.size_bytes, e.pins > 0, e.remote, resident(e)) for e in pool]
+    return cached + [Cached(f"\0{m}", size, True, remote) for m, size in reserved.items()]

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, overload
 
 from swapless.config.errors import ModelLoadError, ModelTooLarge, SwaplessError
@@ -25,12 +26,11 @@ from swapless.manager.cache.entries import (
     LoadedModel,
     Loading,
     Tier,
-    is_out_of_memory,
-    safe_unload,
     unload_entry,
 )
-from swapless.manager.cache.eviction import Cached, choose_victims
+from swapless.manager.cache.eviction import choose_victims, pool_candidates
 from swapless.manager.cache.host import HostEntry, HostTier
+from swapless.manager.cache.loader import Loader
 from swapless.manager.frameworks.worker import ModelWorker
 from swapless.manager.registry.specs import ModelSpec
 from swapless.manager.registry.store import ModelStore
@@ -94,10 +94,10 @@ class ModelManager:
         self._entries: OrderedDict[str, LoadedModel] = OrderedDict()  # least recently used first
         self._costs = LoadCosts()
         self._loading: dict[str, Loading] = {}
-        self._local_load_lock = threading.Lock()
         self._closed = False
         self._cond = threading.Condition(threading.RLock())
         self.host = HostTier(host_max_models, host_memory_budget_bytes, self.stats)
+        self._loader = Loader(self.host, self._evict_all_unpinned)
 
     # -- queries -----------------------------------------------------------------------------------------
 
@@ -147,9 +147,7 @@ class ModelManager:
             return model_id in self._loading
 
     def resident(self, entry: LoadedModel, now: float | None = None) -> bool:
-        """Whether ``entry`` is kept loaded (``ModelSpec.keep_loaded``), or served interactive jobs in the last
-        ``keep_interactive_s`` and is among the models with most interactive jobs lately: as many as its pool's
-        slots but one, less those kept loaded, so that one slot always serves the rest (see the module docstring)."""
+        """Whether ``entry`` is kept loaded by its spec, or is among its pool's hottest interactive models."""
         if entry.worker.spec.keep_loaded:
             return True
         now = time.monotonic() if now is None else now
@@ -162,8 +160,7 @@ class ModelManager:
         return entry.model_id in self.demand.hottest(hot, now)
 
     def load_cost_s(self, model_id: str) -> float:
-        """Expected seconds to bring ``model_id`` onto the device (``LoadCosts.cost_s``): 0 when loaded or being
-        loaded, a swap-in's from the host tier, else a load's from disk."""
+        """Expected seconds to bring ``model_id`` onto the device (0 when loaded or being loaded)."""
         with self._cond:
             if model_id in self._loading:
                 return 0.0
@@ -175,15 +172,12 @@ class ModelManager:
     def use(
         self, model_id: str, waiting: Mapping[str, int] | None = None, *, interactive: int = 0
     ) -> Iterator[ModelWorker]:
-        """Yield the loaded worker for ``model_id``, loading it (and evicting others) if needed.
-
-        The model is pinned while the block runs, so no other thread can evict it.
+        """Yield the loaded worker for ``model_id``, pinned while the block runs, loading it if needed.
 
         Args:
             model_id: the model.
-            waiting: jobs still waiting per model; models with none are evicted before models with some.
-            interactive: how many of the jobs it runs for are interactive: the model may be resident for
-                ``keep_interactive_s``, if it is among the models with most interactive jobs (``resident``).
+            waiting: jobs still waiting per model; models with none are evicted first.
+            interactive: how many of the jobs it runs for are interactive.
 
         Raises:
             UnknownModel: the id is not in the store.
@@ -222,7 +216,7 @@ class ModelManager:
                     reservation = self._reserve(model_id, waiting)
                     break
             if loading is None:
-                self._settle(wait=True)
+                self._loader.settle(wait=True)
             moving.wait()
         return self._load_for_use(reservation, waiting)
 
@@ -252,12 +246,11 @@ class ModelManager:
             finally:
                 self._cond.notify_all()
                 loading.done.set()
-        self._settle()
+        self._loader.settle()
         return entry
 
     def load_ahead(self, model_id: str, waiting: Mapping[str, int]) -> bool:
-        """Start loading ``model_id`` on a thread of its own if it fits now without evicting a model in use, with
-        waiting work or resident; a model of the host tier is swapped in.
+        """Start loading ``model_id`` on a thread of its own, if it fits without evicting a busy model.
 
         Args:
             model_id: the model the scheduler will run next.
@@ -287,10 +280,7 @@ class ModelManager:
     def _reserve(self, model_id: str, waiting: Mapping[str, int], *, ahead: Literal[True]) -> _Reservation | None: ...
 
     def _reserve(self, model_id: str, waiting: Mapping[str, int], *, ahead: bool = False) -> _Reservation | None:
-        """Under the lock: take the worker to load, evict what its room needs, and hold that room.
-
-        For a use, waits for pinned models to be released (``_make_room``). Ahead, evicts only idle models with no
-        waiting work, and returns None when that is not enough.
+        """Under the lock: take the worker to load, evict for its room and hold that room (None: no load ahead).
 
         Raises:
             ModelTooLarge, ModelLoadError: for a use, no room can be made.
@@ -333,71 +323,30 @@ class ModelManager:
         res.loading.done.set()
 
     def _load(self, res: _Reservation) -> LoadedModel:
-        """Load the reserved worker outside the cache's lock, or swap it in from the host tier. Local loads take
-        turns, after the queued moves to host memory."""
-        if res.remote:
-            return self._load_now(res.spec, res.worker, res.remote, None)
-        with self._local_load_lock:
-            self.host.settle()
-            return self._load_now(res.spec, res.worker, res.remote, res.host)
-
-    def _settle(self, wait: bool = False) -> None:
-        """Carry out the moves to host memory that evictions queued, unless (``wait`` off) a load holds the local
-        turn: that load, or the next, carries them out before it loads."""
-        if not self._local_load_lock.acquire(blocking=wait):
-            return
+        """Load the reserved worker outside the lock, or swap it in; record what it took."""
+        spec, worker, host = res.spec, res.worker, res.host
         try:
-            self.host.settle()
-        finally:
-            self._local_load_lock.release()
-
-    def _load_now(self, spec: ModelSpec, worker: ModelWorker, remote: bool, host: HostEntry | None) -> LoadedModel:
-        started = time.perf_counter()
-        for attempt in (1, 2):
-            try:
-                if host is not None:
-                    worker.to_device()
-                else:
-                    worker.load()
-                break
-            except SwaplessError:
-                with self._cond:
-                    self.stats.load_failures += 1
-                safe_unload(worker)
-                raise
-            except Exception as err:  # any loader failure becomes a clear ModelLoadError
-                with self._cond:
-                    evicted = attempt == 1 and is_out_of_memory(err) and self._evict_all_unpinned(remote)
-                    if not evicted:
-                        self.stats.load_failures += 1
-                if not (evicted and host is not None):  # a copy half done is kept for the retry
-                    safe_unload(worker)
-                if evicted:
-                    if not remote:
-                        self.host.settle()
-                    logger.warning("out of memory loading %s; evicted every idle model, retrying once", spec.id)
-                    continue
-                what = "out of memory" if is_out_of_memory(err) else f"{type(err).__name__}: {err}"
-                if host is not None:
-                    what = f"swapping it in from host memory: {what} (its next load is from disk)"
-                raise ModelLoadError(spec.id, what) from err
-        load_s = time.perf_counter() - started
+            load_s = self._loader.load(spec, worker, res.remote, host)
+        except SwaplessError:
+            with self._cond:
+                self.stats.load_failures += 1
+            raise
         if host is not None:
             with self._cond:
                 self._costs.host_s[spec.id] = load_s
                 self.stats.swap_ins += 1
                 self.stats.swap_in_seconds.setdefault(spec.id, []).append(load_s)
             logger.info("swapped %s in from host memory in %.3f s, %d bytes", spec.id, load_s, host.size_bytes)
-            return LoadedModel(spec.id, worker, host.size_bytes, load_s, remote, hits=host.entry.hits,
+            return LoadedModel(spec.id, worker, host.size_bytes, load_s, res.remote, hits=host.entry.hits,
                                from_host=True)
-        size = 0 if remote else worker.memory_bytes
+        size = 0 if res.remote else worker.memory_bytes
         with self._cond:
             self._costs.sizes[spec.id] = size
             self._costs.disk_s[spec.id] = load_s
             self.stats.loads += 1
             self.stats.load_seconds.setdefault(spec.id, []).append(load_s)
         logger.info("loaded %s (%s) in %.3f s, %d bytes", spec.id, spec.framework, load_s, size)
-        return LoadedModel(spec.id, worker, size, load_s, remote)
+        return LoadedModel(spec.id, worker, size, load_s, res.remote)
 
     def _make_room(self, model_id: str, incoming_bytes: int, remote: bool, waiting: Mapping[str, int]) -> list[str]:
         """The models to evict so that ``model_id`` fits, waiting up to ``pin_wait_s`` for pinned ones."""
@@ -427,25 +376,11 @@ class ModelManager:
     def _victims(
         self, model_id: str, incoming_bytes: int, remote: bool, waiting: Mapping[str, int], *, ahead: bool
     ) -> list[str] | None:
-        """``choose_victims`` over ``remote``'s pool; loads in progress hold their room. Ahead, a model in use, with
-        work waiting, or resident is never evicted (the load may not be needed)."""
         pool = [e for e in self._entries.values() if e.remote == remote]
-        reserved = [
-            Cached(f"\0{m}", r.size_bytes, True, remote)
-            for m, r in self._loading.items()
-            if r.remote == remote and m != model_id
-        ]
-        now = time.monotonic()
-        if ahead:
-            cached = [
-                Cached(e.model_id, e.size_bytes, e.pins > 0 or waiting.get(e.model_id, 0) > 0 or self.resident(e, now),
-                       e.remote)
-                for e in pool
-            ]
-        else:
-            cached = [Cached(e.model_id, e.size_bytes, e.pins > 0, e.remote, self.resident(e, now)) for e in pool]
+        reserved = {m: r.size_bytes for m, r in self._loading.items() if r.remote == remote and m != model_id}
         return choose_victims(
-            cached + reserved,
+            pool_candidates(pool, reserved, waiting, partial(self.resident, now=time.monotonic()), remote=remote,
+                            ahead=ahead),
             incoming_bytes=incoming_bytes,
             max_models=self.remote_max_models if remote else self.max_models,
             memory_budget_bytes=None if remote else self.memory_budget_bytes,
@@ -457,18 +392,18 @@ class ModelManager:
             self._evict(victim, waiting)
 
     def _evict(self, model_id: str, waiting: Mapping[str, int]) -> None:
-        """Take an idle model off the device (under the lock): into the host tier if it may go there (its move is
-        carried out before the next load), else unloaded."""
+        """Take an idle model off the device (under the lock), into the host tier or unloaded."""
         entry = self._entries.pop(model_id)
         self.stats.evictions += 1
         if not self.host.admit(entry, waiting):
             unload_entry(entry)
 
     def _evict_all_unpinned(self, remote: bool) -> bool:
-        victims = [e.model_id for e in self._entries.values() if e.remote == remote and e.pins == 0]
-        for model_id in victims:
-            self._evict(model_id, {})
-        return bool(victims)
+        with self._cond:
+            victims = [e.model_id for e in self._entries.values() if e.remote == remote and e.pins == 0]
+            for model_id in victims:
+                self._evict(model_id, {})
+            return bool(victims)
 
     # -- what was learned --------------------------------------------------------------------------------
 
@@ -476,8 +411,7 @@ class ModelManager:
         self, model_id: str, *, load_s: float | None = None, size_bytes: int | None = None,
         host_load_s: float | None = None,
     ) -> None:
-        """Take a model's load time (from disk, and from host memory) and size as measured earlier (by another
-        worker) until this one measures them."""
+        """Take a model's load times and size as another worker measured them, until this one does."""
         with self._cond:
             self._costs.seed(model_id, load_s=load_s, size_bytes=size_bytes, host_load_s=host_load_s)
 
@@ -489,19 +423,17 @@ class ModelManager:
     # -- explicit control --------------------------------------------------------------------------------
 
     def evict(self, model_id: str) -> bool:
-        """Take ``model_id`` off the device now if it is loaded and idle (into the host tier when it has room).
-        Returns whether it left the device."""
+        """Take ``model_id`` off the device now if it is loaded and idle. Returns whether it left."""
         with self._cond:
             entry = self._entries.get(model_id)
             if entry is None or entry.pins > 0:
                 return False
             self._evict(model_id, {})
-        self._settle()
+        self._loader.settle()
         return True
 
     def close(self) -> None:
-        """Unload every model, in both tiers (worker shutdown); a load still running ahead unloads its model when
-        it ends."""
+        """Unload every model, in both tiers; a load running ahead unloads its model when it ends."""
         with self._cond:
             self._closed = True
             while self._entries:
