@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from swapless.manager import Job, ModelManager, Outcome
+from swapless.manager import ModelManager, Outcome, WorkItem
 
 __all__ = [
     "NULL_OBSERVER",
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 class SchedulerObserver(Protocol):
     """Told about every group a scheduler runs. Called in the scheduler thread; must be quick and never raise."""
 
-    def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
+    def on_group(self, model_id: str, jobs: Sequence[WorkItem], outcomes: Sequence[Outcome], run_s: float) -> None:
         """One group ran.
 
         Args:
@@ -62,7 +62,7 @@ class SchedulerObserver(Protocol):
 class NullObserver:
     """The default observer: ignores everything."""
 
-    def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
+    def on_group(self, model_id: str, jobs: Sequence[WorkItem], outcomes: Sequence[Outcome], run_s: float) -> None:
         return None
 
     def on_skipped(self, model_id: str, reason: str, jobs: int) -> None:
@@ -81,7 +81,7 @@ class Observers:
     def __init__(self, observers: Sequence[SchedulerObserver]) -> None:
         self.observers = list(observers)
 
-    def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
+    def on_group(self, model_id: str, jobs: Sequence[WorkItem], outcomes: Sequence[Outcome], run_s: float) -> None:
         for observer in self.observers:
             try:
                 observer.on_group(model_id, jobs, outcomes, run_s)
@@ -191,7 +191,7 @@ class GroupAccounting:
         shadowed: called with ``(route_id, served, shadow, agreed, jobs)`` for compared shadow jobs (``on_shadow``).
         sent_times: producers' send times of received jobs (empty: queue wait is measured from receipt).
         clock: wall clock (epoch seconds), to compare with send times.
-        monotonic: the clock ``Job.received_s`` comes from.
+        monotonic: the clock ``WorkItem.received_s`` comes from.
     """
 
     def __init__(
@@ -218,7 +218,7 @@ class GroupAccounting:
         self._swaps_seen: dict[str, int] = {}
         self._loaded: set[str] = set()
 
-    def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
+    def on_group(self, model_id: str, jobs: Sequence[WorkItem], outcomes: Sequence[Outcome], run_s: float) -> None:
         try:
             report = self.report(model_id, jobs, outcomes, run_s)
             for listener in self.listeners:
@@ -240,7 +240,7 @@ class GroupAccounting:
             except Exception:  # as on_group
                 logger.exception("could not account for shadow jobs of %s", route_id)
 
-    def report(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> GroupReport:
+    def report(self, model_id: str, jobs: Sequence[WorkItem], outcomes: Sequence[Outcome], run_s: float) -> GroupReport:
         """The report of one group (also advances the accounting: call it once per group)."""
         started_wall = self.clock() - run_s
         started_mono = self.monotonic() - run_s

@@ -1,7 +1,7 @@
 """Chunk messages in the worker: each chunk's items collected back into its one result.
 
 A bulk producer sends ``swapless.predict_chunk`` messages whose args are ``[model_id, [input, ...]]``. Decoding
-(``swapless.tasks.worker.delivery``) expands each chunk into one ``Job`` per input (ids ``"<chunk id>:<index>"``,
+(``swapless.tasks.worker.delivery``) expands each chunk into one ``WorkItem`` per input (ids ``"<chunk id>:<index>"``,
 ``swapless.tasks.protocol.item_id``) in the same backlog as single jobs, so grouping, caching and failure isolation are
 exactly those of single jobs; one bad input fails alone. When every item of a chunk has an outcome, the chunk's
 result is stored once, as a list of ``swapless.tasks.protocol.encode_outcome`` dicts in input order, and only then is
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swapless.config.errors import SwaplessError
-from swapless.manager import Job, Outcome
+from swapless.manager import Outcome, WorkItem
 from swapless.tasks.protocol import encode_outcome, split_item_id
 from swapless.tasks.worker.delivery import Delivery
 
@@ -54,7 +54,7 @@ class ChunkAssembler:
         with self._lock:
             return len(self._pending)
 
-    def expand(self, delivery: Delivery) -> list[Job]:
+    def expand(self, delivery: Delivery) -> list[WorkItem]:
         """Register a chunk delivery and return its item Jobs for the backlog (none for a second copy)."""
         with self._lock:
             pending = self._pending.get(delivery.id)

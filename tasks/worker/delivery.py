@@ -2,10 +2,10 @@
 input to the model that serves it, and fixes the deadline, into a ``Delivery`` every later stage reads (the
 scheduler, the chunk assembler, the shadows) instead of asking the request or the registry again.
 
-- A job (``swapless.predict``, args ``[model_id, input]``) is one ``Job``; addressed to a route (a plain Celery
+- A job (``swapless.predict``, args ``[model_id, input]``) is one ``WorkItem``; addressed to a route (a plain Celery
   producer's: ``Client`` resolves its own), it goes to the model the route picks by the job's id, as
   ``Client.submit`` would pick it.
-- A chunk (``swapless.predict_chunk``, args ``[model_id, [input, ...]]``) is one ``Job`` per input, ids
+- A chunk (``swapless.predict_chunk``, args ``[model_id, [input, ...]]``) is one ``WorkItem`` per input, ids
   ``"<chunk id>:<index>"``; addressed to a route, each item is routed by its sticky key (the message's
   ``KEYS_HEADER``), else by its own id.
 - Its deadline: the message's ``expires`` (Celery's header), else ``SWAPLESS_INTERACTIVE_EXPIRES_S`` or
@@ -13,7 +13,7 @@ scheduler, the chunk assembler, the shadows) instead of asking the request or th
 - A shadow copy (``SHADOW_HEADER``) names the job it shadows and the route; a job with shadows (``SHADOWED_HEADER``)
   leaves its top label for them.
 - Its producer's trace context (the W3C ``traceparent`` header: ``Client``'s, the gateway's, or a plain Celery
-  producer's instrumentation) goes with each of its jobs (``Job.trace``) to the worker's spans.
+  producer's instrumentation) goes with each of its jobs (``WorkItem.trace``) to the worker's spans.
 
 Plain data and pure functions over the request, the router and the settings: no Redis of its own, no Celery.
 """
@@ -27,7 +27,7 @@ from typing import Any
 
 from swapless.config.errors import InputError
 from swapless.config.settings import Settings
-from swapless.manager import Job
+from swapless.manager import WorkItem
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks.broker.routes import Router
 from swapless.tasks.protocol import (
@@ -58,7 +58,7 @@ class Delivery:
     """
 
     request: Any
-    jobs: tuple[Job, ...]
+    jobs: tuple[WorkItem, ...]
     chunk: bool = False
     shadow_of: tuple[str, str] | None = None
     shadowed: bool = False
@@ -97,7 +97,7 @@ def _queued_at(sent_at: float | None, received_s: float, wall_s: float) -> float
     return received_s - max(wall_s - sent_at, 0.0)  # a producer's clock ahead of ours: no wait yet
 
 
-def _chunk_jobs(request: Any, router: Router, received_s: float, trace: str | None) -> list[Job]:
+def _chunk_jobs(request: Any, router: Router, received_s: float, trace: str | None) -> list[WorkItem]:
     model_id, values, urgent = read_payload(request, "chunk", "[model_id, [input, ...]]")
     if not isinstance(values, (list, tuple)) or not values:
         raise InputError(model_id, "malformed chunk payload: inputs must be a non-empty list")
@@ -110,11 +110,11 @@ def _chunk_jobs(request: Any, router: Router, received_s: float, trace: str | No
                    for i, value, key in zip(ids, values, keys, strict=True)]
     else:
         targets = [router.store.resolve(model_id)] * len(values)
-    return [Job(id=i, model_id=target, input=value, received_s=received_s, urgent=urgent, trace=trace)
+    return [WorkItem(id=i, model_id=target, input=value, received_s=received_s, urgent=urgent, trace=trace)
             for i, target, value in zip(ids, targets, values, strict=True)]
 
 
-def _homed(jobs: list[Job], store: ModelStore) -> list[Job]:
+def _homed(jobs: list[WorkItem], store: ModelStore) -> list[WorkItem]:
     """Jobs of variants as jobs of their base (grouped, loaded and run with it), each carrying its variant."""
     homed = []
     for job in jobs:
@@ -152,7 +152,8 @@ def decode(
     else:
         model_id, value, urgent = read_payload(request, "job", "[model_id, input]")
         target = router.resolve(model_id, value, request.id).model_id
-        jobs = [Job(id=request.id, model_id=target, input=value, received_s=received_s, urgent=urgent, trace=trace)]
+        jobs = [WorkItem(id=request.id, model_id=target, input=value, received_s=received_s, urgent=urgent,
+                         trace=trace)]
     if router.store.has_variants:
         jobs = _homed(jobs, router.store)
     deadline = _deadline(request, jobs[0].urgent, settings, sent_at)

@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from swapless.config.errors import SwaplessError
-from swapless.manager import Job
+from swapless.manager import WorkItem
 from swapless.tasks.broker.acks import AckQueue
 from swapless.tasks.broker.results import ResultStore
 from swapless.tasks.protocol import split_item_id
@@ -55,7 +55,7 @@ class RequestLedger:
 
     # -- admission (consumer thread) ----------------------------------------------------------------------------
 
-    def admit(self, delivery: Delivery) -> list[Job]:
+    def admit(self, delivery: Delivery) -> list[WorkItem]:
         """Hold ``delivery`` until it ends; returns its jobs for the backlog (none for a second copy)."""
         with self._lock:
             if delivery.chunk:
@@ -94,7 +94,7 @@ class RequestLedger:
         with self._lock:
             return job_id in self._deliveries
 
-    def unfinished(self, jobs: Sequence[Job]) -> list[Job]:
+    def unfinished(self, jobs: Sequence[WorkItem]) -> list[WorkItem]:
         """Those of ``jobs`` that have no outcome yet."""
         with self._lock:
             return [job for job in jobs if job.id in self._deliveries or self.chunks.waiting_for(job.id)]
@@ -135,7 +135,7 @@ class RequestLedger:
                 else:
                     self.jobs_failed += 1
 
-    def release(self, jobs: Sequence[Job]) -> list[Any]:
+    def release(self, jobs: Sequence[WorkItem]) -> list[Any]:
         """Forget the single jobs among ``jobs`` without an answer; returns their requests and copies, to requeue
         (``hand_over``, ``give_back``)."""
         with self._lock:

@@ -39,7 +39,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from swapless.config.errors import JobCancelled, JobExpired, PoisonJob, PredictionFailed, SwaplessError
-from swapless.manager import Backlog, Job, Outcome, run_group
+from swapless.manager import Backlog, Outcome, WorkItem, run_group
 from swapless.tasks.broker.acks import AckQueue
 from swapless.tasks.broker.results import ResultStore
 from swapless.tasks.broker.routes import Router
@@ -115,11 +115,11 @@ class BatchScheduler:
         self.ahead = ReadAhead(results_factory)
         self._stopping = False
         #: Completions (store, then ack) handed to the results thread, each with the jobs it answers; None stops it.
-        self._completions: queue.Queue[tuple[Callable[[ResultStore], None], Sequence[Job]] | None] = queue.Queue(
+        self._completions: queue.Queue[tuple[Callable[[ResultStore], None], Sequence[WorkItem]] | None] = queue.Queue(
             maxsize=1)
         self._completer: threading.Thread | None = None
         #: A completion waiting for the next group's first Redis round trip to be sent first (scheduler thread only).
-        self._deferred: tuple[Callable[[ResultStore], None], Sequence[Job]] | None = None
+        self._deferred: tuple[Callable[[ResultStore], None], Sequence[WorkItem]] | None = None
         self._thread: threading.Thread | None = None
         self._first: Callable[[], Any] | None = None
         #: Work done a step at a time until the first job comes (the warm start); None once it ended.
@@ -148,7 +148,7 @@ class BatchScheduler:
     def submit(self, requests: Collection[Any]) -> None:
         """Decode requests and add their jobs to the backlog (called from the consumer thread); wake the scheduler."""
         now, wall = time.monotonic(), time.time()
-        jobs: list[Job] = []
+        jobs: list[WorkItem] = []
         with self._cond:
             for request in requests:
                 try:
@@ -176,7 +176,7 @@ class BatchScheduler:
         with self._cond:
             whole = self.ledger.chunks.untouched([job.id for job in self.backlog.jobs_of(model_id)])
 
-            def keep(job: Job) -> bool:
+            def keep(job: WorkItem) -> bool:
                 parts = split_item_id(job.id)
                 return not self.ledger.live(job.id) or (parts is not None and parts[0] not in whole)
 
@@ -233,7 +233,7 @@ class BatchScheduler:
 
     # -- scheduler thread --------------------------------------------------------------------------------
 
-    def _take(self) -> tuple[list[tuple[Any, SwaplessError]], list[Job], list[Job]] | None:
+    def _take(self) -> tuple[list[tuple[Any, SwaplessError]], list[WorkItem], list[WorkItem]] | None:
         manager = self.runtime.manager
         with self._cond:
             idle = not self._stopping and not self.ledger.has_rejected and not len(self.backlog)
@@ -331,7 +331,7 @@ class BatchScheduler:
     def _finish_rejected(self, items: list[tuple[Any, None, SwaplessError]], results: ResultStore) -> None:
         self.ledger.finish(results, items)
 
-    def _finish(self, results: ResultStore, work: Callable[[ResultStore], None], jobs: Sequence[Job]) -> None:
+    def _finish(self, results: ResultStore, work: Callable[[ResultStore], None], jobs: Sequence[WorkItem]) -> None:
         """Store and ack (``work``): on the results thread while the backlog has more to run (it overlaps the next
         group), else here at once. Results are stored in the order their groups ran either way."""
         if self._completer is None or threading.current_thread() is self._completer:
@@ -380,7 +380,7 @@ class BatchScheduler:
             finally:
                 self._completions.task_done()
 
-    def _expire(self, results: ResultStore, jobs: Sequence[Job]) -> None:
+    def _expire(self, results: ResultStore, jobs: Sequence[WorkItem]) -> None:
         """Answer jobs whose deadline passed before they started: ``JobExpired``, and never run."""
         logger.info("%d job(s) passed their deadline before they started; answering JobExpired", len(jobs))
         by_model: dict[str, list[Outcome]] = {}
@@ -392,13 +392,13 @@ class BatchScheduler:
             self.ledger.jobs_expired += len(expired)
             self.observer.on_skipped(model_id, "expired", len(expired))
 
-    def _keep(self, group: Sequence[Job]) -> None:
+    def _keep(self, group: Sequence[WorkItem]) -> None:
         """Put the jobs of ``group`` that have no outcome yet back into the backlog."""
         with self._cond:
             self.backlog.add(self.ledger.unfinished(group))
             self._cond.notify()
 
-    def _give_back(self, group: Sequence[Job]) -> None:
+    def _give_back(self, group: Sequence[WorkItem]) -> None:
         """Requeue the messages of jobs that got no result; chunk items go back to the backlog (their chunk's
         message also holds items that did finish)."""
         with self._cond:
@@ -420,7 +420,7 @@ class BatchScheduler:
         if upcoming is not None and upcoming not in loaded and manager.load_ahead(upcoming, waiting):
             logger.info("loading %s ahead while %s computes", upcoming, running)
 
-    def _load_aside(self, group: Sequence[Job]) -> bool:
+    def _load_aside(self, group: Sequence[WorkItem]) -> bool:
         """A bulk group whose model is cold: load the model on the load-ahead thread, put the group back and wait
         for the load, running the interactive jobs that come meanwhile (a 2 s load on this thread would hold them
         all). False, and the group loads its model itself, when loads ahead are off, when there is no room without
@@ -450,7 +450,7 @@ class BatchScheduler:
                 self._cond.wait(0.05)
         return True
 
-    def _run(self, results: ResultStore, group: Sequence[Job]) -> None:
+    def _run(self, results: ResultStore, group: Sequence[WorkItem]) -> None:
         """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
         model_id = group[0].model_id
         if self.runtime.settings.load_ahead and model_id in self.runtime.manager.loaded_ids():
@@ -496,13 +496,13 @@ class BatchScheduler:
         if upcoming:
             self.ahead.launch(*self._first_slice(upcoming[0].model_id, upcoming))
 
-    def _first_slice(self, model_id: str, group: Sequence[Job]) -> tuple[list[str], list[str]]:
+    def _first_slice(self, model_id: str, group: Sequence[WorkItem]) -> tuple[list[str], list[str]]:
         """The ids of a group's jobs, and of those its first forward pass (``_slice``) runs."""
         ids = [job.id for job in group]
         size = self._slice(model_id, group)
         return ids, ids if size is None else ids[:size]
 
-    def _slice(self, model_id: str, jobs: Sequence[Job]) -> int | None:
+    def _slice(self, model_id: str, jobs: Sequence[WorkItem]) -> int | None:
         """Jobs per slice of a group (``_run_sliced``), or None: it runs whole."""
         size = self.runtime.settings.max_batch_size
         if any(job.expires_at is not None for job in jobs):
@@ -511,7 +511,7 @@ class BatchScheduler:
             return None
         return size if len(jobs) > size else None
 
-    def _run_sliced(self, results: ResultStore, model_id: str, jobs: Sequence[Job]) -> None:
+    def _run_sliced(self, results: ResultStore, model_id: str, jobs: Sequence[WorkItem]) -> None:
         """Run a group in slices, each slice's results stored (and its messages acked) while the next computes;
         between slices, yield to interactive jobs (bulk groups) and expire jobs whose deadline passed (groups with
         deadlines).
@@ -550,7 +550,7 @@ class BatchScheduler:
                         break
 
     def _run_batch(
-        self, results: ResultStore, model_id: str, batch: Sequence[Job], last: bool = False
+        self, results: ResultStore, model_id: str, batch: Sequence[WorkItem], last: bool = False
     ) -> list[Outcome]:
         """Mark ``batch`` started (the jobs ``_run`` did not count already), run it, return one outcome per job (never
         raises). Jobs found with a result when they are marked (cancelled since the group began) do not run. The
@@ -593,7 +593,7 @@ class BatchScheduler:
             ]
         return outcomes
 
-    def _cancel_revoked(self, results: ResultStore, group: Sequence[Job]) -> None:
+    def _cancel_revoked(self, results: ResultStore, group: Sequence[WorkItem]) -> None:
         """Jobs revoked through Celery's remote control (``app.control.revoke``; a plain producer's cancel) are
         cancelled in Redis like ``Client.cancel``'s, so every worker skips them and the cancel outlives this one."""
         revoked = worker_state.revoked

@@ -1,7 +1,7 @@
 """The worker's spans: where each traced job's time went, in its producer's trace.
 
 Made only when the worker exports traces (``swapless.tasks.tracing.configure``), for each forward-pass batch that
-holds a job whose message carried a trace context (``Job.trace``). The scheduler marks the batch's moments (its
+holds a job whose message carried a trace context (``WorkItem.trace``). The scheduler marks the batch's moments (its
 start, the model loaded, its end, its store) and the spans are made from those marks once its results are stored,
 on the thread that stored them:
 
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from swapless.manager import Job, ModelManager, Outcome
+from swapless.manager import ModelManager, Outcome, WorkItem
 from swapless.tasks.tracing import MESSAGING_SYSTEM, remote_parent, trace_id_of
 
 __all__ = ["BatchSpans", "BatchTrace", "traces_note"]
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 NOTE_TRACES = 3
 
 
-def traces_note(jobs: Sequence[Job]) -> str:
+def traces_note(jobs: Sequence[WorkItem]) -> str:
     """What a log line about ``jobs`` says of their producers' traces: ``""`` when none carried one, else
     ``" [trace <id>]"`` (``" [traces <id>, <id> and 4 more]"``)."""
     seen = dict.fromkeys(job.trace for job in jobs if job.trace is not None)
@@ -61,9 +61,9 @@ class BatchSpans:
         self.tracer = tracer
         self.queue = queue
 
-    def start(self, model_id: str, batch: Sequence[Job], manager: ModelManager) -> BatchTrace | None:
+    def start(self, model_id: str, batch: Sequence[WorkItem], manager: ModelManager) -> BatchTrace | None:
         """Mark a batch's start (called as it starts); None when none of its jobs is traced."""
-        traces: dict[str, list[Job]] = {}
+        traces: dict[str, list[WorkItem]] = {}
         for job in batch:
             if job.trace is not None:
                 traces.setdefault(job.trace, []).append(job)
@@ -73,7 +73,7 @@ class BatchSpans:
 class BatchTrace:
     """The marks of one batch, and its spans made from them (``stored``). Never raises."""
 
-    def __init__(self, spans: BatchSpans, model_id: str, size: int, traces: dict[str, list[Job]],
+    def __init__(self, spans: BatchSpans, model_id: str, size: int, traces: dict[str, list[WorkItem]],
                  manager: ModelManager) -> None:
         self.spans = spans
         self.model_id = model_id
@@ -117,7 +117,7 @@ class BatchTrace:
         except Exception:  # spans must never cost a job its result
             logger.exception("could not make the spans of a batch of %s", self.model_id)
 
-    def _sent_ns(self, jobs: Sequence[Job]) -> int:
+    def _sent_ns(self, jobs: Sequence[WorkItem]) -> int:
         """When the first of ``jobs`` was sent (its producer's stamp, else its receipt), on the wall clock."""
         return int((min(job.received_s for job in jobs) + self._wall_minus_mono) * 1e9)
 
@@ -172,7 +172,7 @@ class BatchTrace:
         for span in process.values():
             span.end(end_time=done_ns)
 
-    def _process(self, tracer: Any, traceparent: str, jobs: list[Job], parent: Any, links: list[Any]) -> Any:
+    def _process(self, tracer: Any, traceparent: str, jobs: list[WorkItem], parent: Any, links: list[Any]) -> Any:
         """A trace's ``process`` span (left open) and its ``wait`` span."""
         from opentelemetry import trace
 
