@@ -7,7 +7,7 @@
     for prediction in client.map("sentiment", texts):  # many inputs, results in input order
         ...
 
-How its parts fit is in docs/concepts/delivery.md.
+How its parts fit is in docs/concepts/client.md.
 """
 
 from __future__ import annotations
