@@ -1,12 +1,7 @@
-"""Running jobs through the cache: the backlog grouped by model, and one group's execution.
+"""Running jobs through the cache: the backlog grouped by model, and one group's execution (no Celery here).
 
-This is the model side of a batch: it knows nothing of Celery. The queue side feeds jobs into a ``Backlog``,
-asks ``Backlog.next_group`` what to run, runs it with ``run_group`` and stores each ``Outcome``.
-
-Failure isolation: a job whose input is bad fails alone (``prepare``). When a forward pass raises, the group is
-split in halves and each half retried, down to single jobs, so one poisonous input (or a batch too large for
-memory) fails only itself. Errors that concern the whole model (load failure, server unavailable) fail the
-group at once without splitting.
+A bad input fails its job alone. When a forward pass raises, the group is split in halves and each half retried,
+down to single jobs; errors of the whole model (a failed load, a server unavailable) fail the group at once.
 """
 
 from __future__ import annotations
@@ -138,9 +133,9 @@ class Backlog:
         return choose_next(waiting, loaded, self.max_wait_s)
 
     def coming(self, loaded: Sequence[str], load_cost_s: Callable[[str], float]) -> frozenset[str]:
-        """The loaded models worth waiting a moment for before the next group: none of their jobs is here but some
-        are still in Redis (``queued``: on their way, as loaded models get the fetch first), and the next group would
-        need a load, which would evict one of them to be loaded again for those jobs. Empty: take the next group."""
+        """The loaded models worth waiting a moment for: none of their jobs is here but some are on their way
+        (``queued``), and the next group would need a load that would evict one of them.
+        """
         held, queued = self.counts(), self.queued()
         coming = frozenset(m for m in loaded if not held.get(m) and queued.get(m))
         if not coming:
@@ -253,12 +248,10 @@ def run_group(
     on_loaded: Callable[[], None] | None = None,
     before_last_pass: Callable[[], None] | None = None,
 ) -> list[Outcome]:
-    """Run jobs that all address ``model_id``; never raises for a job's sake. A group with interactive jobs keeps its
-    model resident (``ModelManager.use``).
+    """Run jobs that all address ``model_id``; never raises for a job's sake.
 
-    ``on_loaded`` is called once the model is loaded, before its inputs are prepared and run (the scheduler
-    starts loading the next group's model ahead there); ``before_last_pass`` as the last forward pass begins (of a
-    framework that passes through ``ModelWorker.batched``; the scheduler sends the next group's reads there).
+    ``on_loaded`` is called once the model is loaded (the scheduler starts the next load ahead there);
+    ``before_last_pass`` as the last forward pass begins (it sends the next group's reads there).
 
     Returns:
         one Outcome per job, in the order of ``jobs``.

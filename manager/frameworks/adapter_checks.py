@@ -1,10 +1,5 @@
-"""Variants' adapters checked against their bases at worker start-up, from the files' headers alone.
-
-What a variant's adapter directory must hold (PEFT's ``save_pretrained``: ``adapter_config.json`` and
-``adapter_model.safetensors``), what ``AdapterShape`` a slot must have to take it, and ``check_variants``: every
-tensor of every adapter against its base's layers (an adapter of another architecture or size, a head for another
-number of classes, ``labels`` of the wrong length, LoRA options the slots do not run), each error one line naming the
-variant. Adapters trained the same way over one base share their files' layout, which is checked once.
+"""Variants' adapters checked against their bases at worker start-up, from the files' headers alone: each error one
+line naming the variant. Adapters trained the same way over one base share a layout, checked once.
 """
 
 from __future__ import annotations
