@@ -34,10 +34,8 @@ def choose_victims(
 ) -> list[str] | None:
     """Least-recently-used models to evict so that one more model of ``incoming_bytes`` fits.
 
-    Pinned models (a batch in flight) are never chosen. Among the others, in LRU order within each step: models with
-    no waiting jobs (``keep`` maps model id to waiting jobs), then models that still have work, then resident models
-    (kept loaded, or serving interactive jobs lately: their next job is likely seconds away, and an interactive
-    caller waits for its load), with no waiting jobs first.
+    Pinned models are never chosen. The others go in LRU order within each step: models with no waiting jobs
+    (``keep``: waiting jobs per model), then models with work, then resident models, those with no waiting jobs first.
 
     Returns:
         the ids to evict (possibly empty), or None when even evicting every unpinned model is not enough.
