@@ -9,10 +9,10 @@ from typing import Any
 
 from swapless.config.errors import DeadlinePassed
 from swapless.config.settings import Settings
-from swapless.tasks.broker.webhooks import allowed_hosts, check_target
 from swapless.tasks.client.publisher import Publisher, Routed
 from swapless.tasks.protocol import CALLBACK_URL_HEADER, CHUNK_TASK, KEYS_HEADER, expires_header
 from swapless.tasks.tracing import sending
+from swapless.tasks.webhooks import allowed_hosts, check_target
 
 __all__ = ["ChunkSender", "batched", "callback_headers", "deadline_of", "message_id", "one_model", "traced"]
 
@@ -56,7 +56,7 @@ def callback_headers(settings: Settings, callback_url: str | None, count: int) -
     """
     if callback_url is None:
         return None
-    check_target(callback_url, allowed_hosts(settings.webhook_allowed_hosts))
+    check_target(callback_url, allowed_hosts(settings.webhooks.webhook_allowed_hosts))
     return [{CALLBACK_URL_HEADER: callback_url} for _ in range(count)]
 
 
