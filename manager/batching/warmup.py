@@ -69,15 +69,15 @@ def warm_steps(
     """Warm the local models of ``manager``'s registry one at a time, yielding ``(model id, seconds)`` after each.
 
     Args:
-        manager: the worker's cache (models load through it and are evicted afterwards).
+        manager: the worker's cache.
         engine: the factory behind ``manager`` (its tuners are seeded).
         give_up_after: stop trying larger batch sizes once the cost per input is this many times the best so far.
-        budget_s: stop trying larger batch sizes of a model once its warm-up has taken this long.
-        total_budget_s: warm no more models once the warm start has taken this long (None: no bound).
+        budget_s: stop trying larger batch sizes of a model after this long.
+        total_budget_s: warm no more models after this long (None: no bound).
         order: models to warm first; then the rest, in registry order.
-        tuned: models whose tuner was seeded with earlier measurements: one pass at their best batch size.
+        tuned: models with earlier measurements: one pass at their best batch size.
         skip: models not to warm.
-        keep: whether to leave a model loaded once warmed, not evict it.
+        keep: whether to leave a model loaded once warmed.
     """
     took = 0
     began = time.perf_counter()
