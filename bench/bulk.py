@@ -63,12 +63,12 @@ def write_input(path: Path, records: int, seed: int = 0) -> list[str]:
 def in_process_rate(models_file: Path, texts: list[str], records: int, group: int = 256) -> tuple[float, float]:
     """Records/s of the worker's compute path in this process (run_group over groups of ``group``), and its CPU
     seconds per 1000 records."""
-    from swapless.manager import Job, ModelEngine, ModelManager, ModelStore, WorkerLimits, run_group
+    from swapless.manager import ModelEngine, ModelManager, ModelStore, WorkerLimits, WorkItem, run_group
 
     engine = ModelEngine(WorkerLimits(device="cpu"))
     manager = ModelManager(ModelStore.from_file(models_file, engine.frameworks), engine)
     try:
-        jobs = [Job(id=str(i), model_id=MODEL, input=texts[i % len(texts)]) for i in range(records)]
+        jobs = [WorkItem(id=str(i), model_id=MODEL, input=texts[i % len(texts)]) for i in range(records)]
         run_group(manager, MODEL, jobs[:group])  # load and warm up
         started, cpu = time.perf_counter(), time.process_time()
         for start in range(0, len(jobs), group):

@@ -1,7 +1,7 @@
 """The model side: which models exist (ModelStore), what is loaded (ModelManager), how workers are built
 (ModelEngine) and run (ModelWorker). Nothing here imports Celery. Its errors are in ``swapless.config.errors``."""
 
-from swapless.manager.batching.runner import Backlog, Job, Outcome, run_group
+from swapless.manager.batching.runner import Backlog, Outcome, WorkItem, run_group
 from swapless.manager.cache.lru import CacheStats, LoadedModel, ModelManager
 from swapless.manager.frameworks.engine import ModelEngine, load_builtin_workers
 from swapless.manager.frameworks.worker import ModelWorker, WorkerLimits, registry
@@ -12,7 +12,6 @@ __all__ = [
     "Backlog",
     "CacheStats",
     "InputType",
-    "Job",
     "LoadedModel",
     "ModelEngine",
     "ModelManager",
@@ -20,6 +19,7 @@ __all__ = [
     "ModelStore",
     "ModelWorker",
     "Outcome",
+    "WorkItem",
     "WorkerLimits",
     "load_builtin_workers",
     "registry",

@@ -1,22 +1,8 @@
 """Trace context through the queue: OpenTelemetry, set up by the standard ``OTEL_*`` variables alone.
 
-What producers and workers share:
-
-- ``sending(...)``: a producer's ``send`` span (kind PRODUCER) under the caller's current span, and the W3C
-  ``traceparent`` (``tracestate``, ``baggage`` when set) to put in each message's headers, where
-  ``opentelemetry-instrumentation-celery`` puts them for a plain Celery producer. ``Client``, the gateway,
-  ``swapless bulk`` and the batch API send through it;
-- ``trace_id_of(traceparent)``: the trace id a job's status and the worker's log lines show (no OpenTelemetry
-  needed);
-- ``configure(service)``: the SDK for a Swapless process (worker, gateway, ``swapless bulk``) from the environment,
-  when ``OTEL_TRACES_EXPORTER`` (``otlp`` or ``console``) or an OTLP endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``,
-  ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set and ``OTEL_SDK_DISABLED`` is not; the service name, resource,
-  sampler and batch processor follow their own ``OTEL_*`` variables (the SDK reads them). ``pip install
-  'swapless[tracing]'`` brings the SDK and the OTLP/HTTP exporter.
-
-Off, tracing costs a producer one dictionary lookup per send (no OpenTelemetry imported: no span can be current) or
-one context read, and a worker nothing per job: its spans are built only when ``configure`` set the SDK up.
-A process that set up its own tracer provider (``opentelemetry-instrument``, an app embedding the gateway) keeps it.
+``sending`` makes a producer's ``send`` span and the W3C headers each message carries; ``working`` a span of
+Swapless's own work; ``configure`` sets the SDK up for a Swapless process; ``trace_id_of`` reads a trace id.
+Off, tracing costs a producer one lookup per send and a worker nothing. See docs/guides/tracing.md.
 """
 
 from __future__ import annotations
@@ -87,12 +73,11 @@ def configure(service_name: str) -> Any:
     """Set the SDK up for this process when the environment asks for traces (``wanted``).
 
     Args:
-        service_name: the default of ``OTEL_SERVICE_NAME`` (``swapless-worker``, ``swapless-gateway``, ...).
+        service_name: the default of ``OTEL_SERVICE_NAME``.
 
     Returns:
-        the tracer provider set up here (its caller shuts it down: ``shutdown``), or None: the environment asks for
-        no traces, the SDK is missing (said once), or the process has a provider of its own (its spans go where
-        its others go).
+        the tracer provider set up here (its caller shuts it down), or None: no traces asked for, the SDK missing,
+        or the process has a provider of its own.
     """
     if not wanted():
         return None
@@ -176,15 +161,14 @@ def current_traceparent() -> str | None:
 
 def working(name: str, attributes: Mapping[str, Any] | None = None, parent: str | None = None
             ) -> contextlib.AbstractContextManager[str | None]:
-    """A span of Swapless's own work (a bulk run, a batch), current while the work runs, so that its sends are its
-    children: one trace per run. Yields the span's ``traceparent``; with no tracer provider, ``parent`` (else None)
-    is made current without a span, so that the sends still carry it.
+    """A span of Swapless's own work (a bulk run, a batch), current while it runs; yields its ``traceparent``.
+
+    Without a tracer provider, ``parent`` is made current without a span, so that the sends still carry it.
 
     Args:
         name: the span's name.
         attributes: its attributes.
-        parent: a ``traceparent`` to continue (a batch's, kept from its creation); else the current span's, else
-            a new trace.
+        parent: a ``traceparent`` to continue; else the current span's, else a new trace.
     """
     api = sys.modules.get("opentelemetry.trace")
     if parent is None and (api is None or isinstance(api.get_tracer_provider(), api.ProxyTracerProvider)):
@@ -240,10 +224,9 @@ def sending(destination: str, jobs: int, model: str | Callable[[], str | None] |
     """The ``send`` span of one publish and the trace headers its messages carry (None: no trace to carry).
 
     Args:
-        destination: the queue (``messaging.destination.name``).
-        jobs: the messages sent (``messaging.batch.message_count``).
-        model: the model they address, when one (``swapless.model.id``); a callable is called only when there is a
-            span to name.
+        destination: the queue.
+        jobs: the messages sent.
+        model: the model they address, if one; a callable is called only when there is a span to name.
         attributes: more attributes of the span.
     """
     api = sys.modules.get("opentelemetry.trace")

@@ -15,7 +15,7 @@ import redis
 
 from bench.simulated import simulated_entry
 from swapless.config.errors import JobCancelled
-from swapless.manager import Job, ModelEngine, ModelManager, ModelStore, ModelWorker, run_group
+from swapless.manager import ModelEngine, ModelManager, ModelStore, ModelWorker, WorkItem, run_group
 from swapless.tasks.app import make_app
 from swapless.tasks.broker.results import ResultStore
 from swapless.tasks.client import Client
@@ -56,7 +56,7 @@ def test_the_hook_runs_once_as_the_last_pass_begins(tmp_path: Path) -> None:
     def hook() -> None:
         PassCounter.hooked.append(len(PassCounter.passes))
 
-    jobs = [Job(f"j{i}", "m", f"text {i}") for i in range(10)]
+    jobs = [WorkItem(f"j{i}", "m", f"text {i}") for i in range(10)]
     outcomes = run_group(manager, "m", jobs, before_last_pass=hook)
     assert [o.ok for o in outcomes] == [True] * 10
     assert PassCounter.passes == [4, 4, 2] and PassCounter.hooked == [2]  # after two passes, as the third begins

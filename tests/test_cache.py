@@ -279,3 +279,10 @@ def test_kept_models_are_loaded_at_start_as_many_as_the_cache_holds(tmp_path: Pa
     assert manager.loaded_ids() == ["code", "vision"]
     assert "chat is kept loaded by its spec but the cache already holds 2 kept model(s), its limit" in caplog.text
     assert "raise SWAPLESS_MAX_MODELS" in caplog.text
+
+
+def test_every_cache_counter_is_published_in_the_heartbeat() -> None:
+    from swapless.manager.cache.entries import CacheCounters
+    from swapless.tasks.cluster.members import CacheInfo
+
+    assert set(CacheCounters().counts()) <= set(CacheInfo.model_fields)

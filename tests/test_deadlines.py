@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from swapless.config.errors import JobExpired
-from swapless.manager.batching.runner import Backlog, Job
+from swapless.manager.batching.runner import Backlog, WorkItem
 from swapless.tasks.client import Client
 from swapless.tasks.cluster.members import read_heartbeats
 from swapless.tasks.keyspace import Keyspace
@@ -181,8 +181,8 @@ def test_a_deadline_in_the_past_is_refused_before_anything_is_sent(bad: object) 
 
 def test_the_backlog_gives_up_expired_jobs_and_keeps_the_rest() -> None:
     backlog = Backlog()
-    backlog.add([Job("a", "m", "x", expires_at=100.0), Job("b", "m", "x"), Job("c", "n", "x", expires_at=300.0),
-                 Job("d", "n", "x", expires_at=50.0)])
+    backlog.add([WorkItem("a", "m", "x", expires_at=100.0), WorkItem("b", "m", "x"),
+                 WorkItem("c", "n", "x", expires_at=300.0), WorkItem("d", "n", "x", expires_at=50.0)])
     assert [job.id for job in backlog.take_expired(200.0)] == ["a", "d"]
     assert backlog.counts() == {"m": 1, "n": 1}
     assert backlog.take_expired(200.0) == []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from swapless.config.errors import InputError, PredictionFailed
-from swapless.manager import Backlog, Job, ModelEngine, ModelManager, ModelStore, run_group
+from swapless.manager import Backlog, ModelEngine, ModelManager, ModelStore, WorkItem, run_group
 from tests.fakes import FakeWorker, write_fake_models
 
 
@@ -34,8 +34,8 @@ class Clock:
         return self.now
 
 
-def job(n: int, model_id: str, value: object = None, at: float = 0.0, urgent: bool = False) -> Job:
-    return Job(f"j{n}", model_id, value if value is not None else f"text {n}", received_s=at, urgent=urgent)
+def job(n: int, model_id: str, value: object = None, at: float = 0.0, urgent: bool = False) -> WorkItem:
+    return WorkItem(f"j{n}", model_id, value if value is not None else f"text {n}", received_s=at, urgent=urgent)
 
 
 def test_backlog_groups_by_model_and_serves_loaded_first() -> None:
@@ -81,7 +81,7 @@ def test_backlog_counts_interactive_jobs_through_every_way_out() -> None:
     def scanned() -> int:
         return sum(w.urgent for w in backlog.waiting(lambda m: 0.0))
 
-    expiring = Job("late", "b", "x", received_s=0.0, urgent=True, expires_at=10.0)
+    expiring = WorkItem("late", "b", "x", received_s=0.0, urgent=True, expires_at=10.0)
     backlog.add([job(1, "a", urgent=True), job(2, "a"), job(3, "a", urgent=True), job(4, "b", urgent=True), expiring])
     assert backlog.urgent == scanned() == 4
     assert [j.id for j in backlog.next_group(["a"], lambda m: 0.0, 1)] == ["j1"]  # one taken, one left in a's group
@@ -103,7 +103,7 @@ def test_run_group_results_in_order(manager: ModelManager) -> None:
 
 
 def test_bad_input_fails_alone(manager: ModelManager) -> None:
-    jobs = [job(1, "a"), Job("bad1", "a", 42), Job("bad2", "a", "   "), job(2, "a")]
+    jobs = [job(1, "a"), WorkItem("bad1", "a", 42), WorkItem("bad2", "a", "   "), job(2, "a")]
     outcomes = run_group(manager, "a", jobs)
     assert [o.ok for o in outcomes] == [True, False, False, True]
     assert isinstance(outcomes[1].error, InputError)
@@ -113,7 +113,7 @@ def test_bad_input_fails_alone(manager: ModelManager) -> None:
 
 
 def test_poison_input_is_isolated_by_splitting(manager: ModelManager) -> None:
-    jobs = [job(i, "a") for i in range(7)] + [Job("poison", "a", "boom")]
+    jobs = [job(i, "a") for i in range(7)] + [WorkItem("poison", "a", "boom")]
     outcomes = run_group(manager, "a", jobs)
     assert [o.job.id for o in outcomes if not o.ok] == ["poison"]
     poison = outcomes[-1].error
@@ -124,7 +124,7 @@ def test_poison_input_is_isolated_by_splitting(manager: ModelManager) -> None:
 
 
 def test_out_of_memory_batch_is_split_until_it_fits(manager: ModelManager) -> None:
-    jobs = [job(i, "a") for i in range(3)] + [Job("big", "a", "oom")]
+    jobs = [job(i, "a") for i in range(3)] + [WorkItem("big", "a", "oom")]
     outcomes = run_group(manager, "a", jobs)
     assert all(o.ok for o in outcomes)
     assert ("a", 1) in FakeWorker.batches

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swapless.config.errors import UnknownModel
-from swapless.manager import Job
+from swapless.manager import WorkItem
 from swapless.tasks.observe.accounting import GroupReport
 from swapless.tasks.observe.stats import WorkerStats
 from swapless.tasks.worker.chunks import ChunkAssembler
@@ -33,7 +33,7 @@ class Acks:
 
 
 def _delivery(job_id: str, model_id: str = "m") -> Delivery:
-    return Delivery(request=Request(job_id), jobs=(Job(job_id, model_id, "x"),), chunk=False)
+    return Delivery(request=Request(job_id), jobs=(WorkItem(job_id, model_id, "x"),), chunk=False)
 
 
 def _take(inbox: JobInbox) -> Any:
@@ -47,7 +47,7 @@ def test_the_inbox_hands_jobs_and_rejects_to_the_scheduler_thread() -> None:
     thread.start()
     time.sleep(0.05)  # the scheduler thread waits with nothing in hand
     started = time.perf_counter()
-    inbox.put([Job("a", "m", 1), Job("b", "m", 2)], [("bad", UnknownModel("nope", ["m"]))])
+    inbox.put([WorkItem("a", "m", 1), WorkItem("b", "m", 2)], [("bad", UnknownModel("nope", ["m"]))])
     assert time.perf_counter() - started < 1.0  # the hand-over waits HAND_OVER_S at most
     thread.join(5)
     [(rejected, expired, group)] = taken
@@ -60,7 +60,7 @@ def test_the_inbox_hands_jobs_and_rejects_to_the_scheduler_thread() -> None:
 def test_the_inbox_counts_jobs_waiting_here_and_in_redis() -> None:
     inbox = JobInbox(30.0)
     inbox.backlog.queued = lambda: {"m": 3, "n": 1}
-    inbox.put([Job("a", "m", 1)])
+    inbox.put([WorkItem("a", "m", 1)])
     assert inbox.counts() == {"m": 1} and inbox.waiting() == {"m": 4, "n": 1}
     assert inbox.wants("n") and not inbox.wants("o")
     taken = inbox.take_model("m", lambda waiting: lambda job: False)
@@ -72,7 +72,7 @@ def test_the_ledger_has_a_lock_of_its_own_and_acks_copies_with_the_first() -> No
     ledger = RequestLedger(acks, ChunkAssembler())  # type: ignore[arg-type]
     first, copy = _delivery("a"), _delivery("a")
     assert [job.id for job in ledger.admit([first, copy, _delivery("b")])] == ["a", "b"]
-    assert ledger.live("a") and ledger.unfinished([Job("b", "m", 1)])[0].id == "b"
+    assert ledger.live("a") and ledger.unfinished([WorkItem("b", "m", 1)])[0].id == "b"
 
     class Store:
         def store(self, *args: Any, **kwargs: Any) -> None:
@@ -80,7 +80,7 @@ def test_the_ledger_has_a_lock_of_its_own_and_acks_copies_with_the_first() -> No
 
     ledger.finish(Store(), [(first.request, 1, None)])  # type: ignore[arg-type]
     assert acks.acked == [first.request, copy.request] and not ledger.live("a")
-    assert ledger.release([Job("b", "m", 1)]) == [Request("b")]
+    assert ledger.release([WorkItem("b", "m", 1)]) == [Request("b")]
 
 
 def test_the_worker_totals_are_derived_from_the_per_model_counts() -> None:

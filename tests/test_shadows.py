@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from swapless.config.settings import Settings
-from swapless.manager import Job, Outcome
+from swapless.manager import Outcome, WorkItem
 from swapless.tasks.app import make_app
 from swapless.tasks.broker.results import ResultStore
 from swapless.tasks.keyspace import Keyspace
@@ -20,7 +20,7 @@ from swapless.tasks.worker.shadows import Shadows
 
 
 def _answered(job_id: str, model_id: str, label: str, **delivery: Any) -> tuple[Delivery, Outcome]:
-    job = Job(job_id, model_id, "x")
+    job = WorkItem(job_id, model_id, "x")
     return Delivery(None, (job,), False, **delivery), Outcome(job, result=[{"label": label, "score": 1.0}])
 
 

@@ -17,7 +17,7 @@ import redis
 
 from swapless.config.errors import InputError
 from swapless.config.settings import Settings
-from swapless.manager import Job, ModelEngine, ModelManager, ModelStore, Outcome, run_group
+from swapless.manager import ModelEngine, ModelManager, ModelStore, Outcome, WorkItem, run_group
 from swapless.tasks.client import Client
 from swapless.tasks.cluster.members import read_heartbeats
 from swapless.tasks.cluster.view import read_placement
@@ -53,7 +53,7 @@ def test_each_group_gets_the_cache_activity_it_caused(fake_manager: ModelManager
     accounting = GroupAccounting(fake_manager, [reports.append], sent, clock=lambda: now[0], monotonic=lambda: 50.0)
 
     def run(model_id: str, *texts: str) -> GroupReport:
-        jobs = [Job(f"{model_id}-{i}", model_id, text, received_s=49.0) for i, text in enumerate(texts)]
+        jobs = [WorkItem(f"{model_id}-{i}", model_id, text, received_s=49.0) for i, text in enumerate(texts)]
         accounting.on_group(model_id, jobs, run_group(fake_manager, model_id, jobs), run_s=0.25)
         return reports[-1]
 
@@ -103,7 +103,7 @@ def test_task_events_for_jobs_and_whole_chunks() -> None:
     events.on_received(_Request("j1", ["a", "x"], sent))
     events.on_received(_Request("j2", ["a", " "], sent))
     events.on_received(_Request("c", ["a", ["p", "q", "r"]], sent))
-    jobs = [Job("j1", "a", "x"), Job("j2", "a", " "), Job("c:0", "a", "p"), Job("c:1", "a", "q")]
+    jobs = [WorkItem("j1", "a", "x"), WorkItem("j2", "a", " "), WorkItem("c:0", "a", "p"), WorkItem("c:1", "a", "q")]
     outcomes = [
         Outcome(jobs[0], result=[1]),
         Outcome(jobs[1], error=InputError("a", "empty")),
@@ -119,7 +119,7 @@ def test_task_events_for_jobs_and_whole_chunks() -> None:
         ("task-failed", "j2"),
     ]
     assert sent[3][2] == {"result": "[1]", "runtime": 0.5} and "empty" in sent[4][2]["exception"]
-    last = Job("c:2", "a", "r")
+    last = WorkItem("c:2", "a", "r")
     events.on_group("a", [last], [Outcome(last, result=4)], 0.25)
     assert sent[-1] == ("task-succeeded", "c", {"result": "4", "runtime": 0.75}), (
         "a chunk succeeds once all its items are done"
@@ -132,7 +132,7 @@ def test_a_failing_listener_never_reaches_the_scheduler(fake_manager: ModelManag
 
     seen: list[GroupReport] = []
     accounting = GroupAccounting(fake_manager, [broken, seen.append])
-    job = Job("j", "a", "x")
+    job = WorkItem("j", "a", "x")
     accounting.on_group("a", [job], [Outcome(job, error=InputError("a", "bad"))], 0.1)  # does not raise
     assert seen == []
 

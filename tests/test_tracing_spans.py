@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pydantic import SecretStr
 
 from swapless.config.settings import Settings
-from swapless.manager import Job, Outcome
+from swapless.manager import Outcome, WorkItem
 from swapless.manager.cache.entries import CacheStats
 from swapless.tasks import tracing
 from swapless.tasks.keyspace import Keyspace
@@ -67,8 +67,8 @@ def test_a_producer_with_no_provider_carries_only_its_callers_context() -> None:
     assert context.get_value("x") is None and tracing.remote_parent("nonsense") == context.Context()
 
 
-def _jobs(traces: list[str | None]) -> list[Job]:
-    return [Job(id=f"j{i}", model_id="m", input="x", received_s=time.monotonic() - 0.05, trace=t)
+def _jobs(traces: list[str | None]) -> list[WorkItem]:
+    return [WorkItem(id=f"j{i}", model_id="m", input="x", received_s=time.monotonic() - 0.05, trace=t)
             for i, t in enumerate(traces)]
 
 

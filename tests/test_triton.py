@@ -27,7 +27,7 @@ import tritonclient.http as httpclient
 from PIL import Image
 
 from swapless.config.errors import BackendUnavailable, InputError, ModelLoadError
-from swapless.manager.batching.runner import Job, run_group
+from swapless.manager.batching.runner import WorkItem, run_group
 from swapless.manager.cache.lru import ModelManager
 from swapless.manager.frameworks.engine import ModelEngine
 from swapless.manager.frameworks.triton.worker import TritonWorker
@@ -250,18 +250,18 @@ def test_bad_tensors_fail_their_job_alone(fresh_triton: TritonServer, tmp_path: 
     manager = ModelManager(ModelStore.from_file(models), ModelEngine(WorkerLimits(triton_url=fresh_triton.url)))
     good = {"inputs": {"INPUT0": [1, 2, 3, 4], "INPUT1": [10, 20, 30, 40]}}
     jobs = [
-        Job("good-1", "adder", good),
-        Job("shape", "adder", {"inputs": {"INPUT0": [[1, 2], [3, 4]], "INPUT1": [1, 1, 1, 1]}}),
-        Job("dtype", "adder", {"inputs": {"INPUT0": [1, 2, 3, 4], "INPUT1": [1.5, 1, 1, 1]}}),
-        Job("missing", "adder", {"inputs": {"INPUT0": [1, 2, 3, 4]}}),
-        Job("unknown", "adder", {"inputs": {"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 2, 3, 4], "X": [1]}}),
-        Job("text", "adder", "add these please"),
-        Job("good-2", "adder", {"inputs": {"INPUT0": [5, 5, 5, 5], "INPUT1": [1, 2, 3, 4]}}),
+        WorkItem("good-1", "adder", good),
+        WorkItem("shape", "adder", {"inputs": {"INPUT0": [[1, 2], [3, 4]], "INPUT1": [1, 1, 1, 1]}}),
+        WorkItem("dtype", "adder", {"inputs": {"INPUT0": [1, 2, 3, 4], "INPUT1": [1.5, 1, 1, 1]}}),
+        WorkItem("missing", "adder", {"inputs": {"INPUT0": [1, 2, 3, 4]}}),
+        WorkItem("unknown", "adder", {"inputs": {"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 2, 3, 4], "X": [1]}}),
+        WorkItem("text", "adder", "add these please"),
+        WorkItem("good-2", "adder", {"inputs": {"INPUT0": [5, 5, 5, 5], "INPUT1": [1, 2, 3, 4]}}),
     ]
     try:
         outcomes = {outcome.job.id: outcome for outcome in run_group(manager, "adder", jobs)}
         before = server_stats(fresh_triton.url, "adder")
-        run_group(manager, "adder", [Job("again", "adder", good)])
+        run_group(manager, "adder", [WorkItem("again", "adder", good)])
         assert delta(before, server_stats(fresh_triton.url, "adder"))["requests"] == 1  # no batching: 1 per job
     finally:
         manager.close()
@@ -309,7 +309,7 @@ def test_server_down_is_backend_unavailable_after_the_backoff(caplog: pytest.Log
     caplog.clear()
     store = ModelStore([spec("densenet_like", url)])
     manager = ModelManager(store, ModelEngine(WorkerLimits()))
-    jobs = [Job("a", "densenet_like", b64_image(1)), Job("b", "densenet_like", b64_image(2))]
+    jobs = [WorkItem("a", "densenet_like", b64_image(1)), WorkItem("b", "densenet_like", b64_image(2))]
     outcomes = run_group(manager, "densenet_like", jobs)
     assert len(_retries(caplog)) == 3, _retries(caplog)
     assert [type(o.error) for o in outcomes] == [BackendUnavailable, BackendUnavailable]
@@ -400,15 +400,16 @@ def test_cache_keeps_remote_max_models_on_the_server(fresh_triton: TritonServer,
 
     manager = ModelManager(ModelStore.from_file(models), factory, max_models=1, remote_max_models=1)
     try:
-        [echo] = run_group(manager, "local", [Job("1", "local", "hello")])
+        [echo] = run_group(manager, "local", [WorkItem("1", "local", "hello")])
         assert echo.result == "hello"
 
-        [classified] = run_group(manager, "classifier", [Job("2", "classifier", b64_image(3))])
+        [classified] = run_group(manager, "classifier", [WorkItem("2", "classifier", b64_image(3))])
         assert len(classified.result) == 3 and all(entry["label"] in LABELS for entry in classified.result)
         assert manager.loaded_ids() == ["local", "classifier"]  # Triton does not count against max_models=1
         assert fresh_triton.state("densenet_like") == "READY"
 
-        [added] = run_group(manager, "adder", [Job("3", "adder", {"inputs": {"INPUT0": [1] * 4, "INPUT1": [2] * 4}})])
+        item = WorkItem("3", "adder", {"inputs": {"INPUT0": [1] * 4, "INPUT1": [2] * 4}})
+        [added] = run_group(manager, "adder", [item])
         assert added.result == {"SUM": [3] * 4, "DIFF": [-1] * 4}
         assert manager.loaded_ids() == ["local", "adder"]
         states = {e["name"]: e["state"] for e in fresh_triton.repository_index()}

@@ -31,29 +31,16 @@ def choose_next(
     waiting: Sequence[Waiting], loaded: Sequence[str], max_wait_s: float, *, starved_first: bool = True,
     loading: Sequence[str] = (),
 ) -> str | None:
-    """The model whose jobs should run next.
+    """The model whose jobs should run next (None when nothing waits). In order of precedence:
 
-    Order of precedence:
-      1. models with interactive jobs before models with none (a bulk burst never takes an interactive job's turn);
-      2. within those, a model whose oldest job has waited longer than ``max_wait_s`` (no starvation): a loaded one
-         first (a long backlog whose jobs are all past it keeps its model instead of switching at every group),
-         then the oldest;
-      3. loaded models (no load needed), the one with most waiting jobs first;
-      4. cold models: for interactive jobs, the one whose jobs have waited longest together (jobs x the oldest's
-         wait): a model many callers wait for goes before a rare one, and a rare one's score grows with its wait,
-         so the tail cycles through the free slots and each model's wait stays bounded however few jobs it has;
-         for bulk jobs, by most waiting jobs per second of load cost (the most work per load).
+    1. models with interactive jobs before models with none;
+    2. a model whose oldest job has waited over ``max_wait_s``, a loaded one first, then the oldest (``starved_first``
+       False skips this rule once, so a resident model's jobs wait for one load at most);
+    3. loaded models, most waiting jobs first;
+    4. cold models: interactive, by jobs times the oldest's wait; bulk, by waiting jobs per second of load cost.
 
-    ``starved_first`` False skips rule 2 once: after a starved cold model's turn, the loaded models' jobs go before
-    the next starved one, so a resident model's jobs wait for one load at most, and the tail still moves a model
-    per turn.
-
-    ``loading``: models being loaded now (ahead of their group). When the pick would be another cold model, one of
-    these goes first: its load is paid already, and a second cold load beside it would have to evict a loaded model
-    (a resident one, when the tail has one slot); the other cold model loads next, so its wait grows by a turn.
-
-    Returns:
-        the model id, or None when nothing waits.
+    When the pick would be a cold model, a model in ``loading`` (being loaded ahead) goes first: its load is paid.
+    See docs/concepts/scheduling.md.
     """
     candidates = [w for w in waiting if w.jobs > 0]
     if not candidates:

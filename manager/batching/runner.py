@@ -1,12 +1,7 @@
-"""Running jobs through the cache: the backlog grouped by model, and one group's execution.
+"""Running jobs through the cache: the backlog grouped by model, and one group's execution (no Celery here).
 
-This is the model side of a batch: it knows nothing of Celery. The queue side feeds jobs into a ``Backlog``,
-asks ``Backlog.next_group`` what to run, runs it with ``run_group`` and stores each ``Outcome``.
-
-Failure isolation: a job whose input is bad fails alone (``prepare``). When a forward pass raises, the group is
-split in halves and each half retried, down to single jobs, so one poisonous input (or a batch too large for
-memory) fails only itself. Errors that concern the whole model (load failure, server unavailable) fail the
-group at once without splitting.
+A bad input fails its job alone. When a forward pass raises, the group is split in halves and each half retried,
+down to single jobs; errors of the whole model (a failed load, a server unavailable) fail the group at once.
 """
 
 from __future__ import annotations
@@ -30,16 +25,18 @@ from swapless.manager.batching.order import Waiting, choose_next
 from swapless.manager.cache.lru import ModelManager
 from swapless.manager.frameworks.worker import ModelWorker
 
-__all__ = ["Backlog", "Job", "Outcome", "run_group"]
+__all__ = ["Backlog", "Outcome", "WorkItem", "run_group"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Job:
-    """One prediction job. ``received_s``: when it was queued, on the monotonic clock; ``urgent`` marks interactive
-    jobs; ``expires_at`` (epoch seconds) is the deadline by which it must start, if any; ``trace``: its producer's
-    trace context (a W3C ``traceparent``), carried for the queue side's spans and never read here."""
+class WorkItem:
+    """One job as the worker runs it (the producer's handle is ``swapless.Job``).
+
+    ``received_s``: when it was queued (monotonic clock); ``urgent``: interactive; ``expires_at``: the epoch time by
+    which it must start, if any; ``trace``: its producer's W3C ``traceparent``, for the queue side's spans.
+    """
 
     id: str
     model_id: str
@@ -61,7 +58,7 @@ class Job:
 class Outcome:
     """A job's final state: a result, or an error."""
 
-    job: Job
+    job: WorkItem
     result: Any = None
     error: SwaplessError | None = None
 
@@ -81,7 +78,7 @@ class Backlog:
     def __init__(self, max_wait_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_wait_s = max_wait_s
         self.clock = clock
-        self._groups: OrderedDict[str, deque[Job]] = OrderedDict()
+        self._groups: OrderedDict[str, deque[WorkItem]] = OrderedDict()
         #: Jobs of each model waiting outside this backlog, not fetched yet (in Redis; set by the worker): counted
         #: in each model's work when the next model is chosen, so a model whose jobs come a fetch at a time is
         #: chosen, and kept, for all of its work.
@@ -90,7 +87,7 @@ class Backlog:
         self._urgent = 0  # interactive jobs waiting (the scheduler asks at every wake: no scan)
         self._starved_turn = False  # the last group taken was a starved cold model's (``choose_next``)
 
-    def add(self, jobs: Iterable[Job]) -> None:
+    def add(self, jobs: Iterable[WorkItem]) -> None:
         for job in jobs:
             self._groups.setdefault(job.model_id, deque()).append(job)
             if job.expires_at is not None:
@@ -102,7 +99,7 @@ class Backlog:
         """Interactive jobs waiting, over all models."""
         return self._urgent
 
-    def _taken(self, jobs: Iterable[Job]) -> list[Job]:
+    def _taken(self, jobs: Iterable[WorkItem]) -> list[WorkItem]:
         """``jobs``, which leave the backlog, as a list (the count of interactive jobs follows)."""
         taken = list(jobs)
         self._urgent -= sum(job.urgent for job in taken)
@@ -136,9 +133,9 @@ class Backlog:
         return choose_next(waiting, loaded, self.max_wait_s)
 
     def coming(self, loaded: Sequence[str], load_cost_s: Callable[[str], float]) -> frozenset[str]:
-        """The loaded models worth waiting a moment for before the next group: none of their jobs is here but some
-        are still in Redis (``queued``: on their way, as loaded models get the fetch first), and the next group would
-        need a load, which would evict one of them to be loaded again for those jobs. Empty: take the next group."""
+        """The loaded models worth waiting a moment for: none of their jobs is here but some are on their way
+        (``queued``), and the next group would need a load that would evict one of them.
+        """
         held, queued = self.counts(), self.queued()
         coming = frozenset(m for m in loaded if not held.get(m) and queued.get(m))
         if not coming:
@@ -146,11 +143,11 @@ class Backlog:
         upcoming = choose_next(self.waiting(load_cost_s), loaded, self.max_wait_s)
         return coming if upcoming is not None and upcoming not in loaded else frozenset()
 
-    def jobs_of(self, model_id: str) -> list[Job]:
+    def jobs_of(self, model_id: str) -> list[WorkItem]:
         """The jobs of ``model_id`` waiting now, in arrival order (a copy)."""
         return list(self._groups.get(model_id, ()))
 
-    def take_model(self, model_id: str, keep: Callable[[Job], bool] = lambda job: False) -> list[Job]:
+    def take_model(self, model_id: str, keep: Callable[[WorkItem], bool] = lambda job: False) -> list[WorkItem]:
         """Take every waiting job of ``model_id`` out of the backlog but those ``keep`` says to keep."""
         group = self._groups.pop(model_id, None)
         if not group:
@@ -160,14 +157,14 @@ class Backlog:
             self._groups[model_id] = kept
         return self._taken(job for job in group if not keep(job))
 
-    def take_expired(self, now: float) -> list[Job]:
+    def take_expired(self, now: float) -> list[WorkItem]:
         """Take every job whose deadline (``expires_at``, epoch seconds) is before ``now`` out of the backlog."""
-        expired: list[Job] = []
+        expired: list[WorkItem] = []
         if not self._deadlines:
             return expired
         self._deadlines = 0
         for model_id, group in list(self._groups.items()):
-            kept: deque[Job] = deque()
+            kept: deque[WorkItem] = deque()
             for job in group:
                 if job.expires_at is None:
                     kept.append(job)
@@ -185,7 +182,7 @@ class Backlog:
         return self._taken(expired)
 
     def next_group(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], limit: int,
-                   loading: Sequence[str] = ()) -> list[Job]:
+                   loading: Sequence[str] = ()) -> list[WorkItem]:
         """Take the next jobs to run: up to ``limit`` jobs of the model ``choose_next`` picks (urgent ones first;
         ``loading``: the models being loaded ahead now).
 
@@ -204,12 +201,12 @@ class Backlog:
             del self._groups[model_id]
         return self._taken(taken)
 
-    def peek_group(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], limit: int) -> list[Job]:
+    def peek_group(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], limit: int) -> list[WorkItem]:
         """The jobs ``next_group`` would take now, left in the backlog."""
         return self._next(loaded, load_cost_s)[1][:limit]
 
     def _next(self, loaded: Sequence[str], load_cost_s: Callable[[str], float],
-              loading: Sequence[str] = ()) -> tuple[str | None, list[Job]]:
+              loading: Sequence[str] = ()) -> tuple[str | None, list[WorkItem]]:
         waiting = self.waiting(load_cost_s)
         model_id = choose_next(waiting, loaded, self.max_wait_s, starved_first=not self._starved_turn,
                                loading=loading)
@@ -226,7 +223,7 @@ def _wrap(model_id: str, err: BaseException) -> SwaplessError:
     return PredictionFailed(model_id, f"{type(err).__name__}: {err}")
 
 
-def _predict(worker: ModelWorker, items: list[tuple[Job, Any]]) -> list[Outcome]:
+def _predict(worker: ModelWorker, items: list[tuple[WorkItem, Any]]) -> list[Outcome]:
     try:
         results = worker.predict([prepared for _, prepared in items])
         if len(results) != len(items):
@@ -246,17 +243,15 @@ def _predict(worker: ModelWorker, items: list[tuple[Job, Any]]) -> list[Outcome]
 def run_group(
     manager: ModelManager,
     model_id: str,
-    jobs: Sequence[Job],
+    jobs: Sequence[WorkItem],
     waiting: dict[str, int] | None = None,
     on_loaded: Callable[[], None] | None = None,
     before_last_pass: Callable[[], None] | None = None,
 ) -> list[Outcome]:
-    """Run jobs that all address ``model_id``; never raises for a job's sake. A group with interactive jobs keeps its
-    model resident (``ModelManager.use``).
+    """Run jobs that all address ``model_id``; never raises for a job's sake.
 
-    ``on_loaded`` is called once the model is loaded, before its inputs are prepared and run (the scheduler
-    starts loading the next group's model ahead there); ``before_last_pass`` as the last forward pass begins (of a
-    framework that passes through ``ModelWorker.batched``; the scheduler sends the next group's reads there).
+    ``on_loaded`` is called once the model is loaded (the scheduler starts the next load ahead there);
+    ``before_last_pass`` as the last forward pass begins (it sends the next group's reads there).
 
     Returns:
         one Outcome per job, in the order of ``jobs``.
@@ -266,7 +261,7 @@ def run_group(
         with manager.use(model_id, waiting, interactive=sum(1 for job in jobs if job.urgent)) as worker:
             if on_loaded is not None:
                 on_loaded()
-            ready: list[tuple[Job, Any]] = []
+            ready: list[tuple[WorkItem, Any]] = []
             for job in jobs:
                 try:
                     variant = manager.store.get(job.variant) if job.variant is not None else None

@@ -1,9 +1,6 @@
-"""Choosing each model's batch size by measurement, online.
-
-On a GPU bigger batches are almost always faster per input; on a CPU they often are not (mobilenet_v2 gets slower
-past batch 8 on two cores). ``BatchTuner`` finds the batch size with the fewest seconds per input while real work
-runs: it hill-climbs over powers of two, timing full forward passes, and keeps a smoothed cost per size. It lives
-as long as the worker process, across unloads and reloads of its model.
+"""Choosing each model's batch size by measurement, online: ``BatchTuner`` hill-climbs over powers of two, timing
+full forward passes of real work, and keeps a smoothed cost per input for each size. It lives as long as the
+worker process, across unloads and reloads of its model.
 """
 
 from __future__ import annotations
@@ -15,11 +12,10 @@ class BatchTuner:
     """Online batch-size choice for one model.
 
     Args:
-        max_size: the largest batch allowed (the model entry's ``max_batch_size`` or the process default).
+        max_size: the largest batch allowed.
         start: the first size tried (clamped to ``max_size``).
-        smoothing: weight of a slower measurement in the moving average of seconds per input (a faster one is
-            taken as is).
-        revisit_every: after this many passes at the best size, measure a neighbour again (loads change).
+        smoothing: weight of a slower measurement in the moving average of seconds per input.
+        revisit_every: after this many passes at the best size, measure a neighbour again.
     """
 
     def __init__(self, max_size: int, start: int = 8, smoothing: float = 0.3, revisit_every: int = 50) -> None:

@@ -1,19 +1,9 @@
 """Warm start: pay each local model's one-off costs before the first job, and seed its batch-size tuner.
 
-A fresh worker process pays, on the first forward passes of each architecture and batch shape, costs that later
-passes do not (kernel selection and primitive creation in oneDNN/cuDNN, allocator growth, lazy imports): here a
-first group of 100 mobilenet_v2 images took 3.7 s in a fresh process and 1.6 s in a warm one. The batch-size tuner
-also starts blind and explores on real jobs. With ``SWAPLESS_WARM_START`` (on by default) the worker, once ready
-and while no job has come, loads each local model in turn (through the cache, so the memory budget holds), runs two
-passes of a synthetic input at each candidate batch size (the first pays the one-off costs, the second is timed and
-seeds the tuner), records its load time for the scheduler, and unloads it; a model whose batch costs are known from
-earlier workers (``swapless.tasks.worker.learned``) gets one pass at its best size instead. Models used before go
-first; the warm start stops at ``SWAPLESS_WARM_START_BUDGET_S``, and at the first job (``warm_steps`` yields after
-each model, and the scheduler stops between two): a job waits for one model's warm-up at most, whatever the size of
-the registry. Remote models (Triton) are skipped: Triton has its own ``model_warmup``.
-
-Models kept loaded by their spec (``keep_loaded``) are loaded before the worker is ready (``load_kept``), as many as
-the cache holds; the warm start warms them last, in place.
+With ``SWAPLESS_WARM_START`` the worker, once ready and while no job has come, loads each local model in turn
+through the cache, runs a synthetic input at each candidate batch size (the first pass pays the one-off costs of
+kernels, allocators and lazy imports; the second is timed and seeds the tuner), and unloads it. A job waits for one
+model's warm-up at most. Models kept loaded by their spec are loaded before the worker is ready (``load_kept``).
 """
 
 from __future__ import annotations
@@ -76,22 +66,18 @@ def warm_steps(
     skip: Collection[str] = (),
     keep: Callable[[str], bool] = lambda model_id: False,
 ) -> Iterator[tuple[str, float]]:
-    """Warm the local models of ``manager``'s registry one at a time, yielding ``(model id, seconds)`` after each,
-    so that a caller can stop between two models (the worker stops when its first job comes).
+    """Warm the local models of ``manager``'s registry one at a time, yielding ``(model id, seconds)`` after each.
 
     Args:
-        manager: the worker's cache (models load through it and are evicted afterwards).
+        manager: the worker's cache.
         engine: the factory behind ``manager`` (its tuners are seeded).
         give_up_after: stop trying larger batch sizes once the cost per input is this many times the best so far.
-        budget_s: stop trying larger batch sizes of a model once its warm-up has taken this long (big models on
-            a CPU); the tuner measures the rest on real jobs.
-        total_budget_s: warm no more models once the warm start has taken this long (a registry of hundreds of
-            models still starts fast; the rest pay their one-off costs on their first jobs). None: no bound.
-        order: models to warm first (those with jobs waiting, those used before); then the rest, in registry order.
-        tuned: models whose tuner was seeded with earlier measurements (``swapless.tasks.worker.learned``): one pass at
-            their best batch size pays the one-off costs; no size is explored again.
-        skip: models not to warm (a worker joining a fleet skips those already measured: it serves sooner).
-        keep: whether to leave a model loaded once warmed (jobs for it came meanwhile), not evict it.
+        budget_s: stop trying larger batch sizes of a model after this long.
+        total_budget_s: warm no more models after this long (None: no bound).
+        order: models to warm first; then the rest, in registry order.
+        tuned: models with earlier measurements: one pass at their best batch size.
+        skip: models not to warm.
+        keep: whether to leave a model loaded once warmed.
     """
     took = 0
     began = time.perf_counter()
@@ -131,9 +117,9 @@ def warm_steps(
 
 
 def load_kept(manager: ModelManager, skip: Collection[str] = ()) -> list[str]:
-    """Load the models kept loaded by their spec (``ModelSpec.keep_loaded``) and not loaded yet, in registry order,
-    as many as the cache's count limits hold (a load that would evict another kept model is not made); returns
-    those loaded now. A failed load is logged and skipped: its first job tries again and fails alone."""
+    """Load the models kept loaded by their spec and not loaded yet, as many as the cache's limits hold; returns
+    those loaded now. A failed load is logged and skipped.
+    """
     limits = {False: manager.max_models, True: manager.remote_max_models}
     loaded: list[str] = []
     for spec in manager.store:

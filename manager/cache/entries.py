@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 from swapless.manager.frameworks.worker import ModelWorker
 
-__all__ = ["DEFAULT_LOAD_COST_S", "HOST_COST_FRACTION", "CacheStats", "InteractiveDemand", "LoadedModel", "Tier"]
+__all__ = [
+    "DEFAULT_LOAD_COST_S",
+    "HOST_COST_FRACTION",
+    "CacheCounters",
+    "CacheStats",
+    "InteractiveDemand",
+    "LoadedModel",
+    "Tier",
+    "is_out_of_memory",
+    "safe_unload",
+    "unload_entry",
+]
+
+logger = logging.getLogger(__name__)
 
 #: Seconds a model is assumed to take to load before it has been loaded once (used by the scheduler).
 DEFAULT_LOAD_COST_S = 1.0
@@ -59,13 +73,11 @@ class Loading:
 
 
 @dataclass
-class CacheStats:
-    """Counters since the cache was made.
+class CacheCounters:
+    """The cache's event counts since it was made, as each heartbeat publishes them (``CacheInfo``).
 
-    ``loads`` and ``load_seconds`` count loads from disk only; a swap-in from the host tier counts in ``swap_ins``
-    and ``swap_in_seconds``, a move of an evicted model into the host tier in ``swap_outs``, and a model dropped
-    from the host tier to make room there in ``host_evictions``. ``evictions`` counts models leaving the device,
-    whichever tier they go to.
+    ``loads`` counts loads from disk; ``swap_ins`` copies back from the host tier; ``swap_outs`` moves into it;
+    ``host_evictions`` drops from it to disk; ``evictions`` models leaving the device, to either tier.
     """
 
     hits: int = 0
@@ -73,12 +85,21 @@ class CacheStats:
     loads: int = 0
     evictions: int = 0
     load_failures: int = 0
-    #: loads started ahead of their model's group (``load_ahead``), and how many of them a group then used
-    loads_ahead: int = 0
-    load_seconds: dict[str, list[float]] = field(default_factory=dict)
     swap_ins: int = 0
     swap_outs: int = 0
     host_evictions: int = 0
+
+    def counts(self) -> dict[str, int]:
+        """The counters by name."""
+        return {f.name: getattr(self, f.name) for f in fields(CacheCounters)}
+
+
+@dataclass
+class CacheStats(CacheCounters):
+    """The counters, plus what stays in the worker: loads started ahead, and the measured seconds."""
+
+    loads_ahead: int = 0
+    load_seconds: dict[str, list[float]] = field(default_factory=dict)
     swap_in_seconds: dict[str, list[float]] = field(default_factory=dict)
     swap_out_s_total: float = 0.0
 
@@ -86,6 +107,20 @@ class CacheStats:
 def is_out_of_memory(err: BaseException) -> bool:
     """Whether ``err`` says memory ran out (``MemoryError``, or torch's ``OutOfMemoryError``, on any device)."""
     return isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"
+
+
+def safe_unload(worker: ModelWorker) -> None:
+    """Free ``worker``'s memory; a failing unload is logged, never raised (it must not take the worker down)."""
+    try:
+        worker.unload()
+    except Exception:
+        logger.exception("unloading %s failed", worker.spec.id)
+
+
+def unload_entry(entry: LoadedModel) -> None:
+    """Unload a cache entry for good (``safe_unload``), logging it."""
+    logger.info("unloading %s (%d bytes)", entry.model_id, entry.size_bytes)
+    safe_unload(entry.worker)
 
 
 class InteractiveDemand:

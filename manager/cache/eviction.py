@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["Cached", "choose_victims"]
+if TYPE_CHECKING:
+    from swapless.manager.cache.entries import LoadedModel
+
+__all__ = ["Cached", "choose_victims", "pool_candidates"]
 
 
 @dataclass(frozen=True)
@@ -30,10 +34,8 @@ def choose_victims(
 ) -> list[str] | None:
     """Least-recently-used models to evict so that one more model of ``incoming_bytes`` fits.
 
-    Pinned models (a batch in flight) are never chosen. Among the others, in LRU order within each step: models with
-    no waiting jobs (``keep`` maps model id to waiting jobs), then models that still have work, then resident models
-    (kept loaded, or serving interactive jobs lately: their next job is likely seconds away, and an interactive
-    caller waits for its load), with no waiting jobs first.
+    Pinned models are never chosen. The others go in LRU order within each step: models with no waiting jobs
+    (``keep``: waiting jobs per model), then models with work, then resident models, those with no waiting jobs first.
 
     Returns:
         the ids to evict (possibly empty), or None when even evicting every unpinned model is not enough.
@@ -59,3 +61,27 @@ def choose_victims(
         if fits(count, used):
             return victims
     return None
+
+
+def pool_candidates(
+    pool: Sequence[LoadedModel],
+    reserved: Mapping[str, int],
+    waiting: Mapping[str, int],
+    resident: Callable[[LoadedModel], bool],
+    *,
+    remote: bool,
+    ahead: bool,
+) -> list[Cached]:
+    """A pool's entries (LRU first), then its loads in progress (``reserved``: bytes per model), as ``Cached``.
+
+    Loads in progress hold their room. For a load ahead (``ahead``), a model in use, with waiting work or resident
+    is pinned: it is never evicted for a load that may not be needed.
+    """
+    if ahead:
+        cached = [
+            Cached(e.model_id, e.size_bytes, e.pins > 0 or waiting.get(e.model_id, 0) > 0 or resident(e), e.remote)
+            for e in pool
+        ]
+    else:
+        cached = [Cached(e.model_id, e.size_bytes, e.pins > 0, e.remote, resident(e)) for e in pool]
+    return cached + [Cached(f"\0{m}", size, True, remote) for m, size in reserved.items()]

@@ -1,16 +1,5 @@
-"""The host tier: models evicted from the device, kept built in host memory, so that their next swap-in is a copy
-instead of a load from disk (ServerlessLLM's DRAM tier, vLLM's ``max_cpu_loras``).
-
-An LRU of its own, with a count limit and a byte budget. A model evicted from the device comes here when its
-framework has a host tier (``ModelWorker.host_tier``), it fits the budget alone, and room can be made by dropping
-models of this tier to disk (those with no waiting work first, each in LRU order; never one still being moved
-in). Otherwise it is unloaded, as without the tier.
-
-The decision is taken under the cache's lock (``admit``: the room is reserved, the entry is listed as moving);
-the copy itself (``ModelWorker.to_host``) runs later, outside that lock, on the thread about to load the next
-model, before that load starts (``settle``): the device's memory is free again before anything else takes it.
-A ``use`` of a model still moving waits for the move. Out of host memory, every other entry of the tier is
-dropped and the move tried once more; failing again, the model is unloaded.
+"""The host tier: models evicted from the device, kept built in host memory so that their next swap-in is a copy
+rather than a load from disk. Its design is in docs/concepts/host-tier.md.
 """
 
 from __future__ import annotations
@@ -19,10 +8,10 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from swapless.manager.cache.entries import CacheStats, LoadedModel, is_out_of_memory
+from swapless.manager.cache.entries import CacheStats, LoadedModel, is_out_of_memory, unload_entry
 from swapless.manager.cache.eviction import Cached, choose_victims
 
 __all__ = ["HostEntry", "HostTier"]
@@ -49,32 +38,21 @@ class HostEntry:
 
 
 class HostTier:
-    """The host tier of one cache (see the module docstring). The queries take the cache's lock (reentrant) and
-    may be called from any thread; the changes expect the caller to hold it; ``settle`` takes it itself.
+    """The host tier of one cache: an LRU with a count limit and a byte budget, thread-safe under a lock of its own.
 
     Args:
         max_models: models kept in host memory at once (0: no host tier).
         budget_bytes: bytes of models kept in host memory at once (0: no host tier).
-        lock: the cache's condition: the tier's state changes under it, and waiters are notified through it.
-        stats: the cache's counters.
-        unload: frees a worker's memory for good (the cache's, which never raises).
+        stats: the cache's counters (the tier counts its moves and drops there).
     """
 
-    def __init__(
-        self,
-        max_models: int,
-        budget_bytes: int,
-        lock: threading.Condition,
-        stats: CacheStats,
-        unload: Callable[[LoadedModel], None],
-    ) -> None:
+    def __init__(self, max_models: int, budget_bytes: int, stats: CacheStats) -> None:
         if max_models < 0 or budget_bytes < 0:
             raise ValueError("the host tier's max_models and budget_bytes must be at least 0")
         self.max_models = max_models
         self.budget_bytes = budget_bytes
-        self._cond = lock
+        self._lock = threading.RLock()
         self._stats = stats
-        self._unload = unload
         self._entries: OrderedDict[str, HostEntry] = OrderedDict()  # least recently stored first
         self._departing: list[HostEntry] = []
 
@@ -82,20 +60,20 @@ class HostTier:
     def enabled(self) -> bool:
         return self.max_models > 0 and self.budget_bytes > 0
 
-    # -- queries (any thread) -------------------------------------------------------------------------------
+    # -- queries ----------------------------------------------------------------------------------------
 
     def ids(self) -> list[str]:
         """Models in the tier (those still moving in included), least recently stored first."""
-        with self._cond:
+        with self._lock:
             return list(self._entries)
 
     def get(self, model_id: str) -> HostEntry | None:
-        with self._cond:
+        with self._lock:
             return self._entries.get(model_id)
 
     def snapshot(self) -> list[LoadedModel]:
         """Copies of the tier's entries, least recently stored first; ``loaded_at`` is when each came here."""
-        with self._cond:
+        with self._lock:
             return [
                 LoadedModel(h.model_id, h.entry.worker, h.size_bytes, h.entry.load_s, False, 0, h.entry.hits,
                             h.stored_at, h.entry.from_host)
@@ -104,70 +82,76 @@ class HostTier:
 
     def used_bytes(self) -> int:
         """Bytes of the models in the tier."""
-        with self._cond:
+        with self._lock:
             return sum(h.size_bytes for h in self._entries.values())
 
-    # -- changes (under the cache's lock) ------------------------------------------------------------------
+    # -- changes ----------------------------------------------------------------------------------------
 
     def admit(self, entry: LoadedModel, waiting: Mapping[str, int]) -> bool:
-        """Take ``entry``, just evicted from the device, if it may come here: room is made by dropping models of
-        this tier to disk, and its move is queued for ``settle``. Returns False when it may not: the caller unloads
-        it."""
+        """Take ``entry``, just evicted from the device, dropping models of the tier to disk to make room, and
+        queue its move for ``settle``.
+
+        Returns:
+            False when it may not come here: the caller unloads it.
+        """
         if not self.enabled or entry.remote or not entry.worker.host_tier or entry.size_bytes > self.budget_bytes:
             return False
-        victims = choose_victims(
-            [Cached(h.model_id, h.size_bytes, not h.ready) for h in self._entries.values()],
-            incoming_bytes=entry.size_bytes,
-            max_models=self.max_models,
-            memory_budget_bytes=self.budget_bytes,
-            keep=waiting,
-        )
-        if victims is None:
-            return False  # the rest of the tier is still moving in: no room without waiting
-        for victim in victims:
-            self._drop(victim)
-        host = self._entries[entry.model_id] = HostEntry(entry)
-        self._departing.append(host)
-        return True
+        with self._lock:
+            victims = choose_victims(
+                [Cached(h.model_id, h.size_bytes, not h.ready) for h in self._entries.values()],
+                incoming_bytes=entry.size_bytes,
+                max_models=self.max_models,
+                memory_budget_bytes=self.budget_bytes,
+                keep=waiting,
+            )
+            if victims is None:
+                return False  # the rest of the tier is still moving in: no room without waiting
+            for victim in victims:
+                self._drop(victim)
+            host = self._entries[entry.model_id] = HostEntry(entry)
+            self._departing.append(host)
+            return True
 
     def take(self, model_id: str) -> HostEntry | None:
         """Remove and return the ready entry of ``model_id`` (for a swap-in), or None."""
-        host = self._entries.get(model_id)
-        if host is None or not host.ready:
-            return None
-        del self._entries[model_id]
-        return host
+        with self._lock:
+            host = self._entries.get(model_id)
+            if host is None or not host.ready:
+                return None
+            del self._entries[model_id]
+            return host
 
     def drop_all(self) -> bool:
-        """Unload every ready entry (out of memory somewhere, or the cache closing). Returns whether any went."""
-        victims = [m for m, h in self._entries.items() if h.ready]
-        for model_id in victims:
-            self._drop(model_id)
-        return bool(victims)
+        """Unload every ready entry. Returns whether any went."""
+        with self._lock:
+            victims = [m for m, h in self._entries.items() if h.ready]
+            for model_id in victims:
+                self._drop(model_id)
+            return bool(victims)
 
     def close(self) -> None:
         """Unload every entry, those still waiting for their move included."""
-        for host in self._departing:
-            host.moved.set()
-        self._departing.clear()
-        while self._entries:
-            _, host = self._entries.popitem(last=False)
-            self._unload(host.entry)
+        with self._lock:
+            for host in self._departing:
+                host.moved.set()
+            self._departing.clear()
+            while self._entries:
+                _, host = self._entries.popitem(last=False)
+                unload_entry(host.entry)
 
     def _drop(self, model_id: str) -> None:
         host = self._entries.pop(model_id)
         logger.info("dropping %s from host memory to make room there (%d bytes)", model_id, host.size_bytes)
-        self._unload(host.entry)
+        unload_entry(host.entry)
         self._stats.host_evictions += 1
 
-    # -- the moves (outside the cache's lock) --------------------------------------------------------------
+    # -- the moves ----------------------------------------------------------------------------------------
 
     def settle(self) -> None:
-        """Carry out the moves to host memory that ``admit`` queued, one at a time, until none is left. Called on
-        the thread that loads next, before its load (the cache's local load turn is held), so the device memory
-        they free is free before that load takes any."""
+        """Carry out the queued moves to host memory, one at a time, until none is left (on the thread that
+        loads next, before its load)."""
         while True:
-            with self._cond:
+            with self._lock:
                 if not self._departing:
                     return
                 host = self._departing.pop(0)
@@ -183,8 +167,7 @@ class HostTier:
                 ok = True
                 break
             except Exception as err:  # noqa: BLE001 - any failed move leaves the model on disk only, as without the tier
-                with self._cond:
-                    retry = attempt == 1 and is_out_of_memory(err) and self.drop_all()
+                retry = attempt == 1 and is_out_of_memory(err) and self.drop_all()
                 if retry:
                     logger.warning("out of host memory moving %s there; dropped the host tier, retrying once",
                                    host.model_id)
@@ -193,7 +176,7 @@ class HostTier:
                                type(err).__name__, err)
                 break
         took = time.perf_counter() - started
-        with self._cond:
+        with self._lock:
             if ok and self._entries.get(host.model_id) is host:
                 host.ready = True
                 self._stats.swap_outs += 1
@@ -202,6 +185,5 @@ class HostTier:
             else:
                 if self._entries.get(host.model_id) is host:
                     del self._entries[host.model_id]
-                self._unload(host.entry)
+                unload_entry(host.entry)
             host.moved.set()
-            self._cond.notify_all()

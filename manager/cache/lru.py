@@ -1,30 +1,8 @@
-"""ModelManager: what is loaded now. An LRU cache of loaded workers with a count limit and a memory budget.
+"""ModelManager: what is loaded now, an LRU cache of loaded workers with a count limit and a memory budget.
 
-Local models (in this process) and remote models (on a Triton server) are two separate pools: a remote load
-never evicts a local model and the reverse. A model with a batch in flight is pinned and never evicted.
-
-Loads run outside the cache's lock, with the slot (and the bytes) they will take reserved, so that another thread
-can use a loaded model meanwhile. ``load_ahead`` starts loading, on a thread of its own, the model the scheduler
-will need next, while the current group computes: only into room there is, or that evicting models with no
-waiting work (never one in use) makes, and, under a byte budget, only for a model whose size is known from an
-earlier load, and never while another load of its pool runs. A ``use`` of a model being loaded waits for that
-load instead of starting another.
-
-Models kept loaded by their spec (``keep_loaded``), and those that served interactive jobs in the last
-``keep_interactive_s``, are resident: a load ahead never evicts them, and a load a group needs evicts them last
-(``swapless.manager.cache.eviction``). Interactive traffic is sparse (a few jobs a second on a model, none waiting
-between them): under plain LRU a bulk burst evicts those models between two jobs, and each interactive caller then waits
-for a reload.
-
-Local loads run one at a time (remote loads, on a server, do not): two at once on one device only share its
-bandwidth, and libraries with lazy imports are not thread-safe on first use (two transformers loads in two threads
-can fail with "cannot import name AutoModelForSequenceClassification").
-
-Two tiers, with a host tier (``host_max_models`` and ``host_memory_budget_bytes`` above 0;
-``swapless.manager.cache.host``): a model evicted from the device moves to host memory, kept built, when it fits there,
-and its next ``use`` is a copy back to the device rather than a load from disk; the host tier has its own LRU and drops
-to disk. Without it (the default), an evicted model is unloaded. ``load_cost_s`` prices each model by its tier: 0 on the
-device, its measured swap-in from host memory, else its measured load from disk.
+Local models and remote (Triton) models are two pools; a model with a batch in flight is pinned; a host tier
+(``swapless.manager.cache.host``) may keep evicted models built in host memory. The design is in
+docs/concepts/cache.md.
 """
 
 from __future__ import annotations
@@ -35,6 +13,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal, overload
 
 from swapless.config.errors import ModelLoadError, ModelTooLarge, SwaplessError
 from swapless.manager.cache.costs import LoadCosts
@@ -45,10 +26,11 @@ from swapless.manager.cache.entries import (
     LoadedModel,
     Loading,
     Tier,
-    is_out_of_memory,
+    unload_entry,
 )
-from swapless.manager.cache.eviction import Cached, choose_victims
+from swapless.manager.cache.eviction import choose_victims, pool_candidates
 from swapless.manager.cache.host import HostEntry, HostTier
+from swapless.manager.cache.loader import Loader
 from swapless.manager.frameworks.worker import ModelWorker
 from swapless.manager.registry.specs import ModelSpec
 from swapless.manager.registry.store import ModelStore
@@ -56,6 +38,18 @@ from swapless.manager.registry.store import ModelStore
 __all__ = ["DEFAULT_LOAD_COST_S", "CacheStats", "LoadedModel", "ModelManager", "Tier"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Reservation:
+    """A load whose room is held: the worker to load (new, or from the host tier) and its size when known."""
+
+    spec: ModelSpec
+    worker: ModelWorker
+    remote: bool
+    host: HostEntry | None
+    size_bytes: int | None
+    loading: Loading
 
 
 class ModelManager:
@@ -100,10 +94,10 @@ class ModelManager:
         self._entries: OrderedDict[str, LoadedModel] = OrderedDict()  # least recently used first
         self._costs = LoadCosts()
         self._loading: dict[str, Loading] = {}
-        self._local_load_lock = threading.Lock()
         self._closed = False
         self._cond = threading.Condition(threading.RLock())
-        self.host = HostTier(host_max_models, host_memory_budget_bytes, self._cond, self.stats, self._unload)
+        self.host = HostTier(host_max_models, host_memory_budget_bytes, self.stats)
+        self._loader = Loader(self.host, self._evict_all_unpinned)
 
     # -- queries -----------------------------------------------------------------------------------------
 
@@ -153,9 +147,7 @@ class ModelManager:
             return model_id in self._loading
 
     def resident(self, entry: LoadedModel, now: float | None = None) -> bool:
-        """Whether ``entry`` is kept loaded (``ModelSpec.keep_loaded``), or served interactive jobs in the last
-        ``keep_interactive_s`` and is among the models with most interactive jobs lately: as many as its pool's
-        slots but one, less those kept loaded, so that one slot always serves the rest (see the module docstring)."""
+        """Whether ``entry`` is kept loaded by its spec, or is among its pool's hottest interactive models."""
         if entry.worker.spec.keep_loaded:
             return True
         now = time.monotonic() if now is None else now
@@ -168,8 +160,7 @@ class ModelManager:
         return entry.model_id in self.demand.hottest(hot, now)
 
     def load_cost_s(self, model_id: str) -> float:
-        """Expected seconds to bring ``model_id`` onto the device (``LoadCosts.cost_s``): 0 when loaded or being
-        loaded, a swap-in's from the host tier, else a load's from disk."""
+        """Expected seconds to bring ``model_id`` onto the device (0 when loaded or being loaded)."""
         with self._cond:
             if model_id in self._loading:
                 return 0.0
@@ -181,15 +172,12 @@ class ModelManager:
     def use(
         self, model_id: str, waiting: Mapping[str, int] | None = None, *, interactive: int = 0
     ) -> Iterator[ModelWorker]:
-        """Yield the loaded worker for ``model_id``, loading it (and evicting others) if needed.
-
-        The model is pinned while the block runs, so no other thread can evict it.
+        """Yield the loaded worker for ``model_id``, pinned while the block runs, loading it if needed.
 
         Args:
             model_id: the model.
-            waiting: jobs still waiting per model; models with none are evicted before models with some.
-            interactive: how many of the jobs it runs for are interactive: the model may be resident for
-                ``keep_interactive_s``, if it is among the models with most interactive jobs (``resident``).
+            waiting: jobs still waiting per model; models with none are evicted first.
+            interactive: how many of the jobs it runs for are interactive.
 
         Raises:
             UnknownModel: the id is not in the store.
@@ -219,32 +207,23 @@ class ModelManager:
                     return entry
                 loading = self._loading.get(model_id)
                 host = self.host.get(model_id)
-                if loading is None and host is not None and not host.ready:
-                    moving = host.moved  # on its way to host memory (queued, perhaps): swapped in once there
-                    settle = True
-                elif loading is None:
-                    self.stats.misses += 1
-                    spec = self.store.get(model_id)
-                    host = self.host.take(model_id)
-                    worker = host.entry.worker if host is not None else self.factory(spec)
-                    remote = worker.remote
-                    size = host.size_bytes if host is not None else self._costs.sizes.get(model_id, 0)
-                    try:
-                        self._make_room(model_id, size, remote, waiting)
-                    except SwaplessError:
-                        if host is not None:
-                            self._unload(host.entry)
-                        raise
-                    loading = self._loading[model_id] = Loading(size, remote)
-                    break
-                else:
+                if loading is not None:
                     moving = loading.done  # loaded ahead, or for another thread: used as it is, or loaded anew
-                    settle = False
-            if settle:
-                self._settle(wait=True)
+                elif host is not None and not host.ready:
+                    moving = host.moved  # on its way to host memory (queued, perhaps): swapped in once there
+                else:
+                    self.stats.misses += 1
+                    reservation = self._reserve(model_id, waiting)
+                    break
+            if loading is None:
+                self._loader.settle(wait=True)
             moving.wait()
+        return self._load_for_use(reservation, waiting)
+
+    def _load_for_use(self, res: _Reservation, waiting: Mapping[str, int]) -> LoadedModel:
+        model_id, loading = res.spec.id, res.loading
         try:
-            entry = self._load(spec, worker, remote, host)
+            entry = self._load(res)
         except BaseException:
             with self._cond:
                 del self._loading[model_id]
@@ -256,10 +235,10 @@ class ModelManager:
             entry.pins += 1
             try:
                 # The real size is known only now: evict more if the estimate was low.
-                if not remote and self.memory_budget_bytes is not None:
-                    self._make_room(model_id, entry.size_bytes, remote, waiting)
+                if not res.remote and self.memory_budget_bytes is not None:
+                    self._evict_each(self._make_room(model_id, entry.size_bytes, res.remote, waiting), waiting)
             except SwaplessError:
-                self._unload(entry)
+                unload_entry(entry)
                 raise
             else:
                 self._entries[model_id] = entry
@@ -267,16 +246,15 @@ class ModelManager:
             finally:
                 self._cond.notify_all()
                 loading.done.set()
-        self._settle()
+        self._loader.settle()
         return entry
 
     def load_ahead(self, model_id: str, waiting: Mapping[str, int]) -> bool:
-        """Start loading ``model_id`` in the background, if it fits now (see the module docstring); a model of the
-        host tier is swapped in.
+        """Start loading ``model_id`` on a thread of its own, if it fits without evicting a busy model.
 
         Args:
             model_id: the model the scheduler will run next.
-            waiting: jobs waiting per model: a model with any is never evicted for it.
+            waiting: jobs waiting per model.
 
         Returns:
             whether a load was started.
@@ -287,185 +265,145 @@ class ModelManager:
             host = self.host.get(model_id)
             if host is not None and not host.ready:
                 return False  # still on its way to host memory
-            spec = self.store.get(model_id)
-            worker = host.entry.worker if host is not None else self.factory(spec)
-            remote = worker.remote
-            if any(r.remote == remote for r in self._loading.values()):
-                return False  # one load ahead at a time, and none that would wait behind a load a group needs
-            size = host.size_bytes if host is not None else self._costs.sizes.get(model_id)
-            budget = None if remote else self.memory_budget_bytes
-            if budget is not None and size is None:
-                return False  # its size is known only once it has been loaded: it could overrun the budget
-            pool = [e for e in self._entries.values() if e.remote == remote]
-            reserved = [
-                Cached(f"\0{m}", r.size_bytes, True, remote) for m, r in self._loading.items() if r.remote == remote
-            ]
-            now = time.monotonic()
-            kept = [  # in use, with work waiting, or resident: never evicted for a load that may not be needed
-                Cached(e.model_id, e.size_bytes, e.pins > 0 or waiting.get(e.model_id, 0) > 0 or self.resident(e, now),
-                       e.remote)
-                for e in pool
-            ]
-            victims = choose_victims(
-                kept + reserved,
-                incoming_bytes=size or 0,
-                max_models=self.remote_max_models if remote else self.max_models,
-                memory_budget_bytes=budget,
-            )
-            if victims is None:
-                return False  # no room without evicting a model that has work or is in use
-            for victim in victims:
-                self._evict(victim, waiting)
-            if host is not None:
-                self.host.take(model_id)
-            loading = self._loading[model_id] = Loading(size or 0, remote)
+            reservation = self._reserve(model_id, waiting, ahead=True)
+            if reservation is None:
+                return False
             self.stats.loads_ahead += 1
         threading.Thread(
-            target=self._load_in_background, args=(spec, worker, remote, loading, host), name="swapless-load-ahead",
-            daemon=True,
+            target=self._load_in_background, args=(reservation,), name="swapless-load-ahead", daemon=True
         ).start()
         return True
 
-    def _load_in_background(
-        self, spec: ModelSpec, worker: ModelWorker, remote: bool, loading: Loading, host: HostEntry | None
-    ) -> None:
+    @overload
+    def _reserve(self, model_id: str, waiting: Mapping[str, int]) -> _Reservation: ...
+    @overload
+    def _reserve(self, model_id: str, waiting: Mapping[str, int], *, ahead: Literal[True]) -> _Reservation | None: ...
+
+    def _reserve(self, model_id: str, waiting: Mapping[str, int], *, ahead: bool = False) -> _Reservation | None:
+        """Under the lock: take the worker to load, evict for its room and hold that room (None: no load ahead).
+
+        Raises:
+            ModelTooLarge, ModelLoadError: for a use, no room can be made.
+        """
+        spec = self.store.get(model_id)
+        host = self.host.get(model_id) if ahead else self.host.take(model_id)
+        worker = host.entry.worker if host is not None else self.factory(spec)
+        remote = worker.remote
+        size = host.size_bytes if host is not None else self._costs.sizes.get(model_id)
+        if ahead:
+            victims = self._room_ahead(model_id, size, remote, waiting)
+            if victims is None or (host is not None and self.host.take(model_id) is not host):
+                return None
+        else:
+            try:
+                victims = self._make_room(model_id, size or 0, remote, waiting)
+            except SwaplessError:
+                if host is not None:
+                    unload_entry(host.entry)
+                raise
+        self._evict_each(victims, waiting)
+        loading = self._loading[model_id] = Loading(size or 0, remote)
+        return _Reservation(spec, worker, remote, host, size, loading)
+
+    def _load_in_background(self, res: _Reservation) -> None:
+        spec = res.spec
         try:
-            entry = self._load(spec, worker, remote, host)
+            entry: LoadedModel | None = self._load(res)
         except Exception as err:  # noqa: BLE001 - the group that needs it loads it again and reports the error
             logger.warning("loading %s ahead failed (%s); its group will load it", spec.id, err)
             entry = None
         with self._cond:
             del self._loading[spec.id]
             if entry is not None and self._closed:
-                self._unload(entry)
+                unload_entry(entry)
             elif entry is not None:
                 self._entries[spec.id] = entry
-                loading.entry = entry
+                res.loading.entry = entry
             self._cond.notify_all()
-        loading.done.set()
+        res.loading.done.set()
 
-    def _load(self, spec: ModelSpec, worker: ModelWorker, remote: bool, host: HostEntry | None) -> LoadedModel:
-        """Load ``worker`` (outside the cache's lock: its slot is reserved), or swap it in from the host tier;
-        out of memory, evict every idle model and retry once. Local loads take turns (see the module docstring),
-        and the moves to host memory queued before go first."""
-        if remote:
-            return self._load_now(spec, worker, remote, None)
-        with self._local_load_lock:
-            self.host.settle()
-            return self._load_now(spec, worker, remote, host)
-
-    def _settle(self, wait: bool = False) -> None:
-        """Carry out the moves to host memory that evictions queued, unless (``wait`` off) a load holds the local
-        turn: that load, or the next, carries them out before it loads."""
-        if not self._local_load_lock.acquire(blocking=wait):
-            return
+    def _load(self, res: _Reservation) -> LoadedModel:
+        """Load the reserved worker outside the lock, or swap it in; record what it took."""
+        spec, worker, host = res.spec, res.worker, res.host
         try:
-            self.host.settle()
-        finally:
-            self._local_load_lock.release()
-
-    def _load_now(self, spec: ModelSpec, worker: ModelWorker, remote: bool, host: HostEntry | None) -> LoadedModel:
-        started = time.perf_counter()
-        for attempt in (1, 2):
-            try:
-                if host is not None:
-                    worker.to_device()
-                else:
-                    worker.load()
-                break
-            except SwaplessError:
-                with self._cond:
-                    self.stats.load_failures += 1
-                self._safe_unload(worker)
-                raise
-            except Exception as err:  # any loader failure becomes a clear ModelLoadError
-                with self._cond:
-                    evicted = attempt == 1 and is_out_of_memory(err) and self._evict_all_unpinned(remote)
-                    if not evicted:
-                        self.stats.load_failures += 1
-                if not (evicted and host is not None):  # a copy half done is kept for the retry
-                    self._safe_unload(worker)
-                if evicted:
-                    if not remote:
-                        self.host.settle()
-                    logger.warning("out of memory loading %s; evicted every idle model, retrying once", spec.id)
-                    continue
-                what = "out of memory" if is_out_of_memory(err) else f"{type(err).__name__}: {err}"
-                if host is not None:
-                    what = f"swapping it in from host memory: {what} (its next load is from disk)"
-                raise ModelLoadError(spec.id, what) from err
-        load_s = time.perf_counter() - started
+            load_s = self._loader.load(spec, worker, res.remote, host)
+        except SwaplessError:
+            with self._cond:
+                self.stats.load_failures += 1
+            raise
         if host is not None:
             with self._cond:
                 self._costs.host_s[spec.id] = load_s
                 self.stats.swap_ins += 1
                 self.stats.swap_in_seconds.setdefault(spec.id, []).append(load_s)
             logger.info("swapped %s in from host memory in %.3f s, %d bytes", spec.id, load_s, host.size_bytes)
-            return LoadedModel(spec.id, worker, host.size_bytes, load_s, remote, hits=host.entry.hits,
+            return LoadedModel(spec.id, worker, host.size_bytes, load_s, res.remote, hits=host.entry.hits,
                                from_host=True)
-        size = 0 if remote else worker.memory_bytes
+        size = 0 if res.remote else worker.memory_bytes
         with self._cond:
             self._costs.sizes[spec.id] = size
             self._costs.disk_s[spec.id] = load_s
             self.stats.loads += 1
             self.stats.load_seconds.setdefault(spec.id, []).append(load_s)
         logger.info("loaded %s (%s) in %.3f s, %d bytes", spec.id, spec.framework, load_s, size)
-        return LoadedModel(spec.id, worker, size, load_s, remote)
+        return LoadedModel(spec.id, worker, size, load_s, res.remote)
 
-    def _make_room(self, model_id: str, incoming_bytes: int, remote: bool, waiting: Mapping[str, int]) -> None:
+    def _make_room(self, model_id: str, incoming_bytes: int, remote: bool, waiting: Mapping[str, int]) -> list[str]:
+        """The models to evict so that ``model_id`` fits, waiting up to ``pin_wait_s`` for pinned ones."""
         budget = None if remote else self.memory_budget_bytes
         if budget is not None and incoming_bytes > budget:
             raise ModelTooLarge(model_id, incoming_bytes, budget)
         deadline = time.monotonic() + self.pin_wait_s
         while True:
-            pool = [e for e in self._entries.values() if e.remote == remote]
-            reserved = [  # loads in progress hold their room
-                Cached(f"\0{m}", r.size_bytes, True, remote)
-                for m, r in self._loading.items()
-                if r.remote == remote and m != model_id
-            ]
-            now = time.monotonic()
-            victims = choose_victims(
-                [Cached(e.model_id, e.size_bytes, e.pins > 0, e.remote, self.resident(e, now)) for e in pool]
-                + reserved,
-                incoming_bytes=incoming_bytes,
-                max_models=self.remote_max_models if remote else self.max_models,
-                memory_budget_bytes=budget,
-                keep=waiting,
-            )
+            victims = self._victims(model_id, incoming_bytes, remote, waiting, ahead=False)
             if victims is not None:
-                for victim in victims:
-                    self._evict(victim, waiting)
-                return
+                return victims
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ModelLoadError(model_id, "no room: every loaded model is busy with a batch; try again later")
             self._cond.wait(remaining)  # a pinned model is released -> try again
 
+    def _room_ahead(
+        self, model_id: str, size: int | None, remote: bool, waiting: Mapping[str, int]
+    ) -> list[str] | None:
+        """The models to evict for a load ahead, or None when it should not start."""
+        if any(r.remote == remote for r in self._loading.values()):
+            return None  # one load ahead at a time, and none that would wait behind a load a group needs
+        if size is None and not remote and self.memory_budget_bytes is not None:
+            return None  # its size is known only once it has been loaded: it could overrun the budget
+        return self._victims(model_id, size or 0, remote, waiting, ahead=True)
+
+    def _victims(
+        self, model_id: str, incoming_bytes: int, remote: bool, waiting: Mapping[str, int], *, ahead: bool
+    ) -> list[str] | None:
+        pool = [e for e in self._entries.values() if e.remote == remote]
+        reserved = {m: r.size_bytes for m, r in self._loading.items() if r.remote == remote and m != model_id}
+        return choose_victims(
+            pool_candidates(pool, reserved, waiting, partial(self.resident, now=time.monotonic()), remote=remote,
+                            ahead=ahead),
+            incoming_bytes=incoming_bytes,
+            max_models=self.remote_max_models if remote else self.max_models,
+            memory_budget_bytes=None if remote else self.memory_budget_bytes,
+            keep=None if ahead else waiting,
+        )
+
+    def _evict_each(self, victims: list[str], waiting: Mapping[str, int]) -> None:
+        for victim in victims:
+            self._evict(victim, waiting)
+
     def _evict(self, model_id: str, waiting: Mapping[str, int]) -> None:
-        """Take an idle model off the device (under the lock): into the host tier if it may go there (its move is
-        carried out before the next load), else unloaded."""
+        """Take an idle model off the device (under the lock), into the host tier or unloaded."""
         entry = self._entries.pop(model_id)
         self.stats.evictions += 1
         if not self.host.admit(entry, waiting):
-            self._unload(entry)
+            unload_entry(entry)
 
     def _evict_all_unpinned(self, remote: bool) -> bool:
-        victims = [e.model_id for e in self._entries.values() if e.remote == remote and e.pins == 0]
-        for model_id in victims:
-            self._evict(model_id, {})
-        return bool(victims)
-
-    def _unload(self, entry: LoadedModel) -> None:
-        logger.info("unloading %s (%d bytes)", entry.model_id, entry.size_bytes)
-        self._safe_unload(entry.worker)
-
-    @staticmethod
-    def _safe_unload(worker: ModelWorker) -> None:
-        try:
-            worker.unload()
-        except Exception:  # a failing unload must not take the worker down
-            logger.exception("unloading %s failed", worker.spec.id)
+        with self._cond:
+            victims = [e.model_id for e in self._entries.values() if e.remote == remote and e.pins == 0]
+            for model_id in victims:
+                self._evict(model_id, {})
+            return bool(victims)
 
     # -- what was learned --------------------------------------------------------------------------------
 
@@ -473,8 +411,7 @@ class ModelManager:
         self, model_id: str, *, load_s: float | None = None, size_bytes: int | None = None,
         host_load_s: float | None = None,
     ) -> None:
-        """Take a model's load time (from disk, and from host memory) and size as measured earlier (by another
-        worker) until this one measures them."""
+        """Take a model's load times and size as another worker measured them, until this one does."""
         with self._cond:
             self._costs.seed(model_id, load_s=load_s, size_bytes=size_bytes, host_load_s=host_load_s)
 
@@ -486,22 +423,20 @@ class ModelManager:
     # -- explicit control --------------------------------------------------------------------------------
 
     def evict(self, model_id: str) -> bool:
-        """Take ``model_id`` off the device now if it is loaded and idle (into the host tier when it has room).
-        Returns whether it left the device."""
+        """Take ``model_id`` off the device now if it is loaded and idle. Returns whether it left."""
         with self._cond:
             entry = self._entries.get(model_id)
             if entry is None or entry.pins > 0:
                 return False
             self._evict(model_id, {})
-        self._settle()
+        self._loader.settle()
         return True
 
     def close(self) -> None:
-        """Unload every model, in both tiers (worker shutdown); a load still running ahead unloads its model when
-        it ends."""
+        """Unload every model, in both tiers; a load running ahead unloads its model when it ends."""
         with self._cond:
             self._closed = True
             while self._entries:
                 _, entry = self._entries.popitem(last=False)
-                self._unload(entry)
+                unload_entry(entry)
             self.host.close()

@@ -1,10 +1,6 @@
 """The demo models: a few tiny classifiers built offline, and a sentiment model trained in seconds on the demo's
-labelled sample (``swapless.manager.demo.sample``) so that its labels mean something.
-
-The models of ``swapless.manager.demo.tiny`` have random weights, so every review would come back with the same label.
-Here the tiny ``sentiment`` BERT is fine-tuned on the sample with torch on the CPU. Nothing is downloaded: the model is
-built by ``swapless.manager.demo.tiny.build_text_classifier`` and saved back with ``save_pretrained``, so the workers
-load it like any other checkpoint. ``build_demo_models`` writes them all and a ``models.json``.
+labelled sample so that its labels mean something. Nothing is downloaded; ``build_demo_models`` writes them all
+and a ``models.json``.
 """
 
 from __future__ import annotations
@@ -69,18 +65,14 @@ def train_text_classifier(
 ) -> TrainingReport:
     """Fine-tune the sequence classifier saved in ``directory`` on ``records`` and save it back there.
 
-    It loads the model and tokenizer with ``from_pretrained``, trains with AdamW on the CPU in small shuffled
-    batches (seeded with ``seed``, at most a few threads), and after each epoch measures the accuracy on the
-    records; it stops when every record is right, after a dozen epochs, or once ``seconds_budget`` is spent. The
-    result depends on the seed alone, not on how busy the machine is, unless a ``seconds_budget`` is given. The
-    model (in eval mode) and tokenizer are then written back with ``save_pretrained``.
+    Trains with AdamW on the CPU in small shuffled batches until every record is right, after a dozen epochs, or once
+    ``seconds_budget`` is spent; without a budget the result depends on the seed alone.
 
     Args:
-        directory: a model saved by ``swapless.manager.demo.tiny.build_text_classifier`` (or any local checkpoint).
+        directory: a local checkpoint (as ``tiny.build_text_classifier`` saves one).
         records: ``{"text": ..., "label": ...}`` dicts; other keys are ignored.
         labels: the class names in class-index order; they must match the model's ``id2label``.
-        seconds_budget: wall time after which no new epoch starts (None: none; a dozen epochs take about ten seconds
-            on two cores).
+        seconds_budget: wall time after which no new epoch starts (None: none).
         seed: torch seed for the shuffling and the dropout.
 
     Returns:
@@ -120,10 +112,8 @@ def train_text_classifier(
 def train_lora_adapter(
     base: Path, directory: Path, records: list[dict[str, Any]], *, labels: list[str], seed: int = 0, rank: int = 4,
 ) -> TrainingReport:
-    """Train a LoRA adapter (rank ``rank`` on the attention's query and value layers, with its own classification
-    head) over the classifier in ``base`` on ``records``, and save it to ``directory`` as PEFT writes one: a variant
-    for the models file (``base`` and ``adapter``). The base is left as it is. Same loop and stopping rule as
-    ``train_text_classifier``; ``labels`` name the base's classes, in order, as this variant calls them.
+    """Train a LoRA adapter (rank ``rank`` on the attention's query and value layers, with its own head) over the
+    classifier in ``base``, and save it to ``directory`` as PEFT writes one. Same loop as ``train_text_classifier``.
 
     Raises:
         ValueError: no records, or a record whose label is not in ``labels``.
@@ -197,11 +187,7 @@ def _fit(model: Any, tokenizer: Any, records: list[dict[str, Any]], index_of: di
 
 
 def _training_threads() -> int:
-    """Torch threads for training: half the usable CPUs, between 1 and a few.
-
-    Half, because on a small shared machine (2 cores, something else busy) more threads than free cores makes
-    OpenMP spin: two threads next to one busy process trained about four times slower than one.
-    """
+    """Torch threads for training: half the usable CPUs, between 1 and a few (more makes OpenMP spin)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -225,13 +211,7 @@ def _accuracy(model: Any, inputs: dict[str, Any], targets: Any) -> float:
 
 
 def build_trained_demo_sentiment(directory: Path) -> TrainingReport:
-    """Build the demo's ``sentiment`` classifier in ``directory`` and train it on ``sample_reviews()``.
-
-    The model is the ``tiny`` BERT that ``build_demo_models`` builds for ``sentiment`` (same
-    labels and seed), so it loads the same way; only its weights now mean something.
-
-    Args:
-        directory: where the model goes (created if missing).
+    """Build the demo's ``sentiment`` classifier in ``directory`` (created if missing) and train it on the sample.
 
     Returns:
         The ``TrainingReport`` of the training.
@@ -255,18 +235,13 @@ IMAGE_MODEL_ID = "vision"
 def build_demo_models(directory: Path, *, image: bool = True, trained: bool = False) -> Path:
     """Build the tiny models (``sentiment``, ``spam``, ``topic`` and, with ``image``, ``vision``) into ``directory``.
 
-    Each text model is a ``tiny`` preset (2 layers, about 1.2 M parameters); ``vision`` is a mobilenet_v2 with
-    the ImageNet categories. The weights are random, but with ``trained`` the ``sentiment`` model is fine-tuned on
-    the shipped sample of labelled reviews (``swapless.manager.demo.models``, a few seconds on a CPU), so its labels
-    mean something.
-
     Args:
         directory: where the models and ``models.json`` go (created if missing).
-        image: also build the image model (a few more seconds).
-        trained: train ``sentiment`` on the demo's sample (``swapless demo``); the tests use random weights.
+        image: also build the image model.
+        trained: train ``sentiment`` on the demo's sample; the tests use random weights.
 
     Returns:
-        The path of the ``models.json`` that lists them (paths relative to it).
+        The path of the ``models.json`` that lists them.
     """
     from transformers.utils import logging as hf_logging
 

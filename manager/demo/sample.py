@@ -1,9 +1,7 @@
 """The demo's sample: 300 short reviews, each labelled NEGATIVE or POSITIVE, generated from templates.
 
-The sample ships as ``manager/demo/data/reviews.jsonl`` (found next to this module, so from an installed package too):
-``swapless demo`` classifies it, and the demo's sentiment model learns from it (``swapless.manager.demo.models``). Its
-words are real words of ``swapless.manager.demo.tiny.vocabulary()``, so none tokenizes to ``[UNK]``. Regenerate it with
-``python -m swapless.manager.demo.sample`` (the output is the same every time; a test checks the shipped file is).
+It ships as ``manager/demo/data/reviews.jsonl``; its words are in ``tiny.vocabulary()``. Regenerate it with
+``python -m swapless.manager.demo.sample`` (the output is the same every time).
 """
 
 from __future__ import annotations
@@ -116,11 +114,8 @@ def _sentence(rng: random.Random, label: str, subject: str | None = None, core: 
 
 
 def sample_reviews(n: int = 300, seed: int = SAMPLE_SEED) -> list[dict[str, str]]:
-    """Generate ``n`` distinct labelled reviews, the same ones for the same ``n`` and ``seed``.
-
-    Each review is one or two sentences of the same sentiment built from templates; the labels are shuffled and
-    half of each (``n // 2`` NEGATIVE). The second review always opens with "This movie is awful" (NEGATIVE), so
-    the demo's r0002 reads the same whatever the seed.
+    """Generate ``n`` distinct labelled reviews, the same ones for the same ``n`` and ``seed``, half of each label.
+    The second review always opens with "This movie is awful" (NEGATIVE).
 
     Args:
         n: how many reviews (at least 2).

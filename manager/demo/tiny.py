@@ -1,14 +1,7 @@
-"""Small real models built offline with random weights: for the tests, the benchmark and ``swapless demo``.
+"""Small real models built offline with random weights, for the tests, the benchmark and ``swapless demo``.
 
-Nothing here downloads anything: the text classifiers are real ``BertForSequenceClassification`` /
-``DistilBertForSequenceClassification`` models with a WordPiece tokenizer built from a generated vocabulary, and
-the image classifier is a real torchvision architecture whose state dict is saved as safetensors. They are saved
-exactly the way real checkpoints are (``save_pretrained`` / ``safetensors.torch.save_file``) so the workers' real
-loading code runs on them.
-
-The weights are random: the labels they give are meaningless. They show the machinery (queue, grouping, cache,
-results) without a model hub. ``swapless.manager.demo.models.build_demo_models(directory)`` writes a set of them plus a
-``models.json``.
+Real transformers and torchvision architectures, saved the way real checkpoints are (``save_pretrained``,
+safetensors), so the workers' real loading code runs on them. Their labels are meaningless.
 """
 
 from __future__ import annotations
@@ -216,10 +209,8 @@ def build_image_classifier(directory: Path, *, arch: str = "mobilenet_v2", seed:
 def _spread_outputs(model: Any) -> None:
     """Make a freshly initialised classifier give distinct outputs for distinct images.
 
-    torchvision's init leaves every batch norm as the identity, and through mobilenet_v2's 17 blocks the features
-    shrink to about 1e-9: every image would get the same flat 0.001 for all 1000 classes, which tests nothing.
-    Setting the batch norms' running statistics from one forward pass over random inputs (as training would) and
-    widening the final linear layers keeps the weights random but the outputs input-dependent.
+    torchvision's init leaves every batch norm as the identity, and the features shrink to nothing through the
+    blocks; running statistics from one pass over random inputs, and wider final layers, keep outputs input-dependent.
     """
     import torch
 
@@ -260,10 +251,9 @@ def build_lora_adapter(
     base: Path, directory: Path, *, seed: int = 0, rank: int = 8, targets: tuple[str, ...] = ("query", "value"),
     head: bool = True, scale: float = 0.2,
 ) -> Path:
-    """Save a random LoRA adapter over the classifier in ``base`` to ``directory``, as PEFT's ``save_pretrained``
-    writes one: rank-``rank`` matrices for the ``targets`` layers, and its own classification head when ``head``.
-    Its weights are drawn (normal, ``scale``) rather than left at LoRA's zero start, so that each adapter answers
-    differently from its base and from the others.
+    """Save a random LoRA adapter over the classifier in ``base`` to ``directory``, as PEFT's ``save_pretrained`` does.
+
+    Its weights are drawn (normal, ``scale``) rather than zero, so that each adapter answers differently.
 
     Returns:
         ``directory``, with ``adapter_config.json`` and ``adapter_model.safetensors``.

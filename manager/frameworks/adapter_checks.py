@@ -1,10 +1,5 @@
-"""Variants' adapters checked against their bases at worker start-up, from the files' headers alone.
-
-What a variant's adapter directory must hold (PEFT's ``save_pretrained``: ``adapter_config.json`` and
-``adapter_model.safetensors``), what ``AdapterShape`` a slot must have to take it, and ``check_variants``: every
-tensor of every adapter against its base's layers (an adapter of another architecture or size, a head for another
-number of classes, ``labels`` of the wrong length, LoRA options the slots do not run), each error one line naming the
-variant. Adapters trained the same way over one base share their files' layout, which is checked once.
+"""Variants' adapters checked against their bases at worker start-up, from the files' headers alone: each error one
+line naming the variant. Adapters trained the same way over one base share a layout, checked once.
 """
 
 from __future__ import annotations
@@ -132,13 +127,11 @@ def _num_labels(base: ModelSpec) -> int | None:
 
 def adapter_shape(variant: ModelSpec, base_shapes: dict[str, list[int]] | None,
                   checked: dict[tuple[bytes, bytes], AdapterShape] | None = None) -> AdapterShape:
-    """Read and check one variant's adapter against its base's weights. ``checked``: the shapes of adapter files
-    checked already against the same base, by their config's and header's bytes (adapters trained the same way over
-    one base have the same: each layout is checked once).
+    """Read and check one variant's adapter against its base's weights. ``checked``: layouts checked already against
+    the same base (each is checked once).
 
     Raises:
-        ConfigError: the adapter is not a LoRA adapter PEFT saved, or a tensor of it does not fit its base (an
-            architecture or size mismatch); the message names the variant.
+        ConfigError: not a LoRA adapter PEFT saved, or a tensor that does not fit its base; names the variant.
     """
     where = f"variant {variant.id!r}, field 'adapter'"
     assert variant.adapter is not None
@@ -236,9 +229,8 @@ def check_variants(variants: Iterable[ModelSpec], bases: dict[str, ModelSpec],
 def adapter_reserve(store: ModelStore, slots: int,
                     runs_adapters: Callable[[str], bool] = lambda framework: framework == "transformers",
                     ) -> tuple[dict[str, int], dict[str, AdapterShape]]:
-    """Check every variant of ``store`` (``check_variants``; worker start-up) and return, per base, the bytes its
-    adapter slots may take (per adapter shape, ``slots``, or fewer variants, of its largest adapter: a base counts
-    them in its size once loaded, so the cache's budget holds with every slot filled), and each variant's shape.
+    """Check every variant of ``store`` and return, per base, the bytes its adapter slots may take (counted in its size
+    once loaded, so the budget holds with every slot filled), and each variant's shape.
 
     Raises:
         ConfigError: naming the first variant that does not fit its base.

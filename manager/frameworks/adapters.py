@@ -1,14 +1,8 @@
 """Variants as adapters over one loaded base, at run time: ``AdapterPool``.
 
-A variant (``VariantSpec``) is a PEFT adapter: LoRA matrices for some of its base's layers, and optionally its own
-copy of layers such as the classification head (``modules_to_save``), as PEFT's ``save_pretrained`` writes it. Its
-base loads once; the pool keeps adapter *slots* per adapter shape (rank, scaling, target layers) as stacked tensors
-beside the base's layers, read by forward hooks. Bringing a variant in is a copy of its weights into a free or least
-recently used slot, from host memory when it was read before, else from its safetensors file: milliseconds, where
-loading the variant as a whole model takes the base's full load. One forward pass serves inputs of many variants:
-each LoRA layer gathers every row's matrices and adds its product in two batched multiplications, whatever the number
-of variants in the pass (the way Punica's and S-LoRA's kernels batch many adapters); rows of the base's own jobs use
-slot 0, which changes nothing. The start-up checks are ``swapless.manager.frameworks.adapter_checks``'.
+A variant is a PEFT adapter (LoRA matrices, optionally its own head). Its base loads once; the pool keeps adapter
+slots per adapter shape as stacked tensors beside the base's layers, read by forward hooks, so one forward pass
+serves inputs of many variants (as Punica and S-LoRA batch adapters). See docs/guides/adapters.md.
 """
 
 from __future__ import annotations
@@ -32,9 +26,9 @@ class AdapterInput(NamedTuple):
 
 
 class _Shape:
-    """The slots of one adapter shape over a base: for each LoRA target layer, its A and B matrices stacked by slot
-    (``[slots, r, in]`` and ``[slots, out, r]``), and for each layer an adapter saves whole (its head), that layer's
-    weight and bias stacked the same way. Slot 0 is the base itself: zero LoRA matrices, the base's own head."""
+    """The slots of one adapter shape over a base: per LoRA layer, A and B stacked by slot (``[slots, r, in]``,
+    ``[slots, out, r]``); per layer saved whole, its weight and bias stacked the same way. Slot 0 is the base itself.
+    """
 
     def __init__(self, model: Any, shape: AdapterShape, capacity: int) -> None:
         import torch
@@ -174,18 +168,13 @@ class _Shape:
 
 
 class AdapterPool:
-    """The variants of one loaded base in adapter slots (see the module docstring). Not thread-safe: the worker
-    that owns the base calls it from its forward passes.
-
-    The slots are stacked tensors beside the base's layers (``_Shape``), read by forward hooks on those layers: a
-    pass of rows of many variants costs two batched products per LoRA layer whatever the number of variants in it
-    (as Punica's and S-LoRA's kernels gather each row's adapter), and a slot is a row of those stacks.
+    """The variants of one loaded base in adapter slots. Not thread-safe: the worker that owns the base calls it.
 
     Args:
         model: the loaded base (a transformers model).
         slots: most variants resident at once, per adapter shape.
         host_bytes: most bytes of adapter weights kept in host memory for later copies.
-        shapes: the variants' shapes as the start-up checks found them (others are read at their first swap-in).
+        shapes: the variants' shapes as the start-up checks found them.
     """
 
     def __init__(self, model: Any, slots: int, host_bytes: int, shapes: Mapping[str, AdapterShape] | None = None,

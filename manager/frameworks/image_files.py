@@ -1,9 +1,6 @@
-"""Image inputs given as file paths, read by the worker only from under one directory (SWAPLESS_INPUT_ROOT).
-
-A bulk job over local images sends paths instead of base64 (a CSV column of ``cats/001.jpg``). The worker reads
-them, so the worker decides what may be read: only regular files whose real path (symlinks resolved) is under
-``input_root``. Without ``input_root`` no path is read at all. Every refusal fails that one job with a message that
-says what to fix, and never names the real path a symlink points to.
+"""Image inputs given as file paths, read by the worker only from under one directory (SWAPLESS_INPUT_ROOT): only
+regular files whose real path is under ``input_root``; without it no path is read. A refusal fails that one job
+and never names the real path a symlink points to.
 """
 
 from __future__ import annotations
@@ -41,9 +38,8 @@ def read_image_file(model_id: str, path: str, input_root: str | None, max_bytes:
     """The bytes of the image file ``path`` (relative to ``input_root``, or absolute and under it).
 
     Raises:
-        InputError: no ``input_root`` is set; the path resolves outside it (``..``, an absolute path elsewhere, a
-            symlink that escapes); there is no such file; it is not a regular file; it is larger than
-            ``max_bytes``; or it is not a PNG, JPEG, WebP, GIF or BMP file.
+        InputError: no ``input_root``; the path resolves outside it; no such regular file; larger than ``max_bytes``;
+            not a PNG, JPEG, WebP, GIF or BMP file.
     """
     if not input_root:
         raise InputError(

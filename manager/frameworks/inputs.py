@@ -1,13 +1,6 @@
 """Checks of one raw job input, shared by the workers (``ModelWorker.prepare``) and the HTTP gateway, which refuses
 what a worker would fail before anything is queued. Pure functions; each problem is an ``InputError`` naming the
-model, the limit and its setting.
-
-- ``text_input(model_id, value, max_chars)``: a non-blank string of at most ``max_chars`` characters.
-- ``base64_image(model_id, value, max_bytes)``: the base64 text of an image (a ``data:`` URL's payload), its size
-  checked from its length before anything is decoded; None when it is not valid base64 (a worker may then read it
-  as a file path, a network caller never).
-- ``image_header(model_id, data, max_pixels)``: the image's format and size from its header alone, within the
-  pixel limit (a decompression bomb is refused before a pixel is decoded).
+model, the limit and its setting. An image is checked from its length and header before anything is decoded.
 """
 
 from __future__ import annotations

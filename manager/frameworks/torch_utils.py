@@ -48,11 +48,8 @@ def module_bytes(module: torch.nn.Module) -> int:
 
 
 def module_to_host(module: torch.nn.Module) -> torch.nn.Module:
-    """Move a built module's parameters and buffers to host memory, in place; returns the module.
-
-    With CUDA available each tensor is copied straight into pinned (page-locked) memory, so that the copy back is a
-    DMA transfer that can run asynchronously; without CUDA it is ``module.to("cpu")`` (a no-op for a module already
-    on the CPU: device and host are then the same memory).
+    """Move a built module's parameters and buffers to host memory, in place (pinned memory with CUDA, so the copy
+    back can run asynchronously); returns the module.
     """
     if not torch.cuda.is_available():
         return module.to("cpu")
@@ -89,11 +86,8 @@ def measure_load(device: torch.device) -> Iterator[_Measure]:
 
 
 def free_memory(device: torch.device | None, dropped: weakref.ref[Any] | None = None) -> None:
-    """Free a dropped model now: hand cached CUDA blocks back to the driver.
-
-    ``dropped`` is a weak reference to the model the caller just let go of. Reference counting has freed it
-    already unless something still holds it (a reference cycle): only then is the cycle collector run, since a
-    full ``gc.collect()`` costs about 0.2 s in a process with torch and transformers loaded, on every swap.
+    """Free a dropped model now: hand cached CUDA blocks back to the driver. ``dropped`` is a weak reference to it;
+    the cycle collector runs only when something still holds it, as a full collection is slow.
     """
     if dropped is not None and dropped() is not None:
         gc.collect()

@@ -28,15 +28,10 @@ __all__ = ["TransformerWorker"]
 
 
 class TransformerWorker(ModelWorker, framework="transformers"):
-    """A text classifier from the hub (``name``) or a local directory (``path``).
+    """A text classifier from the hub (``name``) or a local directory (``path``); never runs the repository's code.
 
-    Loading never runs code from the model repository (``trust_remote_code=False``) and prefers safetensors.
-    Inputs are truncated to the model's maximum length and padded per forward pass; to waste less compute on
-    padding, each group is sorted by length before it is cut into forward passes, and the outputs are put back
-    in input order.
-
-    Its variants (PEFT adapters, ``swapless.manager.frameworks.adapters``) run in the same passes as its own jobs,
-    each row with its variant's adapter and labels.
+    Each group is sorted by length before it is cut into forward passes (less padding); outputs come back in input
+    order. Its variants run in the same passes, each row with its adapter and labels.
     """
 
     model: Any = None

@@ -1,7 +1,4 @@
-"""The ModelWorker contract and the registry of worker classes by framework name.
-
-A worker is built unloaded (no side effects in ``__init__``); the cache calls ``load()``, then ``predict()`` on
-batches, then ``unload()`` when it evicts the model. Subclasses register themselves by passing
+"""The ModelWorker contract and the registry of worker classes by framework name. Subclasses register by passing
 ``framework="name"`` in the class statement::
 
     class TransformerWorker(ModelWorker, framework="transformers"):
@@ -85,19 +82,15 @@ class WorkerLimits:
 
 
 class ModelWorker(ABC):
-    """Runs one model. The contract:
+    """Runs one model; built unloaded (no side effects in ``__init__``). The contract:
 
-    - ``load()`` brings the model into memory (or onto its server). Called once, before any ``predict``.
-    - ``prepare(value)`` checks and decodes one job's raw input; raises ``InputError`` naming what is wrong.
-      It is called per job so that one bad input fails alone.
-    - ``predict(batch) -> list`` takes prepared inputs and returns one JSON-serializable output per input, in order.
-      It splits the batch into forward passes itself (``batched``: at most ``batch_size`` inputs each, sized by
-      measurement when a tuner is set).
-    - ``unload()`` frees what ``load()`` took, for real. The worker may be loaded again afterwards.
-    - ``memory_bytes`` is what the loaded model takes in this process (0 for remote models).
-    - ``to_host()`` and ``to_device()`` (workers with ``host_tier``): move the built model to host memory and back,
-      so that the cache's host tier keeps it built and a swap-in is a copy, not a load. Between the two no
-      ``predict`` is called; ``unload()`` frees it in either place.
+    - ``load()`` brings the model into memory (or onto its server), once, before any ``predict``.
+    - ``prepare(value)`` checks and decodes one job's input (``InputError`` names what is wrong), per job.
+    - ``predict(batch) -> list``: one JSON-serializable output per prepared input, in order, in forward passes of
+      at most ``batch_size`` (``batched``).
+    - ``unload()`` frees what ``load()`` took; the worker may be loaded again.
+    - ``memory_bytes``: what the loaded model takes in this process (0 for remote models).
+    - ``to_host()`` and ``to_device()`` (with ``host_tier``): move the built model to host memory and back.
     """
 
     framework: ClassVar[str] = ""

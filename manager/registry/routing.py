@@ -1,19 +1,9 @@
 """Routes: one id that jobs address, over several models. Pure functions over plain data: no Redis, no torch.
 
-A route entry of ``models.json`` is one of
-
-- a **split** over versions, ``{"id": "sentiment", "route": {"sentiment-v1": 90, "sentiment-v2": 10}}``: a job goes
-  to one target with probability weight / total weight. Optional ``"shadow": {"sentiment-v3": 5}`` also runs a copy
-  of 5 % of the jobs on ``sentiment-v3``, whose result is kept apart and compared with the served one;
-- a **branch by input type**, ``{"id": "classify", "by_type": {"text": "sentiment", "image": "vision"}}``: the
-  target is the branch of the input's type (``input_type``); a branch may name a route.
-
-The pick is **weighted rendezvous hashing** of the job's key (its sticky key, else its id): each target scores
-``weight / -ln(u)`` with ``u`` a stable hash of (target, key) in (0, 1), and the highest score wins. Every target
-wins with probability weight / total, the same key always picks the same target while the weights hold (the
-hash is BLAKE2b: stable across processes, hosts and restarts, unlike Python's ``hash``), and when one target's
-weight grows, only keys moving *to* it change target (and when it shrinks, only keys leaving it): the moved share
-and nothing else.
+A route is a weighted split over versions (with optional shadows that get a copy), or a branch by input type.
+The pick is weighted rendezvous hashing of the job's key (BLAKE2b, stable across processes): each target wins
+with probability weight / total, a key keeps its target while the weights hold, and a weight change moves only
+the share it changes. See docs/guides/models-and-routes.md.
 """
 
 from __future__ import annotations
@@ -59,9 +49,7 @@ def shadows_of(shadow: Mapping[str, float], key: str) -> tuple[str, ...]:
 
 
 def input_type(value: object, *, paths: bool = True) -> InputType | None:
-    """What an input is: an image (a base64 string or data URL of an encoded image, or, with ``paths``, a path to an
-    image file), text (any other non-empty string), or None (not a string). Inputs from the network are typed with
-    ``paths=False``: no remote caller may have a worker open a file, so ``secret.png`` is text there."""
+    """What an input is: an image (base64, a data URL, or with ``paths`` an image file's path), text, or None."""
     if not isinstance(value, str) or not value.strip():
         return None
     text = value.strip()

@@ -25,25 +25,21 @@ class ModelSpec(BaseModel):
 
     Attributes:
         id: what jobs address (any slug, or a UUID).
-        aliases: other names jobs may use for this model (``sentiment`` for a UUID id, say).
-        name: hub id (transformers), builder name (torchvision, e.g. ``mobilenet_v2``) or Triton model name.
+        aliases: other names jobs may use for this model.
+        name: hub id (transformers), builder name (torchvision) or Triton model name.
         type: ``text`` or ``image``.
         framework: the worker that runs it (``transformers``, ``torchvision``, ``triton``).
-        version: free-form version string, shown by ``swapless models``.
+        version: free-form version string.
         description: free-form text.
         path: local directory or weights file used instead of the hub; relative to the models file.
-        weights: torchvision weights enum member whose transforms and categories are used (default ``DEFAULT``).
+        weights: torchvision weights enum member whose transforms and categories are used.
         max_batch_size: inputs per forward pass; unset uses ``SWAPLESS_MAX_BATCH_SIZE``.
         top_k: labels returned per input, best first.
         triton_url: Triton HTTP endpoint for this model; unset uses ``SWAPLESS_TRITON_URL``.
         labels_file: text file with one label per line (Triton models), relative to the models file.
-        dtype: the dtype of the parameters once loaded (``float32``, ``float16``, ``bfloat16``; transformers and
-            torchvision models): half the memory in 16 bits. Unset keeps the checkpoint's. Scores are computed in
-            float32 either way.
-        keep_loaded: loaded when a worker starts and kept resident: a load ahead never evicts it, a load a group
-            needs evicts it after every other model, and placement never moves it away from a worker. For a model
-            whose callers wait on it (a chat model, an SLA) and whose traffic is too sparse to keep it warm under LRU.
-        base: set on a variant (``VariantSpec``, expanded by the store): the model whose weights it shares.
+        dtype: the parameters' dtype once loaded (``float32``, ``float16``, ``bfloat16``); unset keeps the checkpoint's.
+        keep_loaded: loaded when a worker starts and kept resident (evicted last, never moved away by placement).
+        base: set on a variant: the model whose weights it shares.
         adapter: a variant's PEFT adapter directory.
         labels: a variant's class names in class-index order (empty: its base's).
     """
@@ -79,15 +75,12 @@ class ModelSpec(BaseModel):
 
 
 class VariantSpec(BaseModel):
-    """A fine-tuned variant of another model entry: a PEFT adapter (LoRA, with or without its own classification head)
-    over that entry's weights (``swapless.manager.frameworks.adapters``). Jobs address it as any model; it runs in
-    the same forward passes as its base's other variants, and loads as a copy of its adapter's weights.
+    """A fine-tuned variant of another model entry: a PEFT adapter over that entry's weights, addressed as any model.
 
     Attributes:
         id: what jobs address.
         base: the id of the model entry it adapts (a ``transformers`` text classifier).
-        adapter: the adapter directory (``adapter_config.json`` and ``adapter_model.safetensors``, as PEFT's
-            ``save_pretrained`` writes them); relative to the models file.
+        adapter: the adapter directory, as PEFT's ``save_pretrained`` writes it; relative to the models file.
         labels: class names in class-index order; unset uses its base's.
         aliases, version, description, top_k: as for a model (``top_k`` unset: its base's).
     """
@@ -115,13 +108,12 @@ class VariantSpec(BaseModel):
 
 
 class RouteSpec(BaseModel):
-    """One id over several models (``swapless.manager.registry.routing``): a weighted ``route`` over versions, with an
-    optional ``shadow``, or a branch ``by_type`` of input. Its targets are model ids, aliases or other routes; the store
-    checks them (``ModelStore``).
+    """One id over several models: a weighted ``route`` over versions with an optional ``shadow``, or a branch
+    ``by_type`` of input. Its targets are model ids, aliases or other routes.
 
     Attributes:
         id: what jobs address.
-        route: target -> weight (any positive numbers; they need not sum to 100).
+        route: target -> weight (any positive numbers).
         shadow: target -> percent (0-100] of the jobs also run on it, results kept apart.
         by_type: input type (``text``, ``image``) -> target.
         description: free-form text.

@@ -46,14 +46,11 @@ def _existing(base: Path, value: Path | str, where: str) -> Path:
 class ModelStore:
     """The registry of models, read from ``models.json`` and validated at start-up.
 
-    A variant (``VariantSpec``) is found by ``get`` as a model entry of its own (its base's, with its id, labels and
-    adapter), but it is not one of the models the store iterates over: it is queued, placed, loaded and run as part of
-    its base (``home``).
+    A variant is found by ``get`` but not iterated over: it is queued, placed, loaded and run as part of its base.
 
     Args:
         specs: the model entries.
-        frameworks: framework names that have a worker; entries naming another fail. ``None`` skips the check
-            (a producer that only submits jobs does not need the workers).
+        frameworks: framework names that have a worker (``None`` skips the check, as a producer needs no workers).
     """
 
     def __init__(self, specs: Iterable[ModelSpec | VariantSpec | RouteSpec],
@@ -232,13 +229,12 @@ class ModelStore:
         *,
         paths: bool = True,
     ) -> Resolved:
-        """The model that serves a job addressed to ``target`` (a model id or alias: itself, canonical; a route: the
-        version its weights and ``key`` pick, and its shadows). See ``swapless.manager.registry.routing``; ``paths``:
-        whether an input may be an image file's path (False for network callers).
+        """The model that serves a job addressed to ``target``: itself for a model id or alias, else its route's pick
+        and shadows. ``paths``: whether an input may be an image file's path.
 
         Raises:
             UnknownModel: no model, alias or route of that id.
-            InputError: a ``by_type`` route has no branch for this input (names the types it accepts).
+            InputError: a ``by_type`` route has no branch for this input.
         """
         if not self._routes or target not in self._routes:
             return Resolved(self.resolve(target))

@@ -1,17 +1,13 @@
-"""``AsyncResultConsumer``: ``ResultConsumer`` (``swapless.tasks.client.consumer``) for asyncio code: every wait of one
-event loop on one pub/sub connection. The gateway holds one for the whole process, however many requests wait.
+"""``AsyncResultConsumer``: ``ResultConsumer`` for asyncio code, every wait of one event loop on one pub/sub
+connection (the gateway holds one for the whole process).
 
     consumer = AsyncResultConsumer(aredis_client, results)
     await consumer.wait(job_id, timeout_s=30)           # POST /predict
     await consumer.wait_all(job_ids, timeout_s=30)      # /v2 infer: every element's job
     await consumer.aclose()                             # the app's shutdown
 
-It works as the thread one does (see there, and ``swapless.tasks.client.subscriptions``): opened by the first wait,
-read by one task that hands each published result (decoded once) to the waits of its key; a wait subscribes before it
-first reads, reads once more when its subscriptions are confirmed, then on a publish, every ``POLL_S`` at most and at
-its deadline; a dropped connection is replaced, every key subscribed again and every wait reads once more; with
-``failover_s`` a wait rides out a primary that cannot be reached for that long (a Sentinel failover). The event
-loop never waits on Redis: reads are awaited MGETs, and a read of many results is decoded in a worker thread.
+It works as the thread one does (docs/concepts/client.md); the event loop never waits on Redis, and a read of
+many results is decoded in a worker thread.
 """
 
 from __future__ import annotations
@@ -102,13 +98,13 @@ class AsyncWatch:
 
 
 class AsyncResultConsumer:
-    """The waits of one event loop on one pub/sub connection (see the module docstring). Use it from one loop.
+    """The waits of one event loop on one pub/sub connection. Use it from one loop.
 
     Args:
         redis_client: the asyncio client whose pool lends the connection, and that reads results.
         results: where results are stored and how they are decoded.
-        poll_s: longest time a wait goes without reading its results (``POLL_S``).
-        failover_s: how long a wait rides out reads that cannot reach Redis; 0: not at all.
+        poll_s: longest time a wait goes without reading its results.
+        failover_s: how long a wait rides out reads that cannot reach Redis (0: not at all).
     """
 
     def __init__(

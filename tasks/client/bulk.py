@@ -8,14 +8,7 @@ The output has one line per input record, in input order::
     {"ok":true,"key":"r-17","result":[{"label":"POSITIVE","score":0.98},...]}
     {"ok":false,"key":"r-18","error":"bad input for model 'sentiment': empty text; ...","type":"InputError"}
 
-How it stays flat in memory: records are read lazily, sent as chunk messages (``chunk_size`` inputs each) with at
-most ``max_in_flight`` chunks sent and not yet written (``swapless.tasks.client.stream``), and each chunk's lines are
-written as soon as it and every chunk before it are done. Only keys are kept for chunks in flight, never the inputs.
-
-How it resumes: the output is in input order and is flushed and fsynced after every chunk, so its complete lines
-are exactly the first N records. A rerun of the same command counts them, cuts a partial last line, checks that
-line N's key is record N's key (the output belongs to this input) and sends only records N+1 onwards. Chunks that
-were in flight when the first run stopped are sent again; no record is written twice and none is skipped.
+How a run stays flat in memory and resumes: docs/concepts/client.md.
 """
 
 from __future__ import annotations
@@ -54,7 +47,7 @@ class BulkJob:
 
     Attributes:
         model_id: model id or alias.
-        input_path: JSONL or CSV file (see ``swapless.tasks.client.records``).
+        input_path: JSONL or CSV file.
         output_path: JSONL file written (appended to when resuming).
         field: JSON field / CSV column with the input.
         id_field: JSON field / CSV column with each record's key (None: the line number).
@@ -62,13 +55,11 @@ class BulkJob:
         chunk_size: inputs per queue message.
         max_in_flight: chunks sent and not yet written, at most.
         max_chunk_bytes: a chunk is sent early when its inputs reach this many characters.
-        restart: discard an existing output and start over instead of resuming.
-        timeout_s: fail when a chunk has no result this long after it was sent (None: wait; see ``waiting``).
-        expires: the job's deadline (aware datetime): chunks not started by then are not computed, and the run
-            stops at the first of them with ``DeadlinePassed`` (a rerun with a later deadline resumes there).
-        key_field: JSON field / CSV column with each record's sticky routing key (a route sends every record of a
-            key to the same version); None: records are routed by their own item ids.
-        priority: the chunks' priority (``bulk``: they yield to interactive jobs).
+        restart: discard an existing output and start over.
+        timeout_s: fail when a chunk has no result this long after it was sent (None: wait).
+        expires: the deadline (aware datetime); the run stops at the first chunk not computed by then.
+        key_field: JSON field / CSV column with each record's sticky routing key (None: the item id).
+        priority: the chunks' priority.
     """
 
     model_id: str
@@ -188,16 +179,14 @@ class ChunkSource(Protocol):
 
 
 class BulkRun:
-    """Runs one ``BulkJob`` through a ``Client`` (real Redis and workers, or local mode's).
+    """Runs one ``BulkJob`` through a ``Client``; ``summary`` stays right even when ``run`` is interrupted.
 
     Args:
         job: what to run.
         client: the producer client (any ``ChunkSource``).
-        progress: progress display (``swapless.tasks.progress``); none by default.
-        on_event: told about every chunk sent and read (``ChunkEvent``; tests, instrumentation).
-        watchdog: called while waiting for results; raise from it to stop (local mode: the worker died).
-
-    ``summary`` is kept up to date while ``run`` goes, so it is right even when ``run`` is interrupted.
+        progress: progress display; none by default.
+        on_event: told about every chunk sent and read.
+        watchdog: called while waiting for results; raise from it to stop.
     """
 
     def __init__(
@@ -217,14 +206,12 @@ class BulkRun:
         self.summary = BulkSummary()
 
     def run(self, traceparent: str | None = None) -> BulkSummary:
-        """Resume or start the job and run it to the end: in one trace when the process exports traces (a ``bulk``
-        span, each chunk's ``send`` span its child), ``traceparent``'s when given.
+        """Resume or start the job and run it to the end, in one trace when the process exports traces.
 
         Raises:
             BulkFileError: the input cannot be read, or the output does not continue this input.
             UnknownModel: the model is not in the registry.
-            KeyboardInterrupt: Ctrl-C; the output holds every finished chunk, so rerunning resumes; the chunks
-                still in flight are cancelled (the workers never compute them).
+            KeyboardInterrupt: Ctrl-C; the chunks in flight are cancelled, and a rerun resumes.
             DeadlinePassed: ``expires`` passed; the output holds every chunk before the first not computed.
         """
         attributes = {"swapless.model.id": self.job.model_id, "swapless.priority": self.job.priority}
@@ -286,9 +273,7 @@ class BulkRun:
     def _chunks(
         self, records: Iterator[Record]
     ) -> Iterator[tuple[list[tuple[Any, Any]], list[Any], list[str | None] | None]]:
-        """``(keys and pre-failures, inputs to send, their routing keys)`` per chunk: cut at ``chunk_size`` records
-        or ``max_chunk_bytes`` characters of input. Only keys stay with a chunk in flight. Routing keys are None
-        without ``key_field``."""
+        """``(keys and pre-failures, inputs, routing keys)`` per chunk, cut at ``chunk_size`` or ``max_chunk_bytes``."""
         keyed: list[tuple[Any, Any]] = []
         inputs: list[Any] = []
         route_keys: list[str | None] = []

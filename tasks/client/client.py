@@ -1,40 +1,25 @@
-"""The producer client: submit jobs, get their results. Usable from scripts, web apps and asyncio code.
+"""The producer client: submit jobs, get their results, from scripts, web apps and asyncio code.
 
-    from swapless.tasks.client import Client
+    from swapless import Client
     client = Client()                                   # SWAPLESS_REDIS_URL, else redis://127.0.0.1:6379/0
     job = client.submit("sentiment", "What a lovely day")
-    job.id                                              # keep it to look the job up later: client.job(job_id)
     job.get(timeout=30)                                 # [{"label": "POSITIVE", "score": 0.99}, ...]
-    await job.aget(timeout=30)                          # the same, for asyncio code
-
-    for prediction in client.map("sentiment", texts):  # many inputs: chunked messages, results in input order
+    for prediction in client.map("sentiment", texts):  # many inputs, results in input order
         ...
-    jobs = client.submit_many("sentiment", texts)       # one Job per input, sent as chunks of 256
 
-``Client`` is the facade over the producer's parts, each built here once and owning one concern: the
-``Publisher`` routes and publishes jobs (``swapless.tasks.client.publisher``); the ``ResultStore`` reads results
-(``swapless.tasks.broker.results``); the ``ResultConsumer`` serves every wait, ``Job.get``, ``gather`` and the chunk
-streams of ``map`` and bulk runs alike, on one pub/sub connection (``swapless.tasks.client.consumer``); ``Job`` is the
-handle on one job (``swapless.tasks.client.job``).
-
-Every message is the one Celery's ``send_task`` would send (``swapless.tasks.broker.publish``), pushed with one LPUSH
-per call, so a plain Celery producer and this client are interchangeable. The client talks to Redis through one
-redis-py client with a bounded connect timeout (``SWAPLESS_CONNECT_TIMEOUT_S``): a Redis that is down is
-``QueueUnavailable`` within seconds, one that refuses writes (out of memory) ``QueueFull``
-(``swapless.tasks.broker.connection.translate``).
+How its parts fit is in docs/concepts/client.md.
 """
 
 from __future__ import annotations
 
-import itertools
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Self
 
 from celery import Celery, states
 
-from swapless.config.errors import DeadlinePassed, JobCancelled, JobTimeout
+from swapless.config.errors import JobCancelled, JobTimeout
 from swapless.config.settings import Settings, get_settings
 from swapless.manager.registry.specs import ModelSpec
 from swapless.manager.registry.store import ModelStore
@@ -46,6 +31,15 @@ from swapless.tasks.client.consumer import ResultConsumer
 from swapless.tasks.client.job import Job
 from swapless.tasks.client.publisher import Publisher, Routed
 from swapless.tasks.client.reading import read_results
+from swapless.tasks.client.sending import (
+    ChunkSender,
+    batched,
+    callback_headers,
+    deadline_of,
+    message_id,
+    one_model,
+    traced,
+)
 from swapless.tasks.client.stream import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_IN_FLIGHT,
@@ -53,49 +47,11 @@ from swapless.tasks.client.stream import (
     ChunkEvent,
     ChunkStream,
 )
-from swapless.tasks.protocol import (
-    CALLBACK_URL_HEADER,
-    CHUNK_TASK,
-    KEYS_HEADER,
-    expires_header,
-    item_id,
-    priority_level,
-    storage_id,
-)
+from swapless.tasks.protocol import CHUNK_TASK, item_id, priority_level, storage_id
 from swapless.tasks.routing import RouteOverrides
 from swapless.tasks.tracing import sending
-from swapless.tasks.webhooks import allowed_hosts, check_target
 
 __all__ = ["Client"]
-
-
-def _batched(values: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    if size < 1:
-        raise ValueError(f"chunk_size must be at least 1, not {size}")
-    iterator = iter(values)
-    while batch := list(itertools.islice(iterator, size)):
-        yield batch
-
-
-def _traced(headers: Sequence[dict[str, Any]] | None, trace: dict[str, str] | None, count: int
-            ) -> Sequence[dict[str, Any]] | None:
-    """``count`` jobs' message headers with the trace context ``trace`` (None: none to carry) added."""
-    if trace is None:
-        return headers
-    if headers is None:
-        return [trace] * count
-    return [{**h, **trace} for h in headers]
-
-
-def _one(model_ids: Iterable[str]) -> str | None:
-    """The model every job addresses, when they all address one."""
-    ids = set(model_ids)
-    return next(iter(ids)) if len(ids) == 1 else None
-
-
-def _message_id(routed: Sequence[Routed]) -> dict[str, str] | None:
-    """The ``messaging.message.id`` of a send of one job."""
-    return {"messaging.message.id": routed[0].job_id} if len(routed) == 1 else None
 
 
 def _release(app: Celery, consumer: ResultConsumer) -> None:
@@ -104,7 +60,8 @@ def _release(app: Celery, consumer: ResultConsumer) -> None:
 
 
 class Client:
-    """Submits jobs to the Swapless queue and reads their results.
+    """Submits jobs to the Swapless queue and reads their results: a facade over its publisher, result store and
+    result consumer.
 
     Args:
         redis_url: broker and result backend; defaults to SWAPLESS_REDIS_URL, else redis://127.0.0.1:6379/0.
@@ -170,36 +127,34 @@ class Client:
     def route_jobs(
         self, jobs: Sequence[tuple[str, Any]], keys: Sequence[str | None] | None = None, *, paths: bool = True
     ) -> list[Routed]:
-        """Each job with a fresh id, addressed to the model that serves it (``Publisher.route_jobs``: a route
-        resolved by its sticky key, else by its id, with the shadows it sends copies to). ``paths``: whether an
-        input may be an image file's path (False for inputs from the network)."""
+        """Each job with a fresh id, addressed to the model that serves it (``Publisher.route_jobs``). ``paths``:
+        whether an input may be an image file's path."""
         return self.publisher.route_jobs(jobs, keys, paths=paths)
 
     def send_routed(
         self, routed: Sequence[Routed], *, priority: str = "interactive", expires: float | datetime | None = None,
         headers: Sequence[dict[str, Any]] | None = None,
     ) -> list[str]:
-        """Send jobs ``route_jobs`` addressed, in one round trip, then their shadow copies at bulk priority
-        (``Publisher.send_routed``); returns the served jobs' ids. ``headers``: extra message headers per job.
+        """Send routed jobs in one round trip (``Publisher.send_routed``); returns their ids.
 
         Raises:
-            ValueError: unknown ``priority``; an input JSON cannot encode; a message over
-                ``SWAPLESS_MAX_MESSAGE_BYTES`` (``InputError``; nothing is sent).
+            ValueError: unknown ``priority``, or an input that cannot be sent (nothing is sent).
             QueueFull, QueueUnavailable: as ``submit``.
         """
-        with sending(self.queue, len(routed), lambda: _one(r.model_id for r in routed), _message_id(routed)) as trace:
+        with sending(self.queue, len(routed), lambda: one_model(r.model_id for r in routed),
+                     message_id(routed)) as trace:
             return self.publisher.send_routed(routed, priority=priority, expires=expires,
-                                              headers=_traced(headers, trace, len(routed)))
+                                              headers=traced(headers, trace, len(routed)))
 
     async def asend_routed(
         self, redis: Any, routed: Sequence[Routed], *, priority: str = "interactive",
         expires: float | datetime | None = None, headers: Sequence[dict[str, Any]] | None = None,
     ) -> list[str]:
-        """``send_routed`` through ``redis``, an asyncio redis-py client, on the caller's event loop (the
-        gateway's: no thread hand-off for a few jobs). ``headers``: extra message headers per job."""
-        with sending(self.queue, len(routed), lambda: _one(r.model_id for r in routed), _message_id(routed)) as trace:
+        """``send_routed`` through ``redis``, an asyncio redis-py client, on the caller's event loop."""
+        with sending(self.queue, len(routed), lambda: one_model(r.model_id for r in routed),
+                     message_id(routed)) as trace:
             return await self.publisher.asend_routed(redis, routed, priority=priority, expires=expires,
-                                                     headers=_traced(headers, trace, len(routed)))
+                                                     headers=traced(headers, trace, len(routed)))
 
     def models(self) -> list[ModelSpec]:
         """The models that exist (from the models file)."""
@@ -221,37 +176,22 @@ class Client:
             model_id: a model id, alias or route from the registry.
             input: a string for text models; a base64 string of an encoded image for image models.
             priority: ``interactive`` (served ahead of bulk work) or ``bulk``.
-            expires: a deadline, in seconds from now or as a datetime: a job not started by then, or whose answer
-                would come after it (the model's forward pass takes time too), is answered ``JobExpired`` and never
-                run (default: none, or the workers' ``SWAPLESS_*_EXPIRES_S``).
-            key: a sticky key for a route (a user id, say): the same key always gets the same version while the
-                route's weights hold (default: the job's id, a fresh pick per job).
-            callback_url: where the job's final state is posted as a signed webhook once it is stored
-                (``swapless.tasks.worker.webhooks``; at least once, ``webhook-id`` the job's id).
+            expires: a deadline (seconds from now, or a datetime); a job that would finish after it is answered
+                ``JobExpired`` and never run.
+            key: a sticky key for a route: the same key gets the same version while the weights hold.
+            callback_url: where the job's final state is posted as a signed webhook.
 
         Raises:
             UnknownModel: ``validate`` is on and the id is not in the registry.
             WebhookRefused: ``callback_url`` is not http(s) or names a host this deployment does not call back.
             ValueError: unknown ``priority``, an input JSON cannot encode, or ``expires`` is not in the future.
-            QueueUnavailable: Redis cannot be reached (within ``SWAPLESS_CONNECT_TIMEOUT_S``, once retried).
+            QueueUnavailable: Redis cannot be reached.
             QueueFull: Redis refused the job (out of memory).
         """
         self._checked(model_id, priority)
-        headers = self._callback_headers(callback_url, 1)
+        headers = callback_headers(self.settings, callback_url, 1)
         return Job(self, self.send_routed(self.route_jobs([(model_id, input)], [key]), priority=priority,
                                           expires=expires, headers=headers)[0])
-
-    def _callback_headers(self, callback_url: str | None, count: int) -> list[dict[str, Any]] | None:
-        """The message headers of ``count`` jobs with ``callback_url`` (checked here: ``check_target`` without DNS,
-        which the worker's sender does before each attempt), or None without one.
-
-        Raises:
-            WebhookRefused: the URL is not http(s) or names a host the allow-list does not.
-        """
-        if callback_url is None:
-            return None
-        check_target(callback_url, allowed_hosts(self.settings.webhooks.webhook_allowed_hosts))
-        return [{CALLBACK_URL_HEADER: callback_url} for _ in range(count)]
 
     def submit_jobs(
         self,
@@ -262,17 +202,11 @@ class Client:
         keys: Sequence[str | None] | None = None,
         callback_url: str | None = None,
     ) -> list[Job]:
-        """Queue one job per ``(model_id, input)`` pair, any mix of models, in one round trip to Redis; ``keys``:
-        one sticky key per job (see ``submit``); ``callback_url``: each job's webhook (see ``submit``).
-
-        Each job is its own message (its own id, result, retries), exactly as ``submit`` sends it. Jobs are consumed
-        in the order given.
+        """Queue one job per ``(model_id, input)`` pair in one round trip, each its own message as ``submit``
+        sends it. ``keys``: one sticky key per job; the other options are ``submit``'s.
 
         Raises:
-            UnknownModel: ``validate`` is on and an id is not in the registry (nothing is sent).
-            ValueError: unknown ``priority``, an input JSON cannot encode, or ``expires`` is not in the future
-                (nothing is sent).
-            QueueUnavailable, QueueFull: as ``submit`` (nothing is sent).
+            UnknownModel, ValueError, QueueUnavailable, QueueFull: as ``submit`` (nothing is sent).
         """
         pairs = list(jobs)
         priority_level(priority)
@@ -280,7 +214,7 @@ class Client:
             self._checked(model_id, priority)
         if keys is not None and len(keys) != len(pairs):
             raise ValueError(f"keys has {len(keys)} key(s) for {len(pairs)} job(s): give one per job (None for none)")
-        headers = self._callback_headers(callback_url, len(pairs))
+        headers = callback_headers(self.settings, callback_url, len(pairs))
         sent = self.send_routed(self.route_jobs(pairs, keys), priority=priority, expires=expires, headers=headers)
         return [Job(self, job_id) for job_id in sent]
 
@@ -294,13 +228,10 @@ class Client:
         expires: float | datetime | None = None,
         callback_url: str | None = None,
     ) -> list[Job]:
-        """Queue one job per input, sent as chunk messages of ``chunk_size`` inputs (bulk priority by default).
+        """Queue one job per input, sent as chunk messages of ``chunk_size`` inputs; returns one Job per input.
 
-        Returns at once with one Job per input, in order (``gather`` them, or ``get`` each). For inputs too many to
-        hold, use ``map``, which keeps a bounded number of chunks in flight.
-
-        ``expires``: one deadline for every chunk (seconds from now, or a datetime), as ``submit``'s.
-        ``callback_url``: one webhook per chunk, its ``result`` the chunk's (one outcome per input, in order).
+        ``expires`` is one deadline for every chunk; ``callback_url`` one webhook per chunk. For more inputs than
+        fit in memory, use ``map``.
 
         Raises:
             UnknownModel: ``validate`` is on and the id is not in the registry.
@@ -308,14 +239,13 @@ class Client:
             QueueUnavailable, QueueFull: as ``submit`` (the chunks before it were sent).
         """
         level = self._checked(model_id, priority)
-        header = expires_header(expires)  # fixed now, for every chunk
-        deadline = datetime.fromisoformat(header) if header is not None else None
-        headers = self._callback_headers(callback_url, 1)
+        deadline = deadline_of(expires)
+        headers = callback_headers(self.settings, callback_url, 1)
         jobs: list[Job] = []
-        for batch in _batched(inputs, chunk_size):
+        for batch in batched(inputs, chunk_size):
             with sending(self.queue, 1, model_id, {"swapless.chunk.inputs": len(batch)}) as trace:
                 chunk_id = self.publisher.publish(CHUNK_TASK, [(model_id, batch)], level, expires=deadline,
-                                                  headers=_traced(headers, trace, 1))[0]
+                                                  headers=traced(headers, trace, 1))[0]
             jobs.extend(Job(self, item_id(chunk_id, index)) for index in range(len(batch)))
         return jobs
 
@@ -336,26 +266,20 @@ class Client:
     ) -> Iterator[Any]:
         """Predict every input, yielding the predictions in input order as they finish.
 
-        ``inputs`` is read lazily, ``chunk_size`` at a time, and at most ``max_in_flight`` chunks are queued or
-        waiting to be read: memory stays flat for any number of inputs.
+        Inputs are read lazily, with at most ``max_in_flight`` chunks in flight. Stopping early cancels them.
 
         Args:
             model_id: a model id or alias from the registry.
-            inputs: the inputs (strings; base64 images or, with SWAPLESS_INPUT_ROOT set on the worker, image paths).
+            inputs: the inputs.
             chunk_size: inputs per queue message.
             max_in_flight: chunks sent and not yet read back, at most.
             priority: ``bulk`` (default) or ``interactive``.
             timeout: seconds a chunk may take from being sent to its result (None: no limit).
             return_exceptions: yield a failed input's error instead of raising it.
-            on_event: called with a ``ChunkEvent`` per chunk sent and read (progress, instrumentation).
-            expires: one deadline for the whole map (seconds from now, or a datetime): inputs not started by then
-                are answered ``JobExpired`` (and no chunk is sent after it: ``DeadlinePassed``).
-            callback_url: one webhook per chunk as it finishes (see ``submit_many``).
-            refused_wait_s: how long a chunk the queue refuses (``QueueFull``: Redis out of memory, or the model's
-                lists at SWAPLESS_MAX_QUEUED) is sent again, with a growing pause, before ``map`` raises it
-                (``on_event`` gets a ``refused`` event each time); 0 raises at the first refusal.
-
-        Stopping early (``break``, an exception, Ctrl-C) cancels the chunks still in flight.
+            on_event: called with a ``ChunkEvent`` per chunk sent, read or refused.
+            expires: one deadline for the whole map; no chunk is sent after it.
+            callback_url: one webhook per chunk.
+            refused_wait_s: how long a refused chunk is sent again before ``map`` raises (0: at once).
 
         Raises:
             SwaplessError: the first failed input's error (InputError, JobExpired, ...), unless
@@ -367,7 +291,7 @@ class Client:
         stream = self.stream(model_id, priority, expires=expires, max_in_flight=max_in_flight, timeout_s=timeout,
                              on_event=on_event, callback_url=callback_url, refused_wait_s=refused_wait_s)
         with translated(self.settings.redis.broker_url):
-            for _, outcomes in stream.run((None, batch) for batch in _batched(inputs, chunk_size)):
+            for _, outcomes in stream.run((None, batch) for batch in batched(inputs, chunk_size)):
                 for ok, value in outcomes:
                     if ok or return_exceptions:
                         yield value
@@ -380,31 +304,15 @@ class Client:
     ) -> ChunkStream:
         """A ``ChunkStream`` for ``model_id`` (what ``map`` and bulk jobs run on); ``options`` are its own.
 
-        Args:
-            expires: one deadline for every chunk of the stream (seconds from now, or a datetime): a chunk not
-                started by then is answered ``JobExpired`` for each of its inputs.
-            callback_url: one webhook per chunk (see ``submit_many``).
-
         Raises:
             UnknownModel: ``validate`` is on and the id is not in the registry.
             WebhookRefused: ``callback_url`` is not allowed (see ``submit``).
             ValueError: unknown ``priority``; a deadline not in the future.
         """
         level = self._checked(model_id, priority)
-        header = expires_header(expires)  # fixed now: "by morning", not a window that moves with each chunk
-        deadline = datetime.fromisoformat(header) if header is not None else None
-        callback = (self._callback_headers(callback_url, 1) or [{}])[0]
-
-        def send(inputs: list[Any], keys: list[str | None] | None = None) -> str:
-            if deadline is not None and deadline <= datetime.now(UTC):
-                raise DeadlinePassed(deadline.isoformat(timespec="seconds"))
-            extra = {**callback, **({KEYS_HEADER: keys} if keys is not None and any(k is not None for k in keys)
-                                    else {})}
-            with sending(self.queue, 1, model_id, {"swapless.chunk.inputs": len(inputs)}) as trace:
-                headers = _traced([extra] if extra else None, trace, 1)
-                return self.publisher.publish(CHUNK_TASK, [(model_id, inputs)], level, headers=headers,
-                                              expires=deadline)[0]
-
+        # One deadline fixed now ("by morning"), not a window that moves with each chunk.
+        send = ChunkSender(self.publisher, self.queue, model_id, level, deadline_of(expires),
+                           (callback_headers(self.settings, callback_url, 1) or [{}])[0])
         return ChunkStream(send, self.results, self.consumer, **options)
 
     def fetch(self, job_ids: Sequence[str]) -> list[StoredResult]:
@@ -417,18 +325,10 @@ class Client:
             return read_results(self.results, job_ids)
 
     def cancel(self, job_ids: Sequence[str]) -> dict[str, str]:
-        """Cancel jobs that have not started yet, in one round trip.
-
-        A cancelled job's result is ``JobCancelled`` (``get`` raises it, waiters wake at once) and no worker runs it:
-        every worker checks for a result before it starts a job, and the cancellation is kept in Redis as the job's
-        result for ``SWAPLESS_CANCEL_HOLD_S`` (7 days: as long as a job may wait), so it holds across worker restarts
-        and for a job still on its way. A job that has started runs to its end and keeps its result. The jobs of one
-        ``submit_many`` chunk share one message: cancelling one cancels its chunk. A job has started once it is next in
-        line on its worker's device (from the start of the last forward pass of the group before it).
+        """Cancel jobs that have not started yet, in one round trip; cancelling an item cancels its chunk.
 
         Returns:
-            per id: ``"cancelled"``; ``"running"`` (too late: it has started, its result will be kept); ``"done"``
-            (it has a result already, kept).
+            per id: ``"cancelled"``, ``"running"`` (too late) or ``"done"`` (it has a result already).
 
         Raises:
             QueueUnavailable: Redis cannot be reached.
@@ -444,9 +344,7 @@ class Client:
     def gather(
         self, jobs: Sequence[Job], timeout: float | None = 300.0, *, forget: bool | None = None
     ) -> list[StoredResult]:
-        """Wait for many jobs at once; returns their final states in order. The wait goes through the client's
-        result consumer: woken by each result's publish (no polling loop), reading the results found ready in
-        batched MGETs (first, after a reconnect, and every ``POLL_S`` as a safety net).
+        """Wait for many jobs at once; returns their final states in order.
 
         Args:
             jobs: the jobs.
@@ -471,8 +369,7 @@ class Client:
         return stored
 
     def close(self) -> None:
-        """Release what this client holds: its result consumer's listener stops, and its connections go back to the
-        process's pool for its URL (a later wait opens the consumer's again)."""
+        """Stop the result consumer's listener and release the connections (a later wait opens them again)."""
         self.consumer.close()
         self._release()
 

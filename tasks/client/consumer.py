@@ -1,5 +1,5 @@
-"""``ResultConsumer``: every wait of one ``Client`` on one pub/sub connection (as Celery's ``ResultConsumer`` does
-in ``celery/backends/asynchronous.py``), for code that waits in threads.
+"""``ResultConsumer``: every wait of one ``Client`` on one pub/sub connection, for code that waits in threads
+(as Celery's ``ResultConsumer`` in ``celery/backends/asynchronous.py``).
 
     consumer = ResultConsumer(client.redis, client.results)
     consumer.wait(job_id, timeout_s=30)                 # Job.get: the final state, or PENDING after the timeout
@@ -7,24 +7,7 @@ in ``celery/backends/asynchronous.py``), for code that waits in threads.
     with consumer.watch([chunk_id]) as watch:           # ChunkStream: one wait, in slices
         watch.wait(0.5)
 
-The connection is opened by the first wait (nothing is opened when the consumer is built) and read by one daemon
-thread, the listener, which hands each published result to the waits of its key (the publish carries the stored
-value: it is decoded once, with no second read). A wait subscribes its keys, counted across waits
-(``swapless.tasks.client.subscriptions``), before it first reads its results, and reads once more when Redis has
-confirmed the subscriptions, so a result stored in between is never missed; then it sleeps until the listener hands it
-something, reading again every ``POLL_S`` at most as a safety net, and at its deadline. Reads are batched MGETs,
-made by the waiting thread itself, so their Redis errors reach it (``Client`` translates them into
-``QueueUnavailable``).
-
-When the connection drops (a Redis restart, ``CLIENT KILL``), the listener reconnects (backing off from 0.1 s to
-2 s while it fails) and subscribes every key again; each wait then reads once more, as a publish may have come while
-it was down. The consumer logs a reconnection at INFO and a failed attempt at DEBUG only: a wait's own reads
-report a Redis that is down (``QueueUnavailable``). The connection goes back to its pool at ``close``
-(``Client.close``); a wait after that opens it again.
-
-With ``failover_s`` (a client of Redis Sentinel: ``SWAPLESS_REDIS_FAILOVER_WAIT_S``) a wait rides out a primary that
-cannot be reached for that long, within its own timeout, reading again every ``POLL_S``: a failover (kill to
-promotion, a few seconds) ends no wait early, and each read after it goes to the new primary.
+How a wait never misses a result, reconnects and rides out a failover: docs/concepts/client.md.
 """
 
 from __future__ import annotations
@@ -136,13 +119,13 @@ class Failover:
 
 
 class ResultConsumer:
-    """The waits of one client on one pub/sub connection (see the module docstring). Thread-safe.
+    """The waits of one client on one pub/sub connection. Thread-safe.
 
     Args:
         redis_client: the client whose pool lends the connection (``Client.redis``).
         results: where results are stored, read and decoded (``Client.results``).
-        poll_s: longest time a wait goes without reading its results (``POLL_S``).
-        failover_s: how long a wait rides out reads that cannot reach Redis (see the module docstring); 0: not at all.
+        poll_s: longest time a wait goes without reading its results.
+        failover_s: how long a wait rides out reads that cannot reach Redis (0: not at all).
     """
 
     def __init__(

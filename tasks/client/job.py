@@ -60,16 +60,12 @@ class Job:
         return self.status().ready
 
     def get(self, timeout: float | None = 60.0, *, forget: bool | None = None) -> Any:
-        """Wait for the job and return its prediction.
-
-        Wakes on the result backend's publish (no polling stall), with a slow poll as a safety net: the wait goes
-        through the client's one result consumer, whose one pub/sub connection serves all of the client's waits.
+        """Wait for the job and return its prediction, through the client's result consumer.
 
         Args:
             timeout: seconds to wait (None: no limit).
-            forget: delete the result from Redis once read (a second ``get`` then waits in vain); default: the
-                client's ``forget``. The items of a chunk (``submit_many``) share their chunk's result and are
-                never forgotten one by one (``gather`` forgets a chunk's).
+            forget: delete the result from Redis once read; default: the client's ``forget``. Items of a chunk share
+                their chunk's result and are never forgotten one by one.
 
         Raises:
             SwaplessError: the worker's error for this job (UnknownModel, InputError, ...), rebuilt here.

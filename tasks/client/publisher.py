@@ -1,16 +1,5 @@
-"""Sending jobs: routing them to the model that serves each, then publishing their messages.
-
-- ``Publisher.route_jobs``: each single job gets its id and, when it addresses a route, the version the route
-  picks for it (``swapless.manager.registry.routing``: by its sticky key, else by its id) and the shadows that get a
-  copy: a ``Routed`` value, decided once and carried to the send.
-- ``Publisher.send_routed``: the routed jobs in one round trip, then their shadow copies at bulk priority (a
-  shadow never fails the served job); ``asend_routed`` the same through an asyncio Redis client (the gateway's).
-- ``Publisher.publish`` (``apublish``): messages as addressed (single jobs or chunks), built as Celery's
-  ``send_task`` would build them (``swapless.tasks.broker.publish``): to each model's own lists, ringing the placement
-  bell (a model this producer cannot name: to the ingress, where a worker routes it); bounded by ``SWAPLESS_MAX_QUEUED``
-  (``QueueFull``, naming the ids queued nonetheless); with ``SWAPLESS_REDIS_MIN_REPLICAS``, only once that many
-  replicas hold them. Redis failures, and too few replicas, are ``QueueUnavailable`` / ``QueueFull``
-  (``swapless.tasks.broker.connection.translated``).
+"""Sending jobs: routing each to the model that serves it (``route_jobs``), then publishing their messages
+(``send_routed``, ``publish``), as Celery's ``send_task`` would build them (``swapless.tasks.broker.publish``).
 """
 
 from __future__ import annotations
@@ -149,11 +138,10 @@ class Publisher:
     def route_jobs(
         self, jobs: Sequence[tuple[str, Any]], keys: Sequence[str | None] | None = None, *, paths: bool = True
     ) -> list[Routed]:
-        """Each job with a fresh id, addressed to the model that serves it: a route resolved
-        (``swapless.manager.registry.routing``: by its sticky key, else by its id, so a worker resolving a plain Celery
-        job by its id picks the same) with the shadows it sends copies to. A job whose route cannot place its
-        input goes as addressed: the worker answers it alone (``InputError``). ``paths``: whether an input may
-        be an image file's path (False for inputs from the network: ``secret.png`` is then text).
+        """Each job with a fresh id, addressed to the model that serves it, with the shadows it sends copies to.
+
+        A route picks by the sticky key, else by the id (as a worker resolving a plain Celery job does). A job whose
+        route cannot place its input goes as addressed. ``paths``: whether an input may be an image file's path.
         """
         store = self._routing_store()
         ids = new_ids(len(jobs))
@@ -178,13 +166,12 @@ class Publisher:
         self, routed: Sequence[Routed], *, priority: str = "interactive", expires: float | datetime | None = None,
         headers: Sequence[dict[str, Any]] | None = None,
     ) -> list[str]:
-        """Send jobs ``route_jobs`` addressed, in one round trip, then their shadow copies at bulk priority (a shadow
-        never delays a served job; one that cannot be sent is logged, never failing the served job); returns the
-        served jobs' ids. ``headers``: extra message headers per job.
+        """Send routed jobs in one round trip, then their shadow copies at bulk priority; returns the served jobs' ids.
+
+        A shadow that cannot be sent is logged; it never fails the served job.
 
         Raises:
-            ValueError: unknown ``priority``; an input JSON cannot encode; a message over
-                ``SWAPLESS_MAX_MESSAGE_BYTES`` (``InputError``; nothing is sent).
+            ValueError: unknown ``priority``, or an input that cannot be sent (nothing is sent).
             QueueFull, QueueUnavailable: as ``publish``.
         """
         served, shadows = self._with_shadows(routed, priority, headers)
@@ -233,9 +220,7 @@ class Publisher:
                               [i for i, _, _, _ in shadows], [h for _, _, _, h in shadows])
 
     def _canonical(self, model_id: str) -> str | None:
-        """The id a model's lists are named by (an alias resolved; a variant's base), or None when this producer
-        cannot tell (no models file here, or an unknown id with ``validate`` off: the message then goes to the shared
-        queue and a worker routes it, or answers it with ``UnknownModel``)."""
+        """The id a model's lists are named by (an alias resolved; a variant's base), or None when unknown here."""
         try:
             return self.store.home(model_id)
         except SwaplessError:
@@ -251,15 +236,13 @@ class Publisher:
         *,
         expires: float | datetime | None = None,
     ) -> list[str]:
-        """Send one message per ``(model_id, value)`` to ``task`` as addressed, in one round trip; returns their ids
-        (``ids``, else new ones). Single jobs are routed before they get here (``route_jobs``, ``send_routed``).
+        """Send one message per ``(model_id, value)`` to ``task`` in one round trip; returns their ids.
 
-        Each model's messages go to its own lists (``swapless.tasks.keyspace.ModelKeys``) and ring the placement bell; a
-        model this producer cannot name goes to the ingress, where a worker routes it or answers ``UnknownModel``.
+        Each model's messages go to its own lists; a model this producer cannot name goes to the ingress.
 
         Raises:
-            QueueFull: a model's lists (or the shared queue) hold ``SWAPLESS_MAX_QUEUED`` messages already, or Redis
-                is out of memory; ``queued`` lists the ids that were queued nonetheless (other models' jobs).
+            QueueFull: a model's lists are full (``SWAPLESS_MAX_QUEUED``) or Redis is out of memory; ``queued`` lists
+                the ids queued nonetheless.
             QueueUnavailable: Redis cannot be reached.
         """
         ids = list(ids) if ids is not None else new_ids(len(jobs))
@@ -294,12 +277,11 @@ class Publisher:
         self, task: str, jobs: Sequence[tuple[str, Any]], level: int, ids: list[str],
         headers: Sequence[dict[str, Any]] | None, expires: float | datetime | None,
     ) -> list[str]:
-        """``publish`` of a long call: every input checked first (an input error sends nothing), then the messages
-        built and pushed a slice at a time, the first of ``FIRST_SLICE`` jobs, doubling up to ``LARGEST_SLICE``:
-        workers start on the first jobs within milliseconds while the rest are built. A model's first slice counts
-        all its jobs of the call against ``SWAPLESS_MAX_QUEUED``, so each model's jobs are queued whole or not at
-        all, as in one round trip; a failure partway (Redis lost) leaves the earlier slices queued: the error's
-        ``queued`` names them."""
+        """``publish`` of a long call, a slice at a time (doubling from ``FIRST_SLICE``), so workers start early.
+
+        Every input is checked first. Each model's jobs are counted whole against ``SWAPLESS_MAX_QUEUED`` in its first
+        slice; a failure partway leaves the earlier slices queued (named by the error's ``queued``).
+        """
         s = self.settings
         bodies = check_messages(self.app, s.jobs.queue, jobs, level, task=task, expires=expires_header(expires),
                                 headers=headers, max_bytes=s.jobs.max_message_bytes)

@@ -1,9 +1,5 @@
-"""Reading results: job ids to the keys their results are stored under, the items of a chunk, and a final state
-turned into its prediction or its error.
-
-The items of a chunk (ids ``"<chunk id>:<index>"``) have no result of their own: they read their item of the
-chunk's stored list. Reads are batched MGETs of ``MGET_KEYS`` keys at most. Waiting for results that are not
-there yet is the result consumers' (``swapless.tasks.client.consumer``, ``swapless.tasks.client.aconsumer``).
+"""Reading results now: job ids to their result keys, a chunk's items (``"<chunk id>:<index>"``, read from the
+chunk's stored list), and a final state turned into its prediction or its error. Reads are batched MGETs.
 """
 
 from __future__ import annotations

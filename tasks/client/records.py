@@ -1,13 +1,8 @@
-"""Reading a bulk job's input file: JSON Lines or CSV, one record at a time, never the whole file.
+"""Reading a bulk job's input file, JSON Lines or CSV, one record at a time, never the whole file.
 
-Each record becomes a ``Record``: its key (the ``id_field`` value, else its line number), and either the value to
-send (the ``field`` value) or why it cannot be sent (an ``InputError``: a line that is not JSON, a missing field).
-A record that cannot be sent still gets its line in the output, so the output always has one line per record.
-
-- JSON Lines (``.jsonl``, ``.ndjson``, ``.json``): one JSON object per line; a line that is a JSON string is taken
-  as the value itself. Blank lines are not records. The key without ``id_field`` is the 1-based line number.
-- CSV (``.csv``; ``.tsv`` is tab-separated): a header row names the columns; ``field`` must be one of them. The key
-  without ``id_field`` is the line number the record ends on (the header is line 1).
+Each record becomes a ``Record``: its key (the ``id_field`` value, else its line number) and the value to send, or
+the ``InputError`` that says why it cannot be sent (it still gets its line in the output). In JSON Lines a line
+that is a JSON string is the value itself; blank lines are not records. A CSV's header row names the columns.
 """
 
 from __future__ import annotations
@@ -48,11 +43,10 @@ class RecordReader:
     Args:
         path: the input file.
         model_id: named in the per-record errors.
-        field: the JSON field or CSV column holding the input (text, base64 image, or image path).
+        field: the JSON field or CSV column holding the input.
         id_field: the JSON field or CSV column holding each record's key (None: the line number).
-        key_field: the JSON field or CSV column holding each record's sticky routing key (a user id: a route then
-            sends every record of that key to the same version); None, or a record without it: none.
-        fmt: ``jsonl``, ``csv`` or ``tsv``; None picks it from the suffix (``FORMATS``).
+        key_field: the JSON field or CSV column holding each record's sticky routing key (None: none).
+        fmt: ``jsonl``, ``csv`` or ``tsv``; None picks it from the suffix.
 
     Raises:
         BulkFileError: the file is missing, its format is unknown, or a CSV header lacks ``field``/``id_field``.

@@ -1,14 +1,7 @@
 """The producer side of chunked jobs: send chunks, keep a bounded number in flight, read results back in order.
 
-``ChunkStream.run`` takes chunks lazily from an iterable, sends each as one ``swapless.predict_chunk`` message and
-yields each chunk's per-item outcomes in input order as soon as that chunk (and every chunk before it) is done.
-At most ``max_in_flight`` chunks are sent and not yet yielded, so a producer holds a bounded number of inputs and
-results whatever the input's size; the queue holds no more than that either. A chunk's result is deleted from
-Redis once it has been read (``forget``), so a ten-million-record run does not fill Redis with results.
-
-Waiting is on the head chunk's result only, through the client's result consumer (``swapless.tasks.client.consumer``):
-woken by its publish, which carries the result itself; workers have the other in-flight chunks queued
-meanwhile. The wait is cut in slices of ``WATCHDOG_S`` at most, to call the ``watchdog`` between them.
+At most ``max_in_flight`` chunks are sent and not yet yielded, so memory stays flat; each chunk's result is
+deleted once read. The wait is on the head chunk only, cut in slices of ``WATCHDOG_S`` to call the ``watchdog``.
 """
 
 from __future__ import annotations
@@ -52,10 +45,9 @@ class ChunkEvent:
     """What ``ChunkStream`` reports to its ``on_event`` hook.
 
     Attributes:
-        kind: ``sent`` (a chunk message went out), ``done`` (a chunk's results were read), ``waiting`` (the
-            head chunk has had no result for ``waited_s`` seconds; repeated every ``STALL_NOTICE_S``) or
-            ``refused`` (the queue refused a chunk, ``QueueFull``: it is sent again shortly; ``detail`` says why).
-        chunk_id: the chunk's id (its Celery task id); empty for a chunk with no inputs (nothing is sent).
+        kind: ``sent``, ``done`` (its results were read), ``waiting`` (the head chunk has had no result for
+            ``waited_s``; every ``STALL_NOTICE_S``) or ``refused`` (``QueueFull``: sent again shortly; see ``detail``).
+        chunk_id: the chunk's id; empty for a chunk with no inputs (nothing is sent).
         size: inputs in the chunk.
         in_flight: chunks sent and not yet read back, after this event.
         waited_s: seconds since the chunk was sent.
@@ -82,16 +74,15 @@ class ChunkStream:
     """Sends chunks of one model's inputs and yields their outcomes in order (``Client.stream`` builds one).
 
     Args:
-        send: sends one chunk message of these inputs (and, when a chunk has them, their routing keys) and returns
-            its id (the model and priority are its own).
+        send: sends one chunk of these inputs (and their routing keys, if any); returns its id.
         results: where the chunks' results are deleted once read (and chunks left in flight cancelled).
-        consumer: what waits for each chunk's result (the client's).
+        consumer: what waits for each chunk's result.
         max_in_flight: chunks sent and not yet read back, at most (at least 1).
         timeout_s: fail with JobTimeout when the head chunk has no result this long after it was sent (None: wait).
         forget: delete each chunk's result from Redis once read.
-        refused_wait_s: how long a chunk the queue refuses (``QueueFull``) is sent again before the stream raises.
-        on_event: called with a ``ChunkEvent`` on every send, completion and stall notice (progress, tests).
-        watchdog: called every ``WATCHDOG_S`` while waiting; raise from it to stop (local mode: the worker died).
+        refused_wait_s: how long a refused chunk is sent again before the stream raises.
+        on_event: called with a ``ChunkEvent`` on every send, completion, refusal and stall notice.
+        watchdog: called every ``WATCHDOG_S`` while waiting; raise from it to stop.
     """
 
     def __init__(
@@ -122,17 +113,15 @@ class ChunkStream:
     def run(
         self, chunks: Iterable[tuple[T, list[Any]] | tuple[T, list[Any], list[str | None] | None]]
     ) -> Iterator[tuple[T, list[tuple[bool, Any]]]]:
-        """Send ``(tag, inputs)`` chunks (or ``(tag, inputs, routing keys)``: ``send`` then gets the keys too) and
-        yield ``(tag, outcomes)`` per chunk, in the order of ``chunks``.
+        """Send ``(tag, inputs[, routing keys])`` chunks, read lazily; yield ``(tag, outcomes)`` per chunk, in order.
 
-        ``outcomes`` has one ``(True, prediction)`` or ``(False, error)`` per input. A chunk with no inputs is not
-        sent; it is yielded, with no outcomes, in its turn. When the whole chunk failed (unknown model, malformed
-        payload) every item gets that error. ``chunks`` is read lazily: only when a chunk may be sent.
+        ``outcomes`` has one ``(True, prediction)`` or ``(False, error)`` per input; a chunk that failed whole gives
+        every item its error; a chunk with no inputs is not sent and has no outcomes.
 
         Raises:
             JobTimeout: ``timeout_s`` passed with the head chunk still unfinished.
-            QueueFull: the queue refused a chunk for ``refused_wait_s`` (rerun a bulk job to resume it).
-            QueueUnavailable: Redis went away (rerun a bulk job to resume it).
+            QueueFull: the queue refused a chunk for ``refused_wait_s``.
+            QueueUnavailable: Redis went away.
         """
         window: deque[_Sent[T]] = deque()
         source = iter(chunks)

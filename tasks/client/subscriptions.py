@@ -1,21 +1,6 @@
 """The bookkeeping behind one pub/sub connection shared by many waits: which result keys are subscribed and for
 whom, which subscriptions Redis has confirmed, and what each wait has been handed. Plain data, no I/O and no locks:
-the two result consumers (``swapless.tasks.client.consumer`` for threads, ``swapless.tasks.client.aconsumer`` for
-asyncio) keep it under their own guard (a lock; the event loop) and do the talking to Redis.
-
-A result is published on the key it is stored under (``swapless.tasks.broker.results``), so a key is a channel:
-
-- ``Subscriptions.add`` counts a wait's keys; a key's first wait means one ``SUBSCRIBE``, its last one's leaving one
-  ``UNSUBSCRIBE`` (``remove``).
-- A wait sends its keys' SUBSCRIBE before it first reads, and reads at once (a lone job's result is often there
-  before Redis has confirmed the subscription); once Redis has confirmed all of its keys' subscriptions
-  (``confirm``), a wait that read before that reads once more. A result stored before the confirmation is found
-  by that read, one stored after it is published to the connection: none is missed. Confirmations are counted per
-  key, so a stale one (a key unsubscribed and subscribed again) never confirms the newer subscription.
-- When the connection drops, every confirmation is void (``lost``); the consumer subscribes every key again on its
-  next connection, and once a wait's keys are all confirmed again it reads once more (a publish may have come
-  while the connection was down).
-- A publish hands the stored value it carries to each wait of its key (``Waiter.deliver``): no second read.
+the two result consumers keep it under their own guard. How a wait never misses a result: docs/concepts/client.md.
 """
 
 from __future__ import annotations
@@ -34,13 +19,12 @@ __all__ = ["Subscriptions", "Waiter", "batches", "parse_reply"]
 
 
 class Waiter:
-    """One wait for some jobs: the keys their results are stored under, their states so far, and what the consumer's
-    listener has handed it since it last looked.
+    """One wait for some jobs: their result keys, their states so far, and what the listener has handed it.
 
     Args:
-        results: where the results are stored (their keys, their encoding).
-        job_ids: the jobs (items of a chunk wait on their chunk's key; several items share it).
-        wake: called by the listener's side whenever there is something to look at (sets an event).
+        results: where the results are stored.
+        job_ids: the jobs (items of a chunk wait on their chunk's key).
+        wake: called by the listener's side whenever there is something to look at.
     """
 
     def __init__(self, results: ResultStore, job_ids: Sequence[str], wake: Callable[[], None]) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from swapless.manager import Job, ModelManager, Outcome
+from swapless.manager import ModelManager, Outcome, WorkItem
 
 __all__ = [
     "NULL_OBSERVER",
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 class SchedulerObserver(Protocol):
     """Told about every group a scheduler runs. Called in the scheduler thread; must be quick and never raise."""
 
-    def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
+    def on_group(self, model_id: str, jobs: Sequence[WorkItem], outcomes: Sequence[Outcome], run_s: float) -> None:
         """One group ran.
 
         Args:
@@ -51,7 +51,7 @@ class SchedulerObserver(Protocol):
 class NullObserver:
     """The default observer: ignores everything."""
 
-    def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
+    def on_group(self, model_id: str, jobs: Sequence[WorkItem], outcomes: Sequence[Outcome], run_s: float) -> None:
         return None
 
     def on_skipped(self, model_id: str, reason: str, jobs: int) -> None:
@@ -70,7 +70,7 @@ class Observers:
     def __init__(self, observers: Sequence[SchedulerObserver]) -> None:
         self.observers = list(observers)
 
-    def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
+    def on_group(self, model_id: str, jobs: Sequence[WorkItem], outcomes: Sequence[Outcome], run_s: float) -> None:
         for observer in self.observers:
             try:
                 observer.on_group(model_id, jobs, outcomes, run_s)
@@ -168,7 +168,7 @@ class GroupAccounting:
         skipped: called as ``on_skipped`` is.
         shadowed: called as ``on_shadow`` is.
         sent_times: producers' send times of received jobs (empty: queue wait is measured from receipt).
-        clock: wall clock (epoch seconds); ``monotonic``: the clock of ``Job.received_s``.
+        clock: wall clock (epoch seconds); ``monotonic``: the clock of ``WorkItem.received_s``.
     """
 
     def __init__(
@@ -195,7 +195,7 @@ class GroupAccounting:
         self._swaps_seen: dict[str, int] = {}
         self._loaded: set[str] = set()
 
-    def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
+    def on_group(self, model_id: str, jobs: Sequence[WorkItem], outcomes: Sequence[Outcome], run_s: float) -> None:
         try:
             report = self.report(model_id, jobs, outcomes, run_s)
             for listener in self.listeners:
@@ -217,7 +217,7 @@ class GroupAccounting:
             except Exception:  # as on_group
                 logger.exception("could not account for shadow jobs of %s", route_id)
 
-    def report(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> GroupReport:
+    def report(self, model_id: str, jobs: Sequence[WorkItem], outcomes: Sequence[Outcome], run_s: float) -> GroupReport:
         """The report of one group (also advances the accounting: call it once per group)."""
         started_wall = self.clock() - run_s
         started_mono = self.monotonic() - run_s

@@ -83,17 +83,10 @@ def build_heartbeat(
             max_models=manager.max_models,
             memory_budget_bytes=manager.memory_budget_bytes,
             used_bytes=manager.used_bytes(),
-            hits=cache.hits,
-            misses=cache.misses,
-            loads=cache.loads,
-            evictions=cache.evictions,
-            load_failures=cache.load_failures,
             host_max_models=manager.host.max_models if manager.host.enabled else 0,
             host_budget_bytes=manager.host.budget_bytes if manager.host.enabled else 0,
             host_used_bytes=manager.host.used_bytes(),
-            swap_ins=cache.swap_ins,
-            swap_outs=cache.swap_outs,
-            host_evictions=cache.host_evictions,
+            **cache.counts(),
         ),
         loaded=[
             LoadedEntry(

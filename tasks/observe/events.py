@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from swapless.manager import Job, Outcome
+from swapless.manager import Outcome, WorkItem
 
 __all__ = ["TaskEvents"]
 
@@ -66,7 +66,7 @@ class TaskEvents:
     def on_shadow(self, route_id: str, served: str, shadow: str, agreed: bool, jobs: int) -> None:
         """Shadow comparisons send no event."""
 
-    def on_group(self, model_id: str, jobs: Sequence[Job], outcomes: Sequence[Outcome], run_s: float) -> None:
+    def on_group(self, model_id: str, jobs: Sequence[WorkItem], outcomes: Sequence[Outcome], run_s: float) -> None:
         """A group ran (scheduler thread): send each finished task's ``task-succeeded`` or ``task-failed``."""
         finished: list[tuple[_Pending, Outcome]] = []
         timed: set[str] = set()

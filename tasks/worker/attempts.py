@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from swapless.manager import Job
+from swapless.manager import WorkItem
 
 __all__ = ["AttemptPlan", "plan_attempts"]
 
@@ -16,13 +16,13 @@ class AttemptPlan:
     """A group's jobs by how they run: ``poison`` not at all, ``together`` in one batch, ``alone`` one by one,
     ``fresh`` (never started before) as the group's ordinary slices."""
 
-    poison: list[Job]
-    together: list[Job]
-    alone: list[Job]
-    fresh: list[Job]
+    poison: list[WorkItem]
+    together: list[WorkItem]
+    alone: list[WorkItem]
+    fresh: list[WorkItem]
 
 
-def plan_attempts(jobs: Sequence[Job], attempts: Mapping[str, int], max_attempts: int) -> AttemptPlan:
+def plan_attempts(jobs: Sequence[WorkItem], attempts: Mapping[str, int], max_attempts: int) -> AttemptPlan:
     """Split ``jobs`` by their attempts started before (job id -> count; absent: never started)."""
     poison = [job for job in jobs if attempts.get(job.id, 0) >= max_attempts]
     again = [job for job in jobs if 0 < attempts.get(job.id, 0) < max_attempts]

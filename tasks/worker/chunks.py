@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swapless.config.errors import SwaplessError
-from swapless.manager import Job, Outcome
+from swapless.manager import Outcome, WorkItem
 from swapless.tasks.protocol import encode_outcome, split_item_id
 from swapless.tasks.worker.delivery import Delivery
 
@@ -41,7 +41,7 @@ class ChunkAssembler:
         with self._lock:
             return len(self._pending)
 
-    def expand(self, delivery: Delivery) -> list[Job]:
+    def expand(self, delivery: Delivery) -> list[WorkItem]:
         """Register a chunk delivery and return its item Jobs for the backlog (none for a second copy)."""
         with self._lock:
             pending = self._pending.get(delivery.id)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from swapless.manager import Job
+from swapless.manager import WorkItem
 from swapless.tasks.broker.results import ResultStore
 
 __all__ = ["Completion", "Completions"]
@@ -22,7 +22,7 @@ __all__ = ["Completion", "Completions"]
 logger = logging.getLogger(__name__)
 
 #: Store and ack (given the thread's ResultStore), with the jobs it answers.
-Completion = tuple[Callable[[ResultStore], None], Sequence[Job]]
+Completion = tuple[Callable[[ResultStore], None], Sequence[WorkItem]]
 
 
 class Completions:
@@ -37,7 +37,7 @@ class Completions:
     """
 
     def __init__(self, results_factory: Callable[[], ResultStore], max_batch_size: int,
-                 keep: Callable[[Sequence[Job]], None], give_back: Callable[[Sequence[Job]], None],
+                 keep: Callable[[Sequence[WorkItem]], None], give_back: Callable[[Sequence[WorkItem]], None],
                  busy: Callable[[], bool]) -> None:
         self.results_factory = results_factory
         self.max_batch_size = max_batch_size
@@ -59,7 +59,7 @@ class Completions:
         if self._thread is not None:
             self._thread.join()
 
-    def finish(self, results: ResultStore, work: Callable[[ResultStore], None], jobs: Sequence[Job]) -> None:
+    def finish(self, results: ResultStore, work: Callable[[ResultStore], None], jobs: Sequence[WorkItem]) -> None:
         """Store and ack: on the results thread while more work waits, else here at once."""
         if self._thread is None or threading.current_thread() is self._thread:
             work(results)

@@ -13,7 +13,7 @@ from typing import Any
 
 from swapless.config.errors import InputError
 from swapless.config.settings import Settings, WorkerSettings
-from swapless.manager import Job
+from swapless.manager import WorkItem
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks.protocol import (
     CHUNK_TASK,
@@ -44,7 +44,7 @@ class Delivery:
     """
 
     request: Any
-    jobs: tuple[Job, ...]
+    jobs: tuple[WorkItem, ...]
     chunk: bool = False
     shadow_of: tuple[str, str] | None = None
     shadowed: bool = False
@@ -81,7 +81,7 @@ def _queued_at(sent_at: float | None, received_s: float, wall_s: float) -> float
     return received_s - max(wall_s - sent_at, 0.0)  # a producer's clock ahead of ours: no wait yet
 
 
-def _chunk_jobs(request: Any, router: Router, received_s: float, trace: str | None) -> list[Job]:
+def _chunk_jobs(request: Any, router: Router, received_s: float, trace: str | None) -> list[WorkItem]:
     model_id, values, urgent = read_payload(request, "chunk", "[model_id, [input, ...]]")
     if not isinstance(values, (list, tuple)) or not values:
         raise InputError(model_id, "malformed chunk payload: inputs must be a non-empty list")
@@ -94,11 +94,11 @@ def _chunk_jobs(request: Any, router: Router, received_s: float, trace: str | No
                    for i, value, key in zip(ids, values, keys, strict=True)]
     else:
         targets = [router.store.resolve(model_id)] * len(values)
-    return [Job(id=i, model_id=target, input=value, received_s=received_s, urgent=urgent, trace=trace)
+    return [WorkItem(id=i, model_id=target, input=value, received_s=received_s, urgent=urgent, trace=trace)
             for i, target, value in zip(ids, targets, values, strict=True)]
 
 
-def _homed(jobs: list[Job], store: ModelStore) -> list[Job]:
+def _homed(jobs: list[WorkItem], store: ModelStore) -> list[WorkItem]:
     """Jobs of variants as jobs of their base (grouped, loaded and run with it), each carrying its variant."""
     homed = []
     for job in jobs:
@@ -134,7 +134,8 @@ def decode(
     else:
         model_id, value, urgent = read_payload(request, "job", "[model_id, input]")
         target = router.resolve(model_id, value, request.id).model_id
-        jobs = [Job(id=request.id, model_id=target, input=value, received_s=received_s, urgent=urgent, trace=trace)]
+        jobs = [WorkItem(id=request.id, model_id=target, input=value, received_s=received_s, urgent=urgent,
+                         trace=trace)]
     if router.store.has_variants:
         jobs = _homed(jobs, router.store)
     deadline = _deadline(request, jobs[0].urgent, settings.worker, sent_at)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Sequence
 from celery.worker import state as worker_state
 
 from swapless.config.errors import JobCancelled, JobExpired, PoisonJob, PredictionFailed
-from swapless.manager import Job, Outcome, run_group
+from swapless.manager import Outcome, WorkItem, run_group
 from swapless.tasks.broker.results import ResultStore
 from swapless.tasks.observe.accounting import SchedulerObserver
 from swapless.tasks.protocol import deadline_text, item_id, storage_id
@@ -65,7 +65,7 @@ class GroupRunner:
         self._started: set[str] = set()  # jobs of the running group whose attempt is counted already
         self._aside: str | None = None  # the model a bulk group waits for, loading aside
 
-    def run(self, results: ResultStore, group: Sequence[Job]) -> None:
+    def run(self, results: ResultStore, group: Sequence[WorkItem]) -> None:
         """Run one group: skip jobs that already have results, fail poison jobs, isolate suspects, run the rest."""
         model_id = group[0].model_id
         if self.runtime.settings.cache.load_ahead and model_id in self.runtime.manager.loaded_ids():
@@ -109,13 +109,13 @@ class GroupRunner:
         if upcoming:
             self.ahead.launch(*self._first_slice(upcoming[0].model_id, upcoming))
 
-    def _first_slice(self, model_id: str, group: Sequence[Job]) -> tuple[list[str], list[str]]:
+    def _first_slice(self, model_id: str, group: Sequence[WorkItem]) -> tuple[list[str], list[str]]:
         """The ids of a group's jobs, and of those its first forward pass (``_slice``) runs."""
         ids = [job.id for job in group]
         size = self._slice(model_id, group)
         return ids, ids if size is None else ids[:size]
 
-    def _slice(self, model_id: str, jobs: Sequence[Job]) -> int | None:
+    def _slice(self, model_id: str, jobs: Sequence[WorkItem]) -> int | None:
         """Jobs per slice of a group (``_run_sliced``), or None: it runs whole."""
         size = self.runtime.settings.cache.max_batch_size
         if any(job.expires_at is not None for job in jobs):
@@ -124,7 +124,7 @@ class GroupRunner:
             return None
         return size if len(jobs) > size else None
 
-    def _run_sliced(self, results: ResultStore, model_id: str, jobs: Sequence[Job]) -> None:
+    def _run_sliced(self, results: ResultStore, model_id: str, jobs: Sequence[WorkItem]) -> None:
         """Run a group in slices; between slices, yield to interactive jobs and expire jobs past their deadline."""
         size = self._slice(model_id, jobs)
         if size is None:
@@ -151,7 +151,7 @@ class GroupRunner:
                 break
 
     def _run_batch(
-        self, results: ResultStore, model_id: str, batch: Sequence[Job], last: bool = False
+        self, results: ResultStore, model_id: str, batch: Sequence[WorkItem], last: bool = False
     ) -> list[Outcome]:
         """Mark ``batch`` started, run it and return one outcome per job (never raises).
 
@@ -195,7 +195,7 @@ class GroupRunner:
             ]
         return outcomes
 
-    def _cancel_revoked(self, results: ResultStore, group: Sequence[Job]) -> None:
+    def _cancel_revoked(self, results: ResultStore, group: Sequence[WorkItem]) -> None:
         """Cancel in Redis the jobs revoked through Celery's remote control, as ``Client.cancel`` does."""
         revoked = worker_state.revoked
         if not revoked:
@@ -252,7 +252,7 @@ class GroupRunner:
         elif traced is not None:  # items of chunks not yet whole: nothing stored for this batch
             traced.stored(None, None)
 
-    def expire(self, results: ResultStore, jobs: Sequence[Job]) -> None:
+    def expire(self, results: ResultStore, jobs: Sequence[WorkItem]) -> None:
         """Answer jobs whose deadline passed before they started: ``JobExpired``, and never run."""
         logger.info("%d job(s) passed their deadline before they started; answering JobExpired", len(jobs))
         by_model: dict[str, list[Outcome]] = {}
@@ -272,7 +272,7 @@ class GroupRunner:
         if upcoming is not None and upcoming not in loaded and manager.load_ahead(upcoming, waiting):
             logger.info("loading %s ahead while %s computes", upcoming, running)
 
-    def load_aside(self, group: Sequence[Job]) -> bool:
+    def load_aside(self, group: Sequence[WorkItem]) -> bool:
         """Load a bulk group's cold model aside and put the group back; False: the group loads it itself."""
         manager = self.runtime.manager
         model_id = group[0].model_id

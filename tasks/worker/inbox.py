@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from swapless.config.errors import SwaplessError
-from swapless.manager import Backlog, Job
+from swapless.manager import Backlog, WorkItem
 
 __all__ = ["HAND_OVER_S", "STAY_S", "JobInbox", "Taken"]
 
@@ -24,7 +24,7 @@ STAY_S = 0.15
 HAND_OVER_S = 0.002
 
 #: What ``take`` hands the scheduler thread: requests to answer with an error, expired jobs, the next group.
-Taken = tuple[list[tuple[Any, SwaplessError]], list[Job], list[Job]]
+Taken = tuple[list[tuple[Any, SwaplessError]], list[WorkItem], list[WorkItem]]
 
 
 class JobInbox:
@@ -46,7 +46,7 @@ class JobInbox:
 
     # -- any thread --------------------------------------------------------------------------------------
 
-    def put(self, jobs: list[Job], rejected: Sequence[tuple[Any, SwaplessError]] = ()) -> None:
+    def put(self, jobs: list[WorkItem], rejected: Sequence[tuple[Any, SwaplessError]] = ()) -> None:
         """Add jobs (and requests to answer with an error) and wake the scheduler thread.
 
         An idle scheduler thread gets up to ``HAND_OVER_S`` to take them before this thread goes on.
@@ -86,7 +86,9 @@ class JobInbox:
         with self._cond:
             return bool(self.backlog.counts().get(model_id) or self.backlog.queued().get(model_id))
 
-    def take_model(self, model_id: str, choose: Callable[[list[Job]], Callable[[Job], bool]]) -> list[Job]:
+    def take_model(
+        self, model_id: str, choose: Callable[[list[WorkItem]], Callable[[WorkItem], bool]]
+    ) -> list[WorkItem]:
         """Take the waiting jobs of ``model_id`` but those ``choose(its waiting jobs)`` says to keep."""
         with self._cond:
             return self.backlog.take_model(model_id, keep=choose(self.backlog.jobs_of(model_id)))
@@ -137,7 +139,7 @@ class JobInbox:
                 self._stayed_for = frozenset()  # its jobs came: worth waiting for again
             return rejected, expired, group
 
-    def peek_group(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], max_group: int) -> list[Job]:
+    def peek_group(self, loaded: Sequence[str], load_cost_s: Callable[[str], float], max_group: int) -> list[WorkItem]:
         """The group ``take`` would give next (``Backlog.peek_group``)."""
         with self._cond:
             return self.backlog.peek_group(loaded, load_cost_s, max_group)
@@ -149,7 +151,7 @@ class JobInbox:
             upcoming = self.backlog.peek_next(loaded, load_cost_s, exclude=exclude)
         return upcoming, self.waiting()
 
-    def yield_to_urgent(self, pending: list[Job]) -> bool:
+    def yield_to_urgent(self, pending: list[WorkItem]) -> bool:
         """Put ``pending`` back when interactive jobs wait; returns whether it did."""
         with self._cond:
             if not self.backlog.urgent:
@@ -157,7 +159,7 @@ class JobInbox:
             self.backlog.add(pending)
             return True
 
-    def put_back_until(self, group: Sequence[Job], waiting: Callable[[], bool], poll_s: float = 0.05) -> None:
+    def put_back_until(self, group: Sequence[WorkItem], waiting: Callable[[], bool], poll_s: float = 0.05) -> None:
         """Put ``group`` back and wait while ``waiting()`` holds, until interactive jobs, rejects or a stop come."""
         with self._cond:
             self.backlog.add(group)

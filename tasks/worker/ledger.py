@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from swapless.config.errors import SwaplessError
-from swapless.manager import Job
+from swapless.manager import WorkItem
 from swapless.tasks.broker.acks import AckQueue
 from swapless.tasks.broker.results import ResultStore
 from swapless.tasks.protocol import split_item_id
@@ -41,9 +41,9 @@ class RequestLedger:
 
     # -- admission (consumer thread) ----------------------------------------------------------------------------
 
-    def admit(self, deliveries: Sequence[Delivery]) -> list[Job]:
+    def admit(self, deliveries: Sequence[Delivery]) -> list[WorkItem]:
         """Hold ``deliveries`` until each ends; returns their jobs for the backlog (none for a second copy)."""
-        jobs: list[Job] = []
+        jobs: list[WorkItem] = []
         with self._lock:
             for delivery in deliveries:
                 if delivery.chunk:
@@ -69,7 +69,7 @@ class RequestLedger:
         with self._lock:
             return job_id in self._deliveries
 
-    def unfinished(self, jobs: Sequence[Job]) -> list[Job]:
+    def unfinished(self, jobs: Sequence[WorkItem]) -> list[WorkItem]:
         """Those of ``jobs`` that have no outcome yet."""
         with self._lock:
             return [job for job in jobs if job.id in self._deliveries or self.chunks.waiting_for(job.id)]
@@ -106,7 +106,7 @@ class RequestLedger:
             copies = [dup for request, _, _ in items for dup in self._duplicates.pop(request.id, [])]
         self.acks.ack([request for request, _, _ in items] + copies)  # only once the results are stored
 
-    def release(self, jobs: Sequence[Job]) -> list[Any]:
+    def release(self, jobs: Sequence[WorkItem]) -> list[Any]:
         """Forget the single jobs among ``jobs`` without an answer; returns their requests and copies, to requeue."""
         with self._lock:
             requests = [self._deliveries.pop(job.id).request for job in jobs if job.id in self._deliveries]

@@ -18,7 +18,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from swapless.config.errors import SwaplessError
-from swapless.manager import Job
+from swapless.manager import WorkItem
 from swapless.tasks.broker.acks import AckQueue
 from swapless.tasks.broker.results import ResultStore
 from swapless.tasks.observe.accounting import NULL_OBSERVER, SchedulerObserver
@@ -116,10 +116,10 @@ class BatchScheduler:
         """
         whole: set[str] = set()
 
-        def choose(waiting: list[Job]) -> Callable[[Job], bool]:
+        def choose(waiting: list[WorkItem]) -> Callable[[WorkItem], bool]:
             whole.update(self.chunks.untouched([job.id for job in waiting]))
 
-            def keep(job: Job) -> bool:
+            def keep(job: WorkItem) -> bool:
                 parts = split_item_id(job.id)
                 return not self.ledger.live(job.id) or (parts is not None and parts[0] not in whole)
 
@@ -165,7 +165,7 @@ class BatchScheduler:
 
     # -- scheduler thread --------------------------------------------------------------------------------
 
-    def _take(self) -> tuple[list[tuple[Any, SwaplessError]], list[Job], list[Job]] | None:
+    def _take(self) -> tuple[list[tuple[Any, SwaplessError]], list[WorkItem], list[WorkItem]] | None:
         manager = self.runtime.manager
         if not self.inbox.has_work():
             self.completions.flush()  # nothing to run next: store now
@@ -237,11 +237,11 @@ class BatchScheduler:
 
     # -- any thread that stores --------------------------------------------------------------------------
 
-    def _keep(self, group: Sequence[Job]) -> None:
+    def _keep(self, group: Sequence[WorkItem]) -> None:
         """Put the jobs of ``group`` that have no outcome yet back into the backlog."""
         self.inbox.put(self.ledger.unfinished(group))
 
-    def _give_back(self, group: Sequence[Job]) -> None:
+    def _give_back(self, group: Sequence[WorkItem]) -> None:
         """Requeue the messages of jobs without a result; chunk items go back to the backlog."""
         unfinished = self.ledger.unfinished(group)
         requests = self.ledger.release(unfinished)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from swapless.manager import Job, ModelManager, Outcome
+from swapless.manager import ModelManager, Outcome, WorkItem
 from swapless.tasks.tracing import MESSAGING_SYSTEM, remote_parent, trace_id_of
 
 __all__ = ["BatchSpans", "BatchTrace", "traces_note"]
@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 NOTE_TRACES = 3
 
 
-def traces_note(jobs: Sequence[Job]) -> str:
+def traces_note(jobs: Sequence[WorkItem]) -> str:
     """What a log line about ``jobs`` says of their producers' traces (``""`` when none carried one)."""
     seen = dict.fromkeys(job.trace for job in jobs if job.trace is not None)
     if not seen:
@@ -43,9 +43,9 @@ class BatchSpans:
         self.tracer = tracer
         self.queue = queue
 
-    def start(self, model_id: str, batch: Sequence[Job], manager: ModelManager) -> BatchTrace | None:
+    def start(self, model_id: str, batch: Sequence[WorkItem], manager: ModelManager) -> BatchTrace | None:
         """Mark a batch's start (called as it starts); None when none of its jobs is traced."""
-        traces: dict[str, list[Job]] = {}
+        traces: dict[str, list[WorkItem]] = {}
         for job in batch:
             if job.trace is not None:
                 traces.setdefault(job.trace, []).append(job)
@@ -55,7 +55,7 @@ class BatchSpans:
 class BatchTrace:
     """The marks of one batch, and its spans made from them (``stored``). Never raises."""
 
-    def __init__(self, spans: BatchSpans, model_id: str, size: int, traces: dict[str, list[Job]],
+    def __init__(self, spans: BatchSpans, model_id: str, size: int, traces: dict[str, list[WorkItem]],
                  manager: ModelManager) -> None:
         self.spans = spans
         self.model_id = model_id
@@ -99,7 +99,7 @@ class BatchTrace:
         except Exception:  # spans must never cost a job its result
             logger.exception("could not make the spans of a batch of %s", self.model_id)
 
-    def _sent_ns(self, jobs: Sequence[Job]) -> int:
+    def _sent_ns(self, jobs: Sequence[WorkItem]) -> int:
         """When the first of ``jobs`` was sent (its producer's stamp, else its receipt), on the wall clock."""
         return int((min(job.received_s for job in jobs) + self._wall_minus_mono) * 1e9)
 
@@ -154,7 +154,7 @@ class BatchTrace:
         for span in process.values():
             span.end(end_time=done_ns)
 
-    def _process(self, tracer: Any, traceparent: str, jobs: list[Job], parent: Any, links: list[Any]) -> Any:
+    def _process(self, tracer: Any, traceparent: str, jobs: list[WorkItem], parent: Any, links: list[Any]) -> Any:
         """A trace's ``process`` span (left open) and its ``wait`` span."""
         from opentelemetry import trace
 

@@ -1,15 +1,7 @@
 """The HTTP plumbing of ``TritonWorker``: ``TritonConnection``, one model's calls to one Triton server over
-``tritonclient.http``, retried while the server does not answer, plus the repository calls that wait for a model
-to become READY or to be gone.
-
-Failures: a refused connection, a timeout or a 502/503/504 is retried after 0.2, 0.4 and 0.8 s
-(``retry_delays_s``), then raises ``BackendUnavailable`` naming the URL; a call given its own timeout (the load
-request, after ``load_timeout_s``) raises it at once when that timeout passes, as sending it again would only wait
-for the same load. Errors the server answers with (``InferenceServerException``, except 502/503/504) pass through
-to the worker, which turns them into ``ModelLoadError`` or ``PredictionFailed``.
-
-The gevent-based HTTP client cannot be shared between threads, so the connection keeps one per thread (and per
-network timeout); ``close()`` closes them all, and the next call makes new ones.
+``tritonclient.http``, retried while the server does not answer (then ``BackendUnavailable``), and the repository
+calls that wait for a model to become READY or to be gone. The gevent-based HTTP client cannot be shared between
+threads, so the connection keeps one per thread.
 """
 
 from __future__ import annotations

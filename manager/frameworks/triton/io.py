@@ -1,21 +1,7 @@
-"""The tensors of a Triton model, for ``TritonWorker``: what the server's metadata says, job inputs shaped to fit
-it, and inference results turned into job outputs. No network here (the requests are in ``triton_client``).
-
-- ``parse_info(metadata, config)``: the model's inputs and outputs (``Tensor``: name, datatype, the shape of one
-  item), ``max_batch_size`` and, for a model with one image-shaped input, its layout (``ModelInfo``).
-- ``image_input(...)``: a base64 image, for a model with one image-shaped input (``[3, H, W]`` NCHW or
-  ``[H, W, 3]`` NHWC; 1 channel works too). Resized to H x W (bilinear, aspect ratio not kept, like Triton's
-  ``image_client`` example for densenet_onnx; a ``-1`` side keeps the image's size). FP32/FP16 inputs get pixels
-  scaled to [0, 1] and normalised with the ImageNet mean (0.485, 0.456, 0.406) and std (0.229, 0.224, 0.225),
-  what torchvision-trained classifiers expect; UINT8 inputs get the raw pixels.
-- ``tensor_inputs(...)``: raw tensors ``{"inputs": {input_name: nested list}}``: every required input, no unknown
-  name, the shape of one item (``-1``: any size), values of the datatype's kind and range (no 1.5 for an INT32
-  input). A bad input raises ``InputError``, which fails its job alone.
-- ``decode_outputs(...)``: with labels (``read_labels``: line i of the ``labels_file`` names class i) a job gets
-  the ``top_k`` ``{"label", "score"}`` of the model's first output, best first. A row that already is a
-  probability distribution (values in [0, 1] summing to 1 within 1e-3) is kept as it is; any other row is taken
-  as logits and softmaxed, so scores are always probabilities. Without labels a job gets
-  ``{output_name: nested list}``.
+"""The tensors of a Triton model, for ``TritonWorker``: the server's metadata (``parse_info``), job inputs shaped to
+fit it (``image_input``: a base64 image resized and normalised as torchvision classifiers expect;
+``tensor_inputs``: raw tensors checked against the metadata), and results turned into job outputs
+(``decode_outputs``: top-k labelled probabilities, or raw tensors). A bad input raises ``InputError``. No network.
 """
 
 from __future__ import annotations

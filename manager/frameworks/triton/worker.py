@@ -1,34 +1,9 @@
 """TritonWorker: models served by a Triton Inference Server, driven over its HTTP API (``tritonclient.http``).
 
-The model lives in the server (``remote = True``, ``memory_bytes == 0``); the cache counts these workers in
-their own pool (``remote_max_models``). Nothing about a model is hard-coded: names, datatypes, shapes and
-``max_batch_size`` come from the server's metadata and config, read by ``load()``. This module holds the
-worker's contract; the HTTP calls, retries and waits are in ``swapless.manager.frameworks.triton.client``, and the
-tensors (metadata, input shaping, output decoding) in ``swapless.manager.frameworks.triton.io``.
-
-- ``load()``: ``POST /v2/repository/models/{name}/load`` (the server runs with ``--model-control-mode=explicit``),
-  then waits for readiness (at most ``load_timeout_s``) and reads metadata, config and the ``labels_file``.
-- ``prepare(value)`` checks one job against the metadata; a bad input fails its job alone (``InputError``): a
-  base64 image, for a model with one image-shaped input (resized, normalised, NCHW or NHWC), or raw tensors
-  ``{"inputs": {input_name: nested list}}`` (see ``swapless.manager.frameworks.triton.io`` for the details).
-- ``predict(batch)``: the whole group in as few requests as the model's ``max_batch_size`` allows (or the
-  entry's ``max_batch_size`` when smaller; ``max_batch_size: 0`` models get one job per request; jobs of
-  different shapes go in different requests). With a ``labels_file`` (line i names class i) a job gets the
-  ``top_k`` ``{"label", "score"}`` of the model's first output, best first, as probabilities (logits are
-  softmaxed); without labels a job gets ``{output_name: nested list}``.
-- ``unload()``: ``POST .../unload``, then waits (at most ``unload_timeout_s``) until the server has unloaded
-  it, so the memory is free before the cache loads the next model.
-
-Failures: a refused connection, a timeout or a 502/503/504 is retried after 0.2, 0.4 and 0.8 s
-(``retry_delays_s``), then raises ``BackendUnavailable`` naming the URL; a load request that times out (after
-``load_timeout_s``) raises it at once, as sending it again would only wait for the same load. A model the server
-cannot load (not in the repository, broken) raises ``ModelLoadError`` with the server's message. A request the
-server rejects raises ``PredictionFailed`` (the runner then splits the batch). If the server lost the model
-(restarted, or someone unloaded it), ``predict`` loads it again once.
-
-The URL is the entry's ``triton_url``, else ``SWAPLESS_TRITON_URL``, as ``host:port`` (an ``http://`` or
-``https://`` prefix is accepted). The gevent-based HTTP client cannot be shared between threads, so the worker's
-``TritonConnection`` keeps one per thread.
+The model lives in the server (``remote = True``, ``memory_bytes == 0``); names, datatypes, shapes and
+``max_batch_size`` come from the server's metadata and config, read by ``load()``. The HTTP calls, retries and
+waits are in ``triton.client``; the tensors (input shaping, output decoding) in ``triton.io``. Its inputs, outputs
+and failures are described in docs/guides/frameworks.md.
 """
 
 from __future__ import annotations
@@ -62,18 +37,13 @@ logger = logging.getLogger(__name__)
 
 
 class TritonWorker(ModelWorker, framework="triton"):
-    """A model on a Triton server, named by the entry's ``name``. See the module docstring for the behaviour.
-
-    There is no host tier for Triton models (``host_tier`` stays False): the model lives in the server's process,
-    which keeps no copy of it in host memory once unloaded, so an evicted Triton model is unloaded as ever.
+    """A model on a Triton server, named by the entry's ``name``. It has no host tier: the model lives in the server.
 
     Attributes (class defaults; set on an instance to change one worker):
-        retry_delays_s: pauses between tries of a call the server did not answer; one more try than delays.
+        retry_delays_s: pauses between tries of a call the server did not answer.
         connection_timeout_s: seconds to open a connection.
-        network_timeout_s: seconds to wait for the answer to a request (inference, metadata, unload, ...).
-        load_timeout_s: seconds to wait for the answer to the load request (the server answers when the load is
-            done) and then for readiness. A load request without an answer is not sent again: the server may
-            still be loading, and a second request would only wait for the same load.
+        network_timeout_s: seconds to wait for the answer to a request.
+        load_timeout_s: seconds to wait for a load, then for readiness; a load request is never sent twice.
         unload_timeout_s: seconds to wait for the server to finish unloading.
     """
 
@@ -101,8 +71,8 @@ class TritonWorker(ModelWorker, framework="triton"):
 
         Raises:
             BackendUnavailable: the server did not answer after the retries.
-            ModelLoadError: the server could not load the model (its message included), it did not become ready
-                within ``load_timeout_s``, or the labels file cannot be read.
+            ModelLoadError: the server could not load the model, it did not become ready in time, or the labels file
+                cannot be read.
         """
         name = self.spec.name
         try:
