@@ -43,11 +43,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 WORKER_FIXTURES = frozenset({"start_worker", "module_workers", "faults", "module_faults", "one_worker"})
 
 
+#: The modules that take a test process longest, longest first: ``pytest -n`` hands them out first.
+LONGEST_FIRST = (
+    "test_batches", "test_bulk", "test_e2e", "test_faults_delivery", "test_warmup", "test_gateway_security",
+    "test_bench_autoscale", "test_bench_device", "test_tracing", "test_webhooks", "test_docs", "test_residency",
+    "test_triton", "test_longtail",
+)
+
+
+def _in_schedule_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """Whole modules, in the order ``pytest -n --dist loadfile --no-loadscope-reorder`` hands them out: those of
+    ``LONGEST_FIRST``, then the other modules with slow tests (most first), then the rest, so that short modules
+    fill the end of the run instead of a long one starting last."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+
+    def rank(path: str) -> tuple[int, int]:
+        name = Path(path).stem
+        if name in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(name)
+        slow = sum(1 for item in modules[path] if item.get_closest_marker("slow") is not None)
+        return (1, -slow) if slow else (2, -len(modules[path]))
+
+    return [item for path in sorted(modules, key=rank) for item in modules[path]]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that reaches the real Redis (its fixtures, however indirectly, include ``redis_url``) is marked
     ``redis``: ``-m "not slow and not redis"`` is the set that runs with no Redis at all. A test that starts real
     worker processes (through ``WORKER_FIXTURES``) is marked ``slow``. Tests marked ``full`` are deselected unless
-    ``--full`` is given (CI runs the smaller sizes of the same tests)."""
+    ``--full`` is given (CI runs the smaller sizes of the same tests). Modules run in ``_in_schedule_order``."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if "redis_url" in fixtures:
@@ -59,6 +85,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if full:
             config.hook.pytest_deselected(items=full)
             items[:] = [item for item in items if item.get_closest_marker("full") is None]
+    items[:] = _in_schedule_order(items)
 
 
 @pytest.fixture(scope="session")
