@@ -82,7 +82,7 @@ def run_once(url: str, models: Path, min_replicas: int, jobs: int) -> dict[str, 
         for _ in range(max(1, jobs // 100)):
             client.submit_jobs([("echo", f"bulk {n}") for n in range(100)])
         bulk_s = time.perf_counter() - started
-        store = ResultStore(make_app(settings), client=client.redis, replicas=ReplicaWait.of(settings))
+        store = ResultStore(make_app(settings), client=client.redis, replicas=ReplicaWait.of(settings.redis))
         groups = max(1, jobs // 256)
         started = time.perf_counter()
         for _ in range(groups):

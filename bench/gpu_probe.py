@@ -295,4 +295,4 @@ def budget_in_effect() -> int | None:
     ``SWAPLESS_MEMORY_BUDGET_BYTES``, which has no default (None: no byte limit, only ``--max-models``)."""
     from swapless.config.settings import Settings
 
-    return Settings().memory_budget_bytes
+    return Settings().cache.memory_budget_bytes

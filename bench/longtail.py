@@ -772,8 +772,8 @@ class WaitingWork:
         """(models with jobs waiting or held, those jobs) now."""
         from swapless.tasks.cluster.view import read_placement
 
-        busy = [p for p in read_placement(self.redis, self.keyspace, self.ids) if p.waiting or p.held]
-        return len(busy), sum(p.waiting + p.held for p in busy)
+        busy = [p for p in read_placement(self.redis, self.keyspace, self.ids) if p.waiting_messages or p.held]
+        return len(busy), sum(p.waiting_messages + p.held for p in busy)
 
     def top_up(self) -> tuple[int, int]:
         models, _ = self.count()
@@ -903,7 +903,6 @@ def _registry_reads(workers: Workers, http: Any, models_file: Path, ids: list[st
     from swapless.config.settings import load_settings
     from swapless.manager import ModelEngine, ModelManager, ModelStore
     from swapless.tasks.broker.connection import RedisHealth
-    from swapless.tasks.broker.routes import Router
     from swapless.tasks.cli.main import models_text
     from swapless.tasks.cluster.members import read_heartbeats
     from swapless.tasks.cluster.placer import Placer
@@ -912,6 +911,7 @@ def _registry_reads(workers: Workers, http: Any, models_file: Path, ids: list[st
     from swapless.tasks.keyspace import Keyspace
     from swapless.tasks.observe.scaling import read_cluster
     from swapless.tasks.observe.status import read_status
+    from swapless.tasks.routing import Router
     from swapless.tasks.worker.runtime import load_plugins
 
     r = workers.redis
@@ -922,8 +922,8 @@ def _registry_reads(workers: Workers, http: Any, models_file: Path, ids: list[st
     def cli_models() -> None:
         """``swapless models`` (tasks/cli/main.py): the registry read, its listing drawn 120 columns wide."""
         s = load_settings(models_file=models_file, plugins="bench.simulated")
-        load_plugins(s)
-        models_text(ModelStore.from_file(s.models_file, ModelEngine().frameworks), width=120)
+        load_plugins(s.cache)
+        models_text(ModelStore.from_file(s.cache.models_file, ModelEngine().frameworks), width=120)
 
     # The heartbeat: built by build_heartbeat from a cache of the worker's size (empty: what it has
     # loaded is at most 4 entries) and stats fed with the worker's activity per model as its last heartbeat
@@ -966,8 +966,8 @@ def _registry_reads(workers: Workers, http: Any, models_file: Path, ids: list[st
     def tick_plan() -> Any:
         return plan(beat.worker_id, placer._workers(tick["beats"]),
                     placer._demand(tick["places"], tick["beats"], tick["live"]),
-                    copy_backlog_s=settings.copy_backlog_s, max_copies=settings.max_copies,
-                    copy_idle_s=settings.copy_idle_s)
+                    copy_backlog_s=settings.placement.copy_backlog_s, max_copies=settings.placement.max_copies,
+                    copy_idle_s=settings.placement.copy_idle_s)
 
     reads: dict[str, Callable[[], Any]] = {
         "models": cli_models,
@@ -981,8 +981,8 @@ def _registry_reads(workers: Workers, http: Any, models_file: Path, ids: list[st
         "placement": lambda: read_placement(r, keyspace, ids),
         "tick reads": tick_reads,
         "tick plan": tick_plan,
-        "cluster": lambda: read_cluster(r, keyspace, ids, unknown_job_s=settings.scale_unknown_job_s,
-                                        unknown_load_s=settings.scale_unknown_load_s),
+        "cluster": lambda: read_cluster(r, keyspace, ids, unknown_job_s=settings.scaling.scale_unknown_job_s,
+                                        unknown_load_s=settings.scaling.scale_unknown_load_s),
         "get metrics": lambda: http.get("/metrics").raise_for_status(),
     }
     prepare = {"beat": prepare_beat, "read beats all": publishers["beat all"].beat, "tick plan": prepare_tick}

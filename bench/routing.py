@@ -55,8 +55,8 @@ def split(cluster: Cluster, jobs: int) -> dict[str, float]:
 
 
 def shadow(cluster: Cluster, jobs: int = 200) -> tuple[dict[str, list[float]], tuple[int, int]]:
-    from swapless.tasks.broker.routes import read_shadow
     from swapless.tasks.keyspace import Keyspace
+    from swapless.tasks.routing import read_shadow
 
     client = cluster.client()
     for route in ("plain", "shadowed"):  # both models loaded, the first passes done

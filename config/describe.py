@@ -1,4 +1,4 @@
-"""How values and sizes are named in messages: one copy for every error and table that names them."""
+"""How values and sizes are named in messages."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ _KINDS: dict[type, str] = {
 
 
 def kind(value: Any) -> str:
-    """What a JSON-ish value is, for a message: ``null``, ``a string``, ``an object``, ``a number``, ..."""
+    """What a JSON value is, for a message: ``null``, ``a string``, ``an object``, ..."""
     if value is None:
         return "null"
     return _KINDS.get(type(value), type(value).__name__)

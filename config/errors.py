@@ -1,34 +1,16 @@
-"""Every error Swapless raises, under one root, in one module that both sides reach (the model side, ``manager/``,
-and the queue side, ``tasks/``) without importing each other.
-
-Each error keeps the arguments it was built from in ``args`` and builds its message from them, so that it
-survives Celery's JSON result backend: the backend stores ``type``, ``module`` and ``args`` and the client
-rebuilds the very same error, message included. Each message says what to do.
+"""Every Swapless error, under one root; each builds its message from its ``args`` (what a result backend keeps).
 
     SwaplessError
-    ├── ConfigError             the models file or a setting is wrong (start-up)
-    ├── UnknownModel            a job names a model id that is not in the registry (also a KeyError)
-    ├── UnknownFramework        a models entry names a framework no worker is registered for (also a KeyError)
-    ├── DuplicateFramework      two worker classes register the same framework name
-    ├── InputError              one job's input is unusable; that job fails alone (also a ValueError)
-    ├── ModelLoadError          a model could not be loaded
-    │   └── ModelTooLarge       a model does not fit the memory budget even with everything else evicted
-    ├── PredictionFailed        the model raised on this job's input
-    ├── PoisonJob               the job was in flight each time its worker died; not retried again
-    ├── BackendUnavailable      a remote inference server did not answer (retryable)
-    │   └── QueueUnavailable    Redis, the queue and result store, cannot be reached (retryable)
-    ├── QueueFull               Redis refuses new jobs: it is out of memory, or the queue is at its bound
-    ├── JobFailed               the job failed with an error this process cannot rebuild
-    ├── JobExpired              the job was not started by its deadline (``expires``); it never ran
-    ├── JobCancelled            the job was cancelled before it started; it never ran
-    ├── DeadlinePassed          a bulk job's deadline passed; the rest was not computed (rerun to resume)
-    ├── JobTimeout              no result within the timeout (also a TimeoutError)
-    ├── BulkFileError           a bulk job's input or output file cannot be used; nothing was sent
-    ├── LocalModeError          local mode's embedded Redis or worker did not start, or stopped
-    ├── MetricsUnavailable      the worker's metrics endpoint cannot be opened
-    └── WebhookRefused          a ``callback_url`` is not http(s), or its host is not allowed (also a ValueError)
+    ├── ConfigError, UnknownModel (KeyError), UnknownFramework (KeyError), DuplicateFramework
+    ├── InputError (ValueError), PredictionFailed, PoisonJob
+    ├── ModelLoadError
+    │   └── ModelTooLarge
+    ├── BackendUnavailable
+    │   └── QueueUnavailable
+    ├── QueueFull, JobFailed, JobExpired, JobCancelled, DeadlinePassed, JobTimeout (TimeoutError)
+    └── BulkFileError, LocalModeError, MetricsUnavailable, WebhookRefused (ValueError)
 
-The HTTP gateway adds its own, for what only a network caller can do wrong (``swapless.tasks.gateway.errors``).
+The gateway adds its own (``swapless.tasks.gateway.errors``).
 """
 
 from __future__ import annotations
@@ -64,7 +46,7 @@ __all__ = [
 
 
 class SwaplessError(Exception):
-    """Root of every Swapless error. ``str(err)`` is the message; ``args`` are what it was built from."""
+    """Root of every Swapless error; ``str(err)`` is its message."""
 
     @property
     def message(self) -> str:
@@ -75,7 +57,7 @@ class SwaplessError(Exception):
 
 
 class ConfigError(SwaplessError):
-    """The models file or a setting is invalid. ``where`` names the file/entry/field, ``problem`` what to fix."""
+    """The models file or a setting is invalid."""
 
     def __init__(self, where: str, problem: str) -> None:
         super().__init__(where, problem)
@@ -88,7 +70,7 @@ class ConfigError(SwaplessError):
 
 
 class UnknownModel(SwaplessError, KeyError):
-    """A job addressed a model id the registry does not have."""
+    """A model id the registry does not have."""
 
     def __init__(self, model_id: str, known: Iterable[str] = ()) -> None:
         known_list = sorted(known)
@@ -102,7 +84,7 @@ class UnknownModel(SwaplessError, KeyError):
 
 
 class UnknownFramework(SwaplessError, KeyError):
-    """No worker class is registered for a framework name."""
+    """A framework no worker class is registered for."""
 
     def __init__(self, framework: str, known: Iterable[str] = ()) -> None:
         known_list = sorted(known)
@@ -116,7 +98,7 @@ class UnknownFramework(SwaplessError, KeyError):
 
 
 class DuplicateFramework(SwaplessError):
-    """Two worker classes tried to register under the same framework name."""
+    """Two worker classes register one framework name."""
 
     def __init__(self, framework: str, existing: str) -> None:
         super().__init__(framework, existing)
@@ -129,7 +111,7 @@ class DuplicateFramework(SwaplessError):
 
 
 class InputError(SwaplessError, ValueError):
-    """One job's input cannot be used. Only that job fails."""
+    """One job's input cannot be used; that job fails alone."""
 
     def __init__(self, model_id: str, problem: str) -> None:
         super().__init__(model_id, problem)
@@ -142,7 +124,7 @@ class InputError(SwaplessError, ValueError):
 
 
 class ModelLoadError(SwaplessError):
-    """A model could not be loaded; every job waiting for it fails with this message."""
+    """A model could not be loaded."""
 
     def __init__(self, model_id: str, problem: str) -> None:
         super().__init__(model_id, problem)
@@ -155,7 +137,7 @@ class ModelLoadError(SwaplessError):
 
 
 class ModelTooLarge(ModelLoadError):
-    """A model needs more memory than the whole budget."""
+    """A model is larger than the whole memory budget."""
 
     def __init__(self, model_id: str, size_bytes: int, budget_bytes: int) -> None:
         SwaplessError.__init__(self, model_id, size_bytes, budget_bytes)
@@ -173,7 +155,7 @@ class ModelTooLarge(ModelLoadError):
 
 
 class PredictionFailed(SwaplessError):
-    """The model raised while computing this job."""
+    """The model raised on this job's input."""
 
     def __init__(self, model_id: str, problem: str) -> None:
         super().__init__(model_id, problem)
@@ -186,7 +168,7 @@ class PredictionFailed(SwaplessError):
 
 
 class PoisonJob(SwaplessError):
-    """The job was running each time its worker process died (a crash in native code, the OOM killer)."""
+    """The job was running each time its worker died."""
 
     def __init__(self, model_id: str, attempts: int) -> None:
         super().__init__(model_id, attempts)
@@ -202,7 +184,7 @@ class PoisonJob(SwaplessError):
 
 
 class BackendUnavailable(SwaplessError):
-    """A remote inference server (Triton) did not answer. Retried with backoff before the job fails."""
+    """A remote inference server (Triton) did not answer."""
 
     def __init__(self, url: str, problem: str) -> None:
         super().__init__(url, problem)
@@ -215,10 +197,7 @@ class BackendUnavailable(SwaplessError):
 
 
 class QueueUnavailable(BackendUnavailable):
-    """Redis (the broker and result store) cannot be reached, or will not take writes (a read-only replica).
-
-    ``url`` never carries a password (``swapless.tasks.broker.connection.redact``).
-    """
+    """Redis cannot be reached or will not take writes."""
 
     @property
     def message(self) -> str:
@@ -226,11 +205,7 @@ class QueueUnavailable(BackendUnavailable):
 
 
 class QueueFull(SwaplessError):
-    """Redis refuses new jobs: it is out of memory (``maxmemory``), or the queue holds ``SWAPLESS_MAX_QUEUED`` jobs.
-
-    Nothing of the refused job was queued; send it again later. ``queued``: the ids of a call's other jobs that were
-    queued nonetheless (``submit_jobs`` over several models, one of them at its bound).
-    """
+    """Redis refuses new jobs; ``queued`` holds the call's other jobs that were queued."""
 
     def __init__(self, where: str, reason: str) -> None:
         super().__init__(where, reason)
@@ -244,7 +219,7 @@ class QueueFull(SwaplessError):
 
 
 class JobFailed(SwaplessError):
-    """The job failed with an error type this process cannot rebuild (``error_type`` names it)."""
+    """The job failed with an error this process cannot rebuild."""
 
     def __init__(self, job_id: str, error_type: str, detail: str) -> None:
         super().__init__(job_id, error_type, detail)
@@ -258,7 +233,7 @@ class JobFailed(SwaplessError):
 
 
 class JobExpired(SwaplessError):
-    """The job was not started by its deadline (``expires``), so it was never run."""
+    """The job was not started by its deadline; it never ran."""
 
     def __init__(self, model_id: str, deadline: str) -> None:
         super().__init__(model_id, deadline)
@@ -274,9 +249,7 @@ class JobExpired(SwaplessError):
 
 
 class DeadlinePassed(SwaplessError):
-    """A stream of chunks (``swapless bulk --expires``, ``Client.stream(expires=)``) reached its deadline: what
-    was not sent or not started by then is not computed. The output holds every record before the first such
-    chunk, so a rerun resumes there."""
+    """A bulk job's deadline passed; a rerun resumes."""
 
     def __init__(self, deadline: str) -> None:
         super().__init__(deadline)
@@ -291,8 +264,7 @@ class DeadlinePassed(SwaplessError):
 
 
 class JobCancelled(SwaplessError):
-    """The job was cancelled before it started (``Client.cancel``, ``swapless cancel``, ``DELETE /jobs/{id}``,
-    Celery's ``revoke``), so it was never run."""
+    """The job was cancelled before it started; it never ran."""
 
     def __init__(self, job_id: str) -> None:
         super().__init__(job_id)
@@ -304,7 +276,7 @@ class JobCancelled(SwaplessError):
 
 
 class JobTimeout(SwaplessError, TimeoutError):
-    """The job had no final result within the timeout. It may still finish later."""
+    """No result within the timeout; the job may still finish."""
 
     def __init__(self, job_id: str, timeout_s: float, state: str) -> None:
         super().__init__(job_id, timeout_s, state)
@@ -321,8 +293,7 @@ class JobTimeout(SwaplessError, TimeoutError):
 
 
 class BulkFileError(SwaplessError):
-    """A bulk job's input or output file cannot be used at all (missing, unknown format, no such column, an
-    output that does not continue this input). Nothing is sent; the message says what to fix."""
+    """A bulk job's input or output file cannot be used; nothing was sent."""
 
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(path, problem)
@@ -335,7 +306,7 @@ class BulkFileError(SwaplessError):
 
 
 class LocalModeError(SwaplessError):
-    """The embedded Redis or the local worker could not start, or the worker stopped; ``log`` is its log's end."""
+    """Local mode's Redis or worker did not start, or stopped."""
 
     def __init__(self, what: str, log: str = "") -> None:
         super().__init__(what, log)
@@ -348,7 +319,7 @@ class LocalModeError(SwaplessError):
 
 
 class MetricsUnavailable(SwaplessError):
-    """The metrics endpoint could not be opened (port in use, bad address)."""
+    """The metrics endpoint could not be opened."""
 
     def __init__(self, host: str, port: int, problem: str) -> None:
         super().__init__(host, port, problem)
@@ -365,7 +336,7 @@ class MetricsUnavailable(SwaplessError):
 
 
 class WebhookRefused(SwaplessError, ValueError):
-    """A ``callback_url`` this deployment does not call back (``swapless.tasks.broker.webhooks.check_target``)."""
+    """A ``callback_url`` this deployment does not call back."""
 
     def __init__(self, url: str, problem: str) -> None:
         super().__init__(url, problem)

@@ -1,8 +1,5 @@
-"""The Celery app factory, configured from Settings (environment, ``SWAPLESS_`` prefix); producers and workers
-each build their own app with it. Importing this module builds none.
-
-Celery's own lowercase setting names are used, so anything here can be overridden the Celery way. The worker's app,
-the one with the tasks registered, is ``swapless.tasks.worker.task.app`` (``celery -A swapless worker`` finds it).
+"""The Celery app factory, configured from Settings under Celery's own setting names; producers and workers each
+build their own app. Importing this module builds none; the worker's app is ``swapless.tasks.worker.task.app``.
 """
 
 from __future__ import annotations
@@ -26,11 +23,10 @@ __all__ = ["configure", "make_app"]
 
 
 def make_app(settings: Settings | None = None, include: Sequence[str] = ()) -> Celery:
-    """A Celery app for ``settings`` (the environment's by default). Connects to nothing until used.
+    """A Celery app for ``settings`` (the environment's by default); connects to nothing until used.
 
     Args:
-        settings: the process settings.
-        include: modules a worker imports to register its tasks (producers need none).
+        include: modules a worker imports to register its tasks.
     """
     app = Celery("swapless", include=list(include))
     configure(app, settings or get_settings())
@@ -39,15 +35,15 @@ def make_app(settings: Settings | None = None, include: Sequence[str] = ()) -> C
 
 def configure(app: Celery, s: Settings) -> None:
     """Apply ``s`` to ``app``'s configuration (the CLI calls this again after reading its flags)."""
-    broker_url, broker_transport = broker_connection(s.broker_url)
-    prefix = {"global_keyprefix": s.key_prefix} if s.key_prefix else {}
+    broker_url, broker_transport = broker_connection(s.redis.broker_url)
+    prefix = {"global_keyprefix": s.jobs.key_prefix} if s.jobs.key_prefix else {}
     sentinel = _sentinel_options(s)
     app.conf.update(
         # tasks.broker.transport: kombu's Redis transport with an atomic fetch (no job lost between BRPOP and its
         # unacked record) that takes many messages per round trip.
         broker_url=broker_url,
         broker_transport=broker_transport,
-        result_backend=_result_backend(s.broker_url),
+        result_backend=_result_backend(s.redis.broker_url),
         # JSON only: a message with any other content type is rejected before anything is decoded.
         task_serializer="json",
         result_serializer="json",
@@ -56,28 +52,28 @@ def configure(app: Celery, s: Settings) -> None:
         # A job is acked only once its result is stored: a worker that dies loses nothing.
         task_acks_late=True,
         task_reject_on_worker_lost=True,
-        result_expires=s.result_expires_s,
-        task_default_queue=s.queue,
-        task_routes={PREDICT_TASK: {"queue": s.queue}, CHUNK_TASK: {"queue": s.queue}},
+        result_expires=s.jobs.result_expires_s,
+        task_default_queue=s.jobs.queue,
+        task_routes={PREDICT_TASK: {"queue": s.jobs.queue}, CHUNK_TASK: {"queue": s.jobs.queue}},
         task_default_priority=PRIORITY_INTERACTIVE,
         # One process, one scheduler thread per worker: the pool is not used by the batch task (see tasks.worker.task),
         # so `celery -A swapless worker` gets these defaults too.
         worker_pool="solo",
         worker_concurrency=1,
         # How many unacked jobs one worker holds (the backlog its scheduler sees).
-        worker_prefetch_multiplier=s.prefetch,
+        worker_prefetch_multiplier=s.worker.prefetch,
         broker_transport_options={
             # A dead worker's jobs come back after the timeout, found by a sweep every restore_sweep_s
             # (kombu's default sweep runs only every 100 s); live workers refresh theirs (tasks.broker.acks).
-            "visibility_timeout": s.visibility_timeout_s,
-            "unacked_restore_interval": s.restore_sweep_s,
+            "visibility_timeout": s.worker.visibility_timeout_s,
+            "unacked_restore_interval": s.worker.restore_sweep_s,
             "unacked_restore_throttle": 1,
             "queue_order_strategy": "priority",
             "priority_steps": list(PRIORITY_STEPS),
             **prefix,
             **sentinel,
             # how long a connection rides out a failover (tasks.broker.failover.SentinelTransport)
-            **({"failover_wait_s": s.redis_failover_wait_s} if sentinel else {}),
+            **({"failover_wait_s": s.redis.redis_failover_wait_s} if sentinel else {}),
         },
         result_backend_transport_options={**prefix, **sentinel},
         broker_connection_retry_on_startup=True,
@@ -88,12 +84,12 @@ def configure(app: Celery, s: Settings) -> None:
         broker_heartbeat=0,
         # Per-job events for Flower (SWAPLESS_TASK_EVENTS / --task-events): off by default, as in Celery; they cost
         # 10-25 % of single-model throughput here.
-        worker_send_task_events=s.task_events,
+        worker_send_task_events=s.observe.task_events,
         worker_hijack_root_logger=False,
         # the Swapless settings themselves, for the worker's composition root (tasks.worker.context)
         swapless_settings=s,
     )
-    if is_sentinel_url(s.broker_url) and s.redis_sentinel_tls:
+    if is_sentinel_url(s.redis.broker_url) and s.redis.redis_sentinel_tls:
         app.conf.update(broker_use_ssl={"ssl_cert_reqs": ssl.CERT_REQUIRED},
                         redis_backend_use_ssl={"ssl_cert_reqs": ssl.CERT_REQUIRED})
 
@@ -106,8 +102,8 @@ def _result_backend(url: str) -> str:
 def _sentinel_options(s: Settings) -> dict[str, object]:
     """The transport options of kombu's and Celery's Sentinel clients (none without sentinels)."""
     options = SentinelOptions.of(s)
-    if options is None or not is_sentinel_url(s.broker_url):
+    if options is None or not is_sentinel_url(s.redis.broker_url):
         return {}
     return {"master_name": options.master,
-            "sentinel_kwargs": options.sentinel_kwargs(s.connect_timeout_s, 10.0)}
+            "sentinel_kwargs": options.sentinel_kwargs(s.redis.connect_timeout_s, 10.0)}
 

@@ -1,29 +1,7 @@
-"""Every Redis key of one queue of one deployment, in one place and one naming scheme.
+"""Every Redis key of one queue of one deployment, in one naming scheme: per model (``ModelKeys``, under the hash
+tag ``{queue/model}``), the ingress (kombu's own lists of the queue), per queue and per deployment.
 
-``Keyspace(queue, prefix)`` (``Keyspace.of(settings)``: ``SWAPLESS_QUEUE`` under ``SWAPLESS_KEY_PREFIX``) names:
-
-- per **model** (``ModelKeys``), under the hash tag ``{queue/model}`` (one Redis Cluster slot per model, so each
-  script over one model's keys could run on a cluster unchanged): ``p0 p3 p6 p9`` the jobs waiting by priority,
-  ``held`` / ``owner`` / ``seen`` the jobs workers fetched and have not acked, ``holders`` the workers' claims,
-  ``bell`` a one-token list producers ring. Swapless's producers push here;
-- the **ingress** (``ingress_lists``): the lists a plain Celery producer (``send_task``) pushes to, named as kombu
-  names them (``<queue>``, ``<queue>\\x06\\x163``, ... per priority), with records of their own like a model's
-  (``swapless:{queue/*ingress}:held`` ...): a worker moves what arrives there into its model's lists;
-- per **queue**: ``swapless:<queue>:placement-bell`` (rung when a model has no holder), ``:routes`` (run-time
-  route weights), ``:shadow`` (shadow agreement counts), ``:wake:<worker id>`` (a worker's own bell, rung by its
-  acks when they free room a waiting fetch had none of), and the webhooks' (``swapless.tasks.broker.webhooks``):
-  ``:webhooks:due`` (delivery ids by next attempt time), ``:webhook:<id>`` (one delivery), ``:webhooks:failed``
-  (deliveries that failed after their last retry);
-- per **deployment**: ``swapless:worker:<id>`` (a worker's heartbeat) and ``swapless:workers`` (their index),
-  ``swapless:learned:<device>`` (what workers learned of each model) and ``swapless:learned-devices`` (those
-  kinds), ``swapless:gateway:...`` (the gateway's
-  per-caller limits and in-flight sets), ``swapless:batch:<id>`` (a batch's state, a hash) with ``:lease`` (its
-  driver's lease), and ``swapless:batches`` / ``swapless:batches:active`` (every batch by creation time, and those
-  not final yet).
-
-Results and what lives beside them per job (attempts, the gateway's record, a shadowed job's reference) are the
-result backend's keys (``swapless.tasks.broker.results.ResultStore``).
-
+Results and what lives beside them per job are the result backend's keys (``swapless.tasks.broker.results``).
 Plain data: building a ``Keyspace`` connects to nothing.
 """
 
@@ -43,8 +21,7 @@ INGRESS = "*ingress"
 
 @dataclass(frozen=True)
 class JobLists:
-    """Lists of jobs, one per priority in the order they are served, and the records of the jobs workers fetched
-    from them and have not acked: a model's (``ModelKeys``), or the ingress's."""
+    """A set of job lists, one per priority in serving order, and the records of the jobs fetched from them."""
 
     name: str
     lists: tuple[str, ...]
@@ -65,7 +42,7 @@ class JobLists:
 
 @dataclass(frozen=True)
 class ModelKeys(JobLists):
-    """The keys of one model under one queue (see the module docstring)."""
+    """The keys of one model under one queue."""
 
     holders: str = ""
     bell: str = ""
@@ -89,7 +66,7 @@ class Keyspace:
     @classmethod
     def of(cls, settings: Settings) -> Keyspace:
         """The keyspace of ``SWAPLESS_QUEUE`` under ``SWAPLESS_KEY_PREFIX``."""
-        return cls(settings.queue, settings.key_prefix or "")
+        return cls(settings.jobs.queue, settings.jobs.key_prefix or "")
 
     def _tagged(self, name: str, part: str) -> str:
         return f"{self.prefix}swapless:{{{self.queue}/{name}}}:{part}"
@@ -120,17 +97,16 @@ class Keyspace:
 
     @property
     def placement_bell(self) -> str:
-        """Rung by a producer whose job's model no worker holds: wakes an idle worker to place it."""
+        """Rung by a producer whose job's model no worker holds."""
         return self._queue_key("placement-bell")
 
     def wake(self, worker_id: str) -> str:
-        """A worker's own bell: its acks ring it when they free room under a model's hold limit while its fetch
-        waits, so that the fetch that had no room for that model runs again at once."""
+        """A worker's own bell, rung by acks that free room for a model its waiting fetch skipped."""
         return self._queue_key(f"wake:{worker_id}")
 
     @property
     def routes(self) -> str:
-        """The hash of route weights set with ``swapless route`` (route id -> JSON weights)."""
+        """Route id -> its run-time weights as JSON (``swapless route``)."""
         return self._queue_key("routes")
 
     @property
@@ -140,15 +116,15 @@ class Keyspace:
 
     @property
     def webhooks_due(self) -> str:
-        """The sorted set of webhook deliveries waiting to be sent (score: the time of the next attempt)."""
+        """The webhook deliveries waiting, scored by the time of their next attempt."""
         return self._queue_key("webhooks:due")
 
     def webhooks_owner(self, owner: str) -> str:
-        """The sorted set of one API key's webhook deliveries waiting (score: when each was queued): its bound."""
+        """One API key's webhook deliveries waiting, scored by when each was queued."""
         return self._queue_key(f"webhooks:owner:{owner}")
 
     def webhook(self, delivery_id: str) -> str:
-        """One webhook delivery (its target, payload and attempts), kept until it is delivered or failed."""
+        """One webhook delivery, kept until it is delivered or failed."""
         return self._queue_key(f"webhook:{delivery_id}")
 
     @property
@@ -173,7 +149,7 @@ class Keyspace:
 
     @property
     def learned_devices(self) -> str:
-        """The set of device kinds some worker learned on (what the autoscaling signals read with no worker live)."""
+        """The device kinds some worker learned on."""
         return f"{self.prefix}swapless:learned-devices"
 
     def gateway_inflight(self, owner: str) -> str:
@@ -182,7 +158,7 @@ class Keyspace:
 
     @property
     def gateway_rate(self) -> str:
-        """What the gateway's rate limits' keys start with (the ``limits`` library adds the rest)."""
+        """What the gateway's rate-limit keys start with."""
         return f"{self.prefix}swapless:gateway:rate"
 
     def batch(self, batch_id: str) -> str:
@@ -190,7 +166,7 @@ class Keyspace:
         return f"{self.prefix}swapless:batch:{batch_id}"
 
     def batch_lease(self, batch_id: str) -> str:
-        """The lease of the process driving one batch (its runner id, with a TTL it renews)."""
+        """The lease of the process driving one batch."""
         return f"{self.prefix}swapless:batch:{batch_id}:lease"
 
     @property
@@ -200,13 +176,13 @@ class Keyspace:
 
     @property
     def active_batches(self) -> str:
-        """The set of batch ids not in a final state yet: what runners look for work in."""
+        """The batch ids not in a final state yet."""
         return f"{self.prefix}swapless:batches:active"
 
     def owner_batches(self, owner: str) -> str:
-        """The sorted set of one API key's batch ids (score: creation time): its listing and its quota."""
+        """One API key's batch ids, scored by creation time."""
         return f"{self.prefix}swapless:batches:owner:{owner}"
 
     def owner_files(self, owner: str) -> str:
-        """The hash of one API key's batch files: file id -> ``"<created_at> <bytes>"`` (its listing and quotas)."""
+        """One API key's batch files: file id -> ``"<created_at> <bytes>"``."""
         return f"{self.prefix}swapless:files:owner:{owner}"

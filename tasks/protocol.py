@@ -1,17 +1,9 @@
-"""What producers and workers share, and nothing else: task names, priorities, headers, chunk item ids, the
-payload of a job message, and how one item's outcome is encoded in a chunk's result (the Redis keys are
-``swapless.tasks.keyspace``'s).
+"""What producers and workers share: task names, priorities, headers, chunk item ids, the payload of a job
+message, and the encoding of one item's outcome in a chunk's result. Plain data and pure functions.
 
-Plain data and pure functions: importing this module builds no Celery app and connects to nothing.
-
-A job is a Celery protocol-2 message to ``PREDICT_TASK`` with args ``[model_id, input]``; a chunk is one to
-``CHUNK_TASK`` with args ``[model_id, [input, ...]]``, whose items have the ids ``"<chunk id>:<index>"`` and whose
-one stored result is a list of ``encode_outcome`` dicts in input order. The model id may instead be the keyword
-``model_id``, with the input the one positional arg (``args=[input], kwargs={"model_id": m}``): that is how a Celery
-chain's next step gets the previous step's result as its input (``normal_args``)::
-
-    [{"ok": <prediction>}, {"error": "bad input for model 'sentiment': empty text ...", "type": "InputError",
-      "args": ["sentiment", "empty text ..."]}, ...]
+A job is a Celery protocol-2 message to ``PREDICT_TASK`` with args ``[model_id, input]``; a chunk one to
+``CHUNK_TASK`` with args ``[model_id, [input, ...]]``, its items ``"<chunk id>:<index>"``, its one result a list of
+``encode_outcome`` dicts in input order.
 """
 
 from __future__ import annotations
@@ -82,8 +74,7 @@ SHADOWED_HEADER = "swapless_shadowed"
 
 
 def new_ids(count: int) -> list[str]:
-    """``count`` fresh random UUID4 strings (what ``str(uuid.uuid4())`` gives), from one read of the system's random
-    source: a producer naming thousands of jobs reads it once, not once a job."""
+    """``count`` fresh UUID4 strings, from one read of the system's random source."""
     raw = bytearray(os.urandom(16 * count))
     ids = []
     for start in range(0, 16 * count, 16):
@@ -111,9 +102,10 @@ def is_urgent(level: int | None) -> bool:
 
 
 def normal_args(args: Any, kwargs: Any) -> list[Any] | None:
-    """``[model_id, value]`` from a job's or chunk's args and kwargs: ``args=[model_id, value]`` and no kwargs, or
-    ``kwargs={"model_id": m}`` with ``args=[value]`` (a chain's next step: Celery puts the previous result first)
-    or ``kwargs={"model_id": m, "input": value}``; None for any other shape."""
+    """``[model_id, value]`` from a job's or chunk's args and kwargs; None for any other shape.
+
+    ``model_id`` may be a keyword, with the value the one positional arg (a chain's next step) or ``input``.
+    """
     if not isinstance(args, (list, tuple)):
         return None
     if not kwargs:
@@ -126,9 +118,7 @@ def normal_args(args: Any, kwargs: Any) -> list[Any] | None:
 
 
 def message_args(message: dict[str, Any]) -> list[Any] | None:
-    """The task args of a kombu message as it lies in Redis (``{"body": base64 of [args, kwargs, embed], ...}``):
-    ``[model_id, input]`` for a job, ``[model_id, [input, ...]]`` for a chunk (``normal_args``); None when they
-    cannot be read."""
+    """The task args of a kombu message as it lies in Redis (``normal_args``); None when they cannot be read."""
     try:
         body = message["body"]
         if message.get("properties", {}).get("body_encoding") == "base64":
@@ -145,7 +135,7 @@ def item_id(chunk_id: str, index: int) -> str:
 
 
 def storage_id(job_id: str) -> str:
-    """The id a job's result is stored under: its chunk's id for an item of a chunk, else its own."""
+    """The id a job's result is stored under: its chunk's id for a chunk item, else its own."""
     parts = split_item_id(job_id)
     return parts[0] if parts is not None else job_id
 
@@ -159,16 +149,15 @@ def split_item_id(job_id: str) -> tuple[str, int] | None:
 
 
 def read_payload(request: Any, kind: str, expected: str) -> tuple[str, Any, bool]:
-    """``(model_id, value, urgent)`` of a job or chunk request whose args must be ``[model_id, value]``.
+    """``(model_id, value, urgent)`` of a job or chunk request.
 
     Args:
         request: a Celery request (or anything with ``args``, ``kwargs``, ``delivery_info``).
         kind: ``job`` or ``chunk``, for the message.
-        expected: the args' shape, for the message (``[model_id, input]``).
+        expected: the args' shape, for the message.
 
     Raises:
-        InputError: the args are neither ``expected`` nor ``[value]`` with the keyword ``model_id``
-            (``normal_args``), or the model id is not a string.
+        InputError: the args have another shape, or the model id is not a string.
     """
     args = normal_args(request.args, request.kwargs)
     if args is None:
@@ -182,8 +171,7 @@ def read_payload(request: Any, kind: str, expected: str) -> tuple[str, Any, bool
 
 
 def deadline_of(request: Any) -> float | None:
-    """A job's deadline (epoch seconds) from its message's ``expires`` header, as Celery writes it (an ISO time; a
-    number of epoch seconds is read too); None: none, or one this worker cannot read (the job then just runs)."""
+    """A job's deadline (epoch seconds) from its ``expires`` header; None: none, or unreadable."""
     headers = getattr(request, "request_dict", None) or {}
     expires = headers.get("expires")
     if expires is None:
@@ -200,8 +188,7 @@ def deadline_of(request: Any) -> float | None:
 
 
 def expires_header(expires: float | datetime | None) -> str | None:
-    """The ``expires`` header of a job with this deadline (seconds from now, or a datetime; naive means UTC), as
-    Celery's ``send_task(..., expires=...)`` writes it; None: no deadline.
+    """The ``expires`` header for this deadline (seconds from now, or a datetime; naive is UTC), as Celery writes it.
 
     Raises:
         ValueError: the deadline is not in the future.
@@ -246,11 +233,7 @@ def _error_class(name: str) -> type[SwaplessError] | None:
 
 
 def decode_outcome(item: Any, job_id: str = "?") -> tuple[bool, Any]:
-    """``(True, prediction)`` or ``(False, error)`` for one stored item outcome.
-
-    The error is rebuilt as the very Swapless error the worker raised when its type and args are known here
-    (``InputError``, ``PredictionFailed``, ...), else it is a ``JobFailed`` naming the type and message.
-    """
+    """``(True, prediction)`` or ``(False, error)`` for one stored item outcome, the error rebuilt as raised."""
     if isinstance(item, dict) and "ok" in item:
         return True, item["ok"]
     if not isinstance(item, dict) or "error" not in item:

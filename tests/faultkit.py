@@ -482,7 +482,7 @@ def publish_raw(client: Client, body: bytes, content_type: str, task_id: str, co
     as the raw payload, exactly as a hostile or buggy producer could."""
     app = client.app
     message = app.amqp.as_task_v2(task_id, PREDICT_TASK, args=["echo", "raw"])
-    queue = app.amqp.queues[client.settings.queue]
+    queue = app.amqp.queues[client.settings.jobs.queue]
     with app.producer_or_acquire() as producer:
         producer.publish(
             body,

@@ -13,7 +13,6 @@ from swapless.config.settings import Settings
 from swapless.manager import InputType, Outcome
 from swapless.manager.registry.specs import ModelSpec
 from swapless.manager.registry.store import ModelStore
-from swapless.tasks.broker.routes import Router
 from swapless.tasks.protocol import (
     CHUNK_TASK,
     SENT_AT_HEADER,
@@ -22,6 +21,7 @@ from swapless.tasks.protocol import (
     item_id,
     split_item_id,
 )
+from swapless.tasks.routing import Router
 from swapless.tasks.worker.chunks import ChunkAssembler
 from swapless.tasks.worker.delivery import decode
 

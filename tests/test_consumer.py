@@ -57,7 +57,7 @@ def _store_quietly(admin: redis.Redis, results: ResultStore, job_id: str, value:
 
 def test_two_hundred_gets_from_threads_share_one_pub_sub_connection(settings: Settings) -> None:
     client = Client(settings=settings, validate=False)
-    admin = redis.Redis.from_url(settings.broker_url)
+    admin = redis.Redis.from_url(settings.redis.broker_url)
     worker = ResultStore(client.app)  # stores and publishes as a worker does
     before = _ours(admin)
     ids = _new_ids(200)
@@ -86,7 +86,7 @@ def test_a_result_stored_before_the_subscription_took_effect_is_not_missed(
     nobody) in between is found. The consumer's pool lends its one connection only once the result is stored, and
     no poll comes within the test."""
     client = Client(settings=settings, validate=False)
-    pool = redis.BlockingConnectionPool.from_url(settings.broker_url, max_connections=1, timeout=20)
+    pool = redis.BlockingConnectionPool.from_url(settings.redis.broker_url, max_connections=1, timeout=20)
     held = pool.get_connection()  # the consumer cannot subscribe yet
     consumer = ResultConsumer(redis.Redis(connection_pool=pool), client.results, poll_s=60)
     worker = ResultStore(client.app)
@@ -123,7 +123,7 @@ def test_a_killed_pub_sub_connection_is_replaced_and_every_wait_still_wakes(sett
     subscribed again; results published after it reach the new connection. No poll within the test."""
     client = Client(settings=settings, validate=False)
     consumer = ResultConsumer(client.redis, client.results, poll_s=60)
-    admin = redis.Redis.from_url(settings.broker_url)
+    admin = redis.Redis.from_url(settings.redis.broker_url)
     worker = ResultStore(client.app)
     before = _ours(admin)
     quiet, published = _new_ids(5), _new_ids(5)
@@ -192,13 +192,13 @@ def test_a_gather_of_a_thousand_jobs_is_woken_by_their_publishes_not_by_a_pollin
 
 def test_asyncio_waits_share_one_pub_sub_connection_that_is_replaced_when_killed(settings: Settings) -> None:
     client = Client(settings=settings, validate=False)
-    admin = redis.Redis.from_url(settings.broker_url)
+    admin = redis.Redis.from_url(settings.redis.broker_url)
     worker = ResultStore(client.app)
     before = _ours(admin)
     quiet, published = _new_ids(50), _new_ids(50)
 
     async def scenario() -> tuple[list[dict[str, Any]], list[StoredResult]]:
-        aclient = async_redis_client(settings.broker_url)
+        aclient = async_redis_client(settings.redis.broker_url)
         consumer = AsyncResultConsumer(aclient, client.results, poll_s=60)
         started = time.monotonic()
         waits = [asyncio.create_task(consumer.wait(job_id, 30)) for job_id in quiet + published]

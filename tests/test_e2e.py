@@ -139,7 +139,7 @@ def test_bad_jobs_fail_alone_and_the_worker_keeps_running(worker: WorkerProcess)
         "malformed payload": Client(validate=False),
     }
     malformed = bad.pop("malformed payload")
-    malformed_result = malformed.app.send_task(PREDICT_TASK, args=["sentiment"], queue=malformed.settings.queue)
+    malformed_result = malformed.app.send_task(PREDICT_TASK, args=["sentiment"], queue=malformed.settings.jobs.queue)
     more_good = [client.submit("spam", text) for text in TEXTS]
 
     assert all(isinstance(job.get(timeout=60), list) for job in good + more_good)

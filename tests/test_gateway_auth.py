@@ -98,7 +98,7 @@ def test_keys_are_kept_as_digests_and_models_resolved_to_their_ids(store: ModelS
     keys_file = tmp_path / "keys.txt"
     keys_file.write_text(f"# more keys\n{LIMITED}:sentiment|tone\n")
     settings = settings_with(FULL, keys_file)
-    rules = load_keys(settings, store)
+    rules = load_keys(settings.gateway, store)
     assert [r.models for r in rules] == [None, frozenset({"550e8400-e29b-41d4-a716-446655440000", "tone"})]
     assert [r.names for r in rules] == [(), ("sentiment", "tone")]
     for shown in (repr(rules), repr(settings), settings.model_dump_json()):
@@ -107,7 +107,7 @@ def test_keys_are_kept_as_digests_and_models_resolved_to_their_ids(store: ModelS
     assert limited.allows(store, "sentiment") and limited.allows(store, "550e8400-e29b-41d4-a716-446655440000")
     assert limited.allows(store, "tone") and not limited.allows(store, "tone-v1")  # the route, not its versions
     assert not limited.allows(store, "spam") and not limited.allows(store, "no-such-model")
-    assert load_keys(settings_with(), store) == [] and load_keys(settings_with("  "), store) == []
+    assert load_keys(settings_with().gateway, store) == [] and load_keys(settings_with("  ").gateway, store) == []
 
 
 @pytest.mark.parametrize(
@@ -131,13 +131,13 @@ def test_a_bad_key_configuration_stops_the_gateway_with_one_line(
         keys_file = tmp_path / "keys.txt"
         keys_file.write_text(file_text)
     with pytest.raises(ConfigError) as caught:
-        load_keys(settings_with(keys, keys_file), store)
+        load_keys(settings_with(keys, keys_file).gateway, store)
     assert message in str(caught.value)
 
 
 def test_a_missing_keys_file_says_what_to_point_it_at(store: ModelStore, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
-        load_keys(settings_with(keys_file=tmp_path / "nope.txt"), store)
+        load_keys(settings_with(keys_file=tmp_path / "nope.txt").gateway, store)
     assert str(caught.value) == (f"SWAPLESS_API_KEYS_FILE: cannot read {tmp_path / 'nope.txt'} (No such file or "
                                  "directory): point it at a readable UTF-8 file of keys, one per line")
 
@@ -448,9 +448,9 @@ def test_the_status_shows_a_limited_key_its_own_batches_and_no_one_s_callback_ur
     batch only and the webhooks' counts; the operator's key sees every batch and the URLs without their query."""
     import hashlib
 
-    from swapless.tasks.broker.webhooks import Delivery
     from swapless.tasks.gateway.batches.state import BatchStore
     from swapless.tasks.keyspace import Keyspace
+    from swapless.tasks.webhooks import WebhookDelivery
 
     def owner(key: str) -> str:
         return "key:" + hashlib.sha256(key.encode()).hexdigest()[:32]
@@ -460,7 +460,7 @@ def test_the_status_shows_a_limited_key_its_own_batches_and_no_one_s_callback_ur
     store = BatchStore(r, keys)
     store.create("batch_mine", {"owner": owner(LIMITED), "total": 3, "expires_at": int(time.time()) + 60})
     store.create("batch_theirs", {"owner": owner(FULL), "total": 9, "expires_at": int(time.time()) + 60})
-    failed = Delivery("job-1", "https://hooks.example/done?token=s3cret", "{}", attempts=3, last_error="502",
+    failed = WebhookDelivery("job-1", "https://hooks.example/done?token=s3cret", "{}", attempts=3, last_error="502",
                       failed_at=time.time())
     r.lpush(keys.webhooks_failed, failed.encode())
 

@@ -101,7 +101,7 @@ def test_the_registry_listing_prints_one_aligned_line_per_model_for_a_thousand_m
     entries = [simulated_entry(f"m{i:04d}", 0.8, 0.005, 0.0002) for i in range(1000)]
     entries[7]["aliases"] = ["seventh", "lucky"]
     models_file = write_models_file(tmp_path, entries)
-    load_plugins(load_settings(plugins="bench.simulated"))
+    load_plugins(load_settings(plugins="bench.simulated").cache)
     store = ModelStore.from_file(models_file, ModelEngine().frameworks)
     count, header, *rows = models_text(store).splitlines()
     assert count == "1000 model(s)" and len(rows) == 1000

@@ -21,7 +21,7 @@ from swapless.tasks.client import Client
 from swapless.tasks.cluster.members import read_heartbeats
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.observe.accounting import GroupReport
-from swapless.tasks.observe.metrics import WorkerMetrics
+from swapless.tasks.observe.metrics import METRICS, WorkerMetrics
 from tests.conftest import WorkerProcess
 from tests.fakes import FakeWorker, write_fake_models
 from tests.stack import free_port, listening_ports
@@ -44,6 +44,14 @@ def value(found: Samples, name: str, **labels: str) -> float | None:
 
 def total(found: Samples, name: str) -> float:
     return sum(v for (n, _), v in found.items() if n == name)
+
+
+def test_the_names_listed_are_the_metrics_a_worker_exports(tmp_path: Path) -> None:
+    engine = ModelEngine()
+    store = ModelStore.from_file(write_fake_models(tmp_path, {"a": 1000}), engine.frameworks)
+    metrics = WorkerMetrics(ModelManager(store, engine), backlog=dict)
+    exported = {f.name + ("_total" if f.type == "counter" else "") for f in metrics.registry.collect()}
+    assert exported == set(METRICS)
 
 
 def test_metrics_from_reports(tmp_path: Path) -> None:
@@ -141,7 +149,7 @@ def test_metrics_endpoint_of_a_real_worker_after_known_jobs(
     )
 
     # a clean stop takes the heartbeat away at once (not after its TTL) and closes the port
-    r = redis.Redis.from_url(settings.broker_url)
+    r = redis.Redis.from_url(settings.redis.broker_url)
     beats = read_heartbeats(r, Keyspace.of(settings))
     assert [b.hostname for b in beats] == [f"m@{os.uname().nodename}"]
     left_ms = r.pttl(Keyspace.of(settings).heartbeat(beats[0].worker_id))

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from swapless.tasks.cluster.plan import Demand, Moves, WorkerView, plan
+from swapless.tasks.cluster.plan import Demand, Moves, PlanWorker, plan
 
 
-def _workers(*ids: str, slots: int = 2, **loaded: set[str]) -> list[WorkerView]:
-    return [WorkerView(w, slots, frozenset(loaded.get(w, set()))) for w in ids]
+def _workers(*ids: str, slots: int = 2, **loaded: set[str]) -> list[PlanWorker]:
+    return [PlanWorker(w, slots, frozenset(loaded.get(w, set()))) for w in ids]
 
 
-def _everyone(workers: list[WorkerView], demand: list[Demand], **options: float) -> dict[str, Moves]:
+def _everyone(workers: list[PlanWorker], demand: list[Demand], **options: float) -> dict[str, Moves]:
     return {w.worker_id: plan(w.worker_id, workers, demand, **options) for w in workers}  # type: ignore[arg-type]
 
 
@@ -39,8 +39,8 @@ def test_a_lone_worker_claims_everything_and_swaps_in_its_own_cache() -> None:
 
 def test_with_no_free_slot_the_worker_whose_victim_idled_longest_takes_the_model() -> None:
     workers = [
-        WorkerView("a", 1, idle_s={"old": 100.0}),
-        WorkerView("b", 1, idle_s={"recent": 5.0}),
+        PlanWorker("a", 1, idle_s={"old": 100.0}),
+        PlanWorker("b", 1, idle_s={"recent": 5.0}),
     ]
     demand = [Demand("old", holders=("a",)), Demand("recent", holders=("b",)), Demand("new", queued=10)]
     assert plan("a", workers, demand) == Moves(claim=(("new", 1, "old"),))
@@ -49,21 +49,21 @@ def test_with_no_free_slot_the_worker_whose_victim_idled_longest_takes_the_model
 
 def test_a_model_in_use_between_sparse_jobs_is_no_victim_until_idle_as_long_as_its_load() -> None:
     # interactive traffic: a job every few tenths of a second, none waiting between them
-    other = WorkerView("b", 1, frozenset({"x"}), idle_s={"x": 0.1})
-    workers = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 0.4}), other]
+    other = PlanWorker("b", 1, frozenset({"x"}), idle_s={"x": 0.1})
+    workers = [PlanWorker("a", 1, frozenset({"chat"}), idle_s={"chat": 0.4}), other]
     demand = [Demand("chat", holders=("a",), load_s=2.0), Demand("x", holders=("b",), load_s=2.0),
               Demand("bulk", queued=100, load_s=2.0)]
     claims = [c for w in ("a", "b") for c in plan(w, workers, demand).claim]
     assert [victim for _, _, victim in claims] == [None]  # taken with no victim: chat keeps its place
-    workers = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 2.5}), other]
+    workers = [PlanWorker("a", 1, frozenset({"chat"}), idle_s={"chat": 2.5}), other]
     assert plan("a", workers, demand).claim == (("bulk", 1, "chat"),)  # idle longer than a load: it goes
     # resident (it served interactive jobs lately, in an idle stretch since): no victim however long it idled
-    resident = WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 15.0}, resident=frozenset({"chat"}))
+    resident = PlanWorker("a", 1, frozenset({"chat"}), idle_s={"chat": 15.0}, resident=frozenset({"chat"}))
     claims = [c for w in ("a", "b") for c in plan(w, [resident, other], demand).claim]
     assert [victim for _, _, victim in claims] == [None]
     # alone too: giving chat up would leave it without a holder until its next job (a joining worker would take it
     # cold), then claiming it back would give up another at every job
-    alone = [WorkerView("a", 1, frozenset({"chat"}), idle_s={"chat": 0.4})]
+    alone = [PlanWorker("a", 1, frozenset({"chat"}), idle_s={"chat": 0.4})]
     assert plan("a", alone, demand[:1] + demand[2:]).claim == (("bulk", 1, None),)
 
 
@@ -98,9 +98,9 @@ def test_a_model_being_loaded_is_not_handed_over() -> None:
     """A worker over its slots hands over a model it alone holds and has not loaded; one whose load has begun
     counts as loaded (the placer's own view says so), so its load is not made twice."""
     demand = [Demand(f"m{i}", queued=100, job_s=0.01, holders=("a",)) for i in range(4)]
-    idle_b = WorkerView("b", slots=2)
-    assert plan("a", [WorkerView("a", slots=2), idle_b], demand).release  # over its slots: one goes to b
-    loading = WorkerView("a", slots=2, loaded=frozenset({"m0", "m1", "m2", "m3"}))
+    idle_b = PlanWorker("b", slots=2)
+    assert plan("a", [PlanWorker("a", slots=2), idle_b], demand).release  # over its slots: one goes to b
+    loading = PlanWorker("a", slots=2, loaded=frozenset({"m0", "m1", "m2", "m3"}))
     assert not plan("a", [loading, idle_b], demand).release
 
 
@@ -117,7 +117,7 @@ def test_copies_stop_at_max_copies() -> None:
 
 
 def test_an_idle_extra_copy_is_dropped_and_the_first_holder_keeps_the_last() -> None:
-    workers = [WorkerView("a", 2, idle_s={"m": 60.0}), WorkerView("b", 2, idle_s={"m": 60.0})]
+    workers = [PlanWorker("a", 2, idle_s={"m": 60.0}), PlanWorker("b", 2, idle_s={"m": 60.0})]
     demand = [Demand("m", holders=("a", "b"))]
     assert plan("a", workers, demand, copy_idle_s=10.0) == Moves()
     assert plan("b", workers, demand, copy_idle_s=10.0) == Moves(drop=("m",))
@@ -126,7 +126,7 @@ def test_an_idle_extra_copy_is_dropped_and_the_first_holder_keeps_the_last() -> 
 
 
 def test_an_overloaded_worker_hands_a_model_it_has_not_loaded_to_a_joining_worker() -> None:
-    workers = [WorkerView("old", 2, frozenset({"m1", "m3"})), WorkerView("new", 2)]
+    workers = [PlanWorker("old", 2, frozenset({"m1", "m3"})), PlanWorker("new", 2)]
     demand = [Demand(m, queued=5, held=3, holders=("old",)) for m in ("m0", "m1", "m2", "m3")]
     moves = plan("old", workers, demand)
     assert len(moves.release) == 1 and moves.release[0] in {"m0", "m2"}  # never one it has loaded
@@ -136,27 +136,27 @@ def test_an_overloaded_worker_hands_a_model_it_has_not_loaded_to_a_joining_worke
 def test_an_over_claimed_worker_frees_an_idle_model_it_has_not_loaded_for_a_free_slot() -> None:
     demand = [Demand("m0", queued=4, holders=("old",)), Demand("m1", holders=("old",)),
               Demand("m2", holders=("old",))]
-    joined = [WorkerView("old", 2, frozenset({"m0", "m2"})), WorkerView("new", 2)]
+    joined = [PlanWorker("old", 2, frozenset({"m0", "m2"})), PlanWorker("new", 2)]
     assert plan("old", joined, demand) == Moves(release=("m1",))  # idle, not loaded: the new worker's slot takes it
-    full = [WorkerView("old", 2, frozenset({"m0", "m2"})), WorkerView("new", 1)]
+    full = [PlanWorker("old", 2, frozenset({"m0", "m2"})), PlanWorker("new", 1)]
     taken = [*demand, Demand("x", queued=1, holders=("new",))]
     assert plan("old", full, taken) == Moves()  # no free slot elsewhere: it keeps its claims and swaps locally
 
 
 def test_a_worker_alone_gives_up_the_claim_of_a_model_it_evicted_and_has_no_jobs_for() -> None:
     # claims sentiment and topic, two slots; topic was evicted for spam, whose job came through the ingress
-    alone = [WorkerView("a", 2, frozenset({"sentiment", "spam"}), idle_s={"topic": 3.0})]
+    alone = [PlanWorker("a", 2, frozenset({"sentiment", "spam"}), idle_s={"topic": 3.0})]
     demand = [Demand("sentiment", holders=("a",)), Demand("topic", holders=("a",), load_s=2.0)]
     assert plan("a", alone, demand) == Moves(release=("topic",))  # it claims it again at its next job
     for busy in (Demand("topic", queued=1, holders=("a",)), Demand("topic", held=1, holders=("a",))):
         assert plan("a", alone, [demand[0], busy]) == Moves()  # jobs waiting or in hand: it keeps the claim
     for fresh in ({"topic": 1.0}, {}):  # it ran just now, or never: on its way in, perhaps, for jobs in hand
-        assert plan("a", [WorkerView("a", 2, frozenset({"sentiment", "spam"}), idle_s=fresh)], demand) == Moves()
-    assert plan("a", [*alone, WorkerView("b", 2)], demand) == Moves()  # not alone, and not over its slots
+        assert plan("a", [PlanWorker("a", 2, frozenset({"sentiment", "spam"}), idle_s=fresh)], demand) == Moves()
+    assert plan("a", [*alone, PlanWorker("b", 2)], demand) == Moves()  # not alone, and not over its slots
 
 
 def test_a_cold_model_goes_to_a_free_slot_before_an_idle_victim() -> None:
-    workers = [WorkerView("a", 1, frozenset({"idle"}), idle_s={"idle": 100.0}), WorkerView("b", 1)]
+    workers = [PlanWorker("a", 1, frozenset({"idle"}), idle_s={"idle": 100.0}), PlanWorker("b", 1)]
     demand = [Demand("idle", holders=("a",)), Demand("new", queued=10)]
     assert plan("b", workers, demand) == Moves(claim=(("new", 1, None),))
     assert plan("a", workers, demand) == Moves()  # its idle model stays loaded

@@ -54,11 +54,11 @@ def test_without_its_pod_the_worker_says_what_is_missing_and_goes_on(
         monkeypatch.delenv(name, raising=False)
     client = redis.Redis()
     off = Settings(kubernetes_service_account_dir=tmp_path)
-    assert PodDeletionCost.from_environment(off, client, Keyspace.of(off), "w") is None
+    assert PodDeletionCost.from_environment(off.scaling, client, Keyspace.of(off), "w") is None
     assert not caplog.records
     on = Settings(pod_deletion_cost=True, kubernetes_service_account_dir=tmp_path)
     with caplog.at_level(logging.WARNING):
-        assert PodDeletionCost.from_environment(on, client, Keyspace.of(on), "w") is None
+        assert PodDeletionCost.from_environment(on.scaling, client, Keyspace.of(on), "w") is None
     [line] = [r.getMessage() for r in caplog.records]
     assert "KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT, POD_NAME, POD_NAMESPACE" in line
     assert str(tmp_path / "token") in line and "downward API" in line
@@ -134,7 +134,7 @@ def test_a_worker_keeps_its_pods_deletion_cost_current(
     wait_for(lambda: handler.writes and int(handler.writes[-1]) >= 6000, 20,
              "the cost of the interactive model it alone holds")
     s = Settings()
-    [beat] = read_heartbeats(redis.Redis.from_url(s.broker_url), Keyspace.of(s))
+    [beat] = read_heartbeats(redis.Redis.from_url(s.redis.broker_url), Keyspace.of(s))
     [chat] = beat.loaded
     assert chat.model_id == "chat" and chat.interactive
     assert handler.writes[-1] == str(deletion_cost(RemovalCost(("chat",), chat.load_s, 0, ("chat",), chat.load_s)))

@@ -38,7 +38,8 @@ def test_messages_are_those_send_task_makes(
     client = Client()
     r = redis.Redis.from_url(redis_url)
     s = client.settings
-    by_send_task = client.app.send_task(PREDICT_TASK, args=["sentiment", "same input"], queue=s.queue, priority=level)
+    by_send_task = client.app.send_task(PREDICT_TASK, args=["sentiment", "same input"], queue=s.jobs.queue,
+                                        priority=level)
     [ours] = client.submit_jobs([("sentiment", "same input")], priority=priority)
     alone = client.submit("sentiment", "same input", priority=priority)
     keyspace = Keyspace.of(s)
@@ -98,7 +99,7 @@ def test_a_message_over_the_byte_bound_is_refused_and_nothing_of_its_call_is_sen
 def test_a_fresh_install_bounds_the_queue() -> None:
     from swapless.config.settings import Settings
 
-    assert Settings().max_queued == 100_000, "one caller cannot fill a fresh install's Redis"
+    assert Settings().jobs.max_queued == 100_000, "one caller cannot fill a fresh install's Redis"
 
 
 @pytest.mark.slow

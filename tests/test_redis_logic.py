@@ -258,12 +258,13 @@ def test_read_placement_counts_each_model_s_lists_held_jobs_and_live_claims(redi
     r.hset(model.held, mapping={"tag1": "m0"})
     r.zadd(model.holders, {"w2@h:2": now_ms + 30_000, "w1@h:1": now_ms + 60_000, "dead@h:3": now_ms - 1})  # one ended
     sentiment, spam = read_placement(r, keys, ["sentiment", "spam"])
-    assert (sentiment.model_id, sentiment.queued, sentiment.waiting, sentiment.held) == (
+    assert (sentiment.model_id, sentiment.queued, sentiment.waiting_messages, sentiment.held) == (
         "sentiment", {0: 2, 3: 0, 6: 1, 9: 0}, 3, 1)
     assert sentiment.holder_ids == ("w1@h:1", "w2@h:2")  # live claims only, by name
     assert dict(sentiment.holders)["w1@h:1"] == pytest.approx((now_ms + 60_000) / 1000)  # lease end, in seconds
-    assert (spam.waiting, spam.held, spam.holders) == (0, 0, ())
-    assert read_placement(r, Keyspace(key_prefix + "other", key_prefix), ["sentiment"])[0].waiting == 0  # apart
+    assert (spam.waiting_messages, spam.held, spam.holders) == (0, 0, ())
+    other = read_placement(r, Keyspace(key_prefix + "other", key_prefix), ["sentiment"])
+    assert other[0].waiting_messages == 0  # apart
     assert read_placement(r, keys, []) == []
     r.close()
 

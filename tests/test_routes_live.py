@@ -24,16 +24,16 @@ import pytest
 
 from swapless.config.errors import InputError
 from swapless.manager.registry.store import ModelStore
-from swapless.tasks.broker.routes import read_shadow
 from swapless.tasks.client import Client
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.protocol import PREDICT_TASK
+from swapless.tasks.routing import read_shadow
 from tests.crashy import crashy_entry
 from tests.faultkit import FaultEnv, wait_for
 
 pytestmark = pytest.mark.slow
 
-#: How long producers and workers reuse the run-time weights they read (tasks.broker.routes.RouteOverrides).
+#: How long producers and workers reuse the run-time weights they read (tasks.routing.RouteOverrides).
 WEIGHTS_TTL_S = 1.0
 #: A read in flight when the weights change can return the old ones and be stamped a little later.
 READ_MARGIN_S = 0.25

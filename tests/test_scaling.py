@@ -91,7 +91,7 @@ def _beat(worker: str, started_at: float, busy_s: float) -> Heartbeat:
 
 
 def _reading(now: float, backlog_s: float, *beats: Heartbeat) -> ClusterReading:
-    model = ModelBacklog("m", waiting=int(backlog_s * 100), held=0, job_s=0.01, load_s=0.0, measured=True)
+    model = ModelBacklog("m", waiting_jobs=int(backlog_s * 100), held=0, job_s=0.01, load_s=0.0, measured=True)
     return ClusterReading(now=now, models={"m": model} if backlog_s else {}, workers=list(beats))
 
 
@@ -206,29 +206,29 @@ def _learn(client: redis.Redis, keyspace: Keyspace, device: str, model_id: str, 
 def test_queued_jobs_chunks_and_plain_celery_messages_read_as_seconds_of_work(scaling_env: Settings) -> None:
     s = scaling_env
     keyspace = Keyspace.of(s)
-    client = redis.Redis.from_url(s.broker_url)
+    client = redis.Redis.from_url(s.redis.broker_url)
     _learn(client, keyspace, "cpu", "sim", batch_costs_s={"8": 0.002, "64": 0.0005}, load_s=1.5)
     sent_at = time.time()
     with Client(settings=s) as producer:
         producer.submit_jobs([("sim", f"text {i}") for i in range(300)])  # one message per job
         producer.submit_many("sim", [f"bulk {i}" for i in range(500)], priority="bulk")  # chunks
-    make_app(s).send_task(PREDICT_TASK, args=["sim", "plain celery"], queue=s.queue)  # through the ingress
-    make_app(s).send_task(PREDICT_TASK, args=["other", "never measured"], queue=s.queue)
+    make_app(s).send_task(PREDICT_TASK, args=["sim", "plain celery"], queue=s.jobs.queue)  # through the ingress
+    make_app(s).send_task(PREDICT_TASK, args=["other", "never measured"], queue=s.jobs.queue)
     time.sleep(0.2)
 
-    reading = read_cluster(client, keyspace, ["sim", "other"], unknown_job_s=s.scale_unknown_job_s,
-                           unknown_load_s=s.scale_unknown_load_s)
+    reading = read_cluster(client, keyspace, ["sim", "other"], unknown_job_s=s.scaling.scale_unknown_job_s,
+                           unknown_load_s=s.scaling.scale_unknown_load_s)
     sim, other = reading.models["sim"], reading.models["other"]
-    assert (sim.waiting, sim.held, sim.job_s, sim.load_s, sim.measured) == (801, 0, 0.0005, 1.5, True)
+    assert (sim.waiting_jobs, sim.held, sim.job_s, sim.load_s, sim.measured) == (801, 0, 0.0005, 1.5, True)
     assert sim.seconds == pytest.approx(801 * 0.0005 + 1.5)
-    assert (other.waiting, other.job_s, other.load_s, other.measured) == (1, 0.05, 10.0, False)
+    assert (other.waiting_jobs, other.job_s, other.load_s, other.measured) == (1, 0.05, 10.0, False)
     assert set(sim.oldest_age_s) == {0, 6}  # interactive and bulk
     assert 0.2 <= sim.oldest_age_s[0] <= time.time() - sent_at + 0.01
 
     signals = ScalingSignals(client, s, ["sim", "other"]).read()
     assert signals.without_capacity  # work waiting, no worker live: scale from zero
     expected = sim.seconds + other.seconds
-    assert signals.desired == -(-expected // s.scale_drain_s)
+    assert signals.desired == -(-expected // s.scaling.scale_drain_s)
 
     text = httpx.Response(200, content=_exposition(signals_registry(ScalingSignals(client, s, ["sim", "other"]))))
     metrics = _parse(text.text)
@@ -242,7 +242,7 @@ def test_queued_jobs_chunks_and_plain_celery_messages_read_as_seconds_of_work(sc
 
 def test_the_signals_say_redis_is_down_instead_of_failing_the_scrape(scaling_env: Settings) -> None:
     s = scaling_env.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
-    client = redis.Redis.from_url(s.broker_url, socket_connect_timeout=0.5)
+    client = redis.Redis.from_url(s.redis.broker_url, socket_connect_timeout=0.5)
     metrics = _parse(_exposition(signals_registry(ScalingSignals(client, s, ["sim"]))).decode())
     assert metrics == {("swapless_signals_up", ()): 0}
 
@@ -307,7 +307,7 @@ def _live(env: dict[str, str]) -> list[Heartbeat]:
 
     s = Settings()
     return [b for b in read_heartbeats(redis.Redis.from_url(env["SWAPLESS_REDIS_URL"]), Keyspace.of(s))
-            if b.queue == s.queue]
+            if b.queue == s.jobs.queue]
 
 
 @pytest.mark.slow
@@ -319,7 +319,7 @@ def test_a_queue_of_n_jobs_reads_n_times_the_measured_cost(
     (plus the load), within 20 %."""
     worker = start_worker(env={**simulated, "SWAPLESS_WARM_START": "true"})
     s = Settings()
-    client = redis.Redis.from_url(s.broker_url)
+    client = redis.Redis.from_url(s.redis.broker_url)
     keyspace = Keyspace.of(s)
     wait_for(lambda: all(json.loads(client.hget(keyspace.learned("cpu"), m) or "{}").get("batch_costs_s")
                          for m in ("sim", "slow")), 20, "the worker's learned costs of both models")

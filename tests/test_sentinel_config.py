@@ -64,7 +64,7 @@ def test_a_plain_url_keeps_todays_configuration() -> None:
     conf = make_app(load_settings(redis_url="redis://127.0.0.1:6379/3")).conf
     assert (conf.broker_url, conf.result_backend) == ("redis://127.0.0.1:6379/3", "redis://127.0.0.1:6379/3")
     assert "master_name" not in conf.broker_transport_options
-    assert load_settings(redis_url="redis://127.0.0.1:6379/3").failover_wait_s == 0
+    assert load_settings(redis_url="redis://127.0.0.1:6379/3").redis.failover_wait_s == 0
 
 
 def test_too_few_replicas_is_a_retryable_queue_unavailable_saying_what_happened() -> None:
@@ -81,4 +81,4 @@ def test_too_few_replicas_is_a_retryable_queue_unavailable_saying_what_happened(
         "(SWAPLESS_REDIS_REPLICA_TIMEOUT_S); the job is on the primary only and may still run: send it again (or "
         "check the replicas, or lower SWAPLESS_REDIS_MIN_REPLICAS)"
     )
-    assert ReplicaWait.of(load_settings()) is None
+    assert ReplicaWait.of(load_settings().redis) is None

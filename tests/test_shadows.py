@@ -12,9 +12,9 @@ from swapless.config.settings import Settings
 from swapless.manager import Job, Outcome
 from swapless.tasks.app import make_app
 from swapless.tasks.broker.results import ResultStore
-from swapless.tasks.broker.routes import read_shadow
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.observe.accounting import NULL_OBSERVER
+from swapless.tasks.routing import read_shadow
 from swapless.tasks.worker.delivery import Delivery
 from swapless.tasks.worker.shadows import Shadows
 

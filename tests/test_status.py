@@ -178,14 +178,14 @@ def test_queue_depth_per_priority_and_model_exact_then_sampled(
 
     celery = make_app(settings)
     for i in range(30):
-        celery.send_task(PREDICT_TASK, args=["sentiment", f"text {i}"], queue=settings.queue, priority=0)
+        celery.send_task(PREDICT_TASK, args=["sentiment", f"text {i}"], queue=settings.jobs.queue, priority=0)
     for i in range(10):
-        celery.send_task(PREDICT_TASK, args=["spam", "hi"], queue=settings.queue, priority=6)
-        celery.send_task(PREDICT_TASK, args=["spam", "hi"], queue=settings.queue, priority=6)
-        celery.send_task(PREDICT_TASK, args=["vision", encode_image(i)], queue=settings.queue, priority=6)
+        celery.send_task(PREDICT_TASK, args=["spam", "hi"], queue=settings.jobs.queue, priority=6)
+        celery.send_task(PREDICT_TASK, args=["spam", "hi"], queue=settings.jobs.queue, priority=6)
+        celery.send_task(PREDICT_TASK, args=["vision", encode_image(i)], queue=settings.jobs.queue, priority=6)
     celery.close()
     Client().submit_jobs([("topic", f"own list {i}") for i in range(5)])  # ours: the model's own list
-    r = redis.Redis.from_url(settings.broker_url)
+    r = redis.Redis.from_url(settings.redis.broker_url)
     keyspace, models = Keyspace.of(settings), ["sentiment", "spam", "topic", "vision"]
     depth = read_queue_depth(r, keyspace, models)
     assert depth.by_priority == {0: 35, 3: 0, 6: 30, 9: 0} and depth.total == 65 and depth.ingress == 60
@@ -199,8 +199,8 @@ def test_queue_depth_per_priority_and_model_exact_then_sampled(
     shown = run_cli("status", "--sample", "9")
     assert shown.returncode == 0, shown.stderr
     out = shown.stdout
-    assert (f"queue {settings.queue}: 65 messages waiting in Redis (priority 0: 35, priority 6: 30); 60 of them in "
-            "the ingress, not yet moved to their model's lists") in out
+    assert (f"queue {settings.jobs.queue}: 65 messages waiting in Redis (priority 0: 35, priority 6: 30); 60 of them "
+            "in the ingress, not yet moved to their model's lists") in out
     assert "sentiment" in out and "~30" in out and "~20" in out and "~10" in out and "~5" in out
     assert "per-model counts are estimates: the ingress is read from a sample of the 9 next messages" in out
     assert "no live workers" in out
@@ -214,12 +214,12 @@ def test_each_model_s_own_lists_are_counted_exactly(swapless_env: dict[str, str]
     client = Client()
     client.submit_jobs([("sentiment", f"text {i}") for i in range(30)])
     client.submit_jobs([("spam", "hi")] * 20 + [("vision", encode_image(1))] * 10, priority="bulk")
-    r = redis.Redis.from_url(settings.broker_url)
+    r = redis.Redis.from_url(settings.redis.broker_url)
     places = {p.model_id: p for p in read_placement(r, Keyspace.of(settings), ["sentiment", "spam", "vision", "topic"])}
-    assert {m: p.queued for m, p in places.items() if p.waiting} == {
+    assert {m: p.queued for m, p in places.items() if p.waiting_messages} == {
         "sentiment": {0: 30, 3: 0, 6: 0, 9: 0}, "spam": {0: 0, 3: 0, 6: 20, 9: 0}, "vision": {0: 0, 3: 0, 6: 10, 9: 0}
     }
-    assert not places["topic"].waiting and all(not p.holders and not p.held for p in places.values())
+    assert not places["topic"].waiting_messages and all(not p.holders and not p.held for p in places.values())
     shown = run_cli("status")
     assert shown.returncode == 0, shown.stderr
     assert "models across workers: 60 messages waiting in their lists, 0 held by workers" in shown.stdout
@@ -231,12 +231,13 @@ def test_each_model_s_own_lists_are_counted_exactly(swapless_env: dict[str, str]
 def test_heartbeat_publisher_expires_and_cleans_up(settings: Settings) -> None:
     from swapless.tasks.cluster.members import CacheInfo, Heartbeat, WaitSummary
 
-    r = redis.Redis.from_url(settings.broker_url)
+    r = redis.Redis.from_url(settings.redis.broker_url)
     cache = CacheInfo(
         max_models=2, memory_budget_bytes=None, used_bytes=0, hits=0, misses=0, loads=0, evictions=0, load_failures=0
     )
     beat = Heartbeat(
-        hostname="unit@host", pid=1, queue=settings.queue, started_at=time.time(), sent_at=time.time(), interval_s=0.4,
+        hostname="unit@host", pid=1, queue=settings.jobs.queue, started_at=time.time(), sent_at=time.time(),
+        interval_s=0.4,
         cache=cache, loaded=[], models={}, jobs_done=0, jobs_failed=0, backlog=0, queue_wait=WaitSummary(),
     )
     publisher = HeartbeatPublisher(r, Keyspace.of(settings), "unit@host", lambda: beat, interval_s=0.4)
@@ -247,7 +248,8 @@ def test_heartbeat_publisher_expires_and_cleans_up(settings: Settings) -> None:
     publisher.start()
     wait_for(lambda: read_heartbeats(r, Keyspace.of(settings)), 3, what="the thread's first beat")
     publisher.stop()
-    assert read_heartbeats(r, Keyspace.of(settings)) == [] and r.zcard(f"{settings.key_prefix}swapless:workers") == 0
+    assert read_heartbeats(r, Keyspace.of(settings)) == []
+    assert r.zcard(f"{settings.jobs.key_prefix}swapless:workers") == 0
 
 
 # -- a real worker ------------------------------------------------------------------------------------------
@@ -346,7 +348,7 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
         client.submit(model_id, "hello there").get(timeout=60)
     with pytest.raises(InputError):
         client.submit("spam", " ").get(timeout=60)
-    r = redis.Redis.from_url(settings.broker_url)
+    r = redis.Redis.from_url(settings.redis.broker_url)
 
     def beat_after_all_jobs():  # type: ignore[no-untyped-def]
         beats = read_heartbeats(r, Keyspace.of(settings))
@@ -370,20 +372,20 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
         raise AssertionError(f"{err}: received {events.types}") from None
     events.stop()
     assert events.count("task-received") == 6 and events.count("worker-heartbeat") >= 1
-    assert beat.hostname.startswith("st@") and beat.queue == settings.queue and beat.pid == worker.proc.pid
+    assert beat.hostname.startswith("st@") and beat.queue == settings.jobs.queue and beat.pid == worker.proc.pid
     _assert_cache_counts(beat)
 
     # jobs on another queue, which this worker does not consume: `status --queue` shows them beside the worker
-    other = settings.model_copy(update={"queue": f"{settings.key_prefix}other"})
+    other = settings.model_copy(update={"queue": f"{settings.jobs.key_prefix}other"})
     parked = Client(settings=other)
     for i in range(7):
         parked.submit("vision", encode_image(i), priority="bulk")
     parked.submit("topic", "later")
-    shown = run_cli("status", "--queue", other.queue)
+    shown = run_cli("status", "--queue", other.jobs.queue)
     assert shown.returncode == 0, shown.stderr
     out = shown.stdout
     assert "models across workers: 8 messages waiting in their lists, 0 held by workers" in out
-    assert f"worker {beat.hostname} (pid {worker.proc.pid}, queue {settings.queue}" in out
+    assert f"worker {beat.hostname} (pid {worker.proc.pid}, queue {settings.jobs.queue}" in out
     _assert_status_rows(out)
 
     watched = run_cli("status", "--watch", "--interval", "0.2", "--count", "3")

@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from swapless.config.errors import InputError
-from swapless.tasks.broker.webhooks import Delivery, WebhookQueue
 from swapless.tasks.client import Client
+from swapless.tasks.webhooks import WebhookDelivery, WebhookQueue
 from tests.stack import Stack as GatewayStack
 from tests.stack import run_cli, wait_for, worker_and_gateway
 
@@ -222,7 +222,7 @@ def test_the_page_lists_a_webhook_the_worker_could_not_deliver(chromium: str, st
     it as failed at once, and the page says so with what to run."""
     with Client() as client:
         WebhookQueue.of(client.redis, client.settings).enqueue(
-            [Delivery("page-hook-job", "http://127.0.0.1:9/hook", "{}")])
+            [WebhookDelivery("page-hook-job", "http://127.0.0.1:9/hook", "{}")])
 
     def failed() -> dict[str, Any] | None:
         hooks = stack.http.get("/status.json").json()["webhooks"]

@@ -16,7 +16,7 @@ from rich.console import Console
 from swapless.config.settings import Settings
 from swapless.tasks.client import Client
 from swapless.tasks.cluster.members import Heartbeat, read_heartbeats
-from swapless.tasks.cluster.plan import Demand, WorkerView, plan
+from swapless.tasks.cluster.plan import Demand, PlanWorker, plan
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.observe.view import render_worker
 from tests.conftest import WorkerProcess
@@ -50,7 +50,7 @@ def test_a_worker_with_a_host_tier_swaps_in_and_shows_each_models_tier(
     assert log.count("loaded sentiment (") == 1 and "swapped sentiment in from host memory" in log
     assert "moved sentiment to host memory" in log and "moved spam to host memory" in log
 
-    r = redis.Redis.from_url(settings.broker_url)
+    r = redis.Redis.from_url(settings.redis.broker_url)
     # the cache counts a swap-in when it happens, the model's row when its group ends: wait for both
     beat = _beat(r, settings, lambda b: b.cache.swap_ins >= 1 and bool(b.host)
                  and "sentiment" in b.models and b.models["sentiment"].swap_ins >= 1)
@@ -86,7 +86,7 @@ def test_a_worker_with_a_host_tier_swaps_in_and_shows_each_models_tier(
 
 
 def test_placement_counts_a_model_in_a_workers_host_tier_as_a_swap_in_not_a_load() -> None:
-    workers = [WorkerView("a", slots=2), WorkerView("b", slots=2, host=frozenset({"m"}))]
+    workers = [PlanWorker("a", slots=2), PlanWorker("b", slots=2, host=frozenset({"m"}))]
     cold = Demand("m", queued=10, job_s=0.01, load_s=2.0, host_load_s=0.2)
     # b holds nothing on its device either, but m waits in its host memory: a copy away there, a load on a
     assert plan("b", workers, [cold]).claim == (("m", 1, None),)
@@ -94,7 +94,7 @@ def test_placement_counts_a_model_in_a_workers_host_tier_as_a_swap_in_not_a_load
     # without a measured swap-in, the host tier does not count: the tie goes by the hash
     unknown = Demand("m", queued=10, job_s=0.01, load_s=2.0)
     assert cold.load_on(workers[1]) == 0.2 and unknown.load_on(workers[1]) == 2.0
-    busy = [WorkerView("a", slots=2), WorkerView("b", slots=2, loaded=frozenset({"x"}), host=frozenset({"m"}))]
+    busy = [PlanWorker("a", slots=2), PlanWorker("b", slots=2, loaded=frozenset({"x"}), host=frozenset({"m"}))]
     other = Demand("x", queued=100, job_s=0.01, load_s=2.0, holders=("b",))
     # b is busy for 1 s with x, then m is 0.2 s away; on a it is 2 s away: b is still done sooner
     assert plan("b", busy, [cold, other]).claim == (("m", 1, None),)

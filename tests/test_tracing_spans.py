@@ -24,8 +24,8 @@ from swapless.config.settings import Settings
 from swapless.manager import Job, Outcome
 from swapless.manager.cache.entries import CacheStats
 from swapless.tasks import tracing
-from swapless.tasks.broker.webhooks import Delivery, WebhookQueue
 from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.webhooks import WebhookDelivery, WebhookQueue
 from swapless.tasks.worker.spans import BatchSpans, traces_note
 from swapless.tasks.worker.webhooks import WebhookSender
 from tests.webhook_receiver import SECRET
@@ -137,9 +137,9 @@ def test_a_webhook_is_a_span_of_its_jobs_trace_and_carries_it(
     client = redis.Redis.from_url(redis_url)
     queue = WebhookQueue(client, Keyspace("q", key_prefix), ttl_s=60, max_pending=3, max_failed=2)
     s = settings.model_copy(update={"webhook_secret": SecretStr(SECRET), "webhook_allowed_hosts": "hooks.test"})
-    sender = WebhookSender(queue, s, transport=httpx.MockTransport(answer), resolve=lambda host: ["10.0.0.7"],
+    sender = WebhookSender(queue, s.webhooks, transport=httpx.MockTransport(answer), resolve=lambda host: ["10.0.0.7"],
                            tracer=tracer)
-    queue.enqueue([Delivery("job-1", "http://hooks.test/h?token=secret", json.dumps({"x": 1}), traceparent=A)])
+    queue.enqueue([WebhookDelivery("job-1", "http://hooks.test/h?token=secret", json.dumps({"x": 1}), traceparent=A)])
     sender.start()
     try:
         deadline = time.monotonic() + 10

@@ -16,9 +16,9 @@ from pydantic import SecretStr
 
 from swapless.config.errors import WebhookRefused
 from swapless.config.settings import Settings, get_settings
-from swapless.tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, check_target
 from swapless.tasks.client import Client
 from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.webhooks import WebhookDelivery, WebhookQueue, allowed_hosts, check_target
 from swapless.tasks.worker.webhooks import WebhookSender, backoff_s
 from tests.conftest import WorkerProcess
 from tests.faultkit import wait_for
@@ -75,9 +75,9 @@ def webhook_queue(redis_url: str, key_prefix: str) -> Iterator[WebhookQueue]:
 
 def test_the_queue_is_bounded_and_deduplicated(webhook_queue: WebhookQueue) -> None:
     now = time.time()
-    assert webhook_queue.enqueue([Delivery(f"j{i}", "http://x/", "{}") for i in range(3)], now) == (3, 0)
-    assert webhook_queue.enqueue([Delivery("j0", "http://x/", "{}")], now) == (0, 0)  # already waiting
-    assert webhook_queue.enqueue([Delivery("j9", "http://x/", "{}")], now) == (0, 1)  # over the bound: failed
+    assert webhook_queue.enqueue([WebhookDelivery(f"j{i}", "http://x/", "{}") for i in range(3)], now) == (3, 0)
+    assert webhook_queue.enqueue([WebhookDelivery("j0", "http://x/", "{}")], now) == (0, 0)  # already waiting
+    assert webhook_queue.enqueue([WebhookDelivery("j9", "http://x/", "{}")], now) == (0, 1)  # over the bound: failed
     count, failed = webhook_queue.failed()
     assert count == 1 and failed[0].id == "j9" and "SWAPLESS_WEBHOOK_MAX_PENDING" in (failed[0].last_error or "")
     assert webhook_queue.pending() == 3
@@ -92,23 +92,23 @@ def test_one_api_key_cannot_fill_the_delivery_queue_for_the_others(redis_url: st
     queue = WebhookQueue(client, Keyspace("q", key_prefix), ttl_s=60, max_pending=100, max_failed=10,
                          max_pending_per_key=2)
     now = time.time()
-    mine = [Delivery(f"a{i}", "http://x/", "{}", owner="key:A") for i in range(3)]
+    mine = [WebhookDelivery(f"a{i}", "http://x/", "{}", owner="key:A") for i in range(3)]
     assert queue.enqueue(mine, now) == (2, 1)
-    assert queue.enqueue([Delivery("b0", "http://x/", "{}", owner="key:B"), Delivery("n0", "http://x/", "{}")],
-                         now) == (2, 0)
+    others = [WebhookDelivery("b0", "http://x/", "{}", owner="key:B"), WebhookDelivery("n0", "http://x/", "{}")]
+    assert queue.enqueue(others, now) == (2, 0)
     count, failed = queue.failed()
     assert count == 1 and failed[0].id == "a2" and failed[0].owner == "key:A"
     assert failed[0].last_error == "this API key had too many webhooks waiting (SWAPLESS_WEBHOOK_MAX_PENDING_PER_KEY)"
     [first, *_] = [d for d in queue.claim(10, lease_s=30, now=now) if d.id == "a0"]
     queue.delivered(first)
-    assert queue.enqueue([Delivery("a3", "http://x/", "{}", owner="key:A")], now) == (1, 0)
+    assert queue.enqueue([WebhookDelivery("a3", "http://x/", "{}", owner="key:A")], now) == (1, 0)
     assert queue.pending() == 4
     client.close()
 
 
 def test_claims_lease_deliveries_and_failures_can_be_replayed(webhook_queue: WebhookQueue) -> None:
     now = time.time()
-    webhook_queue.enqueue([Delivery("a", "http://x/", "{}"), Delivery("b", "http://x/", "{}")], now)
+    webhook_queue.enqueue([WebhookDelivery("a", "http://x/", "{}"), WebhookDelivery("b", "http://x/", "{}")], now)
     taken = webhook_queue.claim(10, lease_s=30, now=now)
     assert sorted(d.id for d in taken) == ["a", "b"]
     assert webhook_queue.claim(10, lease_s=30, now=now + 1) == []  # leased
@@ -129,8 +129,9 @@ def test_the_sender_retries_then_keeps_the_delivery_as_failed(webhook_queue: Web
 
     s = settings.model_copy(update={"webhook_secret": SecretStr(SECRET), "webhook_allowed_hosts": "hooks.test",
                                     "webhook_retry_s": 1.5})
-    sender = WebhookSender(webhook_queue, s, transport=httpx.MockTransport(answer), resolve=lambda host: ["10.0.0.7"])
-    webhook_queue.enqueue([Delivery("job-1", "http://hooks.test/h", json.dumps({"x": 1}))])
+    sender = WebhookSender(webhook_queue, s.webhooks, transport=httpx.MockTransport(answer),
+                           resolve=lambda host: ["10.0.0.7"])
+    webhook_queue.enqueue([WebhookDelivery("job-1", "http://hooks.test/h", json.dumps({"x": 1}))])
     sender.start()
     try:
         deadline = time.monotonic() + 10
@@ -155,8 +156,8 @@ def _send_once(webhook_queue: WebhookQueue, settings: Settings, url: str,
         return httpx.Response(204)
 
     s = settings.model_copy(update={"webhook_secret": SecretStr(SECRET), "webhook_allowed_hosts": allowed})
-    sender = WebhookSender(webhook_queue, s, transport=httpx.MockTransport(answer), resolve=resolve)
-    webhook_queue.enqueue([Delivery("job-pin", url, "{}")])
+    sender = WebhookSender(webhook_queue, s.webhooks, transport=httpx.MockTransport(answer), resolve=resolve)
+    webhook_queue.enqueue([WebhookDelivery("job-pin", url, "{}")])
     sender.start()
     try:
         wait_for(lambda: webhook_queue.pending() == 0, 10, "the delivery to be settled")
@@ -208,8 +209,9 @@ def test_a_pinned_delivery_reaches_a_real_receiver_under_its_name_and_verifies(
 ) -> None:
     receiver = Receiver().start()
     s = settings.model_copy(update={"webhook_secret": SecretStr(SECRET), "webhook_allowed_hosts": "localhost"})
-    sender = WebhookSender(webhook_queue, s, resolve=lambda host: ["127.0.0.1"])  # the network, one lookup
-    webhook_queue.enqueue([Delivery("job-real", f"http://localhost:{receiver.port}/hook", json.dumps({"ok": 1}))])
+    sender = WebhookSender(webhook_queue, s.webhooks, resolve=lambda host: ["127.0.0.1"])  # the network, one lookup
+    url = f"http://localhost:{receiver.port}/hook"
+    webhook_queue.enqueue([WebhookDelivery("job-real", url, json.dumps({"ok": 1}))])
     sender.start()
     try:
         [(headers, payload)] = receiver.wait_for(1, 10)
@@ -256,9 +258,9 @@ def hooked_client(hooked: tuple[dict[str, str], WorkerProcess, GatewayProcess]) 
         yield c
 
 
-def _delivery(client: Client, job_id: str) -> Delivery | None:
+def _delivery(client: Client, job_id: str) -> WebhookDelivery | None:
     raw = client.redis.get(Keyspace.of(client.settings).webhook(job_id))
-    return Delivery.decode(raw) if raw is not None else None
+    return WebhookDelivery.decode(raw) if raw is not None else None
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """MkDocs hooks: the reference pages, generated from the code at build time (one source each).
 
-- ``reference/settings.md``: every field of ``swapless.config.settings.Settings``, its variable, default and
-  description;
+- ``reference/settings.md``: every field of each component of ``swapless.config.settings.Settings``, its
+  variable, default and description;
 - ``reference/cli.md``: every ``swapless`` command from the typer app, its arguments and options;
 - ``reference/http-api.md``: every route of the gateway from its OpenAPI schema (the app is built, never served:
   no Redis is needed), and the schema itself as ``reference/openapi.json``;
@@ -21,27 +21,6 @@ from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 
 REPO = Path(__file__).resolve().parents[2]
-
-#: Sections of the settings page: a title and the field-name prefixes (or whole names) it takes, in page order.
-#: A field no section takes lands in the last, so a new setting is never left out.
-SETTING_SECTIONS: list[tuple[str, tuple[str, ...]]] = [
-    ("Redis and the queue", ("redis_", "connect_timeout_s", "queue", "key_prefix", "max_queued",
-                             "max_message_bytes", "result_expires_s", "cancel_hold_s")),
-    ("Models and the model cache", ("models_file", "max_models", "memory_budget_bytes", "host_", "triton_",
-                                    "device", "max_batch_size", "plugins", "warm_", "load_ahead",
-                                    "keep_interactive_s")),
-    ("Scheduling, placement and delivery", ("routing", "prefetch", "copy_", "max_copies", "placement_",
-                                            "max_group", "max_wait_s", "interactive_expires_s", "bulk_expires_s",
-                                            "max_attempts", "visibility_", "canvas_queue")),
-    ("Inputs", ("input_root", "max_text_chars", "max_image_")),
-    ("Monitoring", ("task_events", "heartbeat_interval_s", "metrics_", "exporter_port")),
-    ("Autoscaling", ("scale_", "pod_deletion_", "kubernetes_")),
-    ("HTTP gateway", ("gateway_", "predict_timeout_s", "api_keys")),
-    ("Webhooks", ("webhook_",)),
-    ("Batch API", ("batch_",)),
-    ("Other settings", ("",)),
-]
-
 
 def _markdown(text: str) -> str:
     """Docstring text as Markdown: RST's double backquotes become single ones."""
@@ -85,7 +64,9 @@ def setting_default(name: str, default: Any) -> str:
 
 
 def settings_page() -> str:
-    """The settings reference, from the settings model's fields."""
+    """The settings reference, from each component's model."""
+    from pydantic import BaseModel
+
     from swapless.config.settings import Settings
 
     lines = [
@@ -98,16 +79,16 @@ def settings_page() -> str:
         "names ending in `_s` are seconds, `_bytes` bytes. The flags of `swapless worker` set the same values.",
         "Celery's own settings keep Celery's names (`swapless.tasks.app`).",
         "",
-        "This page is generated from `config/settings.py` when the site is built.",
+        "This page is generated from the settings models (`config/settings/`) when the site is built, one",
+        "section per component.",
     ]
-    fields = dict(Settings.model_fields)
-    for title, prefixes in SETTING_SECTIONS:
-        taken = [name for name in fields if any(name.startswith(prefix) for prefix in prefixes)]
-        if not taken:
-            continue
-        lines += ["", f"## {title}", "", "| variable | default | meaning |", "|---|---|---|"]
-        for name in taken:
-            field = fields.pop(name)
+    for component, info in Settings.model_fields.items():
+        model = info.annotation
+        assert isinstance(model, type) and issubclass(model, BaseModel)
+        title = model.model_config.get("title") or model.__name__
+        summary = f"`settings.{component}` (`{model.__name__}`): {_markdown(model.__doc__ or '')}"
+        lines += ["", f"## {title}", "", summary, "", "| variable | default | meaning |", "|---|---|---|"]
+        for name, field in model.model_fields.items():
             default = setting_default(name, field.default)
             lines.append(f"| `SWAPLESS_{name.upper()}` | {_cell(default)} | {_cell(field.description or '')} |")
     return "\n".join(lines) + "\n"

@@ -1,17 +1,5 @@
-"""Acknowledging late-ack messages in bulk, and keeping held messages visible.
-
-kombu acks a Redis message with one MULTI/EXEC per message, which at thousands of jobs per second is a third of the
-consumer thread's time. ``AckQueue`` deletes many messages' records (``swapless.tasks.broker.queues``' ``ACK``) in one
-script call per set of lists: atomic per call like kombu's MULTI, and, unlike a MULTI, taken by Redis over
-``maxmemory`` (Redis refuses to queue any command of a transaction then, deletions included). It runs on the
-consumer's own thread (``Consumer.call_soon``), like Celery's own acks, because kombu channels are not thread-safe;
-at shutdown ``drain()`` runs what is still queued.
-
-``refresh_visibility`` re-stamps the records of every message this worker still holds, so that a live worker never
-has its jobs put back for another however long they wait or run, while a silent worker's come back after the
-visibility timeout (the cluster's ``RECOVER``). Its script's first write takes no memory, so it goes through even
-while Redis is over ``maxmemory`` (``WRITE_FIRST_NOTE``): re-stamping grows nothing, and a refresh refused at the
-limit would let a live worker's jobs run twice.
+"""Bulk acks of late-ack messages on the consumer thread, and the visibility refresh of held messages
+(docs/concepts/delivery.md, "Acks and visibility").
 """
 
 from __future__ import annotations
@@ -22,9 +10,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kombu.transport.virtual import QoS as VirtualQoS
-
 from swapless.tasks.broker.connection import RedisHealth
+from swapless.tasks.broker.kombu_private import delivered, mark_acked, unacked_dirty
 
 __all__ = ["AckQueue", "refresh_visibility"]
 
@@ -35,8 +22,7 @@ class AckQueue:
     """Acks requests in bulk on the consumer thread.
 
     Args:
-        call_soon: the consumer's ``call_soon`` (runs a callable on the consumer thread); None acks at once,
-            on the calling thread, the ordinary way (``request.acknowledge()``). ``bind`` sets it later.
+        call_soon: the consumer's ``call_soon``; None acks at once on the calling thread. ``bind`` sets it later.
     """
 
     def __init__(self, call_soon: Callable[..., Any] | None = None) -> None:
@@ -45,7 +31,7 @@ class AckQueue:
         self._lock = threading.Lock()
 
     def bind(self, call_soon: Callable[..., Any]) -> None:
-        """Ack on this consumer's thread from now on (the consumer calls it at each connection)."""
+        """Ack on this consumer's thread from now on (called at each connection)."""
         self.call_soon = call_soon
 
     def ack(self, requests: Iterable[Any]) -> None:
@@ -69,8 +55,7 @@ class AckQueue:
             self.call_soon(self.drain)
 
     def requeue(self, requests: Iterable[Any]) -> None:
-        """Put ``requests``' messages back at the head of their lists, on the consumer thread (a job handed over to
-        another worker: ``BatchScheduler.hand_over``)."""
+        """Put ``requests``' messages back at the head of their lists, on the consumer thread."""
         pending = [request for request in requests if not request.acknowledged]
         if not pending:
             return
@@ -85,7 +70,7 @@ class AckQueue:
             self.call_soon(reject)
 
     def drain(self) -> None:
-        """Ack everything queued (on the consumer thread, or at shutdown once the consumer loop has stopped)."""
+        """Ack everything queued (on the consumer thread, or at shutdown)."""
         with self._lock:
             messages, self._pending = self._pending, []
         if messages:
@@ -104,7 +89,7 @@ def _ack_messages(messages: list[Any]) -> None:
                         len(group))
             continue
         qos = channel.qos
-        held_ack = getattr(qos, "held_ack", None)  # tasks.broker.transport's QoS
+        held_ack = getattr(qos, "held_ack", None)  # tasks.broker.held's QoS
         if held_ack is None:
             for message in group:
                 message.ack_log_error(logger, channel.connection.client.connection_errors)
@@ -115,18 +100,17 @@ def _ack_messages(messages: list[Any]) -> None:
         except Exception:  # like kombu's ack_log_error: a failed ack is logged, not raised
             logger.critical("could not ack %d message(s); they will be redelivered", len(group), exc_info=True)
             continue
-        for message in group:
-            if message.delivery_tag in rest:  # not a record of this channel's: kombu's own ack
-                message.ack_log_error(logger, channel.connection.client.connection_errors)
-                continue
-            VirtualQoS.ack(qos, message.delivery_tag)
-            message._state = "ACK"
+        acked = group
+        if rest:  # not records of this channel's: kombu's own acks
+            for message in group:
+                if message.delivery_tag in rest:
+                    message.ack_log_error(logger, channel.connection.client.connection_errors)
+            acked = [message for message in group if message.delivery_tag not in rest]
+        mark_acked(qos, acked)
 
 
 def refresh_visibility(channel: Any, health: RedisHealth) -> int:
-    """Re-stamp, with the time now, the records of every message ``channel`` holds; ``health`` is told how it went.
-
-    Run on the consumer thread.
+    """Re-stamp the records of every message ``channel`` holds; run on the consumer thread.
 
     Returns:
         how many messages were refreshed.
@@ -135,7 +119,8 @@ def refresh_visibility(channel: Any, health: RedisHealth) -> int:
     held_refresh = getattr(qos, "held_refresh", None)
     if qos is None or held_refresh is None:
         return 0
-    tags = [tag for tag in list(qos._delivered) if tag not in qos._dirty]
+    dirty = unacked_dirty(qos)
+    tags = [tag for tag in list(delivered(qos)) if tag not in dirty]
     if not tags:
         return 0
     try:

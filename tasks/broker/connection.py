@@ -1,16 +1,6 @@
-"""Reaching Redis: URLs as redis-py reads them, URLs safe to print, clients with bounded timeouts, and one
-translation of Redis failures into the errors a producer sees.
-
-Every producer-side call into Redis (``Client``, ``swapless submit/result/bulk/status``, the gateway) goes through
-``redis_client`` (a connect timeout of ``SWAPLESS_CONNECT_TIMEOUT_S``, one retry) and ``translate``: a Redis
-that is down is ``QueueUnavailable`` within seconds, one out of memory or at its queue bound is ``QueueFull``,
-each naming the URL without its password and saying what to do.
-
-A ``sentinel://host:26379;sentinel://host:26380`` URL (Celery's form) names Redis Sentinels instead of a Redis: the
-clients built for it ask the sentinels for the primary of ``SWAPLESS_REDIS_SENTINEL_MASTER`` at each connection
-(``swapless.tasks.broker.sentinel``), so after a failover their next connection reaches the new primary; each process
-logs one line when the primary it reaches moves. A plain URL whose address moves to a promoted replica
-(a managed Redis) needs nothing more: its connections drop, and the next ones reach whoever holds the address.
+"""Reaching Redis: URLs as redis-py reads them, clients with bounded timeouts, and one translation of Redis
+failures into the errors a producer sees (``QueueUnavailable``, ``QueueFull``). A ``sentinel://`` URL names Redis
+Sentinels (``swapless.tasks.broker.sentinel``).
 """
 
 from __future__ import annotations
@@ -31,7 +21,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from swapless.config.errors import QueueFull, QueueUnavailable, SwaplessError
-from swapless.config.settings import Settings
+from swapless.config.settings import RedisSettings
 from swapless.tasks.broker.urls import redact
 
 if TYPE_CHECKING:
@@ -88,15 +78,10 @@ def redis_client(
     url: str, connect_timeout_s: float = 3.0, socket_timeout_s: float | None = 10.0, *,
     sentinel: SentinelOptions | None = None,
 ) -> redis.Redis:
-    """A redis-py client for a broker URL (``redis://``, ``rediss://``, ``redis+socket://``, or ``sentinel://``
-    with ``sentinel``: the primary the sentinels name) with bounded timeouts.
-
-    Clients of one URL and timeouts share one connection pool for the life of the process (as Celery's backends
-    do), so a producer that makes a ``Client`` per request opens no new connection per request, and no
-    connection is left to the garbage collector. redis-py's pools reset themselves in a forked child.
+    """A redis-py client for a broker URL, with bounded timeouts and one pool per URL for the process.
 
     Raises:
-        ConfigError: a sentinel URL without ``sentinel`` options, or one that cannot be read.
+        ConfigError: a sentinel URL without ``sentinel`` options, or an unreadable one.
     """
     from swapless.tasks.broker.sentinel import (
         SentinelURL,
@@ -172,7 +157,7 @@ async def aping(client: aredis.Redis, timeout_s: float) -> None:
 
 
 def refusal(err: BaseException) -> str | None:
-    """Why Redis refused a write (``OOM``, ``READONLY``, ``MISCONF``), or None if ``err`` is no refusal."""
+    """Why Redis refused a write (``OOM``, ``READONLY``, ``MISCONF``); None if ``err`` is no refusal."""
     if isinstance(err, redis.exceptions.OutOfMemoryError):
         return "OOM"
     if isinstance(err, redis.exceptions.ReadOnlyError):
@@ -188,17 +173,12 @@ def refusal(err: BaseException) -> str | None:
 
 
 def is_refused_write(err: BaseException) -> bool:
-    """Whether ``err`` is Redis refusing a write (out of memory, a read-only replica, a failed save)."""
+    """Whether ``err`` is Redis refusing a write."""
     return refusal(err) is not None
 
 
 class RedisHealth:
-    """What one process has lately seen of Redis: whether it refuses writes (``OOM``, ``READONLY``, ``MISCONF``)
-    or cannot be reached, since when. Thread-safe; every part of a worker reports to the one instance its context
-    holds (``swapless.tasks.worker.context``), and the heartbeat shows it.
-
-    A refusal is considered over once a write succeeds again (``ok``), or ``stale_s`` after it was last seen.
-    """
+    """What one process has lately seen of Redis: refused writes or no connection, since when. Thread-safe."""
 
     def __init__(self, stale_s: float = 10.0) -> None:
         self.stale_s = stale_s
@@ -208,7 +188,7 @@ class RedisHealth:
         self._last = 0.0
 
     def failed(self, err: BaseException, where: str) -> str:
-        """Record a failure of a Redis call; returns the problem's short name (``OOM``, ``unreachable``, ...)."""
+        """Record a failure of a Redis call; returns the problem's short name."""
         problem = refusal(err) or ("unreachable" if isinstance(err, (redis.exceptions.ConnectionError,
                                                                      redis.exceptions.TimeoutError)) else "error")
         now = time.time()
@@ -247,8 +227,7 @@ class RedisHealth:
 
 
 class ReplicasBehind(redis.exceptions.RedisError):
-    """Fewer replicas than ``SWAPLESS_REDIS_MIN_REPLICAS`` confirmed a write within the timeout (``WAIT``): the
-    write is on the primary, and may be lost with it."""
+    """Fewer replicas than ``SWAPLESS_REDIS_MIN_REPLICAS`` confirmed a write in time: the primary alone holds it."""
 
     def __init__(self, confirmed: int, wanted: int, timeout_s: float) -> None:
         super().__init__(confirmed, wanted, timeout_s)
@@ -261,14 +240,13 @@ class ReplicasBehind(redis.exceptions.RedisError):
 
 @dataclass(frozen=True)
 class ReplicaWait:
-    """How many replicas must hold a write before it counts (``SWAPLESS_REDIS_MIN_REPLICAS``), and how long to wait
-    for them: a ``WAIT`` sent after the write on its connection (in the same pipeline)."""
+    """How many replicas must hold a write, and how long a ``WAIT`` waits for them."""
 
     count: int
     timeout_s: float
 
     @classmethod
-    def of(cls, settings: Settings) -> ReplicaWait | None:
+    def of(cls, settings: RedisSettings) -> ReplicaWait | None:
         """The wait ``settings`` ask for; None: none (``SWAPLESS_REDIS_MIN_REPLICAS`` is 0)."""
         if settings.redis_min_replicas <= 0:
             return None
@@ -298,7 +276,7 @@ _ADVICE = {
 
 
 def translate(err: BaseException, url: str) -> BaseException:
-    """The error a producer should see for a Redis failure ``err`` on ``url``; other errors come back as they are."""
+    """The error a producer should see for a Redis failure ``err`` on ``url``; other errors as they are."""
     if isinstance(err, SwaplessError):
         return err
     code = refusal(err)

@@ -1,12 +1,6 @@
-"""Celery's result backend and kombu's transport over Redis Sentinel, with the Sentinel client that reports where it
-finds the primary.
-
-``SentinelTransport`` is the Swapless transport (``swapless.tasks.broker.transport``) over kombu's Sentinel channel;
-kombu finds it by the ``swapless-sentinel://`` scheme of its URLs. Celery's ``SentinelBackend`` asks the sentinels for
-the primary at each connection, so a worker's and a producer's result reads and writes reach the new primary after a
-failover; this one also logs the move, once per process, with every other client of the process
-(``swapless.tasks.broker.sentinel.PrimaryWatch``). ``swapless.tasks.app`` names it as
-``swapless.tasks.broker.failover:SentinelBackend+sentinel://...``.
+"""Celery's result backend and Swapless's transport over Redis Sentinel, logging where they find the primary
+(docs/concepts/delivery.md, "Sentinel and failover"). kombu finds the transport by the ``swapless-sentinel://``
+scheme; ``swapless.tasks.app`` names the backend as ``swapless.tasks.broker.failover:SentinelBackend+sentinel://``.
 """
 
 from __future__ import annotations
@@ -15,38 +9,33 @@ import time
 from typing import Any
 
 import redis.exceptions
-from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 from kombu.transport import redis as kombu_redis
-from kombu.utils.url import _parse_url
+from kombu.utils.url import url_to_parts
 from redis import Redis
 
+from swapless.tasks.broker.kombu_private import RedisSentinelChannel, SentinelBackendShim, socket_of
 from swapless.tasks.broker.sentinel import WatchedPool, WatchedSentinel
 from swapless.tasks.broker.transport import SENTINEL_SCHEME, Channel
 
 __all__ = ["SentinelBackend", "SentinelChannel", "SentinelTransport"]
 
 
-class SentinelBackend(CelerySentinelBackend):  # type: ignore[misc]
+class SentinelBackend(SentinelBackendShim):  # type: ignore[misc]
     """Celery's ``SentinelBackend`` over ``WatchedSentinel``."""
 
-    def _get_sentinel_instance(self, **params: Any) -> WatchedSentinel:
+    def sentinel_instance(self, **params: Any) -> WatchedSentinel:
         params = params.copy()
         hosts = params.pop("hosts")
-        options = self._transport_options
+        options = self.backend_transport_options
         return WatchedSentinel([(host["host"], host["port"]) for host in hosts],
                                min_other_sentinels=options.get("min_other_sentinels", 0),
                                sentinel_kwargs=options.get("sentinel_kwargs", {}), **params)
 
 
-class SentinelChannel(Channel, kombu_redis.SentinelChannel):
-    """:class:`Channel` over the primary Redis Sentinel names (kombu's ``SentinelChannel``), logging where it
-    finds it (``swapless.tasks.broker.connection.PrimaryWatch``).
-
-    Its fetches go through one connection it keeps (kombu's), which a failover whose old primary lives on (stalled,
-    then back) leaves open and answered: after each round the channel asks its pool whether the sentinels still
-    name that connection's server (``WatchedPool.recheck``, at most every ``recheck_s``) and, named elsewhere,
-    closes it, so that kombu's next poll connects to the primary they name (the reconnection kombu makes after a
-    connection error) rather than fetching from the old one until the sentinels demote it."""
+class SentinelChannel(Channel, RedisSentinelChannel):
+    """:class:`Channel` over the primary the sentinels name, closing its fetch connection after a round when they
+    name another.
+    """
 
     from_transport_options = (  # type: ignore[assignment]
         *Channel.from_transport_options,
@@ -56,31 +45,28 @@ class SentinelChannel(Channel, kombu_redis.SentinelChannel):
         "sentinel_fanout_compat",
     )
 
-    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
+    def sentinel_pool(self, asynchronous: bool = False) -> Any:
         # kombu's own, with a Sentinel client that reports the primary it finds
-        params = self._connparams(asynchronous)
+        params = self.connection_params(asynchronous)
         params.pop("host", None)
         params.pop("port", None)
         sentinels = []
         for url in self.connection.client.alt:
-            parts = _parse_url(url)
+            parts = url_to_parts(url)
             if parts.scheme in ("sentinel", SENTINEL_SCHEME):
                 sentinels.append((parts.hostname, parts.port or self.connection.default_port))
         manager = WatchedSentinel(sentinels, min_other_sentinels=getattr(self, "min_other_sentinels", 0),
                                   sentinel_kwargs=getattr(self, "sentinel_kwargs", None), **params)
-        if asynchronous:
-            self._async_sentinel_manager = manager
-        else:
-            self._sentinel_manager = manager
+        self.keep_sentinel_manager(manager, asynchronous)
         master_name = getattr(self, "master_name", None)
         if master_name is None:
             raise ValueError("'master_name' transport option must be specified.")
         credentials = {k: params[k] for k in ("username", "password") if k in params}
         return manager.master_for(master_name, Redis, **credentials).connection_pool
 
-    def _brpop_read(self, **options: Any) -> Any:
+    def read_fetch(self, **options: Any) -> Any:
         try:
-            return super()._brpop_read(**options)
+            return super().read_fetch(**options)
         finally:
             self._leave_a_replaced_primary()
 
@@ -89,7 +75,7 @@ class SentinelChannel(Channel, kombu_redis.SentinelChannel):
         client = self.__dict__.get("client")  # kombu's cached client, made by the first poll
         connection = getattr(client, "connection", None)
         pool = getattr(client, "connection_pool", None)
-        if connection is None or not isinstance(pool, WatchedPool) or getattr(connection, "_sock", None) is None:
+        if connection is None or not isinstance(pool, WatchedPool) or socket_of(connection) is None:
             return
         pool.recheck()
         if pool.master_address is not None and (connection.host, connection.port) != tuple(pool.master_address):
@@ -105,11 +91,11 @@ class SentinelTransport(kombu_redis.SentinelTransport):
     poll_s = 0.1
 
     def establish_connection(self) -> Any:
-        """kombu's, asking the sentinels again every ``poll_s`` while they name no primary or name one that refuses
-        (between a primary's death and the promotion), for up to the transport option ``failover_wait_s``
-        (``SWAPLESS_REDIS_FAILOVER_WAIT_S``): a worker reconnects within ``poll_s`` of the promotion rather than on
-        kombu's reconnect backoff (2 s, then 4 s, ...), which takes over after the wait. A worker asked to stop
-        stops waiting."""
+        """kombu's, asking the sentinels again every ``poll_s`` while they name no primary, or one that refuses.
+
+        It waits up to the transport option ``failover_wait_s``, then kombu's reconnect backoff takes over; a worker
+        asked to stop stops waiting.
+        """
         options = self.client.transport_options if self.client is not None else {}
         wait_s = float(options.get("failover_wait_s", 0.0))
         deadline = time.monotonic() + wait_s

@@ -1,15 +1,5 @@
-"""Publishing jobs: Celery protocol-2 messages built directly, pushed with one LPUSH per pipeline.
-
-``app.send_task`` costs about 0.35 ms of CPU per message here (request options, signals, kombu's publish path)
-and one Redis round trip. A producer enqueueing thousands of jobs on the worker's own machine takes that CPU from
-the worker. ``build_messages`` makes the same messages a ``send_task`` to the predict task would (same headers,
-properties and body; ``tests/test_publish.py`` compares them field by field) for a few microseconds each, and
-``push`` sends them to the queue's priority list in one pipeline: each job is still its own message with its own
-id, acked, retried and answered alone. Chunk messages (``CHUNK_TASK``) are built the same way.
-
-With ``replicas`` (``SWAPLESS_REDIS_MIN_REPLICAS``) the pipeline ends with a ``WAIT`` for that many replicas, on the
-connection that wrote the messages: a push returns only once they hold the messages, else raises
-``ReplicasBehind`` (the producer's ``QueueUnavailable``).
+"""Publishing jobs: Celery protocol-2 messages built directly and pushed in one pipeline, each job still its own
+message (docs/concepts/delivery.md, "Publishing").
 """
 
 from __future__ import annotations
@@ -42,15 +32,12 @@ _PLAIN_REPR_MAX = 1000
 
 
 def _plain(text: object) -> bool:
-    """Whether ``repr`` writes ``text`` as Celery's saferepr does: a printable string with no quote or backslash
-    to escape."""
+    """Whether ``repr`` writes ``text`` as Celery's saferepr does."""
     return type(text) is str and text.isprintable() and "'" not in text and "\\" not in text
 
 
 def argsrepr(args: list[Any]) -> str:
-    """The ``argsrepr`` header of a job's ``[model_id, value]``, as ``send_task`` writes it
-    (``celery.utils.saferepr``): the plain ``repr`` where that is the same (short printable strings, most inputs),
-    four times cheaper; saferepr otherwise."""
+    """The ``argsrepr`` header of a job's ``[model_id, value]``, as ``send_task`` writes it."""
     if all(_plain(arg) for arg in args):
         text = repr(args)
         if len(text) <= _PLAIN_REPR_MAX:
@@ -63,15 +50,18 @@ def build_messages(
     expires: str | None = None, ids: Sequence[str] | None = None, headers: Sequence[dict[str, Any]] | None = None,
     max_bytes: int | None = None, bodies: Sequence[str] | None = None,
 ) -> list[tuple[str, str]]:
-    """``(job id, message JSON)`` for each ``(model_id, value)``, as ``send_task(task, args=[model_id, value])``
-    would send it (``value``: one input for ``PREDICT_TASK``, a list of inputs for ``CHUNK_TASK``); ``expires``:
-    the deadline, as ``send_task(..., expires=...)`` writes it (an ISO time); ``ids``: the job ids (default: new
-    ones); ``headers``: extra headers per job (``send_task(..., headers=...)``); ``max_bytes``: the largest message
-    (``SWAPLESS_MAX_MESSAGE_BYTES``); ``bodies``: the jobs' bodies as ``check_messages`` encoded them (not again).
+    """``(job id, message JSON)`` per ``(model_id, value)``, as ``send_task(task, args=[model_id, value])`` sends it.
+
+    Args:
+        expires: the deadline, as an ISO time.
+        ids: the job ids (default: new ones).
+        headers: extra headers per job.
+        max_bytes: the largest message (``SWAPLESS_MAX_MESSAGE_BYTES``).
+        bodies: the bodies ``check_messages`` encoded.
 
     Raises:
-        ValueError: an input JSON cannot encode (the index of the job is named).
-        InputError: a message is over ``max_bytes`` (nothing is returned, so nothing of the call is sent).
+        ValueError: an input JSON cannot encode (its index is named).
+        InputError: a message is over ``max_bytes`` (nothing is returned).
     """
     origin = anon_nodename()  # what send_task puts in "origin"
     reply_to = app.thread_oid
@@ -140,7 +130,7 @@ def _body(index: int, model_id: str, value: Any) -> str:
     """A job's body as Celery encodes it, ``[args, kwargs, embed]``.
 
     Raises:
-        ValueError: its input cannot be encoded (the job's index is named).
+        ValueError: its input cannot be encoded.
     """
     try:
         return json.dumps([[model_id, value], {}, _EMBED])
@@ -152,12 +142,10 @@ def check_messages(
     app: Celery, queue: str, jobs: Sequence[tuple[str, Any]], priority: int, task: str = PREDICT_TASK,
     expires: str | None = None, headers: Sequence[dict[str, Any]] | None = None, max_bytes: int | None = None,
 ) -> list[str]:
-    """Raise what ``build_messages`` would raise for these jobs, without building their messages (a few
-    microseconds a job): a producer that sends a long call in slices checks it all before it sends the first.
-    Returns each job's body, for ``build_messages(..., bodies=)``.
+    """Raise what ``build_messages`` would raise, without building the messages; returns each job's body.
 
     Raises:
-        ValueError: an input JSON cannot encode (the index of the job is named).
+        ValueError: an input JSON cannot encode.
         InputError: a message would be over ``max_bytes``.
     """
     margin = _MESSAGE_OVERHEAD_BYTES + 2 * len(queue) + len(task) + len(expires or "")
@@ -201,22 +189,18 @@ def push(
     replicas: ReplicaWait | None = None,
     coming: int = 0,
 ) -> tuple[bool, int] | None:
-    """LPUSH ``messages`` to ``key`` in order (the first is consumed first), in one round trip.
+    """LPUSH ``messages`` to ``key`` in order, in one round trip.
 
     Args:
-        client: a redis-py client.
         key: the queue's list for the messages' priority.
-        messages: the messages' JSON.
         per_command: most messages per LPUSH.
-        bound: most messages the queue may hold (``SWAPLESS_MAX_QUEUED``): all of ``messages`` are pushed, or none.
-        counted: the queue's lists whose lengths count toward ``bound``.
+        bound: most messages the queue may hold (``SWAPLESS_MAX_QUEUED``): all are pushed, or none.
+        counted: the lists whose lengths count toward ``bound``.
         replicas: how many replicas must hold the messages before this returns.
-        coming: messages the caller will push after these, unbounded, if these are pushed: counted against
-            ``bound`` now, so that a call sent in slices is queued whole or not at all.
+        coming: messages the caller will push after these, counted against ``bound`` now.
 
     Returns:
-        None without a bound; with one, ``(pushed, queued)``: whether the messages were pushed (all of them, or
-        none when they would pass the bound), and the messages the queue holds now.
+        None without a bound; else ``(pushed, queued)``.
 
     Raises:
         ReplicasBehind: the messages were pushed, and too few replicas confirmed them.
@@ -284,9 +268,7 @@ return {1, queued + n, redis.call('ZCOUNT', KEYS[7], ARGV[2], '+inf')}
 
 @dataclass(frozen=True)
 class ModelPush:
-    """One model's share of a push: its messages for one priority; ``coming``: its messages the caller will push
-    after these, unbounded, if these are pushed (counted against the bound now: a call sent in slices is queued
-    whole or not at all); ``bounded``: whether the bound applies (False for a later slice of an admitted call)."""
+    """One model's messages for one priority, with those still ``coming`` and whether the bound applies."""
 
     keys: ModelKeys
     priority: int
@@ -299,22 +281,15 @@ def push_to_models(
     client: Any, pushes: Sequence[ModelPush], *, bound: int | None, placement_bell: str,
     replicas: ReplicaWait | None = None,
 ) -> list[tuple[bool, int]]:
-    """Push each model's messages to its own list and ring its bell, every model in one round trip; ring the
-    placement bell when a model has no live holder (a worker then claims it).
+    """Push each model's messages to its own lists and ring its bell, in one round trip.
 
-    Args:
-        client: a redis-py client.
-        pushes: the messages, per model and priority.
-        bound: most messages one model's lists may hold (``SWAPLESS_MAX_QUEUED``); all of one model's messages are
-            pushed, or none of them.
-        placement_bell: the queue's placement bell.
-        replicas: how many replicas must hold the messages before this returns.
+    The placement bell rings when a model has no live holder.
 
     Returns:
-        per push, ``(pushed, queued)``: whether its messages were pushed, and the messages its model's lists hold.
+        per push, ``(pushed, queued)``.
 
     Raises:
-        ReplicasBehind: messages were pushed, and too few replicas confirmed them (the bell is not rung).
+        ReplicasBehind: messages were pushed, and too few replicas confirmed them.
     """
     pipe = client.pipeline(transaction=False)
     _model_push_commands(pipe, pushes, bound, replicas)

@@ -1,20 +1,5 @@
-"""The queue's one layout in Redis, the scripts over it, and what the transport asks of the worker that consumes.
-
-Jobs wait in lists, one per priority, and a job a worker fetched is recorded until it is acked
-(``swapless.tasks.keyspace.JobLists``): each model's own lists (``ModelKeys``; Swapless's producers push there) and the
-ingress (kombu's lists of the queue, where a plain Celery producer pushes; the worker moves each message from there
-into its model's lists). One set of scripts serves both: ``held`` (delivery tag -> the message), ``owner`` (tag ->
-``worker|list``) and ``seen`` (tag -> time last refreshed) are the records. Every script touches one set of lists
-only. The claims that say which workers fetch which model are the cluster's (``swapless.tasks.cluster.claims``).
-
-A job is at every instant in one of the lists or in its ``held`` record (or acked with its result stored):
-``FETCH`` pops and records in one step, ``RESTORE`` and ``RECOVER`` put records back at the head of their list
-(served next), ``ACK`` deletes them. A worker that dies leaves its records; any live worker's ``RECOVER`` puts
-them back as soon as the dead worker's heartbeat has expired (its id is missing from ``live``), or, the last
-resort, once a record has not been refreshed for the visibility timeout (a worker cut off from Redis but alive).
-
-Every script starts with a write that takes no memory (``swapless.tasks.broker.connection.WRITE_FIRST_NOTE``), so all of
-them go through while Redis is over ``maxmemory``.
+"""The queue's one layout in Redis, the scripts over it, and what the transport asks of the worker that consumes
+(docs/concepts/delivery.md, "One queue layout").
 """
 
 from __future__ import annotations
@@ -25,7 +10,7 @@ from typing import Any, Protocol
 
 from swapless.tasks.broker.connection import RedisHealth
 
-__all__ = ["ACK", "FETCH", "RECOVER", "REFRESH", "RESTORE", "WAKE", "Affinity", "ChannelHooks", "Intake"]
+__all__ = ["ACK", "FETCH", "RECOVER", "REFRESH", "RESTORE", "WAKE", "Affinity", "ChannelHooks", "LeanIntake"]
 
 #: KEYS: p0 p3 p6 p9 held owner seen. ARGV: most messages, the time, the worker's id.
 #: Returns the messages, highest priority first.
@@ -142,17 +127,16 @@ class Affinity(Protocol):
         """The models whose lists this worker fetches from now."""
 
     def fetch_first(self) -> Collection[str] | None:
-        """Models whose lists get the fetch credit first, one job held of each other (optional; None: all alike)."""
+        """Models that get the fetch credit first, one job held of each other (optional; None: all alike)."""
 
     def wake(self) -> None:
         """Place now: the placement bell rang (optional; the transport calls it when present)."""
 
     def route(self, payload: dict[str, Any]) -> str | None:
-        """The model an ingress message (a plain Celery producer's) goes to, as its lists are named; None: keep it
-        here (a chunk for a route, an unknown model, a malformed message: this worker runs or answers it)."""
+        """The model an ingress message goes to; None: keep it here (this worker runs or answers it)."""
 
 
-class Intake(Protocol):
+class LeanIntake(Protocol):
     """Takes the messages of one fetch round that need no Celery request (``swapless.tasks.worker.intake``)."""
 
     def eligible(self, payload: dict[str, Any]) -> bool:
@@ -164,11 +148,12 @@ class Intake(Protocol):
 
 @dataclass(frozen=True)
 class ChannelHooks:
-    """What a worker hands the transport's channels (as the transport option ``swapless_hooks``): the queue it
-    consumes, its placement, its intake (None: every message goes through Celery's consumer) and its view of
-    Redis's health. A channel that consumes other queues (Celery's own reply queues) is kombu's own."""
+    """What a worker hands the transport's channels (the transport option ``swapless_hooks``).
+
+    A channel that consumes other queues (Celery's own reply queues) is kombu's own.
+    """
 
     queue: str
     affinity: Affinity
-    intake: Intake | None
+    intake: LeanIntake | None
     health: RedisHealth

@@ -1,27 +1,5 @@
-"""Job results in Celery's Redis result-backend format, many per round trip.
-
-Celery's backend writes one result per round trip (``SETEX`` + ``PUBLISH`` per task) and reads one per ``GET``;
-at thousands of jobs per second that is the bottleneck, so results are written and read here in pipelines,
-in exactly the format ``celery.result.AsyncResult`` reads (``celery-task-meta-<id>``, the backend's encoding,
-its key prefix and expiry).
-
-Writes are first-wins: a result is stored with ``SET NX``, so a redelivered copy of a job that already has a
-final result never overwrites it (at-least-once delivery, idempotent results). Each job's started attempts are
-counted beside its result (``swapless-attempts-<id>``) until the result is stored: a job that was in flight
-each time its worker died is a poison job.
-
-Failures are retried with backoff (0.1 s doubling to 2 s): connection failures (a Redis restart) and refused
-writes (``OOM`` over ``maxmemory``, ``READONLY`` during a failover), for ``retry_s`` seconds or, in the worker, for
-as long as they last: the worker keeps the jobs in hand and stores their results the moment Redis takes them.
-Every script starts with a write that takes no memory, so that Redis over ``maxmemory`` lets it through
-(``swapless.tasks.broker.connection.WRITE_FIRST_NOTE``): storing a result is how a full Redis gets drained.
-
-With ``replicas`` (the worker's, from ``SWAPLESS_REDIS_MIN_REPLICAS``) a store returns only once that many replicas
-hold its results: its pipeline ends with a ``PUBLISH`` of nothing to ``REPLICATED_CHANNEL`` and a ``WAIT``. The
-publish is replicated like any write and moves the connection's replication offset past every write before it, so
-that a store retried on another connection, which finds its results already there and writes nothing, still waits
-for them. Too few replicas is retried like a refused write, so the worker acks a job (after its store) only once
-its result would survive the primary.
+"""Job results in Celery's Redis result-backend format, stored and read many per round trip: first-wins writes,
+attempt counts, cancels (docs/concepts/delivery.md, "Results").
 """
 
 from __future__ import annotations
@@ -43,6 +21,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from swapless.config.errors import FORMER_MODULES, PUBLIC_MODULE, JobCancelled, JobFailed, SwaplessError
 from swapless.tasks.broker.connection import RedisHealth, ReplicasBehind, ReplicaWait, is_refused_write
+from swapless.tasks.broker.kombu_private import result_meta
+from swapless.tasks.broker.result_scripts import CANCEL, PRIOR, SET_FIRST_WINS, START, STORE_MANY
 from swapless.tasks.protocol import storage_id
 
 __all__ = ["ALREADY_DONE", "CANCELLED", "REPLICATED_CHANNEL", "TOO_LATE", "ResultStore", "StoredResult"]
@@ -50,128 +30,11 @@ __all__ = ["ALREADY_DONE", "CANCELLED", "REPLICATED_CHANNEL", "TOO_LATE", "Resul
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# KEYS: the result, the job's attempt counter, the gateway's record of the job. The counter ends with the result
-# (deleted first: see the module docstring), the result is stored only if absent, and published so that Celery's
-# AsyncResult.get() wakes up. A job the gateway accepted has a record: it is marked done (its owner's in-flight
-# count drops) and outlives the result by one result expiry, so that a read after that says "expired".
-_SET_FIRST_WINS = """
-redis.call('DEL', KEYS[2])
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('HSET', KEYS[3], 'done', 1)
-  redis.call('EXPIRE', KEYS[3], 2 * tonumber(ARGV[2]))
-end
-local ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
-if ok then
-  redis.call('PUBLISH', KEYS[1], ARGV[1])
-  return 1
-end
-return 0
-"""
-
-
-# What ``prior`` reads and counts for a group of single jobs, in one call. KEYS: the jobs' results, then their attempt
-# counters, in the same order. ARGV: the expiry, then k: the first k jobs are about to run. Per job: -1 it has a
-# result; else the attempts started before (0: none), and a job among the first k with none gets its first counted.
-# The first write (EXPIRE) takes no memory (see the module docstring).
-_PRIOR = """
-local n = #KEYS / 2
-redis.call('EXPIRE', KEYS[n + 1], ARGV[1])
-local k = tonumber(ARGV[2])
-local found = {}
-for first = 1, n, 500 do
-  local last = math.min(first + 499, n)
-  local results = redis.call('MGET', unpack(KEYS, first, last))
-  local counts = redis.call('MGET', unpack(KEYS, n + first, n + last))
-  for j = 1, last - first + 1 do
-    local i = first + j - 1
-    if results[j] then
-      found[i] = -1
-    else
-      local count = tonumber(counts[j] or '0')
-      if count == 0 and i <= k then
-        redis.call('SETEX', KEYS[n + i], ARGV[1], 1)  -- absent: read above, in this script
-      end
-      found[i] = count
-    end
-  end
-end
-return found
-"""
-
-# The same for many jobs in one call. KEYS: per job its result, attempt counter and record. ARGV: the expiry, then
-# each job's value. Returns per job 1 (stored) or 0 (a result was there). One call per group instead of one per job
-# (a pipeline of one script call per job costs the worker more to write and to read than the stores cost Redis).
-_STORE_MANY = """
-local expires = tonumber(ARGV[1])
-local stored = {}
-for i = 1, #KEYS / 3 do
-  local result = KEYS[3 * i - 2]
-  redis.call('DEL', KEYS[3 * i - 1])
-  if redis.call('EXISTS', KEYS[3 * i]) == 1 then
-    redis.call('HSET', KEYS[3 * i], 'done', 1)
-    redis.call('EXPIRE', KEYS[3 * i], 2 * expires)
-  end
-  if redis.call('SET', result, ARGV[i + 1], 'NX', 'EX', expires) then
-    redis.call('PUBLISH', result, ARGV[i + 1])
-    stored[i] = 1
-  else
-    stored[i] = 0
-  end
-end
-return stored
-"""
-
-#: The channel a store publishes nothing to before its ``WAIT`` (see the module docstring); no one listens.
+#: The channel a store publishes nothing to before its ``WAIT``, to wait for its replicas; no one listens.
 REPLICATED_CHANNEL = "swapless-replicated"
 
-#: Most jobs per call of ``_STORE_MANY`` (a bigger batch is several calls in one pipeline).
+#: Most jobs per call of ``STORE_MANY`` (a bigger batch is several calls in one pipeline).
 STORE_PER_CALL = 256
-
-
-# KEYS: n attempt counters, then the n matching result keys (a chunk item's: its chunk's). ARGV: the expiry, then
-# the mode: "fresh" counts a first attempt (1) only on counters with no count yet (the reads before a group),
-# "count" adds one to every counter (a batch about to run). A job that has a result already (cancelled, or done by
-# another worker since it was read) is not counted: returns 1 per such job, else 0. The first EXPIRE writes nothing
-# new (see the module docstring).
-_START = """
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-local n = #KEYS / 2
-local done = {}
-for i = 1, n do
-  if redis.call('EXISTS', KEYS[n + i]) == 1 then
-    done[i] = 1
-  else
-    if ARGV[2] == 'fresh' then
-      redis.call('SET', KEYS[i], 1, 'NX', 'EX', ARGV[1])
-    else
-      redis.call('INCR', KEYS[i])
-      redis.call('EXPIRE', KEYS[i], ARGV[1])
-    end
-    done[i] = 0
-  end
-end
-return done
-"""
-
-
-# KEYS: a job's result, its attempt counter, the gateway's record of it. A job with a result keeps it (2: done); a
-# job started at least once runs to its end (1: too late); else the cancellation is its result, published like any
-# other (0: cancelled), and its record (if any) is done. EXISTS first: a full Redis still answers a cancel that
-# writes nothing.
-_CANCEL = """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return 2
-end
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  return 1
-end
-redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
-redis.call('PUBLISH', KEYS[1], ARGV[1])
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('HSET', KEYS[3], 'done', 1)
-end
-return 0
-"""
 
 #: What ``ResultStore.cancel`` says of each job, by the script's answer.
 CANCELLED, TOO_LATE, ALREADY_DONE = "cancelled", "running", "done"
@@ -180,7 +43,7 @@ _CANCEL_ANSWERS = (CANCELLED, TOO_LATE, ALREADY_DONE)
 
 @dataclass(frozen=True)
 class StoredResult:
-    """A job's state as read back: ``state`` is a Celery state; ``value`` the result or the rebuilt error."""
+    """A job's state as read back: a Celery state, and the result or the rebuilt error."""
 
     job_id: str
     state: str
@@ -196,15 +59,14 @@ class StoredResult:
 
 
 class ResultStore:
-    """Pipelined reads and first-wins writes of job results. Use one per thread (Celery backends are per thread).
+    """Pipelined reads and first-wins writes of job results; one per thread.
 
     Args:
-        app: the Celery app whose result backend (Redis) holds the results: its encoding, key prefix and expiry.
-        retry_s: how long failed writes are retried (with backoff) before they are raised; None: for as long as
-            they fail (the worker).
-        client: the redis-py client to use (default: the backend's own).
-        health: told about each failure and each success (the worker's ``worker_health``).
-        replicas: how many replicas must hold stored results before ``store`` returns (None: none waited for).
+        app: the Celery app whose Redis result backend holds the results.
+        retry_s: how long failed writes are retried; None: for as long as they fail.
+        client: the redis-py client (default: the backend's own).
+        health: told about each failure and success.
+        replicas: the replicas a store waits for (None: none).
     """
 
     def __init__(
@@ -223,8 +85,7 @@ class ResultStore:
         self._shas: dict[str, str] = {}  # script source -> its SHA on the server (see _sha)
 
     def _retrying(self, operation: Callable[[], T]) -> T:
-        """Run a Redis operation, retrying connection failures and refused writes with backoff (see the module
-        docstring) for up to ``retry_s``."""
+        """Run a Redis operation, retrying connection failures and refused writes with backoff for ``retry_s``."""
         deadline = None if self.retry_s is None else time.monotonic() + self.retry_s
         pause_s = 0.1
         while True:
@@ -248,15 +109,14 @@ class ResultStore:
                 pause_s = min(pause_s * 2, 2.0)
 
     def _sha(self, script: str) -> str:
-        """The SHA of a script loaded on the server, for EVALSHA in a pipeline: redis-py's Script objects send
-        SCRIPT EXISTS before every pipeline."""
+        """The SHA of a script loaded on the server, for EVALSHA in a pipeline."""
         sha = self._shas.get(script)
         if sha is None:
             sha = self._shas[script] = self.client.script_load(script)
         return sha
 
     def attempts_key(self, job_id: str) -> str:
-        """Where the number of started attempts of a job is counted (poison-job detection)."""
+        """Where a job's started attempts are counted."""
         return self._attempts_key(self.key(job_id))
 
     @staticmethod
@@ -264,18 +124,16 @@ class ResultStore:
         return result_key.replace("celery-task-meta-", "swapless-attempts-", 1)
 
     def record_key(self, job_id: str) -> str:
-        """Where the gateway records who submitted a job (``swapless.tasks.gateway.ledger``); the worker marks it done
-        with the job's result."""
+        """Where the gateway records who submitted a job; the worker marks it done with the result."""
         return self._record_key(self.key(job_id))
 
     def shadow_ref_key(self, job_id: str) -> str:
-        """Where a shadowed job's ``[served model, top label]`` is kept for its shadows
-        (``swapless.tasks.worker.shadows``)."""
+        """Where a shadowed job's ``[served model, top label]`` is kept for its shadows."""
         return self.key(job_id).replace("celery-task-meta-", "swapless-shadowref-", 1)
 
     @property
     def record_key_prefix(self) -> str:
-        """What every record key starts with (the job id follows)."""
+        """What every record key starts with."""
         return self.record_key("-")[:-1]
 
     @staticmethod
@@ -292,12 +150,11 @@ class ResultStore:
         """Store ``(job_id, result, error)`` triples in one round trip; a job with ``error`` becomes FAILURE.
 
         Args:
-            models: job id -> the model that served it, stored beside the result as ``"model"`` (Celery's readers
-                ignore the field; ``StoredResult.model`` reads it).
-            traces: job id -> its producer's trace id, stored as ``"trace_id"`` (``StoredResult.trace_id``).
+            models: job id -> the model that served it.
+            traces: job id -> its producer's trace id.
 
         Returns:
-            per job, whether this write stored it (False: a final result was already there, kept as it was).
+            per job, whether this write stored it (False: a result was there).
         """
         items = list(outcomes)
         if not items:
@@ -323,9 +180,9 @@ class ResultStore:
             job_id, result, error = items[0]
             key = self.key(job_id)
             value = self._encode(job_id, result, error, done_at, models.get(job_id), traces.get(job_id))
-            return [bool(self.client.evalsha(self._sha(_SET_FIRST_WINS), 3, key, self._attempts_key(key),
+            return [bool(self.client.evalsha(self._sha(SET_FIRST_WINS), 3, key, self._attempts_key(key),
                                              self._record_key(key), value, self.expires_s))], None
-        sha = self._sha(_STORE_MANY)
+        sha = self._sha(STORE_MANY)
         pipe = self.client.pipeline(transaction=False)
         for start in range(0, len(items), STORE_PER_CALL):
             keys: list[str] = []
@@ -350,12 +207,7 @@ class ResultStore:
         self, job_id: str, result: Any, error: SwaplessError | None, done_at: str, model: str | None = None,
         trace_id: str | None = None,
     ) -> Any:
-        """The backend's encoding of one job's result meta. A result JSON cannot encode (a custom framework
-        returning a set or a numpy float) becomes this job's failure: raising here would strand the whole batch.
-
-        A success is encoded here, with the fields and the JSON Celery's Redis backend writes (its meta builder and
-        serializer cost several times more per job); anything else, and an output plain JSON cannot hold, by the
-        backend itself."""
+        """The backend's encoding of one job's result meta; a result JSON cannot encode becomes a failure."""
         if error is None and self._plain_json:
             meta = {"status": states.SUCCESS, "result": result, "traceback": None, "children": None,
                     "date_done": done_at, "task_id": job_id}
@@ -381,31 +233,23 @@ class ResultStore:
 
     def _meta(self, job_id: str, result: Any, error: SwaplessError | None) -> dict[str, Any]:
         if error is None:
-            meta = self.backend._get_result_meta(result=result, state=states.SUCCESS, traceback=None, request=None)
+            meta = result_meta(self.backend, result, states.SUCCESS)
         else:
-            meta = self.backend._get_result_meta(
-                result=self.backend.prepare_exception(error), state=states.FAILURE, traceback=None, request=None
-            )
+            meta = result_meta(self.backend, self.backend.prepare_exception(error), states.FAILURE)
         meta["task_id"] = job_id
         return meta
 
     def prior(
         self, job_ids: Sequence[str], result_ids: Sequence[str] | None = None, start: Sequence[str] = ()
     ) -> tuple[set[str], dict[str, int]]:
-        """In one round trip: which jobs already have a result, and how often each was started before; and
-        ``start(start)``, counted after the counters were read.
+        """In one round trip: which jobs have a result, how often each was started, and ``start(start)``.
 
         Args:
-            job_ids: the jobs whose attempt counters to read.
-            result_ids: the ids whose results to look for (default: all of ``job_ids``; the items of a chunk have
-                no result of their own: look for their chunk's).
-            start: the jobs about to run (the scheduler's first batch of a group): those never started before
-                (no count) get their first attempt counted, so that a lone job needs no round trip for ``start``;
-                the others keep their count for ``start`` to raise when they run. One whose result (a chunk item's:
-                its chunk's) appeared since it was read is not counted, and its result id is in the returned set.
+            result_ids: the ids whose results to look for (default: ``job_ids``).
+            start: the jobs about to run: those never started get their first attempt counted.
 
         Returns:
-            (result ids with a stored result, {id: attempts started} for ids started at least once without one).
+            (result ids with a result, {id: attempts started}).
         """
         if not job_ids:
             return set(), {}
@@ -415,7 +259,7 @@ class ResultStore:
         started_under = [storage_id(job_id) for job_id in start]
 
         def read() -> list[Any]:
-            fresh_sha = self._sha(_START) if start else ""
+            fresh_sha = self._sha(START) if start else ""
             pipe = self.client.pipeline(transaction=False)
             if lookup:
                 pipe.mget([self.key(job_id) for job_id in lookup])
@@ -444,19 +288,17 @@ class ResultStore:
         keys = results + [self._attempts_key(key) for key in results]
 
         def read() -> list[int]:
-            return self.client.evalsha(self._sha(_PRIOR), len(keys), *keys, self.expires_s, starting)
+            return self.client.evalsha(self._sha(PRIOR), len(keys), *keys, self.expires_s, starting)
 
         found = self._retrying(read)
         done = {job_id for job_id, count in zip(job_ids, found, strict=True) if int(count) < 0}
         return done, {job_id: int(count) for job_id, count in zip(job_ids, found, strict=True) if int(count) > 0}
 
     def start(self, job_ids: Sequence[str]) -> set[str]:
-        """Count one more started attempt of each job (cleared when its result is stored): one script call for the
-        whole group, not two commands per job (a bulk group is 256 jobs). A job that has a result already (a chunk
-        item: its chunk has one) is not counted.
+        """Count one more started attempt of each job, in one script call.
 
         Returns:
-            the result ids (a chunk item's: its chunk's) found with a result: those jobs are not to run.
+            the result ids found with a result already: those jobs are not to run.
         """
         if not job_ids:
             return set()
@@ -464,23 +306,17 @@ class ResultStore:
         keys = [self.attempts_key(job_id) for job_id in job_ids] + [self.key(i) for i in under]
 
         def write() -> list[int]:
-            return self.client.evalsha(self._sha(_START), len(keys), *keys, self.expires_s, "count")
+            return self.client.evalsha(self._sha(START), len(keys), *keys, self.expires_s, "count")
 
         return {result_id for result_id, flag in zip(under, self._retrying(write), strict=True) if flag}
 
     def cancel(
         self, job_ids: Sequence[str], error_for: Callable[[str], SwaplessError], hold_s: int | None = None
     ) -> dict[str, str]:
-        """Cancel jobs that have not started, in one round trip: each one's result becomes ``error_for(id)`` (a
-        failure, published like any other, so waiters wake and a worker that takes the job later skips it), kept
-        ``hold_s`` seconds (at least the result expiry): as long as the job may still be waiting in the queue.
-
-        The items of one chunk share its message and its result: cancelling an item cancels its whole chunk, and a
-        chunk is cancelled as long as it has no result (its items that already ran are dropped).
+        """Cancel jobs that have not started, in one round trip; a chunk item cancels its chunk.
 
         Returns:
-            per id: ``CANCELLED``; ``TOO_LATE`` (it has started: it runs to its end and its result is kept); or
-            ``ALREADY_DONE`` (it has a result, kept).
+            per id: ``CANCELLED``, ``TOO_LATE`` (it has started) or ``ALREADY_DONE``.
         """
         unique = list(dict.fromkeys(storage_id(job_id) for job_id in job_ids))
         if not unique:
@@ -489,7 +325,7 @@ class ResultStore:
         keep_s = max(self.expires_s, hold_s or 0)
 
         def write() -> list[int]:
-            sha = self._sha(_CANCEL)
+            sha = self._sha(CANCEL)
             pipe = self.client.pipeline(transaction=False)
             for job_id in unique:
                 key = self.key(job_id)
@@ -501,13 +337,12 @@ class ResultStore:
         return {job_id: _CANCEL_ANSWERS[int(answers[storage_id(job_id)])] for job_id in job_ids}
 
     def clear_attempts(self, job_ids: Sequence[str]) -> None:
-        """Drop the attempt counters of jobs whose results were stored under another id (the items of a chunk,
-        whose one result is stored under the chunk's id), in one round trip."""
+        """Drop the attempt counters of jobs whose results were stored under another id (chunk items)."""
         if job_ids:
             self._retrying(lambda: self.client.delete(*[self.attempts_key(job_id) for job_id in job_ids]))
 
     def fetch(self, job_ids: Sequence[str]) -> list[StoredResult]:
-        """Read many results in one MGET; jobs without a stored result are PENDING (queued or unknown)."""
+        """Read many results in one MGET; a job without a stored result is PENDING."""
         if not job_ids:
             return []
         values = self.client.mget([self.key(job_id) for job_id in job_ids])
@@ -527,6 +362,6 @@ class ResultStore:
         return StoredResult(job_id, meta["status"], meta.get("result"), meta.get("model"), meta.get("trace_id"))
 
     def forget(self, job_ids: Sequence[str]) -> None:
-        """Delete stored results (read and no longer wanted), in one round trip."""
+        """Delete stored results, in one round trip."""
         if job_ids:
             self.client.delete(*[self.key(job_id) for job_id in job_ids])

@@ -1,16 +1,6 @@
-"""Reaching Redis through Redis Sentinel: ``sentinel://host:26379;sentinel://host:26380`` URLs (Celery's form), the
-options of ``SWAPLESS_REDIS_SENTINEL_*``, and the Sentinel clients every Swapless client is built on, which report
-the primary they find to the process's ``PRIMARIES``: one log line per process when it moves (a failover).
-
-redis-py's Sentinel pools ask the sentinels for the primary only when they open a connection, and drop a connection
-only when its server refuses a write as a replica (``READONLY``). A primary that the sentinels replaced while it
-was alive but unanswering (stalled, or cut off from them) answers again as a primary until they demote it: 8 s or
-more later, and never while they cannot reach it. Its connections stay open, and every write through them lands on a
-server that is no longer the primary (with ``SWAPLESS_REDIS_MIN_REPLICAS``: refused, its replicas gone; without:
-lost at its demotion). So the pools here (``WatchedPool``, ``WatchedAsyncPool``) also ask the sentinels whenever
-they hand out a connection and have not asked for ``recheck_s``, and drop the connections to a primary they no
-longer name; a connection held for good (a worker's fetches, ``swapless.tasks.broker.failover.SentinelChannel``) is
-checked against ``master_address`` by its holder.
+"""Reaching Redis through Redis Sentinel: ``sentinel://`` URLs, the ``SWAPLESS_REDIS_SENTINEL_*`` options, and
+Sentinel clients whose pools follow a failover and log where they find the primary (docs/concepts/delivery.md,
+"Sentinel and failover").
 """
 
 from __future__ import annotations
@@ -50,9 +40,7 @@ SENTINEL_PORT = 26379
 
 @dataclass(frozen=True)
 class SentinelURL:
-    """What a ``sentinel://[user:password@]host[:port][/db];sentinel://host[:port];...`` URL says: the sentinels'
-    addresses, and the database and credentials of the primary (from the first sentinel's URL that has them, as
-    Celery and kombu read it)."""
+    """What a ``sentinel://[user:password@]host[:port][/db];sentinel://...`` URL says, as Celery and kombu read it."""
 
     sentinels: tuple[tuple[str, int], ...]
     db: int = 0
@@ -93,8 +81,7 @@ class SentinelURL:
 
 @dataclass(frozen=True)
 class SentinelOptions:
-    """How to reach the primary through the sentinels: its master name, and the sentinels' own credentials and TLS
-    (``SWAPLESS_REDIS_SENTINEL_*``)."""
+    """How to reach the primary through the sentinels: its master name, their credentials and TLS."""
 
     master: str
     username: str | None = None
@@ -104,11 +91,11 @@ class SentinelOptions:
     @classmethod
     def of(cls, settings: Settings) -> SentinelOptions | None:
         """The options ``settings`` give, or None without a master name (no sentinels)."""
-        if not settings.redis_sentinel_master:
+        if not settings.redis.redis_sentinel_master:
             return None
-        secret = settings.redis_sentinel_password
-        return cls(settings.redis_sentinel_master, settings.redis_sentinel_username,
-                   secret.get_secret_value() if secret is not None else None, settings.redis_sentinel_tls)
+        secret = settings.redis.redis_sentinel_password
+        return cls(settings.redis.redis_sentinel_master, settings.redis.redis_sentinel_username,
+                   secret.get_secret_value() if secret is not None else None, settings.redis.redis_sentinel_tls)
 
     def sentinel_kwargs(self, connect_timeout_s: float, socket_timeout_s: float | None) -> dict[str, Any]:
         """The keyword arguments of every connection to a sentinel."""
@@ -123,8 +110,7 @@ class SentinelOptions:
 
 
 class PrimaryWatch:
-    """The primary each master name was last found at, per process: one log line when it moves (a failover),
-    however many clients of the process find it. Thread-safe."""
+    """The primary each master name was last found at, per process: one log line when it moves. Thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -153,10 +139,9 @@ RECHECK_S = 1.0
 
 
 class WatchedPool(redis.sentinel.SentinelConnectionPool):
-    """redis-py's Sentinel connection pool that, handing out a connection ``recheck_s`` or more after it last asked,
-    asks the sentinels for the primary again: named elsewhere, its idle connections are closed and those in use
-    are dropped as they come back, so the next commands reach the primary the sentinels name (see the module
-    docstring). Thread-safe: one caller asks while the others go on."""
+    """redis-py's Sentinel pool that asks the sentinels again every ``recheck_s`` and drops connections to a primary
+    they no longer name. Thread-safe.
+    """
 
     recheck_s = RECHECK_S
 
@@ -170,8 +155,7 @@ class WatchedPool(redis.sentinel.SentinelConnectionPool):
         return super().get_connection(*args, **kwargs)
 
     def recheck(self) -> None:
-        """Ask the sentinels for the primary, unless asked within ``recheck_s`` (or no connection was made yet):
-        named elsewhere, ``master_address`` moves there and the idle connections are closed."""
+        """Ask the sentinels for the primary, unless asked within ``recheck_s``; close idle connections if it moved."""
         if self.master_address is None or time.monotonic() - self._asked_at < self.recheck_s:
             return  # no connection made yet (making one asks), or asked lately
         if not self._asking.acquire(blocking=False):
@@ -214,9 +198,7 @@ class WatchedAsyncPool(asentinel.SentinelConnectionPool):
 
 
 def _failing_over(state: dict[str, Any]) -> bool:
-    """Whether a sentinel's ``SENTINEL MASTERS`` entry is mid-failover: the sentinel leading it names the old
-    primary's address there until it has reconfigured the replicas (seconds after the promotion, which the other
-    sentinels know of already), and an old primary that answers again is not down in it either."""
+    """Whether a sentinel's ``SENTINEL MASTERS`` entry is mid-failover (it still names the old primary)."""
     flags = state.get("flags", ())
     if isinstance(flags, str):
         flags = flags.split(",")
@@ -224,9 +206,7 @@ def _failing_over(state: dict[str, Any]) -> bool:
 
 
 class WatchedSentinel(redis.sentinel.Sentinel):
-    """redis-py's Sentinel client, reporting each primary it finds to ``PRIMARIES``, whose primary's clients
-    follow a failover within ``RECHECK_S`` (``WatchedPool``). A sentinel mid-failover is not asked: the next one
-    is (``_failing_over``)."""
+    """redis-py's Sentinel client, reporting each primary it finds; a sentinel mid-failover is skipped."""
 
     def check_master_state(self, state: dict[str, Any], service_name: str) -> bool:
         return bool(super().check_master_state(state, service_name)) and not _failing_over(state)

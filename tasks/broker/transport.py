@@ -1,43 +1,5 @@
-"""kombu's Redis transport over the queue's one layout (``swapless.tasks.broker.queues``): a fetch that cannot lose a
-message, many messages per round trip, and every message's record kept beside its list.
-
-kombu takes a message off the queue with ``BRPOP`` and only then, in a second round trip, records it as unacked
-(celery/kombu#305): a worker killed between the two holds the only copy of that job. Here one script (``FETCH``)
-pops up to ``n`` messages **and** records each, atomically: a message is in a list or in its records at every
-instant. A worker's channel, given its hooks (``ChannelHooks``, the transport option ``swapless_hooks``), fetches
-in one round trip from the lists of every model its placement has claimed (each bounded by the room that model has
-left under its ``hold_limit``, in jobs: a chunk message counts its items, ``ITEMS_HEADER``; and by the prefetch
-credit) and from the ingress, kombu's own lists of the queue
-where a plain Celery producer pushes. An ingress message for a model this worker holds, with room under its hold
-limit, is delivered here (recorded in the ingress's records, counted under the model's hold); one for another model
-is moved to its model's lists (pushed there, then acked, in a second round trip: a crash in between leaves two
-copies, and the second finds its result stored and is acked without running); one that names no model, or a chunk
-for a route, is delivered here.
-
-An idle worker waits on the bells of its models and on the queue's placement bell (``BLPOP``, sent together with
-the fetch: Redis runs the fetch the moment the wait returns, so the job that wakes a worker comes back in the same
-round trip); the ingress and new claims are looked at every ``swapless_idle_poll_s`` (0.1 s by default). A worker
-with work in hand never waits for a bell, with one exception: a model at its hold limit gets no fetch, and a round
-with nothing else to fetch waits. Its own wake bell (``Keyspace.wake``) is then among those it waits on, and the
-acks that free room for such a model ring it, so that model's next fetch follows its acks in the same moment
-instead of at the next idle poll: a worker streaming one model keeps its next group fetched while a group runs.
-The placement rings it too when it claims new models (whose bells the outstanding wait does not listen to), and a
-wait that takes the placement bell has the placement run at once.
-
-Acks, rejects, restores and visibility refreshes go through the records' scripts (``swapless.tasks.broker.acks`` acks in
-bulk); a dead worker's records are put back by the cluster's recovery (``swapless.tasks.cluster.placer``), never by
-kombu's unacked sweep. A channel without hooks (a producer's, a tool's) is kombu's own. Key prefixes, TLS and reconnects
-are kombu's.
-
-``swapless.tasks.broker.failover.SentinelTransport`` is the same channel over kombu's Sentinel channel (``sentinel://``
-URLs, the transport option ``master_name``): each connection asks the sentinels for the primary, so after a
-failover Celery's consumer, which reconnects when its connection drops, fetches from the new primary. Its URLs are
-written ``swapless-sentinel://`` for kombu: kombu reads each sentinel of a ``;`` list as a failover URL and takes
-the transport of the one it reconnects through from its scheme, so a plain ``sentinel://`` would bring kombu's own
-channel back after a reconnection, one that fetches from none of the models' lists. A message this worker fetched
-on the old primary is acked, restored and re-stamped by tag on whichever primary there is now; its record there
-(replicated before the crash) or its message in its list (when the fetch was not) is recovered by the cluster's
-``RECOVER`` if this worker no longer holds it.
+"""kombu's Redis transport over the queue's one layout: an atomic bulk fetch from the claimed models' lists and
+the ingress, in one round trip (docs/concepts/delivery.md, "The fetch").
 """
 
 from __future__ import annotations
@@ -45,48 +7,29 @@ from __future__ import annotations
 import bisect
 import json
 import logging
-import math
 import time
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from queue import Empty
 from typing import Any
 
-from kombu.transport import TRANSPORT_ALIASES, virtual
+from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from redis.exceptions import ResponseError
 
 from swapless.tasks.broker.connection import is_refused_write
+from swapless.tasks.broker.held import HoldingChannel
 from swapless.tasks.broker.publish import ModelPush, push_to_models
-from swapless.tasks.broker.queues import ACK, FETCH, REFRESH, RESTORE, WAKE, ChannelHooks
+from swapless.tasks.broker.queues import ChannelHooks
 from swapless.tasks.broker.sentinel import is_sentinel_url
-from swapless.tasks.keyspace import INGRESS, JobLists, Keyspace
+from swapless.tasks.keyspace import INGRESS
 from swapless.tasks.protocol import ITEMS_HEADER
 
-__all__ = ["SENTINEL_SCHEME", "Channel", "HeldQoS", "Transport", "broker_connection"]
+__all__ = ["SENTINEL_SCHEME", "Channel", "Transport", "broker_connection"]
 
 logger = logging.getLogger(__name__)
 
 _FETCH, _WAIT = "fetch", "wait"
-
-
-def _by_lists(tags: Iterable[str], held: dict[str, JobLists]) -> dict[JobLists, list[str]]:
-    grouped: dict[JobLists, list[str]] = {}
-    for tag in tags:
-        lists = held.get(tag)
-        if lists is not None:
-            grouped.setdefault(lists, []).append(tag)
-    return grouped
-
-
-def _others(tags: Sequence[str], grouped: dict[JobLists, list[str]]) -> list[str]:
-    placed = {tag for group in grouped.values() for tag in group}
-    return [tag for tag in tags if tag not in placed]
-
-
-#: Messages a first fetch of a model asks for at most, before this worker knows how many jobs its messages carry.
-_FIRST_FETCH = 4
 
 
 def _weight(payload: dict[str, Any]) -> int:
@@ -95,92 +38,9 @@ def _weight(payload: dict[str, Any]) -> int:
     return items if isinstance(items, int) and items > 1 else 1
 
 
-class HeldQoS(kombu_redis.QoS):
-    """kombu's QoS with every delivered message's record kept beside its list (``Channel._held``): acks, rejects
-    and restores run the records' scripts. Tags the channel does not hold (a channel without hooks) are kombu's."""
+class Channel(HoldingChannel):
+    """kombu's Redis channel with the atomic bulk fetch over the models' lists and the ingress."""
 
-    channel: Channel
-    #: The holds the last ``_forget`` freed room in (models, the ingress).
-    _freed: set[str] = set()  # noqa: RUF012 - replaced, never changed in place
-
-    def _forget(self, tags: Iterable[str]) -> dict[JobLists, list[str]]:
-        grouped = _by_lists(tags, self.channel._held)
-        freed: set[str] = set()
-        for lists, group in grouped.items():
-            freed |= self.channel._release(lists, group)
-        self._freed = freed
-        return grouped
-
-    def held_ack(self, tags: Sequence[str], client: Any) -> list[str]:
-        """Delete the records of those of ``tags`` this channel holds; returns the others."""
-        grouped = self._forget(tags)
-        for lists, group in grouped.items():
-            client.execute_command("EVAL", ACK, 3, *lists.records, *group)
-        self.channel._wake_for(self._freed, client)
-        return _others(tags, grouped)
-
-    def held_restore(self, tags: Sequence[str], client: Any) -> list[str]:
-        """Put those of ``tags`` this channel holds back at the head of their lists; returns the others."""
-        grouped = self._forget(tags)
-        for lists, group in grouped.items():
-            client.execute_command("EVAL", RESTORE, 7, *lists.queue_and_records, *group)
-        self.channel._wake_for(self._freed, client)
-        return _others(tags, grouped)
-
-    def held_refresh(self, tags: Sequence[str], client: Any, now: float) -> list[str]:
-        """Re-stamp the records of those of ``tags`` this channel holds; returns the others."""
-        grouped = _by_lists(tags, self.channel._held)
-        for lists, group in grouped.items():
-            client.execute_command("EVAL", REFRESH, 1, lists.seen, repr(now), *group)
-        return _others(tags, grouped)
-
-    def ack(self, delivery_tag: str) -> None:
-        if delivery_tag in self.channel._held:
-            with self.channel.conn_or_acquire() as client:
-                self.held_ack([delivery_tag], client)
-            virtual.QoS.ack(self, delivery_tag)
-            return
-        super().ack(delivery_tag)
-
-    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
-        if delivery_tag in self.channel._held:
-            with self.channel.conn_or_acquire() as client:
-                (self.held_restore if requeue else self.held_ack)([delivery_tag], client)
-            virtual.QoS.ack(self, delivery_tag)
-            return
-        super().reject(delivery_tag, requeue=requeue)
-
-    def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
-        tag = bytes_to_str(tag)
-        if tag in self.channel._held:
-            with self.channel.conn_or_acquire(client) as conn:
-                self.held_restore([tag], conn)
-            return
-        super().restore_by_tag(tag, client=client, leftmost=leftmost)
-
-    def restore_unacked(self, client: Any = None) -> None:
-        with self.channel.conn_or_acquire(client) as conn:
-            for tag in self.held_restore(list(self._delivered), conn):
-                super().restore_by_tag(tag, client=conn)
-        self._delivered.clear()
-
-    def restore_visible(self, *args: Any, **kwargs: Any) -> None:
-        if self.channel.swapless_hooks is not None:
-            return  # a worker's records are recovered by the cluster (RECOVER), not by kombu's unacked sweep
-        super().restore_visible(*args, **kwargs)
-
-    def append(self, message: Any, delivery_tag: str) -> None:
-        if delivery_tag in self.channel._held:
-            virtual.QoS.append(self, message, delivery_tag)  # recorded by FETCH already
-        else:
-            super().append(message, delivery_tag)
-
-
-class Channel(kombu_redis.Channel):
-    """kombu's Redis channel with the atomic bulk fetch over models' lists and the ingress (module docstring)."""
-
-    QoS = HeldQoS
-    qos: HeldQoS
     from_transport_options = (  # type: ignore[assignment]
         *kombu_redis.Channel.from_transport_options,
         "swapless_idle_poll_s",
@@ -190,79 +50,24 @@ class Channel(kombu_redis.Channel):
 
     #: Longest an idle worker takes to see a message on the ingress, or a new claim.
     swapless_idle_poll_s = 0.1
-    #: Most messages one round takes from one set of lists (also bounded by the prefetch credit).
-    swapless_fetch_limit = 256
     #: Seconds the consumer waits before fetching again when Redis refuses the fetch (a read-only replica).
     swapless_refused_pause_s = 0.5
-    #: The worker's hooks (a transport option); None: kombu's own channel.
-    swapless_hooks: ChannelHooks | None = None
-    #: Lifetime of a rung wake bell (a worker that dies waiting leaves it behind this long at most).
-    swapless_wake_ttl_ms = 60_000
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._mode = _FETCH
-        #: delivery tag -> the lists it came from, while held
-        self._held: dict[str, JobLists] = {}
-        #: jobs held per model (a chunk counts its items) and per delivery tag
-        self._held_per_model: Counter[str] = Counter()
-        self._weight: dict[str, int] = {}
-        #: per model, the jobs per message of its last delivered messages (chunks carry many): what a fetch asks for
-        #: is the room left in jobs over this; unknown, a fetch asks for a few messages first
-        self._per_message: dict[str, float] = {}
-        #: delivery tag -> the model it counts under, for ingress messages delivered here (recorded in the ingress's)
-        self._counted_as: dict[str, str] = {}
-        self._plan: list[JobLists] = []
-        #: How many messages each fetch of the round asked for, in ``_plan``'s order.
-        self._asked: list[int] = []
         self._sent: list[str] = []  # the commands of this channel's round in flight; empty: kombu's own BRPOP
-        self._rotation = 0
         self._queue = ""
-        #: Models the last round had no room for (at their hold limit).
-        self._full: set[str] = set()
-        #: The wake bell the outstanding wait listens on while a model it had no room for waits; None: no wake due.
-        self._wake_key: str | None = None
-
-    def _release(self, lists: JobLists, tags: Sequence[str]) -> set[str]:
-        """Forget held messages; returns the names (models, the ingress) whose holds they counted under."""
-        freed = set()
-        for tag in tags:
-            if self._held.pop(tag, None) is not None:
-                name = self._counted_as.pop(tag, lists.name)
-                self._held_per_model[name] -= self._weight.pop(tag, 1)
-                freed.add(name)
-        return freed
-
-    def _wake_for(self, freed: set[str], client: Any) -> None:
-        """Ring this worker's wake bell (once per wait) when acks freed room for a model (in ``freed``) the waiting
-        fetch had none for: the wait returns and the next round fetches that model (module docstring)."""
-        key = self._wake_key
-        if key is None or not freed & self._full:
-            return
-        self._wake_key = None
-        try:
-            client.execute_command("EVAL", WAKE, 1, key, self.swapless_wake_ttl_ms)
-        except ResponseError as err:
-            self._refused(err, "waking the fetch")  # the idle poll fetches it a little later
-
-    def _keyspace(self, queue: str) -> Keyspace:
-        return Keyspace(queue, self.global_keyprefix or "")
 
     # A worker must start, and reconnect, while Redis is over maxmemory too (it is how a full Redis gets drained):
     # kombu counts a queue in a MULTI, which Redis then refuses whole, and re-adds a binding that is already there
     # with SADD, which it refuses too.
 
-    def _size(self, queue: str) -> int:
+    def queue_size(self, queue: str) -> int:
         with self.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
             for pri in self.priority_steps:
-                pipe.llen(self._q_for_pri(queue, pri))
+                pipe.llen(self.priority_list(queue, pri))
             return sum(size for size in pipe.execute() if isinstance(size, int))
-
-    def _refused(self, err: ResponseError, what: str) -> None:
-        if not is_refused_write(err):
-            raise err
-        if self.swapless_hooks is not None:
-            self.swapless_hooks.health.failed(err, what)
 
     def maybe_refresh_binding_expiry(self) -> None:
         try:
@@ -270,9 +75,9 @@ class Channel(kombu_redis.Channel):
         except ResponseError as err:
             self._refused(err, "refreshing the queue's binding")  # the next cycle tries again
 
-    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+    def bind_queue(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
         try:
-            super()._queue_bind(exchange, routing_key, pattern, queue)
+            super().bind_queue(exchange, routing_key, pattern, queue)
         except ResponseError as err:
             self._refused(err, f"binding queue {queue!r}")  # bound at an earlier start: it still is
 
@@ -283,11 +88,11 @@ class Channel(kombu_redis.Channel):
         hooks = self.swapless_hooks
         return hooks if hooks is not None and hooks.queue in self.active_queues else None
 
-    def _brpop_start(self, timeout: float | None = None) -> None:
+    def send_fetch(self, timeout: float | None = None) -> None:
         hooks = self._hooks()
         if hooks is None:
             self._sent = []
-            super()._brpop_start(timeout)
+            super().send_fetch(timeout)
             return
         self._queue = hooks.queue
         keyspace = self._keyspace(self._queue)
@@ -303,73 +108,17 @@ class Channel(kombu_redis.Channel):
         conn = self.client.connection
         conn.send_packed_command(conn.pack_commands(commands))
         self._sent = [str(command[0]) for command in commands]  # what the replies of this round answer
-        self._in_poll = conn
-        self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]  # kombu declares it None
-
-    def _fetch_commands(self, hooks: ChannelHooks, keyspace: Keyspace) -> list[tuple[Any, ...]]:
-        """A ``FETCH`` per claimed model with room left, then one of the ingress."""
-        affinity = hooks.affinity
-        credit = self.qos.can_consume_max_estimate()
-        credit = self.swapless_fetch_limit if credit is None else max(1, credit)
-        claimed = list(affinity.claimed())
-        if claimed:  # start with another model each round, so that no model always gets the credit first
-            self._rotation = (self._rotation + 1) % len(claimed)
-            claimed = claimed[self._rotation :] + claimed[: self._rotation]
-        # With more models than the cache holds, those loaded (or loading) first, each up to its share of the
-        # window: their jobs run without a load, so a model with more jobs than one fetch is not evicted and loaded
-        # again between two fetches, and one hot model's jobs leave room for the next model's. Of each other model
-        # one job is held: seen (the scheduler weighs its jobs still in Redis too), not a share of the window.
-        first = getattr(affinity, "fetch_first", None)
-        chosen = first() if first is not None and claimed else None
-        loaded = set(claimed) if chosen is None else set(chosen)
-        claimed.sort(key=lambda model_id: model_id not in loaded)
-        share = None
-        if chosen is not None and self.qos.prefetch_count:
-            ahead = sum(1 for model_id in claimed if model_id in loaded)
-            share = max(1, (self.qos.prefetch_count - (len(claimed) - ahead)) // max(1, ahead))
-        now = repr(time.time())
-        commands: list[tuple[Any, ...]] = []
-        self._plan = []
-        self._asked = []
-        self._full = set()
-        for model_id in claimed:
-            room = min(
-                self._messages_for(model_id, affinity.hold_limit(model_id) - self._held_per_model[model_id]), credit,
-                self.swapless_fetch_limit,
-            )
-            if model_id not in loaded:
-                room = min(room, 1 - self._held_per_model[model_id])
-            elif share is not None:
-                room = min(room, share - self._held_per_model[model_id])
-            if room <= 0:
-                self._full.add(model_id)
-                continue
-            keys = keyspace.model(model_id)
-            commands.append(("EVAL", FETCH, 7, *keys.queue_and_records, room, now, affinity.worker_id))
-            self._plan.append(keys)
-            self._asked.append(room)
-            credit = max(1, credit - room)
-        ingress = keyspace.ingress_lists
-        commands.append(("EVAL", FETCH, 7, *ingress.queue_and_records, min(credit, self.swapless_fetch_limit), now,
-                         affinity.worker_id))
-        self._plan.append(ingress)
-        self._asked.append(min(credit, self.swapless_fetch_limit))
-        return commands
-
-    def _messages_for(self, model_id: str, jobs: int) -> int:
-        """Messages of ``model_id`` to fetch for room for ``jobs`` more jobs: a chunk message carries many, so a
-        worker alone does not take every chunk of a bulk job and leave nothing to workers that join."""
-        if jobs <= 0:
-            return 0
-        per_message = self._per_message.get(model_id)
-        if per_message is None:
-            return min(jobs, _FIRST_FETCH)
-        return max(1, math.ceil(jobs / per_message))
+        self.polling(conn)
 
     def _read_round(self) -> tuple[list[Any], ResponseError | None]:
-        """Read every reply of the round ``_brpop_start`` sent (one per command); a refused write (a read-only
-        replica) reads as None and is returned, so the connection stays in step. Any other failure drops the
-        connection (the next poll reconnects) and is raised."""
+        """Read every reply of the round ``send_fetch`` sent.
+
+        Returns:
+            the replies, and the refused write (a read-only replica) read as None, if any.
+
+        Raises:
+            any other failure, after dropping the connection (the next poll reconnects).
+        """
         conn = self.client.connection
         replies: list[Any] = []
         refused: ResponseError | None = None
@@ -388,12 +137,12 @@ class Channel(kombu_redis.Channel):
                 replies.append(None)
         return replies, refused
 
-    def _brpop_read(self, **options: Any) -> bool:
+    def read_fetch(self, **options: Any) -> bool:
         # the round's sender decides whose reply this is: the worker's queue can become active between the two
         # (``celery worker -Q``), while kombu's own BRPOP is still out
         hooks = self.swapless_hooks if self._sent else None
         if hooks is None:
-            return bool(super()._brpop_read(**options))
+            return bool(super().read_fetch(**options))
         try:
             replies, refused = self._read_round()
             woken = False
@@ -422,14 +171,12 @@ class Channel(kombu_redis.Channel):
             self._mode = _WAIT if drained else _FETCH
             return True
         finally:
-            self._in_poll = None  # type: ignore[assignment]  # as kombu does
-            self._flush_brpop_reauth()
+            self.poll_done()
 
     # -- what a round fetched ----------------------------------------------------------------------------------
 
     def _deliver_round(self, hooks: ChannelHooks, replies: Sequence[Any]) -> int:
-        """Deliver what one round fetched, moving ingress messages to their models' lists; returns how many were
-        delivered here."""
+        """Deliver what one round fetched; returns how many were delivered here."""
         fetched: list[dict[str, Any]] = []
         ingress: list[tuple[dict[str, Any], str]] = []
         unclaimed: list[str] = []
@@ -444,7 +191,7 @@ class Channel(kombu_redis.Channel):
             given_up = not from_ingress and lists.name not in claimed
             count = messages = 0
             for raw in reply:
-                payload = self._payload(raw)
+                payload = self._envelope(raw)
                 if payload is None:
                     continue
                 tag = payload["properties"]["delivery_tag"]
@@ -471,7 +218,7 @@ class Channel(kombu_redis.Channel):
         self._deliver_all(hooks, fetched)
         return len(fetched)
 
-    def _payload(self, raw: Any) -> dict[str, Any] | None:
+    def _envelope(self, raw: Any) -> dict[str, Any] | None:
         try:
             payload = json.loads(raw)  # a kombu envelope is plain JSON
             if isinstance(payload["properties"]["delivery_tag"], str):
@@ -484,7 +231,7 @@ class Channel(kombu_redis.Channel):
     def _move_ingress(
         self, hooks: ChannelHooks, messages: Sequence[tuple[dict[str, Any], str]]
     ) -> list[dict[str, Any]]:
-        """Push the ingress's messages to their models' lists and ack them there; returns those kept here."""
+        """Push ingress messages to their models' lists and ack them; returns those kept here."""
         keyspace = self._keyspace(self._queue)
         affinity = hooks.affinity
         claimed = set(affinity.claimed())
@@ -527,9 +274,11 @@ class Channel(kombu_redis.Channel):
         return steps[max(0, bisect.bisect_right(steps, priority) - 1)]
 
     def _deliver_all(self, hooks: ChannelHooks, payloads: Sequence[dict[str, Any]]) -> None:
-        """Deliver one round's messages: those the worker's intake takes, in one hand-over; the rest to Celery's
-        consumer. If delivery fails midway, the undelivered rest go back at once."""
+        """Hand one round's messages to the worker's intake or to Celery's consumer; on a failure midway, put the
+        undelivered rest back.
+        """
         intake = hooks.intake
+        rotate, deliver = self.consumer_delivery()
         lean = []
         delivered = 0
         try:
@@ -539,8 +288,8 @@ class Channel(kombu_redis.Channel):
                     self.qos.append(message, message.delivery_tag)  # as kombu's consumer callback does
                     lean.append(message)
                 else:
-                    self._queue_cycle.rotate(self._queue)
-                    self.connection._deliver(payload, self._queue)
+                    rotate(self._queue)
+                    deliver(payload, self._queue)
                 delivered += 1
             if lean and intake is not None:
                 intake(lean)
@@ -556,7 +305,8 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
-#: The scheme of each sentinel's broker URL (``sentinel://`` stays for the result backend): see the module docstring.
+#: The scheme of each sentinel's broker URL, so that kombu reconnects through this transport (``sentinel://`` stays for
+#: the result backend).
 SENTINEL_SCHEME = "swapless-sentinel"
 TRANSPORT_ALIASES.setdefault(SENTINEL_SCHEME, "swapless.tasks.broker.failover:SentinelTransport")
 

@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -82,12 +83,45 @@ def _local_env(input_path: Path | None) -> dict[str, str]:
     return {"SWAPLESS_INPUT_ROOT": str(input_path.resolve().parent)}
 
 
+@dataclass
+class _Outcome:
+    """How a bulk run ended: its summary (None: it never started), what stopped it, the Redis it used."""
+
+    redis_url: str
+    summary: BulkSummary | None = None
+    stopped_by: BaseException | None = None
+
+
 def _run_bulk(
     job: BulkJob, settings: Settings, *, local: bool, progress: str | None, log_every_s: float, allow_failures: bool,
     callback_url: str | None = None,
 ) -> None:
-    """Run a BulkJob from the command line (in local mode or against the configured Redis) and exit with its status;
-    with ``callback_url``, queue the run's webhook once it ends (``swapless.tasks.cli.run_webhook``)."""
+    """Run a BulkJob from the command line and exit with its status; ``callback_url``: queue the run's webhook."""
+    try:
+        job.reader()  # a bad file, format or column fails here, before anything starts
+    except (SwaplessError, ValueError) as err:
+        fail(err)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    outcome = _Outcome(settings.redis.broker_url)
+    try:
+        _run_session(job, settings, outcome, local=local, progress=progress, log_every_s=log_every_s,
+                     callback_url=callback_url)
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt as err:
+        outcome.stopped_by = err
+    except Exception as err:  # noqa: BLE001 - Redis gone, local worker died, timeout: the output stays resumable
+        outcome.stopped_by = err
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    _exit_with(job, outcome, allow_failures)
+
+
+def _run_session(
+    job: BulkJob, settings: Settings, outcome: _Outcome, *, local: bool, progress: str | None, log_every_s: float,
+    callback_url: str | None,
+) -> None:
+    """The run itself, its client (and local stack) closed at the end; fills in ``outcome``."""
     from swapless.config.errors import BulkFileError, ConfigError, UnknownModel
     from swapless.tasks import tracing
     from swapless.tasks.cli.local import LocalSwapless
@@ -95,53 +129,41 @@ def _run_bulk(
     from swapless.tasks.client.bulk import BulkRun
     from swapless.tasks.client.progress import make_progress
 
-    try:
-        job.reader()  # a bad file, format or column fails here, before anything starts
-    except (SwaplessError, ValueError) as err:
-        fail(err)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    summary: BulkSummary | None = None
-    stopped_by: BaseException | None = None
-    redis_url = settings.broker_url
-    try:
-        with ExitStack() as stack:
-            stack.callback(tracing.shutdown, tracing.configure("swapless-bulk"))  # the run's spans out before exit
-            watchdog = None
-            if local:
-                why = "SWAPLESS_REDIS_URL is unset" if settings.redis_url is None else "--local"
-                err_console.print(f"local mode: starting an embedded Redis and a worker ({why})")
-                embedded = stack.enter_context(LocalSwapless(settings, env=_local_env(job.input_path)))
-                client = Client(settings=embedded.settings)
-                watchdog = embedded.check
-            else:
-                client = Client(settings=settings)
-            redis_url = client.settings.broker_url
-            stack.callback(client.close)
-            reporter = make_progress(sys.stderr, interval_s=log_every_s, force=progress)
-            runner = BulkRun(job, client, progress=reporter, watchdog=watchdog)
-            try:
-                summary = runner.run()
-            except (BulkFileError, ConfigError, UnknownModel) as err:
-                fail(err)  # nothing was sent
-            except (KeyboardInterrupt, Exception) as err:  # noqa: BLE001 - reported below, after the webhook
-                stopped_by = err
-            finally:
-                summary = runner.summary
-            if callback_url is not None and summary is not None:
-                _send_run_webhook(client, callback_url, job, summary, stopped_by, local=local)
-    except typer.Exit:
-        raise
-    except KeyboardInterrupt as err:
-        stopped_by = err
-    except Exception as err:  # noqa: BLE001 - Redis gone, local worker died, timeout: the output stays resumable
-        stopped_by = err
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with ExitStack() as stack:
+        stack.callback(tracing.shutdown, tracing.configure("swapless-bulk"))  # the run's spans out before exit
+        watchdog = None
+        if local:
+            why = "SWAPLESS_REDIS_URL is unset" if settings.redis.redis_url is None else "--local"
+            err_console.print(f"local mode: starting an embedded Redis and a worker ({why})")
+            embedded = stack.enter_context(LocalSwapless(settings, env=_local_env(job.input_path)))
+            client = Client(settings=embedded.settings)
+            watchdog = embedded.check
+        else:
+            client = Client(settings=settings)
+        outcome.redis_url = client.settings.redis.broker_url
+        stack.callback(client.close)
+        reporter = make_progress(sys.stderr, interval_s=log_every_s, force=progress)
+        runner = BulkRun(job, client, progress=reporter, watchdog=watchdog)
+        try:
+            outcome.summary = runner.run()
+        except (BulkFileError, ConfigError, UnknownModel) as err:
+            fail(err)  # nothing was sent
+        except (KeyboardInterrupt, Exception) as err:  # noqa: BLE001 - reported below, after the webhook
+            outcome.stopped_by = err
+        finally:
+            outcome.summary = runner.summary
+        if callback_url is not None and outcome.summary is not None:
+            _send_run_webhook(client, callback_url, job, outcome.summary, outcome.stopped_by, local=local)
+
+
+def _exit_with(job: BulkJob, outcome: _Outcome, allow_failures: bool) -> None:
+    """Print the run's summary and exit with its status (130 interrupted, 3 an error, 1 failed records)."""
+    summary, stopped_by = outcome.summary, outcome.stopped_by
     if isinstance(stopped_by, KeyboardInterrupt):
         _print_summary(job, summary, stopped="interrupted")
         raise typer.Exit(130)
     if stopped_by is not None:
-        print_error(translate(stopped_by, redis_url))  # Redis gone: one line naming it
+        print_error(translate(stopped_by, outcome.redis_url))  # Redis gone: one line naming it
         _print_summary(job, summary, stopped="stopped by an error")
         raise typer.Exit(3)
     _print_summary(job, summary)
@@ -158,12 +180,12 @@ def _send_run_webhook(
     if isinstance(stopped_by, KeyboardInterrupt):
         stopped = "interrupted"
     elif stopped_by is not None:
-        stopped = f"stopped by an error: {translate(stopped_by, client.settings.broker_url)}"
+        stopped = f"stopped by an error: {translate(stopped_by, client.settings.redis.broker_url)}"
     try:
         err_console.print(queue_run_webhook(client, url, job, summary, stopped, local=local), highlight=False)
     except Exception as err:  # noqa: BLE001 - Redis gone: the run's own outcome is reported next
         err_console.print(f"bulk: the run's webhook to {url} could not be queued: "
-                          f"{translate(err, client.settings.broker_url)}", highlight=False)
+                          f"{translate(err, client.settings.redis.broker_url)}", highlight=False)
 
 
 def _print_summary(job: BulkJob, summary: BulkSummary | None, stopped: str | None = None) -> None:
@@ -242,7 +264,7 @@ def bulk(
         fail(ValueError(f"--progress must be auto, bar, log or none, not {progress!r}"))
     if callback_url is not None:
         try:
-            check_callback_url(callback_url, settings.webhook_allowed_hosts)
+            check_callback_url(callback_url, settings.webhooks.webhook_allowed_hosts)
         except SwaplessError as err:
             fail(err)
     try:
@@ -253,14 +275,13 @@ def bulk(
         model, input, output, field=field, id_field=id_field, fmt=fmt, chunk_size=chunk_size,
         max_in_flight=max_in_flight, restart=restart, timeout_s=timeout, expires=deadline, key_field=key_field,
     )
-    use_local = local if local is not None else settings.redis_url is None
+    use_local = local if local is not None else settings.redis.redis_url is None
     _run_bulk(job, settings, local=use_local, progress=None if progress == "auto" else progress,
               log_every_s=log_every, allow_failures=allow_failures, callback_url=callback_url)
 
 
 def _ensure_demo_models(directory: Path) -> Path:
-    """The demo models' ``models.json`` in ``directory``, built there first if missing (or built before the
-    sentiment model was trained: their sentiment labels meant nothing)."""
+    """The demo models' ``models.json`` in ``directory``, built there first if missing or stale."""
     models_file = directory / "models.json"
     from swapless.manager.demo.models import DEMO_VARIANTS
 

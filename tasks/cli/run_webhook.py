@@ -1,14 +1,6 @@
 """``swapless bulk --callback-url``: one signed webhook when a run ends, sent by the workers.
 
-The run queues one delivery in the queue's webhook delivery queue (``swapless.tasks.broker.webhooks``), so it is signed,
-retried and kept as failed exactly as a job's webhook is; its ``webhook-id`` is the run's id. The body::
-
-    {"type": "bulk.completed" | "bulk.stopped", "timestamp": ISO-8601,
-     "data": {"run_id", "model", "input", "output", "records", "ok", "failed", "resumed_from", "this_run",
-              "elapsed_s", "complete", "stopped": null | "interrupted" | "stopped by an error: ..."}}
-
-In local mode the embedded worker is the only sender and stops with the run: the run waits for the delivery to be
-settled (at most ``LOCAL_WAIT_S``) and says how it went.
+Its body: ``{"type": "bulk.completed" | "bulk.stopped", "timestamp", "data": {...}}`` (``run_payload``).
 """
 
 from __future__ import annotations
@@ -19,7 +11,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from swapless.tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, check_target
+from swapless.tasks.webhooks import WebhookDelivery, WebhookQueue, allowed_hosts, check_target
 
 if TYPE_CHECKING:
     from swapless.tasks.client import Client
@@ -66,7 +58,7 @@ def queue_run_webhook(
     """Queue the run's webhook; in local mode wait for the embedded worker to settle it. Returns the line to print."""
     queue = WebhookQueue.of(client.redis, client.settings)
     run_id = f"bulk-{uuid.uuid4().hex}"
-    _, full = queue.enqueue([Delivery(run_id, url, run_payload(run_id, job, summary, stopped))])
+    _, full = queue.enqueue([WebhookDelivery(run_id, url, run_payload(run_id, job, summary, stopped))])
     if full:
         return (f"bulk: the run's webhook to {url} was kept as failed: the delivery queue is full "
                 "(SWAPLESS_WEBHOOK_MAX_PENDING); swapless webhooks --replay sends it once there is room")

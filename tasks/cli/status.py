@@ -1,14 +1,11 @@
-"""The ``swapless status`` and ``swapless webhooks`` commands: the deployment at a glance (workers, models, queue,
-Redis, batches, webhooks), once, watched, or as JSON; the failed webhook deliveries, listed or replayed.
-
-``swapless.tasks.cli.main`` calls ``register(app)``.
-"""
+"""The ``swapless status`` and ``swapless webhooks`` commands."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -37,49 +34,25 @@ def status(
 ) -> None:
     """Show the queue per model and each live worker: loaded models, cache hits/misses/evictions, loads, jobs, waits."""
 
-    import redis
-    from rich.console import Group
-
     from swapless.manager.registry.store import ModelStore
     from swapless.tasks.broker.connection import redis_client, translated
     from swapless.tasks.broker.sentinel import SentinelOptions
-    from swapless.tasks.broker.webhooks import read_webhooks
-    from swapless.tasks.cluster.members import read_heartbeats
-    from swapless.tasks.cluster.view import read_placement
     from swapless.tasks.keyspace import Keyspace
-    from swapless.tasks.observe.batches import read_batches
-    from swapless.tasks.observe.memory import read_redis_memory
-    from swapless.tasks.observe.queue import read_queue_depth
-    from swapless.tasks.observe.view import render_status
 
     settings = settings_with(queue=queue)
     keyspace = Keyspace.of(settings)
-    client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+    client = redis_client(settings.redis.broker_url, connect_timeout_s=settings.redis.connect_timeout_s,
                           sentinel=SentinelOptions.of(settings))
-    store = ModelStore.from_file(settings.models_file)
+    store = ModelStore.from_file(settings.cache.models_file)
     model_ids = store.ids()
 
     def render() -> Any:
-        with translated(settings.broker_url):
-            depth = read_queue_depth(client, keyspace, model_ids, sample)
-            workers = read_heartbeats(client, keyspace)
-            view = render_status(depth, workers, memory=read_redis_memory(client, keyspace, model_ids),
-                                 places=read_placement(client, keyspace, model_ids))
-            hooks = read_webhooks(client, keyspace, limit=5)
-            batches = read_batches(client, keyspace)
-            parts: list[Any] = [view]
-            if store.routes:
-                parts.append(routes_table(store, settings))
-            if batches["batches"]:
-                parts.append(_batches_text(batches))
-            if hooks["pending"] or hooks["failed"]:
-                parts.append(_webhooks_text(hooks))
-            return Group(*parts) if len(parts) > 1 else view
+        return _render(client, keyspace, store, settings, sample)
 
     if as_json:
         from swapless.tasks.observe.status import read_status
 
-        with translated(settings.broker_url):
+        with translated(settings.redis.broker_url):
             payload = read_status(client, keyspace, model_ids, sample)
         sys.stdout.write(json.dumps(payload) + "\n")
         return
@@ -87,6 +60,43 @@ def status(
     if not watch:
         console.print(view)
         return
+    _watch(render, view, interval, count)
+
+
+def _render(client: Any, keyspace: Any, store: Any, settings: Any, sample: int) -> Any:
+    """The status's tables: workers and models, then routes, batches and webhooks when there are any."""
+    from rich.console import Group
+
+    from swapless.tasks.broker.connection import translated
+    from swapless.tasks.cluster.members import read_heartbeats
+    from swapless.tasks.cluster.view import read_placement
+    from swapless.tasks.observe.batches import read_batches
+    from swapless.tasks.observe.memory import read_redis_memory
+    from swapless.tasks.observe.queue import read_queue_depth
+    from swapless.tasks.observe.view import render_status
+    from swapless.tasks.webhooks import read_webhooks
+
+    model_ids = store.ids()
+    with translated(settings.redis.broker_url):
+        depth = read_queue_depth(client, keyspace, model_ids, sample)
+        workers = read_heartbeats(client, keyspace)
+        view = render_status(depth, workers, memory=read_redis_memory(client, keyspace, model_ids),
+                             places=read_placement(client, keyspace, model_ids))
+        hooks = read_webhooks(client, keyspace, limit=5)
+        batches = read_batches(client, keyspace)
+        parts: list[Any] = [view]
+        if store.routes:
+            parts.append(routes_table(store, settings))
+        if batches["batches"]:
+            parts.append(_batches_text(batches))
+        if hooks["pending"] or hooks["failed"]:
+            parts.append(_webhooks_text(hooks))
+        return Group(*parts) if len(parts) > 1 else view
+
+
+def _watch(render: Callable[[], Any], view: Any, interval: float, count: int) -> None:
+    """Redraw ``render()`` every ``interval`` s (``count`` times; 0: until Ctrl-C); Redis errors show and retry."""
+    import redis
     from rich.live import Live
     from rich.text import Text
 
@@ -139,17 +149,17 @@ def webhooks(
     prints how many. A worker's sender delivers them."""
     from swapless.tasks.broker.connection import redis_client, translated
     from swapless.tasks.broker.sentinel import SentinelOptions
-    from swapless.tasks.broker.webhooks import WebhookQueue
+    from swapless.tasks.webhooks import WebhookQueue
 
     settings = settings_with(queue=queue)
-    client = redis_client(settings.broker_url, connect_timeout_s=settings.connect_timeout_s,
+    client = redis_client(settings.redis.broker_url, connect_timeout_s=settings.redis.connect_timeout_s,
                           sentinel=SentinelOptions.of(settings))
     hooks = WebhookQueue.of(client, settings)
-    with translated(settings.broker_url):
+    with translated(settings.redis.broker_url):
         if replay:
             sys.stdout.write(json.dumps({"replayed": hooks.replay(delivery_ids or None)}) + "\n")
             return
-        _, failed = hooks.failed(limit=settings.webhook_max_failed)
+        _, failed = hooks.failed(limit=settings.webhooks.webhook_max_failed)
     for d in failed:
         if delivery_ids and d.id not in delivery_ids:
             continue

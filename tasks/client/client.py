@@ -41,9 +41,7 @@ from swapless.manager.registry.store import ModelStore
 from swapless.tasks.app import make_app
 from swapless.tasks.broker.connection import redis_client, translated
 from swapless.tasks.broker.results import ResultStore, StoredResult
-from swapless.tasks.broker.routes import RouteOverrides
 from swapless.tasks.broker.sentinel import SentinelOptions
-from swapless.tasks.broker.webhooks import allowed_hosts, check_target
 from swapless.tasks.client.consumer import ResultConsumer
 from swapless.tasks.client.job import Job
 from swapless.tasks.client.publisher import Publisher, Routed
@@ -64,7 +62,9 @@ from swapless.tasks.protocol import (
     priority_level,
     storage_id,
 )
+from swapless.tasks.routing import RouteOverrides
 from swapless.tasks.tracing import sending
+from swapless.tasks.webhooks import allowed_hosts, check_target
 
 __all__ = ["Client"]
 
@@ -127,19 +127,19 @@ class Client:
         #: The Celery app whose result backend's encoding, key names and expiry the results follow.
         self.app: Celery = make_app(self.settings)
         #: Every call of this client goes through it (one connection pool per URL in the process).
-        self.redis = redis_client(self.settings.broker_url, connect_timeout_s=self.settings.connect_timeout_s,
-                                  sentinel=SentinelOptions.of(self.settings))
+        self.redis = redis_client(self.settings.redis.broker_url, sentinel=SentinelOptions.of(self.settings),
+                                  connect_timeout_s=self.settings.redis.connect_timeout_s)
         #: A producer's writes (cancels, forgets) ride out a blip (with Sentinel, a failover), but a Redis that is
         #: down is reported within the connect timeout, not after the worker's minute of retries.
-        retry_s = self.settings.connect_timeout_s
-        if self.settings.redis_sentinel_master:
-            retry_s = max(retry_s, self.settings.redis_failover_wait_s)
+        retry_s = self.settings.redis.connect_timeout_s
+        if self.settings.redis.redis_sentinel_master:
+            retry_s = max(retry_s, self.settings.redis.redis_failover_wait_s)
         self.results = ResultStore(self.app, retry_s=retry_s, client=self.redis)
         #: Routes and publishes this client's jobs.
         self.publisher = Publisher(self.settings, self.app, self.redis)
         #: Every wait of this client (``Job.get``, ``gather``, chunk streams): one pub/sub connection, opened by the
         #: first wait.
-        self.consumer = ResultConsumer(self.redis, self.results, failover_s=self.settings.failover_wait_s)
+        self.consumer = ResultConsumer(self.redis, self.results, failover_s=self.settings.redis.failover_wait_s)
         # A client dropped without close() still lets go of what it opened (its app's connections, the consumer's
         # pub/sub connection and listener) instead of leaving their sockets to the garbage collector.
         self._release = weakref.finalize(self, _release, self.app, self.consumer)
@@ -149,7 +149,7 @@ class Client:
     @property
     def queue(self) -> str:
         """The queue this client sends to."""
-        return self.settings.queue
+        return self.settings.jobs.queue
 
     @property
     def store(self) -> ModelStore:
@@ -250,7 +250,7 @@ class Client:
         """
         if callback_url is None:
             return None
-        check_target(callback_url, allowed_hosts(self.settings.webhook_allowed_hosts))
+        check_target(callback_url, allowed_hosts(self.settings.webhooks.webhook_allowed_hosts))
         return [{CALLBACK_URL_HEADER: callback_url} for _ in range(count)]
 
     def submit_jobs(
@@ -366,7 +366,7 @@ class Client:
         """
         stream = self.stream(model_id, priority, expires=expires, max_in_flight=max_in_flight, timeout_s=timeout,
                              on_event=on_event, callback_url=callback_url, refused_wait_s=refused_wait_s)
-        with translated(self.settings.broker_url):
+        with translated(self.settings.redis.broker_url):
             for _, outcomes in stream.run((None, batch) for batch in _batched(inputs, chunk_size)):
                 for ok, value in outcomes:
                     if ok or return_exceptions:
@@ -413,7 +413,7 @@ class Client:
         Raises:
             QueueUnavailable: Redis cannot be reached.
         """
-        with translated(self.settings.broker_url):
+        with translated(self.settings.redis.broker_url):
             return read_results(self.results, job_ids)
 
     def cancel(self, job_ids: Sequence[str]) -> dict[str, str]:
@@ -434,8 +434,8 @@ class Client:
             QueueUnavailable: Redis cannot be reached.
         """
         ids = list(job_ids)
-        with translated(self.settings.broker_url):
-            return self.results.cancel(ids, JobCancelled, self.settings.cancel_hold_s)
+        with translated(self.settings.redis.broker_url):
+            return self.results.cancel(ids, JobCancelled, self.settings.jobs.cancel_hold_s)
 
     def job(self, job_id: str) -> Job:
         """A handle on a job submitted earlier, by id."""
@@ -458,14 +458,14 @@ class Client:
             JobTimeout: some job has no result within ``timeout`` (names the first such job).
             QueueUnavailable: Redis cannot be reached.
         """
-        with translated(self.settings.broker_url):
+        with translated(self.settings.redis.broker_url):
             stored = self.consumer.wait_all([job.id for job in jobs], timeout)
         late = next((s for s in stored if not s.ready), None)
         if late is not None:
             raise JobTimeout(late.job_id, timeout or 0.0, states.PENDING)
         if self.forget if forget is None else forget:
             stored_under = list(dict.fromkeys(storage_id(job.id) for job in jobs))
-            with translated(self.settings.broker_url):
+            with translated(self.settings.redis.broker_url):
                 for start in range(0, len(stored_under), 1000):
                     self.results.forget(stored_under[start : start + 1000])
         return stored

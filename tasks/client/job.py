@@ -77,7 +77,7 @@ class Job:
             QueueUnavailable: Redis cannot be reached.
         """
         client = self.client
-        with translated(client.settings.broker_url):
+        with translated(client.settings.redis.broker_url):
             stored = client.consumer.wait(self.id, timeout)
             if not stored.ready:
                 raise JobTimeout(self.id, timeout or 0.0, stored.state)

@@ -38,7 +38,6 @@ from swapless.tasks.broker.publish import (
     push,
     push_to_models,
 )
-from swapless.tasks.broker.routes import RouteOverrides
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.protocol import (
     PREDICT_TASK,
@@ -49,6 +48,7 @@ from swapless.tasks.protocol import (
     new_ids,
     priority_level,
 )
+from swapless.tasks.routing import RouteOverrides
 
 __all__ = ["Publisher", "Routed"]
 
@@ -113,7 +113,7 @@ class Publisher:
         self.redis = redis_client
         self.keyspace = Keyspace.of(settings)
         #: How many replicas must hold each message before a send returns (``SWAPLESS_REDIS_MIN_REPLICAS``).
-        self.replicas = ReplicaWait.of(settings)
+        self.replicas = ReplicaWait.of(settings.redis)
         self._store: ModelStore | None = None
         self._routing_unavailable = False
         self._overrides: RouteOverrides | None = None
@@ -126,7 +126,7 @@ class Publisher:
             ConfigError: the models file is missing or invalid.
         """
         if self._store is None:
-            self._store = ModelStore.from_file(self.settings.models_file)
+            self._store = ModelStore.from_file(self.settings.cache.models_file)
         return self._store
 
     def _routing_store(self) -> ModelStore | None:
@@ -265,7 +265,7 @@ class Publisher:
         ids = list(ids) if ids is not None else new_ids(len(jobs))
         if len(jobs) <= FIRST_SLICE:
             plan = self._plan(task, jobs, level, expires, ids, headers)
-            with translated(self.settings.broker_url):
+            with translated(self.settings.redis.broker_url):
                 outcomes, shared = self._push(plan, level, {}, {})
             return self._settle(plan, outcomes, shared)
         return self._publish_in_slices(task, jobs, level, ids, headers, expires)
@@ -277,12 +277,12 @@ class Publisher:
         s, keyspace = self.settings, self.keyspace
         pushes = [ModelPush(p.keys, p.priority, p.messages, coming.get(m, 0), m not in admitted)
                   for m, p in zip(plan.by_model, plan.pushes, strict=True)]
-        outcomes = (push_to_models(self.redis, pushes, bound=s.max_queued, placement_bell=keyspace.placement_bell,
+        outcomes = (push_to_models(self.redis, pushes, bound=s.jobs.max_queued, placement_bell=keyspace.placement_bell,
                                    replicas=self.replicas)
                     if pushes else [])
         shared = None
         if plan.shared:
-            bound = s.max_queued if None not in admitted else None
+            bound = s.jobs.max_queued if None not in admitted else None
             shared = push(self.redis, keyspace.ingress(level), plan.shared_messages, bound=bound,
                           counted=list(keyspace.ingress_lists.lists), replicas=self.replicas,
                           coming=coming.get(None, 0))
@@ -301,8 +301,8 @@ class Publisher:
         all, as in one round trip; a failure partway (Redis lost) leaves the earlier slices queued: the error's
         ``queued`` names them."""
         s = self.settings
-        bodies = check_messages(self.app, s.queue, jobs, level, task=task, expires=expires_header(expires),
-                                headers=headers, max_bytes=s.max_message_bytes)
+        bodies = check_messages(self.app, s.jobs.queue, jobs, level, task=task, expires=expires_header(expires),
+                                headers=headers, max_bytes=s.jobs.max_message_bytes)
         canonical: dict[str, str | None] = {}
         for model_id, _ in jobs:
             if model_id not in canonical:
@@ -312,7 +312,7 @@ class Publisher:
         refused: dict[str | None, int] = {}
         sent: list[str] = []
         start, size = 0, FIRST_SLICE
-        with translated(s.broker_url):
+        with translated(s.redis.broker_url):
             while start < len(jobs):
                 stop = min(len(jobs), start + size)
                 chosen = [i for i in range(start, stop) if admitted.get(canonical[jobs[i][0]], True)]
@@ -343,7 +343,7 @@ class Publisher:
         if refused:
             m, held = next(iter(refused.items()))
             where = (f"model {m!r} has {held} messages queued" if m is not None
-                     else f"queue {s.queue!r} holds {held} messages")
+                     else f"queue {s.jobs.queue!r} holds {held} messages")
             raise self._queue_full(where, [ids[i] for i in range(len(jobs)) if admitted.get(canonical[jobs[i][0]])])
         return ids
 
@@ -351,8 +351,8 @@ class Publisher:
         """The error of a send refused by ``SWAPLESS_MAX_QUEUED`` at ``where``, naming the ids ``queued`` anyway."""
         s = self.settings
         error = QueueFull(
-            redact(s.broker_url),
-            f"{where}, its bound is {s.max_queued} (SWAPLESS_MAX_QUEUED); wait for the workers to take some, then "
+            redact(s.redis.broker_url),
+            f"{where}, its bound is {s.jobs.max_queued} (SWAPLESS_MAX_QUEUED); wait for the workers to take some, then "
             "send again" + (f" ({len(queued)} of these jobs were queued)" if queued else ""),
         )
         error.queued = queued
@@ -372,11 +372,11 @@ class Publisher:
         """``publish`` through ``client``, an asyncio redis-py client."""
         plan = self._plan(task, jobs, level, expires, ids, headers)
         s, keyspace = self.settings, self.keyspace
-        with translated(s.broker_url):
-            outcomes = (await apush_to_models(client, plan.pushes, bound=s.max_queued,
+        with translated(s.redis.broker_url):
+            outcomes = (await apush_to_models(client, plan.pushes, bound=s.jobs.max_queued,
                                               placement_bell=keyspace.placement_bell, replicas=self.replicas)
                         if plan.pushes else [])
-            shared = (await apush(client, keyspace.ingress(level), plan.shared_messages, bound=s.max_queued,
+            shared = (await apush(client, keyspace.ingress(level), plan.shared_messages, bound=s.jobs.max_queued,
                                   counted=list(keyspace.ingress_lists.lists), replicas=self.replicas)
                       if plan.shared else None)
         return self._settle(plan, outcomes, shared)
@@ -388,8 +388,8 @@ class Publisher:
         """The messages, and which go to each model's lists and which to the ingress (``bodies``: the jobs'
         bodies already encoded by ``check_messages``)."""
         s = self.settings
-        built = build_messages(self.app, s.queue, jobs, level, task=task, expires=expires_header(expires), ids=ids,
-                               headers=headers, max_bytes=s.max_message_bytes, bodies=bodies)
+        built = build_messages(self.app, s.jobs.queue, jobs, level, task=task, expires=expires_header(expires), ids=ids,
+                               headers=headers, max_bytes=s.jobs.max_message_bytes, bodies=bodies)
         shared: list[int] = []
         by_model: dict[str, list[int]] = {}
         for index, (model_id, _) in enumerate(jobs):
@@ -410,7 +410,7 @@ class Publisher:
             if not pushed:
                 refused.append((indices, f"model {m!r} has {held} messages queued"))
         if shared is not None and not shared[0]:
-            refused.append((plan.shared, f"queue {s.queue!r} holds {shared[1]} messages"))
+            refused.append((plan.shared, f"queue {s.jobs.queue!r} holds {shared[1]} messages"))
         if refused:
             left_out = {i for indices, _ in refused for i in indices}
             raise self._queue_full(refused[0][1], [job_id for i, (job_id, _) in enumerate(plan.built)

@@ -1,3 +1,2 @@
-"""Several workers as one cache: who should hold which model (``plan``, a pure function over plain data), the
-claims on models (``claims``), this worker's part in it (``placer``), the workers' heartbeats (``members``) and
-each model's standing as Redis holds it (``view``)."""
+"""Several workers as one cache: the plan, the claims, this worker's placer, the heartbeats, each model's
+standing."""

@@ -1,8 +1,5 @@
-"""Claims: which workers fetch which model's jobs. A claim is a lease in the model's ``holders`` sorted set
-(worker -> lease expiry, ms), taken, renewed and given up by one script each, so that a cold model is claimed by one
-worker however many see its jobs, and a dead worker's claims lapse with its heartbeat.
-
-Every script starts with a write that takes no memory (``swapless.tasks.broker.connection.WRITE_FIRST_NOTE``).
+"""Claims: leases in each model's ``holders`` sorted set, taken, renewed and given up by one script each. Every
+script starts with a write that takes no memory (``swapless.tasks.broker.connection.WRITE_FIRST_NOTE``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""The cluster's members: each live worker's heartbeat, what it has loaded and has done, as published to Redis,
-and read back (by the placer, the status and the gateway).
-
-Every worker publishes a ``Heartbeat`` (what its cache holds, its counters, its queue wait) as JSON under
-``Keyspace.heartbeat(worker_id)`` (``hostname:pid``) every ``SWAPLESS_HEARTBEAT_INTERVAL_S`` seconds
-(``swapless.tasks.observe.beats`` publishes it). The key expires after ``TTL_INTERVALS`` intervals, so a worker that
-dies vanishes by itself; one that stops cleanly deletes it. A sorted set, ``Keyspace.heartbeats``, lists the worker ids,
-so readers never SCAN the database (which holds every result).
-
-Readers come in pairs, one for ``redis.Redis`` and one for ``redis.asyncio`` (the gateway), around one parser.
+"""The cluster's members: each worker's ``Heartbeat`` as published to Redis and read back (a reader for
+``redis.Redis`` and one for ``redis.asyncio``). A heartbeat expires after ``TTL_INTERVALS`` intervals;
+``Keyspace.heartbeats`` lists the worker ids, so readers never scan the database.
 """
 
 from __future__ import annotations
@@ -49,8 +42,8 @@ class _Model(BaseModel):
 
 
 class LoadedEntry(_Model):
-    """A model in a worker's cache now: on the device (``loaded``) or in its host tier (``host``; ``loaded_at`` is
-    when it came there, ``load_s`` what its last arrival on the device took)."""
+    """A model in a worker's cache now, on the device or in its host tier (``load_s``: its last arrival on the
+    device)."""
 
     model_id: str
     bytes: int
@@ -96,7 +89,7 @@ class ModelActivity(_Model):
 
 
 class WaitSummary(_Model):
-    """Queue wait of the last ``window`` jobs (seconds from send to the start of their group)."""
+    """Queue wait of the last ``window`` jobs, from send to the start of their group."""
 
     count: int = 0
     window: int = 0
@@ -162,7 +155,7 @@ class Heartbeat(_Model):
 
 
 def parse_heartbeats(values: Sequence[bytes | str | None]) -> list[Heartbeat]:
-    """Heartbeats from raw key values, skipping expired (None) and unreadable ones; sorted by hostname."""
+    """Heartbeats from raw key values (expired and unreadable ones skipped), sorted by hostname."""
     found = []
     for raw in values:
         if raw is None:

@@ -1,27 +1,5 @@
-"""This worker's part in placement: it claims models, renews and releases its claims, and puts a dead worker's
-jobs back, so that several workers on one Redis act as one model cache. It is the transport's ``Affinity``.
-
-A daemon thread, ``swapless-placement``, every ``SWAPLESS_PLACEMENT_INTERVAL_S``:
-
-- reads where every model stands (``swapless.tasks.cluster.view``: its lists, its held jobs, its holders) and the
-  live workers (their heartbeats), and runs the pure policy (``swapless.tasks.cluster.plan.plan``) for this worker;
-- claims what the plan gives it (``CLAIM``: atomic, so a cold model is claimed by one worker however many see its
-  jobs) and releases what it takes away;
-- sets how many jobs of each model it may hold (``hold_limit``): with other workers live, about
-  ``SWAPLESS_COPY_BACKLOG_S`` seconds of the model's work (at least two forward passes, at most
-  ``SWAPLESS_PREFETCH_PER_MODEL``), so that the rest stays in Redis for a copy on another worker to take; alone,
-  ``SWAPLESS_PREFETCH_PER_MODEL``;
-- renews its claims' leases (``RENEW``; a lease lasts ``TTL_INTERVALS`` heartbeats, so a worker that dies loses
-  its claims as its heartbeat expires); a claim found lapsed is dropped;
-- once a second, puts back the held jobs of workers whose heartbeat has expired, and any not refreshed for the
-  visibility timeout (``RECOVER``), for every model and the ingress.
-
-With ``SWAPLESS_ROUTING=shared`` it claims nothing: every worker fetches every model's lists (one worker, or the
-baseline placement is measured against), and the thread only recovers.
-
-The transport fetches from the models ``claimed()`` returns (``swapless.tasks.broker.transport``), and moves each
-ingress message to the model ``route`` names. On a warm shutdown the claims are released first, so that other workers
-take the models over at once; the jobs still held come back when the channel closes (``restore_unacked``).
+"""This worker's part in placement: a daemon thread that claims, renews and releases models and puts dead
+workers' jobs back (docs/concepts/several-workers.md says what it does each interval).
 """
 
 from __future__ import annotations
@@ -43,12 +21,12 @@ from swapless.manager import ModelManager, ModelStore
 from swapless.manager.cache.entries import DEFAULT_LOAD_COST_S, HOST_COST_FRACTION
 from swapless.tasks.broker.connection import RedisHealth
 from swapless.tasks.broker.queues import RECOVER, WAKE
-from swapless.tasks.broker.routes import Router
 from swapless.tasks.cluster.claims import CLAIM, RELEASE, RENEW
 from swapless.tasks.cluster.members import TTL_INTERVALS, Heartbeat, ModelActivity, read_heartbeats
-from swapless.tasks.cluster.plan import Demand, WorkerView, plan
+from swapless.tasks.cluster.plan import Demand, PlanWorker, plan
 from swapless.tasks.cluster.view import ModelPlacement, read_placement
 from swapless.tasks.keyspace import Keyspace, ModelKeys
+from swapless.tasks.routing import Router
 
 __all__ = ["Placer"]
 
@@ -64,8 +42,7 @@ LONG_TAIL_FACTOR = 2
 
 
 def _gone_from_this_machine(beat: Heartbeat) -> bool:
-    """A worker of this machine whose process has exited, though its heartbeat has not expired yet (a worker that
-    crashed and was restarted by its supervisor): its jobs need not wait for the heartbeat's TTL."""
+    """A worker of this machine whose process has exited before its heartbeat expired: its jobs need not wait."""
     if beat.machine != socket.gethostname() or beat.pid == os.getpid():
         return False
     try:
@@ -78,19 +55,16 @@ def _gone_from_this_machine(beat: Heartbeat) -> bool:
 
 
 class Placer:
-    """This worker's claims and the thread that keeps them (see the module docstring); the transport's ``Affinity``.
+    """This worker's claims and the thread that keeps them; the transport's ``Affinity``.
 
     Args:
         settings: the worker's settings (routing mode, intervals, hold limits, visibility timeout).
-        keyspace: the queue's keys.
-        store: the models that exist.
         manager: this worker's cache (what it has loaded, what it learned).
         router: resolves the model of an ingress message.
-        client: the Redis to read and claim in.
         health: told of every Redis failure.
-        worker_id: this worker's id (``hostname:pid``), as its heartbeat names it.
-        activity: what this worker did per model so far (its heartbeat's; idle times, costs per job).
-        on_release: told of each model whose claim this worker gave up (it hands the model's waiting jobs over).
+        worker_id: this worker's id (``hostname:pid``).
+        activity: what this worker did per model so far (its heartbeat's).
+        on_release: told of each model whose claim this worker gave up (it hands its waiting jobs over).
     """
 
     def __init__(
@@ -114,11 +88,11 @@ class Placer:
         self.client = client
         self.health = health
         self.worker_id = worker_id
-        self.claims = settings.routing == "placement"
-        self.per_model_limit = settings.prefetch_per_model
+        self.claims = settings.placement.routing == "placement"
+        self.per_model_limit = settings.placement.prefetch_per_model
         self.activity = activity
         self.on_release = on_release
-        self.lease_ms = int(settings.heartbeat_interval_s * TTL_INTERVALS * 1000)
+        self.lease_ms = int(settings.observe.heartbeat_interval_s * TTL_INTERVALS * 1000)
         self._claimed: list[str] = [] if self.claims else store.ids()
         self._limits: dict[str, int] = {}
         self._queued: dict[str, int] = {}
@@ -138,24 +112,22 @@ class Placer:
             return list(self._claimed)
 
     def fetch_first(self) -> list[str] | None:
-        """With a long tail claimed (more than twice the models the cache holds), those loaded or loading: the
-        transport fetches their jobs first, and one job of each other (the tail's jobs would fill the window); None:
-        all alike (a model or two beyond the cache are fetched ahead, so their groups are ready when they load)."""
+        """With a long tail claimed (over ``LONG_TAIL_FACTOR`` times the cache's slots), the models loaded or loading,
+        whose jobs the transport fetches first; None: all alike."""
         with self._lock:
             claimed = len(self._claimed)
         return self.manager.in_cache() if claimed > LONG_TAIL_FACTOR * self.manager.max_models else None
 
     def queued(self) -> dict[str, int]:
-        """Jobs waiting in Redis per model this worker claims (not fetched yet), as the last round read them."""
+        """Messages waiting per model this worker claims, as the last round read them."""
         return self._queued
 
     def jobs_waiting(self) -> bool:
-        """Whether the last round found jobs waiting in any model's lists of the queue, claimed or not (placement
-        is about to hand work to the fleet)."""
+        """Whether the last round found messages in any model's lists."""
         return self._jobs_waiting
 
     def hold_limit(self, model_id: str) -> int:
-        """Most jobs of ``model_id`` this worker holds at once (see the module docstring)."""
+        """Most jobs of ``model_id`` this worker holds at once."""
         return self._limits.get(model_id, self.per_model_limit)
 
     def route(self, payload: dict[str, Any]) -> str | None:
@@ -170,7 +142,7 @@ class Placer:
             self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop placing and release every claim, so that other workers take this worker's models at once."""
+        """Stop placing and release every claim, for other workers to take at once."""
         self._stop.set()
         self._poke.set()
         if self._thread is not None:
@@ -191,7 +163,7 @@ class Placer:
             logger.info("released the claims on %s", ", ".join(claimed))
 
     def _run(self) -> None:
-        interval = self.settings.placement_interval_s
+        interval = self.settings.placement.placement_interval_s
         while not self._stop.is_set():
             try:
                 self.tick()
@@ -207,8 +179,7 @@ class Placer:
             self._poke.clear()
 
     def wake(self) -> None:
-        """Place now rather than at the next interval: the transport's wait took the placement bell (a producer
-        queued jobs for a model no worker holds)."""
+        """Place now: jobs came for a model no worker holds."""
         self._poke.set()
 
     # -- one round -----------------------------------------------------------------------------------------
@@ -217,9 +188,9 @@ class Placer:
         return self.keyspace.model(model_id)
 
     def _live(self) -> tuple[list[Heartbeat], set[str]]:
-        """The live workers of this queue (their heartbeats, and their ids with this worker's)."""
+        """The live workers' heartbeats, and their ids with this worker's."""
         s = self.settings
-        beats = [beat for beat in read_heartbeats(self.client, self.keyspace) if beat.queue == s.queue]
+        beats = [beat for beat in read_heartbeats(self.client, self.keyspace) if beat.queue == s.jobs.queue]
         gone = {beat.worker_id for beat in beats if _gone_from_this_machine(beat)}
         beats = [beat for beat in beats if beat.worker_id not in gone]
         return beats, {beat.worker_id for beat in beats} | {self.worker_id}
@@ -234,8 +205,9 @@ class Placer:
                 self.recover(models, self._live()[1])
             return
         places = read_placement(self.client, self.keyspace, models)
-        self._queued = {p.model_id: p.waiting for p in places if p.waiting and self.worker_id in p.holder_ids}
-        self._jobs_waiting = any(p.waiting for p in places)
+        self._queued = {p.model_id: p.waiting_messages for p in places
+                        if p.waiting_messages and self.worker_id in p.holder_ids}
+        self._jobs_waiting = any(p.waiting_messages for p in places)
         beats, live = self._live()
         dead = sorted({h for p in places for h in p.holder_ids if h not in live})
         workers = self._workers(beats)
@@ -246,9 +218,9 @@ class Placer:
             self.worker_id,
             workers,
             demand,
-            copy_backlog_s=s.copy_backlog_s,
-            max_copies=s.max_copies,
-            copy_idle_s=s.copy_idle_s,
+            copy_backlog_s=s.placement.copy_backlog_s,
+            max_copies=s.placement.max_copies,
+            copy_idle_s=s.placement.copy_idle_s,
         )
         now_ms = int(time.time() * 1000)
         held_now = [p.model_id for p in places if self.worker_id in p.holder_ids]
@@ -285,20 +257,19 @@ class Placer:
             self.recover(models, live)
 
     def _hold_for(self, d: Demand) -> int:
-        """About ``copy_backlog_s`` seconds of ``d``'s work, within [two forward passes, ``prefetch_per_model``]:
-        a worker that holds more of a hot model's jobs than that keeps them from the copies placement adds."""
+        """About ``copy_backlog_s`` seconds of ``d``'s work, within [two forward passes, ``prefetch_per_model``]."""
         s = self.settings
         try:
-            batch = self.store.get(d.model_id).max_batch_size or s.max_batch_size
+            batch = self.store.get(d.model_id).max_batch_size or s.cache.max_batch_size
         except KeyError:
-            batch = s.max_batch_size
-        seconds_worth = math.ceil(s.copy_backlog_s / max(d.job_s, 1e-6))
+            batch = s.cache.max_batch_size
+        seconds_worth = math.ceil(s.placement.copy_backlog_s / max(d.job_s, 1e-6))
         return min(self.per_model_limit, max(2 * batch, seconds_worth))
 
     def recover(self, models: list[str], live: set[str]) -> int:
-        """Put back every held job (of ``models`` and of the ingress) of a worker not in ``live``, and every one not
-        refreshed for the visibility timeout; returns how many came back."""
-        stale_before = time.time() - self.settings.visibility_timeout_s
+        """Put back the held jobs of workers not in ``live`` and those not refreshed for the visibility timeout;
+        returns how many came back."""
+        stale_before = time.time() - self.settings.worker.visibility_timeout_s
         pipe = self.client.pipeline(transaction=False)
         for lists in [*(self._keys(model_id) for model_id in models), self.keyspace.ingress_lists]:
             pipe.eval(RECOVER, 7, *lists.queue_and_records, repr(stale_before), *sorted(live))
@@ -307,14 +278,14 @@ class Placer:
             logger.warning("put %d job(s) of dead or silent workers back on their models' lists", restored)
         return restored
 
-    def _workers(self, beats: list[Heartbeat]) -> list[WorkerView]:
+    def _workers(self, beats: list[Heartbeat]) -> list[PlanWorker]:
         now = time.time()
         views = {}
         for beat in beats:
             if not beat.worker_id or beat.routing != "placement":
                 continue
             idle = {m: now - a.last_run_at for m, a in beat.models.items() if a.last_run_at is not None}
-            views[beat.worker_id] = WorkerView(beat.worker_id, beat.cache.max_models,
+            views[beat.worker_id] = PlanWorker(beat.worker_id, beat.cache.max_models,
                                                frozenset(e.model_id for e in beat.loaded), idle,
                                                frozenset(e.model_id for e in beat.host),
                                                frozenset(e.model_id for e in beat.loaded if e.interactive))
@@ -322,20 +293,18 @@ class Placer:
         idle = {m: now - a.last_run_at for m, a in self.activity().items() if a.last_run_at is not None}
         loaded = manager.snapshot()
         # a model being loaded counts as loaded: its load is paid already, and handing it over would pay another
-        views[self.worker_id] = WorkerView(self.worker_id, manager.max_models, frozenset(manager.in_cache()),
+        views[self.worker_id] = PlanWorker(self.worker_id, manager.max_models, frozenset(manager.in_cache()),
                                            idle, frozenset(manager.host.ids()),
                                            frozenset(e.model_id for e in loaded if manager.resident(e)))
         return list(views.values())
 
     def _known_load_s(self, model_id: str, tier: str = "load_s") -> float | None:
-        """A load (``load_s``) or a swap-in (``host_load_s``) no live worker has measured yet: what this worker's
-        cache learned (its own, or earlier workers' through the learned store); None when unknown."""
+        """A load (``load_s``) or swap-in (``host_load_s``) time this worker's cache learned; None when unknown."""
         learned = self.manager.learned(model_id).get(tier)
         return float(learned) if learned is not None else None
 
     def _measured_job_s(self) -> dict[str, float]:
-        """Seconds per job of the models this worker's tuners have measured, at each one's cheapest batch size (its
-        warm start, or earlier workers' measurements on this kind of device)."""
+        """Seconds per job of the models this worker's tuners measured, at each one's cheapest batch size."""
         per_input_s = getattr(self.manager.factory, "per_input_s", None)
         return per_input_s() if per_input_s is not None else {}
 
@@ -362,14 +331,14 @@ class Placer:
         demand = []
         for p in places:
             holders = tuple(h for h in p.holder_ids if h in live)  # a dead worker's claims are void already
-            if not (p.waiting or p.held or holders):
+            if not (p.waiting_messages or p.held or holders):
                 continue
             job_s = ran.get(p.model_id) or measured.get(p.model_id) or like_the_others
             load = load_s[p.model_id] / loads[p.model_id] if loads.get(p.model_id) else self._known_load_s(p.model_id)
             load = DEFAULT_LOAD_COST_S if load is None else load
             swap = swap_s[p.model_id] / swaps[p.model_id] if swaps.get(p.model_id) else self._known_load_s(
                 p.model_id, "host_load_s")
-            demand.append(Demand(p.model_id, p.waiting, p.held, job_s, holders, load,
+            demand.append(Demand(p.model_id, p.waiting_messages, p.held, job_s, holders, load,
                                  load * HOST_COST_FRACTION if swap is None else swap,
                                  measured=p.model_id in ran or p.model_id in measured))
         return demand

@@ -1,8 +1,5 @@
-"""Where each model stands across the workers: its jobs waiting in its own lists (exact), the jobs workers hold,
-and the workers holding a claim on it, read in one call inside Redis (``swapless.tasks.keyspace`` names the keys).
-
-Read by the worker's placer (``swapless.tasks.cluster.placer``) several times a second, and by ``swapless status`` and
-the gateway's ``GET /models``.
+"""Where each model stands across the workers: the messages waiting in its own lists (exact), the jobs workers
+hold, and its holders, read in one call inside Redis (by the placer, the status and ``GET /models``).
 """
 
 from __future__ import annotations
@@ -26,10 +23,9 @@ class ModelPlacement:
     """One model's place in the cluster now.
 
     Attributes:
-        model_id: the model.
-        queued: jobs waiting in its lists, per priority level (exact).
+        queued: messages waiting in its lists, per priority level (exact).
         held: jobs workers have fetched and not yet finished.
-        holders: the workers holding a live claim, in the order they claimed it, with when each lease ends.
+        holders: the workers holding a live claim, sorted by id, each with when its lease ends (epoch seconds).
     """
 
     model_id: str
@@ -38,8 +34,8 @@ class ModelPlacement:
     holders: tuple[tuple[str, float], ...]
 
     @property
-    def waiting(self) -> int:
-        """Jobs queued in Redis."""
+    def waiting_messages(self) -> int:
+        """Messages waiting in its lists (a chunk is one message)."""
         return sum(self.queued.values())
 
     @property
@@ -47,8 +43,8 @@ class ModelPlacement:
         return tuple(worker for worker, _ in self.holders)
 
 
-#: Reads every model's counts inside Redis and answers only for the models with anything queued, held or claimed:
-#: a registry of 1,000 idle models costs one call and an empty answer, not 6,000 replies to parse. KEYS: per model,
+#: Reads every model's counts inside Redis and answers only for the models with anything queued, held or claimed
+#: (an idle registry costs one call and an empty answer). KEYS: per model,
 #: its priority lists, its held hash and its holders zset (ARGV[2] keys each, in that order); ARGV[1]: now, in ms.
 #: Answer: a flat list of (model's index, [list lengths..., held, holders with scores]).
 _READ = """
@@ -108,8 +104,7 @@ def _parse(keys: Sequence[ModelKeys], answer: Sequence[Any]) -> list[ModelPlacem
 
 
 def read_placement(client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str]) -> list[ModelPlacement]:
-    """Every model's place now (one call, read inside Redis; its cost there grows with the registry, its answer
-    with the models that have work or claims)."""
+    """Every model's place now, in one call read inside Redis."""
     if not model_ids:
         return []
     keys, names = _keys(keyspace, model_ids)

@@ -1,10 +1,6 @@
-"""The HTTP gateway (FastAPI) for web apps, composed in ``app``: the request guard (``framing``), API keys
-(``keys``, ``auth``) and each key's turns at the work (``turns``), what every route does with jobs (``plane``, with
-``quotas`` and ``ledger``), one error map (``errors``, ``http``), REST (``rest``, ``schema``), the Open Inference
-Protocol (``v2``, ``signature``, ``tensors``) and the status page (``status_page``).
+"""The HTTP gateway (FastAPI): REST, the Open Inference Protocol, the batch API and the status page.
 
-A producer: it submits through ``swapless.tasks.client`` and reads the observers' views; it never imports the worker.
-Run it with ``swapless serve``, or ``uvicorn --factory swapless.tasks.gateway:create_app``.
+Composed in ``app``; docs/concepts/gateway.md describes how the parts fit. Run it with ``swapless serve``.
 """
 
 from swapless.tasks.gateway.app import create_app

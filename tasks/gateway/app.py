@@ -1,23 +1,4 @@
-"""The gateway's composition root: ``create_app`` builds every part once and wires them.
-
-    request ─► RequestGuard ─► Callers ─► routes (REST, /v2, status page) ─► DataPlane ─► Client ─► Redis
-               host, origin,    API key →   each declares what it needs,     checks, limits,
-               framing, body    a Caller    one error map (GuardedRoute)     ledger, publish
-               bytes and time
-
-- ``framing.RequestGuard``: Host and Origin checks, HTTP framing, the body bounded in bytes and time;
-- ``auth.Callers``: the API key (or, without keys, the client's address) as a ``Caller``, 401/403 from headers,
-  then the request in one of its caller's turns (``turns.Turns``: 429 when none comes in time);
-- ``rest``, ``v2``, ``status_page``, ``batches`` (``/v1``): the routes; ``http.GuardedRoute`` answers their errors
-  (``errors.problem``);
-- ``plane.DataPlane``: what every route does with jobs (``quotas``, ``ledger``);
-- ``batches.BatchRunner``: drives batches in this process (``SWAPLESS_BATCH_RUNNER``), a thread per batch;
-- ``spans.TraceRequests``: each request in its caller's trace (``traceparent``), and a span of its own with tracing
-  on (``OTEL_*``: ``swapless.tasks.tracing``, set up by the lifespan).
-
-Run it with ``swapless serve`` (uvicorn), or ``uvicorn --factory swapless.tasks.gateway:create_app``. The docs are at
-``/docs`` (schema at ``/openapi.json``); ``/`` redirects to the status page.
-"""
+"""The gateway's composition root: ``create_app`` builds every part once and wires them (docs/concepts/gateway.md)."""
 
 from __future__ import annotations
 
@@ -28,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from swapless.config.settings import Settings, get_settings
+from swapless.config.settings import GatewaySettings, Settings, get_settings
 from swapless.manager.registry.specs import InputType
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks import tracing
@@ -48,7 +29,7 @@ from swapless.tasks.gateway.v2 import v2_router
 __all__ = ["allowed_hosts", "create_app", "job_body_limit"]
 
 
-def allowed_hosts(settings: Settings, keys: KeyRing) -> frozenset[str] | None:
+def allowed_hosts(settings: GatewaySettings, keys: KeyRing) -> frozenset[str] | None:
     """The host names the gateway answers to (``SWAPLESS_GATEWAY_ALLOWED_HOSTS``); None: any."""
     if settings.gateway_allowed_hosts is None:
         open_to_all = bool(keys) or settings.gateway_insecure_no_auth
@@ -64,33 +45,29 @@ LINE_ENVELOPE_BYTES = 1024
 
 
 def job_body_limit(settings: Settings, store: ModelStore) -> BodyLimit:
-    """The largest body a one-job request (``POST /jobs``, ``/predict``) can need with these models: the largest
-    input any of them takes, JSON-encoded at its worst (a text character escaped as ``\\uXXXX\\uXXXX`` is 12
-    bytes, an image is base64), plus the envelope; never more than ``SWAPLESS_GATEWAY_MAX_BODY_BYTES``."""
+    """The largest body a one-job request can need with these models: their largest input, plus envelope."""
     types = {spec.type for spec in store}
     sizes = [(0, "SWAPLESS_GATEWAY_MAX_BODY_BYTES")]
     if InputType.TEXT in types:
-        sizes.append((12 * settings.max_text_chars, "SWAPLESS_MAX_TEXT_CHARS"))
+        sizes.append((12 * settings.inputs.max_text_chars, "SWAPLESS_MAX_TEXT_CHARS"))
     if InputType.IMAGE in types:
-        sizes.append((4 * math.ceil(settings.max_image_bytes / 3), "SWAPLESS_MAX_IMAGE_BYTES"))
+        sizes.append((4 * math.ceil(settings.inputs.max_image_bytes / 3), "SWAPLESS_MAX_IMAGE_BYTES"))
     largest, setting = max(sizes)
-    if largest + JOB_ENVELOPE_BYTES >= settings.gateway_max_body_bytes:
-        return BodyLimit(settings.gateway_max_body_bytes, "SWAPLESS_GATEWAY_MAX_BODY_BYTES", "")
+    if largest + JOB_ENVELOPE_BYTES >= settings.gateway.gateway_max_body_bytes:
+        return BodyLimit(settings.gateway.gateway_max_body_bytes, "SWAPLESS_GATEWAY_MAX_BODY_BYTES", "")
     return BodyLimit(largest + JOB_ENVELOPE_BYTES, setting, "that one job's input can take here")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """The gateway's FastAPI app for ``settings`` (the environment's by default).
-
-    Reads the models file and the API keys now (a bad one fails here); connects to Redis only while the app runs.
+    """The gateway's FastAPI app for ``settings`` (the environment's by default); Redis is reached only while it runs.
 
     Raises:
         ConfigError: the models file or the API keys are missing or invalid.
     """
     settings = settings or get_settings()
-    store = ModelStore.from_file(settings.models_file)
+    store = ModelStore.from_file(settings.cache.models_file)
     plane = DataPlane(settings, store, Client(settings=settings, validate=False))
-    runner = BatchRunner(settings, store) if settings.batch_runner else None
+    runner = BatchRunner(settings, store) if settings.batches.batch_runner else None
     traced = tracing.wanted()
 
     @asynccontextmanager
@@ -113,7 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Queue inference jobs for many models and read their results.",
         lifespan=lifespan,
     )
-    app.state.redis_url = settings.broker_url
+    app.state.redis_url = settings.redis.broker_url
     app.state.log = LogThrottle()
     one_job = job_body_limit(settings, store)
     routers = [rest_router(plane), v2_router(plane), status_router(settings, store, lambda: plane.redis),
@@ -121,12 +98,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in routers:
         app.include_router(router)
     # added first: inside the guard, so bodies are bounded already; it reads each route's declaration
-    keys = install_api_keys(app, settings, store, [route for router in routers for route in router.routes])
-    origins = frozenset(o.strip().lower().rstrip("/") for o in settings.gateway_allowed_origins.split(",") if o.strip())
-    batch_file = BodyLimit(settings.batch_max_file_bytes + UPLOAD_ENVELOPE_BYTES, "SWAPLESS_BATCH_MAX_FILE_BYTES",
-                           "a batch file may take", settings.batch_upload_timeout_s, "SWAPLESS_BATCH_UPLOAD_TIMEOUT_S")
-    app.add_middleware(RequestGuard, max_body_bytes=settings.gateway_max_body_bytes,
-                       body_timeout_s=settings.gateway_body_timeout_s, allowed_hosts=allowed_hosts(settings, keys),
+    keys = install_api_keys(app, settings.gateway, store, [route for router in routers for route in router.routes])
+    gateway, batches = settings.gateway, settings.batches
+    origins = frozenset(o.strip().lower().rstrip("/") for o in gateway.gateway_allowed_origins.split(",") if o.strip())
+    batch_file = BodyLimit(batches.batch_max_file_bytes + UPLOAD_ENVELOPE_BYTES, "SWAPLESS_BATCH_MAX_FILE_BYTES",
+                           "a batch file may take", batches.batch_upload_timeout_s, "SWAPLESS_BATCH_UPLOAD_TIMEOUT_S")
+    app.add_middleware(RequestGuard, max_body_bytes=gateway.gateway_max_body_bytes,
+                       body_timeout_s=gateway.gateway_body_timeout_s, allowed_hosts=allowed_hosts(gateway, keys),
                        allowed_origins=origins,
                        body_limits={"/jobs": one_job, "/predict": one_job, "/v1/files": batch_file})
     if not (traced and fastapi_traces_requests()):

@@ -1,20 +1,6 @@
-"""Who is calling: ``Callers``, an ASGI middleware, turns each request's API key (``Authorization: Bearer <key>``,
-checked against ``swapless.tasks.gateway.keys``) into a ``Caller`` before any route runs or any body is read.
+"""Who is calling: ``Callers`` turns each request's API key into a ``Caller`` before any route runs.
 
-Each route declares what it needs in its decorator (``needs(...)``, which also puts the Bearer scheme in the
-OpenAPI schema):
-
-- ``Need.NOTHING``: the health checks, the server metadata, the docs;
-- ``Need.KEY``: any valid key; the route itself checks the model a request addresses (``Caller.may_call``) and whose
-  job it reads (``swapless.tasks.gateway.plane``); the status page and its data also take the key as ``?key=`` (a
-  browser cannot send the header when it opens a page), taken out of the query before anything downstream sees it and
-  redacted in uvicorn's access log (``RedactKeyFilter``);
-- ``Need.EVERY_MODEL``: a key for every model (an operator's); also what any route that declares nothing needs.
-
-Missing or unknown key: 401 with ``WWW-Authenticate: Bearer``, answered from the headers alone (with
-``Connection: close``, so a body sent with it is never read); a key limited to some models on an operator's route:
-403. On a gateway with no key configured every caller is an operator, known by its address (``addr:<ip>``: the
-per-caller limits count by it), and ``swapless serve`` listens on loopback only unless told ``--insecure-no-auth``.
+Each route declares what it needs (``needs``); docs/concepts/gateway.md lists the levels and answers.
 Nothing here logs a request's headers or a key.
 """
 
@@ -30,7 +16,7 @@ from fastapi import FastAPI, Security
 from fastapi.security import HTTPBearer
 from starlette.routing import BaseRoute, Match, Route
 
-from swapless.config.settings import Settings
+from swapless.config.settings import GatewaySettings
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks.gateway.framing import ASGIApp, Receive, Scope, Send, reply
 from swapless.tasks.gateway.keys import KeyRing, KeyRule, load_keys
@@ -63,8 +49,7 @@ def needs(need: Need, *, query_key: bool = False) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Caller:
-    """Who made a request: ``owner`` is what the ledger records (``key:<digest prefix>`` or ``addr:<ip>``);
-    ``admin`` callers (a key for every model, or anyone on a gateway without keys) read every job."""
+    """Who made a request: ``owner`` as the ledger records it; ``admin`` callers read every job."""
 
     owner: str
     admin: bool
@@ -81,15 +66,14 @@ class Caller:
 
 
 class Callers:
-    """ASGI middleware: a ``Caller`` in ``scope["state"]["caller"]`` for every request, or 401/403 (see the module).
+    """ASGI middleware: a ``Caller`` in ``scope["state"]["caller"]`` for every request, or 401/403.
 
     Args:
         app: the application it guards.
         keys: the accepted keys; empty: no key is asked for.
         routes: the app's routes, whose declarations (``needs``) say what each request needs.
-        open_paths: paths of routes that declare nothing and need nothing (the framework's own docs).
-        turns: each caller's turns at the gateway's work (``swapless.tasks.gateway.turns``): a request that needs
-            a caller runs in one of its caller's turns.
+        open_paths: paths that need nothing (the framework's own docs).
+        turns: each caller's turns at the gateway's work.
     """
 
     def __init__(self, app: ASGIApp, keys: KeyRing, routes: list[BaseRoute], open_paths: frozenset[str],
@@ -157,8 +141,7 @@ class Callers:
 
     @staticmethod
     def _presented(scope: Scope, query_key: bool) -> str | bytes | None:
-        """The key of a request: its ``Authorization: Bearer`` header, else (routes that take it) ``?key=``. On
-        those routes ``key`` is taken out of the query string either way, so nothing downstream sees it."""
+        """The request's Bearer key, else ``?key=`` where the route takes it (taken out of the query either way)."""
         from_query = _take_query_key(scope) if query_key else None
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
@@ -184,8 +167,7 @@ async def _refuse(scope: Scope, send: Send, status: int, detail: str, challenge:
 
 
 class RedactKeyFilter(logging.Filter):
-    """Rewrites a log record's string arguments so a ``key`` query parameter reads ``key=***`` (uvicorn's access
-    log prints each request's path and query)."""
+    """Shows a ``key`` query parameter as ``key=***`` in uvicorn's access log."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple) and any(isinstance(a, str) and "?" in a for a in record.args):
@@ -203,10 +185,8 @@ def _redact(text: str) -> str:
     return path + "?" + urlencode([(n, "***" if n == "key" else v) for n, v in pairs], safe="*")
 
 
-def install_api_keys(app: FastAPI, settings: Settings, store: ModelStore, routes: list[BaseRoute]) -> KeyRing:
-    """Put ``Callers`` in front of ``app``'s ``routes`` (the routers' own, which declare what they need) with the
-    configured keys (none: every caller is an operator), and redact ``?key=`` in uvicorn's access log.
-    ``app.state.api_keys_required`` says whether keys are configured.
+def install_api_keys(app: FastAPI, settings: GatewaySettings, store: ModelStore, routes: list[BaseRoute]) -> KeyRing:
+    """Put ``Callers`` in front of ``app``'s ``routes`` and redact ``?key=`` in the access log.
 
     Raises:
         ConfigError: as ``load_keys``.

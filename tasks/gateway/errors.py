@@ -1,23 +1,17 @@
-"""The gateway's own errors, and its one map from any error to an HTTP status and a message safe to show.
+"""The gateway's own errors, and its one map from any error to an HTTP status and a safe message.
 
     SwaplessError
-    ├── UnknownJob          no job of that id for this caller (404: never accepted, another caller's, long gone)
+    ├── UnknownJob          no job of that id for this caller (404)
     ├── ResultExpired       the job finished, but its result has expired (410)
     ├── ModelForbidden      the caller's key may not call that model (403)
     ├── BodyTooLarge        a compressed body is over the limit once decompressed (413)
-    ├── TooManyElements     an Open Inference Protocol request declares more jobs than allowed (413; ``tensors``)
-    ├── UnknownFile         no batch file of that id for this caller (404; ``swapless.tasks.gateway.batches``)
+    ├── TooManyElements     an Open Inference Protocol request declares too many jobs (413; ``tensors``)
+    ├── UnknownFile         no batch file of that id for this caller (404)
     ├── UnknownBatch        no batch of that id for this caller (404)
-    ├── BadBatchFile        an uploaded batch file is refused: the line and what is wrong with it (400)
-    ├── BadBatch            a batch cannot be created or changed as asked (400, or 409 for a finished one)
-    ├── OverLimit           a caller is over its rate or in-flight limit (429; ``swapless.tasks.gateway.quotas``)
-    └── GatewayBusy         the gateway holds as many waiting requests as it may (503;
-    ``swapless.tasks.gateway.quotas``)
-
-``problem(err, protocol)`` gives every error its status, one-line message and headers for both protocols (the REST
-routes' ``{"detail"}`` and the Open Inference Protocol's ``{"error"}``): the model side's and the queue's errors
-too, with Redis's host, port and user left out of what the caller sees (they go to the gateway's log, once a
-minute at most, ``LogThrottle``). An error that is none of these is a bug: 500, logged with its traceback, never shown.
+    ├── BadBatchFile        an uploaded batch file is refused (400)
+    ├── BadBatch            a batch cannot be created or changed as asked (400, or 409)
+    ├── OverLimit           a caller is over its rate or in-flight limit (429; ``quotas``)
+    └── GatewayBusy         the gateway holds as many waiting requests as it may (503; ``quotas``)
 """
 
 from __future__ import annotations
@@ -163,8 +157,7 @@ class BadBatchFile(SwaplessError):
 
 
 class QuotaExceeded(SwaplessError):
-    """An API key is at one of its batch quotas: ``setting`` names it; ``too_large`` (413) when the request's own
-    size passes it (an upload's bytes), else 429."""
+    """An API key is at one of its batch quotas (``setting``); 413 when ``too_large``, else 429."""
 
     def __init__(self, detail: str, setting: str, too_large: bool = False) -> None:
         super().__init__(detail, setting, too_large)
@@ -201,8 +194,7 @@ class Problem:
 
 
 class LogThrottle:
-    """Logs a warning of each kind at most once every ``every_s`` seconds (one gateway's; a flood of refusals must
-    not flood its log)."""
+    """Logs a warning of each kind at most once every ``every_s`` seconds."""
 
     def __init__(self, every_s: float = 60.0) -> None:
         self.every_s = every_s
@@ -229,8 +221,7 @@ def _queue_problem(err: QueueFull | QueueUnavailable, log: LogThrottle) -> Probl
 
 
 def problem(err: BaseException, protocol: Literal["rest", "v2"], redis_url: str, log: LogThrottle) -> Problem:
-    """The response for ``err`` (see the module docstring); ``redis_url``: what Redis errors are translated for;
-    ``log``: where what the caller is not told goes."""
+    """The response for ``err`` (Redis errors translated for ``redis_url``); the rest goes to ``log``."""
     if isinstance(err, (RedisError, OSError)):
         err = translate(err, redis_url)
     if isinstance(err, RequestValidationError):

@@ -1,21 +1,6 @@
-"""The gateway's outermost ASGI middleware: what a request must be before anything reads it.
+"""The gateway's outermost ASGI middleware: Host, Origin and framing checks, and the body bounded in bytes and time.
 
-``RequestGuard`` checks, from the headers alone:
-
-- **Host**: one ``Host`` header naming a host the gateway answers to (``SWAPLESS_GATEWAY_ALLOWED_HOSTS``; without
-  API keys, loopback names only, so that a web page cannot reach a loopback gateway through a DNS rebinding);
-- **Origin**: a browser's cross-origin request is refused unless its origin is listed
-  (``SWAPLESS_GATEWAY_ALLOWED_ORIGINS``), so a page cannot drive a gateway with its visitor's network position;
-- **framing**: at most one ``Content-Length``, of ASCII digits, never together with ``Transfer-Encoding`` (a
-  request smuggling vector: the declared length is not what the server reads), and no body declared over
-  ``SWAPLESS_GATEWAY_MAX_BODY_BYTES``, or over what its route can take (``POST /jobs`` and ``/predict``: one job,
-  so no more than the largest input the models take; ``POST /v1/files``: a batch file, with a bound and a time of
-  its own; ``body_limits``);
-
-and then hands the app a ``receive`` that counts the body's bytes as they arrive, in every framing, and bounds
-how long the body may take (``SWAPLESS_GATEWAY_BODY_TIMEOUT_S``). Past either bound it answers 413 or 408 itself
-and the app sees the client gone. Every refusal is ``{"detail": ...}`` (``{"error": ...}`` under ``/v2/``) with
-``Connection: close``, so the server stops reading whatever the client still sends.
+docs/operations/security.md lists the checks and their settings.
 """
 
 from __future__ import annotations
@@ -51,8 +36,7 @@ _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403:
 
 
 def openai_error(status: int, message: str, errors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """An error body in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: the ``openai`` client
-    shows its message. ``param``: the first invalid field of a body that failed validation, else None."""
+    """An error body in OpenAI's shape; ``param``: the first invalid field of a body, else None."""
     param = None
     if errors:
         loc = [str(part) for part in errors[0].get("loc", ()) if part not in ("body", "query", "path")]
@@ -63,9 +47,7 @@ def openai_error(status: int, message: str, errors: list[dict[str, Any]] | None 
 
 async def reply(scope: Scope, send: Send, status: int, detail: str, headers: Iterable[tuple[bytes, bytes]] = (),
                 *, close: bool = False) -> None:
-    """Send a whole JSON error response: ``{"detail": ...}``, the Open Inference Protocol's ``{"error": ...}``
-    under ``/v2/``, or OpenAI's ``{"error": {"message", ...}}`` under ``/v1/``; ``close``: ask the server to close
-    the connection after it (the rest of a refused body is then never read)."""
+    """Send a whole JSON error response in the path's protocol's shape; ``close``: close the connection after it."""
     path = scope.get("path", "")
     if path == "/v1" or path.startswith("/v1/"):
         payload = json.dumps(openai_error(status, detail)).encode()
@@ -88,9 +70,7 @@ def host_name(value: str) -> str:
 
 @dataclass(frozen=True)
 class BodyLimit:
-    """A bound on a request body: ``bytes``, the setting that sets it, and what the body carries (for the message:
-    ``"the largest job input here takes"``; empty: the gateway's own limit); ``timeout_s``, with its setting, a time
-    of its own for the body to arrive (None: the gateway's)."""
+    """A bound on a request body: its bytes and time, the settings that set them, and what the body carries."""
 
     bytes: int
     setting: str
@@ -106,17 +86,15 @@ class BodyLimit:
 
 
 class RequestGuard:
-    """ASGI middleware: Host, Origin and framing checks, then a body bounded in bytes and time (module docstring).
+    """ASGI middleware: Host, Origin and framing checks, then a body bounded in bytes and time.
 
     Args:
         app: the application it guards.
         max_body_bytes: the most bytes a request body may have, unless its path has a bound of its own.
-        body_timeout_s: the most seconds a body may take to arrive, from when the app first reads it (a request
-            waiting for its caller's turn, ``swapless.tasks.gateway.turns``, is not reading yet).
+        body_timeout_s: the most seconds a body may take to arrive, from the app's first read.
         allowed_hosts: host names answered to (lower case, no port); None: any.
-        allowed_origins: origins (``scheme://host[:port]``) whose cross-origin requests are let through.
-        body_limits: per path of a ``POST``, a bound for its body and the setting that sets it (larger than
-            ``max_body_bytes`` only where the route streams its body to disk: a batch file upload).
+        allowed_origins: origins whose cross-origin requests are let through.
+        body_limits: per path of a ``POST``, a bound for its body.
     """
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float,
@@ -156,16 +134,15 @@ class RequestGuard:
 
     def _refusal(self, scope: Scope) -> tuple[int, str] | None:
         """The status and message of a request whose headers alone refuse it; None when they do not."""
-        hosts, lengths, encodings, origins = [], [], [], []
+        seen: dict[bytes, list[bytes]] = {b"host": [], b"content-length": [], b"transfer-encoding": [], b"origin": []}
         for name, value in scope.get("headers", ()):
-            if name == b"host":
-                hosts.append(value)
-            elif name == b"content-length":
-                lengths.append(value)
-            elif name == b"transfer-encoding":
-                encodings.append(value)
-            elif name == b"origin":
-                origins.append(value)
+            if name in seen:
+                seen[name].append(value)
+        return (self._origin_refusal(seen[b"host"], seen[b"origin"])
+                or self._length_refusal(scope, seen[b"content-length"], seen[b"transfer-encoding"]))
+
+    def _origin_refusal(self, hosts: list[bytes], origins: list[bytes]) -> tuple[int, str] | None:
+        """Refuses a request without exactly one allowed Host, or from a web page of an origin not allowed."""
         if len(hosts) != 1:
             return 400, "send exactly one Host header"
         host_header = hosts[0].decode("latin-1")
@@ -180,6 +157,10 @@ class RequestGuard:
             if not same and origin not in self.allowed_origins:
                 return 403, (f"requests from web pages of {origin} are refused: call the gateway from a server, or "
                              "add the origin to SWAPLESS_GATEWAY_ALLOWED_ORIGINS")
+        return None
+
+    def _length_refusal(self, scope: Scope, lengths: list[bytes], encodings: list[bytes]) -> tuple[int, str] | None:
+        """Refuses ambiguous framing, and a declared length over the route's bound."""
         if encodings and lengths:
             return 400, "the request has both Content-Length and Transfer-Encoding: send one of them"
         if encodings and any(e.strip().lower() != b"chunked" for e in encodings):
@@ -197,8 +178,7 @@ class RequestGuard:
 
 
 class _BoundedBody:
-    """One request's ``receive`` and ``send`` as the app gets them: the body counted and timed as it arrives; past a
-    bound, the refusal is sent here and the app sees a disconnect, and whatever it sends afterwards is dropped."""
+    """One request's ``receive`` and ``send``, the body counted and timed; past a bound, refused here."""
 
     def __init__(self, scope: Scope, receive: Receive, send: Send, limit: BodyLimit, timeout_s: float,
                  timeout_setting: str) -> None:

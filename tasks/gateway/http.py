@@ -1,27 +1,21 @@
-"""How every gateway route answers: ``GuardedRoute``, the route class of all of them.
-
-- A JSON body is parsed off the event loop when it is large (a 32 MiB body would hold the loop for a while), and
-  one nested too deeply is an ordinary invalid-JSON 422, not a crash.
-- Any error a route raises becomes its response through ``swapless.tasks.gateway.errors.problem``: ``{"detail": ...}``
-  (FastAPI's own validation errors as their list) on the REST routes, ``{"error": ...}`` under ``/v2``, OpenAI's
-  ``{"error": {"message", "type", "param", "code"}}`` under ``/v1`` (the batch API); never a traceback.
-"""
+"""How every gateway route answers (``GuardedRoute``: JSON off the loop, one error map) and route tables."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from swapless.tasks.gateway.errors import problem
 from swapless.tasks.gateway.framing import openai_error
 
-__all__ = ["GuardedRoute", "error_response", "loads"]
+__all__ = ["GuardedRoute", "Route", "error_response", "loads", "router_of"]
 
 #: Bodies of more bytes than this are parsed in a worker thread.
 OFF_LOOP_BYTES = 64 * 1024
@@ -82,3 +76,22 @@ class GuardedRoute(APIRoute):
                 return error_response(request, err)
 
         return guarded
+
+
+@dataclass(frozen=True)
+class Route:
+    """One row of a route table: a path, its HTTP methods, the handler's method name, FastAPI's route options."""
+
+    path: str
+    handler: str
+    methods: tuple[str, ...] = ("GET",)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def router_of(endpoints: object, table: Sequence[Route], **router_options: Any) -> APIRouter:
+    """An ``APIRouter`` of ``GuardedRoute``s: each row of ``table`` served by that method of ``endpoints``."""
+    router = APIRouter(route_class=GuardedRoute, **router_options)
+    for route in table:
+        router.add_api_route(route.path, getattr(endpoints, route.handler), methods=list(route.methods),
+                             **route.options)
+    return router

@@ -1,15 +1,7 @@
 """API keys of the gateway: their syntax, where they are configured, and how they are kept (digests only).
 
-Each key is one entry: separated by commas in ``SWAPLESS_API_KEYS``, one per line in ``SWAPLESS_API_KEYS_FILE``
-(where ``#`` starts a comment and blank lines are skipped)::
-
-    KEY                      may call every model, and read every job (an operator's key)
-    KEY:MODEL|MODEL|...      may call only these models (ids, aliases or routes of the models file), and read
-                             only the jobs it submitted
-
-A key is 16 to 512 characters of ``A-Z a-z 0-9 - . _ ~ + /``, optionally ending in ``=`` (RFC 6750's token
-characters: ``secrets.token_urlsafe(32)`` makes one). Only the SHA-256 digest of each key is kept; a presented key
-is hashed and compared with every digest by ``hmac.compare_digest`` (``KeyRing.match``).
+Each entry is ``KEY`` (an operator's key) or ``KEY:MODEL|MODEL|...`` (only these models), separated by commas in
+``SWAPLESS_API_KEYS``, one per line in ``SWAPLESS_API_KEYS_FILE`` (``#`` starts a comment).
 """
 
 from __future__ import annotations
@@ -21,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from swapless.config.errors import ConfigError
-from swapless.config.settings import Settings
+from swapless.config.settings import GatewaySettings
 from swapless.manager.registry.store import ModelStore
 
 __all__ = ["MAX_KEY_CHARS", "MIN_KEY_CHARS", "KeyEntry", "KeyRing", "KeyRule", "load_keys", "parse_keys"]
@@ -69,15 +61,10 @@ def _digest(key: str | bytes) -> bytes:
 
 
 def parse_keys(text: str, source: str, *, per_line: bool) -> list[KeyEntry]:
-    """The entries of ``SWAPLESS_API_KEYS`` (``per_line=False``: comma-separated) or of a keys file.
-
-    Args:
-        text: what the variable or the file holds.
-        source: what to call it in messages (the variable's name, or the file's).
-        per_line: one entry per line, ``#`` starting a comment (a file); else entries separated by commas.
+    """The entries of ``SWAPLESS_API_KEYS`` or of a keys file (``per_line``).
 
     Raises:
-        ConfigError: an entry is malformed; the message names the entry (never the key) and what to write.
+        ConfigError: an entry is malformed; the message names the entry (never the key).
     """
     if per_line:
         raw = [(f"{source} line {n}", line.split("#", 1)[0].strip()) for n, line in enumerate(text.splitlines(), 1)]
@@ -105,13 +92,11 @@ def parse_keys(text: str, source: str, *, per_line: bool) -> list[KeyEntry]:
     return entries
 
 
-def load_keys(settings: Settings, store: ModelStore) -> list[KeyRule]:
-    """The keys of ``SWAPLESS_API_KEYS`` and ``SWAPLESS_API_KEYS_FILE`` (both, when both are set), hashed; the
-    models they name resolved through ``store``. Empty: no key is configured.
+def load_keys(settings: GatewaySettings, store: ModelStore) -> list[KeyRule]:
+    """The keys of ``SWAPLESS_API_KEYS`` and ``SWAPLESS_API_KEYS_FILE``, hashed, their models resolved; empty: none.
 
     Raises:
-        ConfigError: an entry is malformed, names an unknown model, or repeats a key; the file cannot be read or
-            lists no key.
+        ConfigError: an entry is malformed, names an unknown model or repeats a key; the file is unusable.
     """
     entries: list[KeyEntry] = []
     if settings.api_keys is not None and settings.api_keys.get_secret_value().strip():

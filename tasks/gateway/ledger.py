@@ -1,22 +1,6 @@
-"""The gateway's ledger in Redis: who submitted each job it accepted, and how many of a caller's jobs are unfinished.
+"""The gateway's ledger in Redis: who submitted each job, and each caller's jobs in flight.
 
-Per job, a record beside its result (``ResultStore.record_key``: ``swapless-owner-<id>``), a hash of
-
-- ``owner``: the caller that submitted it (``key:<digest prefix>`` of an API key, never the key; or ``addr:<ip>``
-  on a gateway without keys);
-- ``done``: set by the worker in the script that stores the job's result (or by a cancel), which also cuts the
-  record's life to two result expiries.
-
-It lives as long as the job may still run (its deadline, else ``SWAPLESS_CANCEL_HOLD_S``) plus one result expiry,
-so that reads can tell a job still on its way (record, no result) from one whose result has expired (record done,
-no result) and from an id never accepted here (no record).
-
-Per caller, the jobs in flight: a sorted set of job ids scored by the time their record gives up on them. ``admit``
-is one script, so several gateway processes share one count: it drops the members past their time, and when the
-new jobs would pass the cap it drops the members whose record is done (or gone) before it decides.
-
-The scripts name keys they build from an argument (the records of an owner's members): fine on one Redis or a
-Sentinel-managed one, not on Redis Cluster.
+docs/concepts/gateway.md describes the records and the in-flight count.
 """
 
 from __future__ import annotations
@@ -30,7 +14,7 @@ import redis.asyncio as aredis
 from swapless.tasks.broker.results import ResultStore, StoredResult
 from swapless.tasks.keyspace import Keyspace
 
-__all__ = ["JobLedger", "Record"]
+__all__ = ["JobLedger", "LedgerRecord"]
 
 # KEYS: the owner's in-flight set, then one record per new job. ARGV: now (ms), the cap, the records' life (s), the
 # members' score (ms: when the record gives up on them), the owner, the record key's prefix, then the job ids.
@@ -65,7 +49,7 @@ return {1, count + n}
 
 
 @dataclass(frozen=True)
-class Record:
+class LedgerRecord:
     """What the ledger says of one job: who submitted it, and whether it has finished."""
 
     owner: str
@@ -73,11 +57,11 @@ class Record:
 
 
 class JobLedger:
-    """Job records and in-flight counts (see the module docstring).
+    """Job records and in-flight counts.
 
     Args:
         redis: the gateway's asyncio Redis client.
-        results: where results are kept (their key names and expiry).
+        results: where results are kept.
         keyspace: the deployment's keys.
         inflight_cap: ``SWAPLESS_GATEWAY_INFLIGHT_PER_KEY``.
     """
@@ -95,11 +79,10 @@ class JobLedger:
         return self.keyspace.gateway_inflight(owner)
 
     async def admit(self, owner: str, job_ids: Sequence[str], hold_s: float) -> tuple[bool, int]:
-        """Record ``job_ids`` as ``owner``'s, in flight for at most ``hold_s`` seconds, unless that would take its
-        jobs in flight past the cap.
+        """Record ``job_ids`` as ``owner``'s for at most ``hold_s`` seconds, unless that passes the in-flight cap.
 
         Returns:
-            (admitted, jobs in flight: after admitting, or as they are when refused).
+            (admitted, jobs in flight).
         """
         now_ms = int(time.time() * 1000)
         life_s = int(hold_s + self.results.expires_s) + 1
@@ -116,7 +99,7 @@ class JobLedger:
             pipe.delete(*(self.results.record_key(job_id) for job_id in job_ids))
             await pipe.execute()
 
-    async def read(self, job_id: str) -> tuple[Record | None, StoredResult]:
+    async def read(self, job_id: str) -> tuple[LedgerRecord | None, StoredResult]:
         """The job's record (None: never accepted here, or long gone) and its stored state, in one round trip."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.results.record_key(job_id))
@@ -125,7 +108,7 @@ class JobLedger:
         record = None
         if fields:
             owner = fields.get(b"owner", b"")
-            record = Record(owner.decode() if isinstance(owner, bytes) else str(owner), b"done" in fields)
+            record = LedgerRecord(owner.decode() if isinstance(owner, bytes) else str(owner), b"done" in fields)
         return record, self.results.decode(job_id, raw)
 
     async def remaining_s(self, job_id: str) -> int:

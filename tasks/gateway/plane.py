@@ -1,19 +1,4 @@
-"""The gateway's data plane: what every protocol's routes do with jobs (the REST routes and the Open Inference
-Protocol's alike), so each check is made once, in one place.
-
-- ``submit(caller, asks)``: the caller may call each addressed model (else ``ModelForbidden``); each job is routed
-  here, with inputs typed as a network caller's (no file paths), and its input checked against the model that
-  will serve it (type, ``SWAPLESS_MAX_TEXT_CHARS``, ``_MAX_IMAGE_BYTES``, ``_MAX_IMAGE_PIXELS``), off the event
-  loop when it is large; then the caller's rate and in-flight limits (``OverLimit``), the jobs' records
-  (``swapless.tasks.gateway.ledger``), and one publish. A publish that fails forgets the records: nothing half-accepted.
-- ``read(caller, job_id)`` / ``cancel(caller, job_id)``: only the caller that submitted a job (or an operator)
-  sees it; any other id is ``UnknownJob``, the same answer as an id never submitted, so ids cannot be probed; a
-  finished job whose result has expired is ``ResultExpired``; a cancel writes nothing for an unknown id, and
-  holds as long as the job's record (its deadline, else ``SWAPLESS_CANCEL_HOLD_S``).
-- ``wait(...)`` / ``wait_all(...)``: results as they are published, each wait holding one of the process's wait
-  slots (``GatewayBusy`` past ``SWAPLESS_GATEWAY_MAX_WAITS``); every wait of the process goes through one
-  ``AsyncResultConsumer`` (``swapless.tasks.client.aconsumer``): one pub/sub connection however many requests wait.
-"""
+"""The gateway's data plane: what every protocol's routes do with jobs, each check made once."""
 
 from __future__ import annotations
 
@@ -26,14 +11,13 @@ from typing import Any
 import redis.asyncio as aredis
 
 from swapless.config.errors import InputError, JobCancelled
-from swapless.config.settings import Settings
+from swapless.config.settings import InputSettings, Settings
 from swapless.manager.frameworks.inputs import base64_image, image_header, text_input
 from swapless.manager.registry.specs import InputType, ModelSpec
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks.broker.connection import async_redis_client
 from swapless.tasks.broker.results import StoredResult
 from swapless.tasks.broker.sentinel import SentinelOptions
-from swapless.tasks.broker.webhooks import allowed_hosts, check_target
 from swapless.tasks.client import Client, Routed
 from swapless.tasks.client.aconsumer import AsyncResultConsumer
 from swapless.tasks.gateway.auth import Caller
@@ -43,6 +27,7 @@ from swapless.tasks.gateway.quotas import OverLimit, RateLimit, WaitSlots
 from swapless.tasks.gateway.turns import give_back
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.protocol import CALLBACK_OWNER_HEADER, CALLBACK_URL_HEADER
+from swapless.tasks.webhooks import allowed_hosts, check_target
 
 __all__ = ["Ask", "DataPlane", "check_input"]
 
@@ -59,13 +44,11 @@ class Ask:
     key: str | None = None
 
 
-def check_input(spec: ModelSpec, value: Any, settings: Settings) -> None:
-    """Refuse what the worker serving ``spec`` would fail: text models take a non-blank string within
-    ``SWAPLESS_MAX_TEXT_CHARS``; image models a base64 image within ``SWAPLESS_MAX_IMAGE_BYTES`` and
-    ``SWAPLESS_MAX_IMAGE_PIXELS`` (read from its header), never a file path.
+def check_input(spec: ModelSpec, value: Any, settings: InputSettings) -> None:
+    """Refuse an input the worker serving ``spec`` would fail (type, size, pixels; never a file path).
 
     Raises:
-        InputError: the input does not fit; the message names the model, the limit and its setting.
+        InputError: the input does not fit; the message names the limit and its setting.
     """
     if spec.type is InputType.TEXT:
         text_input(spec.id, value, settings.max_text_chars)
@@ -78,8 +61,7 @@ def check_input(spec: ModelSpec, value: Any, settings: Settings) -> None:
 
 
 class DataPlane:
-    """Jobs through the gateway (see the module docstring). Built with the app; ``start`` and ``stop`` bracket its
-    Redis connections and its result consumer (the app's lifespan).
+    """Jobs through the gateway; ``start`` and ``stop`` bracket its Redis connections (the app's lifespan).
 
     Args:
         settings: the gateway's settings.
@@ -92,7 +74,7 @@ class DataPlane:
         self.keyspace = Keyspace.of(settings)
         self.store = store
         self.client = client
-        self.waits = WaitSlots(settings.gateway_max_waits)
+        self.waits = WaitSlots(settings.gateway.gateway_max_waits)
         self._redis: aredis.Redis | None = None
         self._ledger: JobLedger | None = None
         self._rate: RateLimit | None = None
@@ -100,11 +82,11 @@ class DataPlane:
 
     async def start(self) -> None:
         s = self.settings
-        self._redis = async_redis_client(s.broker_url, connect_timeout_s=s.connect_timeout_s,
+        self._redis = async_redis_client(s.redis.broker_url, connect_timeout_s=s.redis.connect_timeout_s,
                                          sentinel=SentinelOptions.of(s))
-        self._ledger = JobLedger(self._redis, self.client.results, self.keyspace, s.gateway_inflight_per_key)
-        self._rate = RateLimit(self._redis, s.gateway_rate_per_key, self.keyspace)
-        self._consumer = AsyncResultConsumer(self._redis, self.client.results, failover_s=s.failover_wait_s)
+        self._ledger = JobLedger(self._redis, self.client.results, self.keyspace, s.gateway.gateway_inflight_per_key)
+        self._rate = RateLimit(self._redis, s.gateway.gateway_rate_per_key, self.keyspace)
+        self._consumer = AsyncResultConsumer(self._redis, self.client.results, failover_s=s.redis.failover_wait_s)
 
     async def stop(self) -> None:
         if self._consumer is not None:
@@ -147,7 +129,7 @@ class DataPlane:
             try:
                 if self.store.is_route(job.model_id):  # the route could not place this input: say why
                     self.store.route(job.model_id, job.value, job.job_id, paths=False)
-                check_input(self.store.get(job.model_id), job.value, self.settings)
+                check_input(self.store.get(job.model_id), job.value, self.settings.inputs)
             except InputError as err:
                 if label is None:
                     raise
@@ -158,20 +140,21 @@ class DataPlane:
         self, caller: Caller, asks: Sequence[Ask], *, priority: str = "interactive", expires_s: float | None = None,
         label: Callable[[int], str] | None = None, callback_url: str | None = None,
     ) -> list[str]:
-        """Queue ``asks`` as ``caller``'s jobs, all or none; returns their ids (see the module docstring).
-        ``label``: how an input's error names it (``input 'TEXT' element 3``); ``callback_url``: each job's webhook.
+        """Queue ``asks`` as ``caller``'s jobs, all or none; returns their ids.
+
+        Args:
+            label: how an input's error names it (``input 'TEXT' element 3``).
+            callback_url: each job's webhook.
 
         Raises:
-            ModelForbidden, UnknownModel, InputError: nothing is queued.
-            WebhookRefused: ``callback_url`` is not http(s) or its host is not allowed (nothing is queued).
-            OverLimit: the caller is over its rate or in-flight limit (nothing is queued).
-            QueueFull, QueueUnavailable: Redis refused the jobs or cannot be reached (nothing is queued).
+            ModelForbidden, UnknownModel, InputError, WebhookRefused, OverLimit, QueueFull, QueueUnavailable: nothing
+                is queued.
         """
         for model_id in dict.fromkeys(a.model_id for a in asks):
             self.allow(caller, model_id)
         headers = None
         if callback_url is not None:
-            check_target(callback_url, allowed_hosts(self.settings.webhook_allowed_hosts))
+            check_target(callback_url, allowed_hosts(self.settings.webhooks.webhook_allowed_hosts))
             headers = [{CALLBACK_URL_HEADER: callback_url, CALLBACK_OWNER_HEADER: caller.owner} for _ in asks]
         large = len(asks) > 1 or any(isinstance(a.value, str) and len(a.value) > _OFF_LOOP_CHARS for a in asks)
         routed = await asyncio.to_thread(self._route, asks, label) if large else self._route(asks, label)
@@ -179,7 +162,7 @@ class DataPlane:
             raise RuntimeError("the gateway's limits exist only while the app runs (lifespan)")
         await self._rate.take(caller.owner, len(routed))
         ids = [job.job_id for job in routed]
-        hold_s = expires_s if expires_s is not None else float(self.settings.cancel_hold_s)
+        hold_s = expires_s if expires_s is not None else float(self.settings.jobs.cancel_hold_s)
         admitted, count = await self.ledger.admit(caller.owner, ids, hold_s)
         if not admitted:
             raise OverLimit("SWAPLESS_GATEWAY_INFLIGHT_PER_KEY", f"this caller has {count} jobs submitted and not yet "
@@ -202,8 +185,7 @@ class DataPlane:
         """The job's stored state now, for its submitter or an operator.
 
         Raises:
-            UnknownJob: no record of it that this caller may read (an operator may read a job some other producer
-                sent, once it has a result).
+            UnknownJob: no record of it that this caller may read.
             ResultExpired: it finished, and its result has expired.
         """
         record, stored = await self.ledger.read(job_id)
@@ -241,14 +223,12 @@ class DataPlane:
             yield
 
     async def wait(self, job_id: str, timeout_s: float) -> StoredResult:
-        """The job's result once ready, or its PENDING state after ``timeout_s``; woken by the backend's publish.
-        The request gives its caller's turn back while it waits (``swapless.tasks.gateway.turns``)."""
+        """The job's result once ready, or its PENDING state after ``timeout_s``; the caller's turn is given back."""
         give_back()
         return await self.consumer.wait(job_id, timeout_s)
 
     async def wait_all(self, job_ids: Sequence[str], timeout_s: float) -> tuple[dict[str, StoredResult], list[str]]:
-        """The jobs' final states, and the ids still pending after ``timeout_s`` (one wait for all of them, each
-        woken by its own publish); the caller's turn is given back meanwhile."""
+        """The jobs' final states, and the ids still pending after ``timeout_s``; the caller's turn is given back."""
         give_back()
         stored = await self.consumer.wait_all(job_ids, timeout_s)
         return {s.job_id: s for s in stored if s.ready}, [s.job_id for s in stored if not s.ready]

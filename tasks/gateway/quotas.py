@@ -1,15 +1,4 @@
-"""What one caller may take of the gateway, and what the gateway holds at once.
-
-- **Rate**: ``SWAPLESS_GATEWAY_RATE_PER_KEY`` jobs per second per caller (an API key, or a client address on a
-  gateway without keys), in bursts of twice that: the ``limits`` library's sliding window counter of ``2 x rate``
-  jobs per 2 s, kept in Redis, so every gateway process of a deployment draws on one budget per caller. A request
-  of n jobs costs n.
-- **Open waits**: ``SWAPLESS_GATEWAY_MAX_WAITS`` requests held waiting for results (``/predict``, ``/v2`` infer)
-  per gateway process: each holds a Redis subscription, and the next one past the cap is answered 503 before the
-  connections run out.
-
-The in-flight cap per caller is the ledger's (``swapless.tasks.gateway.ledger``): it needs the jobs' records.
-"""
+"""What one caller may take of the gateway (its rate), and what the gateway holds at once (its waits)."""
 
 from __future__ import annotations
 
@@ -59,10 +48,10 @@ class GatewayBusy(SwaplessError):
 
 
 class RateLimit:
-    """Jobs per second per caller, shared through Redis (see the module docstring).
+    """Jobs per second per caller, shared through Redis.
 
     Args:
-        redis: the gateway's asyncio Redis client (its connection pool is shared).
+        redis: the gateway's asyncio Redis client.
         rate_per_s: ``SWAPLESS_GATEWAY_RATE_PER_KEY``.
         keyspace: the deployment's keys.
     """

@@ -1,15 +1,4 @@
-"""The gateway's REST routes, over the data plane (``swapless.tasks.gateway.plane``):
-
-    POST   /jobs       {model_id, input}   202 {job_id}
-    GET    /jobs/{id}                      200 {job_id, state, result | error}; 404 not this caller's; 410 expired
-    DELETE /jobs/{id}                      200 cancelled; 409 running or done; 404 not this caller's
-    POST   /predict    {model_id, input}   200 {job_id, result}; 504 {job_id} when the wait runs out (poll /jobs/{id})
-    GET    /models                         the registry beside what each live worker has loaded (its heartbeat)
-    GET    /healthz                        200 when Redis answers, else 503 ("unavailable": no host, port or user)
-
-A job's failure on ``/predict`` answers with the job's own error and the status of its kind (404 unknown model,
-422 bad input, 409 cancelled, 503 backend down, 504 expired, else 500).
-"""
+"""The gateway's REST routes (``/jobs``, ``/predict``, ``/models``, ``/healthz``) over the data plane."""
 
 from __future__ import annotations
 
@@ -23,11 +12,11 @@ from fastapi.responses import JSONResponse
 
 from swapless.tasks.broker.connection import aping
 from swapless.tasks.broker.results import CANCELLED, TOO_LATE, StoredResult
-from swapless.tasks.cluster.members import aread_heartbeats
+from swapless.tasks.cluster.members import Heartbeat, aread_heartbeats
 from swapless.tasks.cluster.view import aread_placement
 from swapless.tasks.gateway.auth import Caller, Need, needs
 from swapless.tasks.gateway.errors import job_status
-from swapless.tasks.gateway.http import GuardedRoute
+from swapless.tasks.gateway.http import Route, router_of
 from swapless.tasks.gateway.plane import Ask, DataPlane
 from swapless.tasks.gateway.schema import (
     CancelReply,
@@ -46,7 +35,7 @@ from swapless.tasks.gateway.schema import (
 )
 from swapless.tasks.observe.queue import aread_queue_depth
 
-__all__ = ["rest_router"]
+__all__ = ["REST_ROUTES", "RestEndpoints", "rest_router"]
 
 _JOB_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
 _PING_S = 2.0
@@ -72,48 +61,62 @@ def _job_state(stored: StoredResult) -> JobState:
     return JobState(job_id=stored.job_id, state="PENDING", note="queued or running")
 
 
-def rest_router(plane: DataPlane) -> APIRouter:
-    """The REST routes over ``plane``."""
-    router = APIRouter(route_class=GuardedRoute)
-    job_id_path = Path(pattern=_JOB_ID, description="the id POST /jobs returned")
-    rejections: dict[int | str, dict[str, Any]] = {
-        403: {"description": "the API key may not call this model"},
-        404: {"description": "unknown model; the message names the known ids"},
-        413: {"description": "request body too large"},
-        422: {"description": "the input does not fit the model (its type, or a size limit)"},
-        429: {"description": "over this caller's rate or in-flight limit; see Retry-After"},
-    }
+_JOB_ID_PATH = Path(pattern=_JOB_ID, description="the id POST /jobs returned")
+_TIMEOUT_QUERY = Query(None, gt=0, le=3600, description="seconds to wait [default: SWAPLESS_PREDICT_TIMEOUT_S]")
+_REJECTIONS: dict[int | str, dict[str, Any]] = {
+    403: {"description": "the API key may not call this model"},
+    404: {"description": "unknown model; the message names the known ids"},
+    413: {"description": "request body too large"},
+    422: {"description": "the input does not fit the model (its type, or a size limit)"},
+    429: {"description": "over this caller's rate or in-flight limit; see Retry-After"},
+}
 
-    async def submit(request: Request, body: JobRequest) -> str:
-        ids = await plane.submit(caller_of(request), [Ask(body.model_id, body.input, body.key)],
-                                 priority=body.priority, expires_s=body.expires_s, callback_url=body.callback_url)
+
+def _loaded_on(beats: list[Heartbeat], home: str, host: bool) -> list[LoadedOn]:
+    """Where ``home`` is loaded: on each worker's device, or (``host``) in its host memory."""
+    return [
+        LoadedOn(worker=beat.hostname, bytes=e.bytes, load_s=e.load_s, hits=e.hits, busy=False if host else e.busy)
+        for beat in beats
+        for e in (beat.host if host else beat.loaded)
+        if e.model_id == home
+    ]
+
+
+def _worker_view(beat: Heartbeat, now: float) -> WorkerView:
+    return WorkerView(
+        hostname=beat.hostname, worker_id=beat.worker_id, queue=beat.queue,
+        heartbeat_age_s=round(beat.age_s(now), 3),
+        loaded=[e.model_id for e in beat.loaded], used_bytes=beat.cache.used_bytes,
+        max_models=beat.cache.max_models, memory_budget_bytes=beat.cache.memory_budget_bytes,
+        jobs_done=beat.jobs_done, jobs_failed=beat.jobs_failed, backlog=beat.backlog,
+    )
+
+
+class RestEndpoints:
+    """The REST handlers over one data plane; ``REST_ROUTES`` maps them to paths."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    async def _submit(self, request: Request, body: JobRequest) -> str:
+        ids = await self.plane.submit(caller_of(request), [Ask(body.model_id, body.input, body.key)],
+                                      priority=body.priority, expires_s=body.expires_s,
+                                      callback_url=body.callback_url)
         return ids[0]
 
-    @router.post("/jobs", status_code=202, response_model=JobAccepted, responses=rejections, **needs(Need.KEY))
-    async def submit_job(request: Request, body: JobRequest) -> JobAccepted:
+    async def submit_job(self, request: Request, body: JobRequest) -> JobAccepted:
         """Queue a job and return its id at once; read its result at ``GET /jobs/{job_id}``."""
-        job_id = await submit(request, body)
+        job_id = await self._submit(request, body)
         return JobAccepted(job_id=job_id, status_url=f"/jobs/{job_id}")
 
-    @router.get("/jobs/{job_id}", response_model=JobState, response_model_exclude_none=True,
-                responses={404: {"description": "no such job for this caller"},
-                           410: {"description": "the job finished; its result has expired"}},
-                **needs(Need.KEY))
-    async def job_state(request: Request, job_id: str = job_id_path) -> JobState:
+    async def job_state(self, request: Request, job_id: str = _JOB_ID_PATH) -> JobState:
         """A job's state: PENDING (queued or running), SUCCESS and its result, or FAILURE and its error."""
-        return _job_state(await plane.read(caller_of(request), job_id))
+        return _job_state(await self.plane.read(caller_of(request), job_id))
 
-    @router.delete(
-        "/jobs/{job_id}",
-        response_model=CancelReply,
-        responses={409: {"model": CancelReply, "description": "too late: the job has started or has a result"},
-                   404: {"description": "no such job for this caller"}},
-        **needs(Need.KEY),
-    )
-    async def cancel_job(request: Request, job_id: str = job_id_path) -> Any:
+    async def cancel_job(self, request: Request, job_id: str = _JOB_ID_PATH) -> Any:
         """Cancel a job that has not started: it is answered ``JobCancelled`` and never run. One that has started
         runs to its end and keeps its result (409, ``running``); one with a result keeps it (409, ``done``)."""
-        status = await plane.cancel(caller_of(request), job_id)
+        status = await self.plane.cancel(caller_of(request), job_id)
         if status == CANCELLED:
             return CancelReply(job_id=job_id, status="cancelled", detail=f"job {job_id} is cancelled: it will not run")
         detail = (
@@ -124,30 +127,13 @@ def rest_router(plane: DataPlane) -> APIRouter:
         reply = CancelReply(job_id=job_id, status="running" if status == TOO_LATE else "done", detail=detail)
         return JSONResponse(status_code=409, content=reply.model_dump())
 
-    @router.post(
-        "/predict",
-        response_model=Prediction,
-        responses={
-            **rejections,
-            503: {"description": "the queue is unavailable, or the gateway holds as many waits as it may"},
-            504: {"model": PredictTimeout, "description": "no result in time; poll the job"},
-            500: {"model": JobFailure, "description": "the job failed"},
-        },
-        **needs(Need.KEY),
-    )
-    async def predict(
-        request: Request,
-        body: JobRequest,
-        timeout_s: float | None = Query(
-            None, gt=0, le=3600, description="seconds to wait [default: SWAPLESS_PREDICT_TIMEOUT_S]"
-        ),
-    ) -> Any:
+    async def predict(self, request: Request, body: JobRequest, timeout_s: float | None = _TIMEOUT_QUERY) -> Any:
         """Queue a job and wait for its result. On timeout: 504 with the job id, to poll ``GET /jobs/{job_id}`` (the
         job still runs, unless the body's ``expires_s`` passes before it starts)."""
-        wait_s = timeout_s if timeout_s is not None else plane.settings.predict_timeout_s
-        async with plane.waiting():
-            job_id = await submit(request, body)
-            stored = await plane.wait(job_id, wait_s)
+        wait_s = timeout_s if timeout_s is not None else self.plane.settings.gateway.predict_timeout_s
+        async with self.plane.waiting():
+            job_id = await self._submit(request, body)
+            stored = await self.plane.wait(job_id, wait_s)
         if stored.state == states.SUCCESS:
             return Prediction(job_id=job_id, model=stored.model, result=stored.value)
         if stored.state == states.FAILURE:
@@ -160,9 +146,9 @@ def rest_router(plane: DataPlane) -> APIRouter:
         )
         return JSONResponse(status_code=504, content=timeout.model_dump(), headers={"Location": f"/jobs/{job_id}"})
 
-    @router.get("/models", response_model=ModelsView, **needs(Need.KEY))
-    async def models() -> ModelsView:
+    async def models(self) -> ModelsView:
         """What exists (the models file) beside what is loaded on which live worker right now (their heartbeats)."""
+        plane = self.plane
         store = plane.store
         places = await aread_placement(plane.redis, plane.keyspace, store.ids())
         beats, depth = await asyncio.gather(
@@ -170,53 +156,64 @@ def rest_router(plane: DataPlane) -> APIRouter:
             aread_queue_depth(plane.redis, plane.keyspace, store.ids(), known={p.model_id: p.queued for p in places}),
         )
         placed = {p.model_id: p for p in places}
-        now = time.time()
         views = []
         for spec in [*store, *store.variants()]:
             home = spec.base or spec.id
             place = placed[home]
-            loaded_on = [
-                LoadedOn(worker=beat.hostname, bytes=e.bytes, load_s=e.load_s, hits=e.hits, busy=e.busy)
-                for beat in beats
-                for e in beat.loaded
-                if e.model_id == home
-            ]
-            host_on = [
-                LoadedOn(worker=beat.hostname, bytes=e.bytes, load_s=e.load_s, hits=e.hits, busy=False)
-                for beat in beats
-                for e in beat.host
-                if e.model_id == home
-            ]
             views.append(
                 ModelView(
                     id=spec.id, aliases=list(spec.aliases), type=spec.type.value, framework=spec.framework,
                     name=spec.name, version=spec.version, description=spec.description, keep_loaded=spec.keep_loaded,
                     waiting=depth.by_model.get(home, 0), held=place.held,
-                    claimed_by=list(place.holder_ids), loaded_on=loaded_on, host_on=host_on, base=spec.base,
+                    claimed_by=list(place.holder_ids), loaded_on=_loaded_on(beats, home, host=False),
+                    host_on=_loaded_on(beats, home, host=True), base=spec.base,
                 )
             )
-        workers = [
-            WorkerView(
-                hostname=beat.hostname, worker_id=beat.worker_id, queue=beat.queue,
-                heartbeat_age_s=round(beat.age_s(now), 3),
-                loaded=[e.model_id for e in beat.loaded], used_bytes=beat.cache.used_bytes,
-                max_models=beat.cache.max_models, memory_budget_bytes=beat.cache.memory_budget_bytes,
-                jobs_done=beat.jobs_done, jobs_failed=beat.jobs_failed, backlog=beat.backlog,
-            )
-            for beat in beats
-        ]
+        now = time.time()
+        workers = [_worker_view(beat, now) for beat in beats]
         return ModelsView(models=views, workers=workers, waiting_estimated=depth.sampled)
 
-    @router.get("/healthz", response_model=Health, responses={503: {"model": Health}}, **needs(Need.NOTHING))
-    async def healthz(request: Request) -> Any:
+    async def healthz(self, request: Request) -> Any:
         """200 when Redis answers (with the number of live workers), else 503."""
+        plane = self.plane
         try:
             await aping(plane.redis, _PING_S)
             workers = len(await aread_heartbeats(plane.redis, plane.keyspace))
         except Exception as err:  # noqa: BLE001 - any failure to reach Redis is "unavailable"
-            request.app.state.log.unavailable(err, plane.settings.broker_url)
+            request.app.state.log.unavailable(err, plane.settings.redis.broker_url)
             health = Health(status="unavailable", redis="unavailable")
             return JSONResponse(status_code=503, content=health.model_dump(exclude_none=True))
         return Health(status="ok", redis="ok", workers=workers)
 
-    return router
+
+REST_ROUTES = [
+    Route("/jobs", "submit_job", ("POST",),
+          {"status_code": 202, "response_model": JobAccepted, "responses": _REJECTIONS, **needs(Need.KEY)}),
+    Route("/jobs/{job_id}", "job_state", ("GET",),
+          {"response_model": JobState, "response_model_exclude_none": True,
+           "responses": {404: {"description": "no such job for this caller"},
+                         410: {"description": "the job finished; its result has expired"}},
+           **needs(Need.KEY)}),
+    Route("/jobs/{job_id}", "cancel_job", ("DELETE",),
+          {"response_model": CancelReply,
+           "responses": {409: {"model": CancelReply, "description": "too late: the job has started or has a result"},
+                         404: {"description": "no such job for this caller"}},
+           **needs(Need.KEY)}),
+    Route("/predict", "predict", ("POST",),
+          {"response_model": Prediction,
+           "responses": {
+               **_REJECTIONS,
+               503: {"description": "the queue is unavailable, or the gateway holds as many waits as it may"},
+               504: {"model": PredictTimeout, "description": "no result in time; poll the job"},
+               500: {"model": JobFailure, "description": "the job failed"},
+           },
+           **needs(Need.KEY)}),
+    Route("/models", "models", ("GET",), {"response_model": ModelsView, **needs(Need.KEY)}),
+    Route("/healthz", "healthz", ("GET",),
+          {"response_model": Health, "responses": {503: {"model": Health}}, **needs(Need.NOTHING)}),
+]
+
+
+def rest_router(plane: DataPlane) -> APIRouter:
+    """The REST routes over ``plane``."""
+    return router_of(RestEndpoints(plane), REST_ROUTES)

@@ -1,17 +1,6 @@
-"""A Swapless model as the Open Inference Protocol shows it (``swapless.tasks.gateway.v2``): its signature, the jobs a
-request makes, and the tensors their predictions give. Pure functions over the registry and parsed requests.
+"""A Swapless model as the Open Inference Protocol shows it: its signature, its jobs' inputs, its output tensors.
 
-- ``signature(store, name, version)``: a model (by id or alias) or a route as one v2 model. A model takes one input,
-  ``TEXT`` or ``IMAGE`` after its type (BYTES, shape ``[-1]``), and gives ``LABELS`` (BYTES) and ``SCORES`` (FP32),
-  shape ``[-1, k]`` with k its ``top_k``. A route has its targets' type (a ``by_type`` route over both types takes
-  either input), the largest k of theirs, and no version.
-- ``metadata(sig)``: the model metadata response.
-- ``job_inputs(store, sig, request)``: one job input per element of the input tensor (a text; an image as the
-  base64 string the worker takes: raw encoded bytes in binary data, base64 in JSON), and the id to address.
-- ``chosen_outputs(request, sig)``: the outputs asked for, each with whether it goes as binary data.
-- ``output_tensors(sig, predictions)``: LABELS and SCORES, best first, padded with "" and 0.0 to k (or cut to k).
-
-A request that does not fit raises ``InputError`` saying what to send; a version the model lacks ``UnknownVersion``.
+Pure functions over the registry and parsed requests; a request that does not fit raises ``InputError``.
 """
 
 from __future__ import annotations
@@ -81,11 +70,11 @@ def route_models(store: ModelStore, route_id: str) -> list[ModelSpec]:
 
 
 def signature(store: ModelStore, name: str, version: str | None = None) -> Signature:
-    """The model or route ``name`` (an id or alias) as one v2 model; ``version``: the one the request names.
+    """The model or route ``name`` as one v2 model; ``version``: the one the request names.
 
     Raises:
-        UnknownModel: no model, alias or route of that name (the message lists the known ids).
-        UnknownVersion: the model's ``version`` is another, or the name is a route's.
+        UnknownModel: no model, alias or route of that name.
+        UnknownVersion: the model's version is another, or the name is a route's.
     """
     if store.is_route(name):
         if version is not None:
@@ -139,11 +128,10 @@ def _job_value(kind: InputType, element: bytes | str, where: str, model_id: str)
 
 
 def job_inputs(store: ModelStore, sig: Signature, request: InferRequest) -> tuple[str, list[str]]:
-    """What to submit: the id to address (a ``by_type`` route's branch for the input given) and one input per job.
+    """The id to address and one input per job.
 
     Raises:
-        InputError: not one input of the model's, not BYTES of shape ``[n]`` or ``[n, 1]``, no elements, or an
-            element that is not UTF-8 text with a non-blank character (text) or is empty or not base64 (image).
+        InputError: the input tensor does not fit the model.
     """
     names = " or ".join(repr(INPUTS[t]) for t in sig.types)
     if len(request.inputs) != 1:
@@ -169,8 +157,7 @@ def job_inputs(store: ModelStore, sig: Signature, request: InferRequest) -> tupl
 
 
 def chosen_outputs(request: InferRequest, sig: Signature) -> list[tuple[str, bool]]:
-    """The outputs to send, each with whether it goes as binary data: its own ``binary_data``, else the request's
-    ``binary_data_output``, else JSON; all of them when the request names none.
+    """The outputs to send, each with whether it goes as binary data.
 
     Raises:
         InputError: an unknown output name, a classification output, a flag that is not a boolean.

@@ -1,13 +1,4 @@
-"""The gateway's requests in their callers' traces: ``TraceRequests``, an ASGI middleware.
-
-A request that carries a W3C ``traceparent`` runs in its caller's trace context, so the jobs it queues carry that
-context to the workers (``swapless.tasks.tracing.sending``). With tracing on (``OTEL_*``, set up by the app's
-lifespan), each request is also a SERVER span, ``POST /predict`` (its route's template), a child of the caller's
-span or a root; the ``send`` span of the jobs it queues is its child. A FastAPI that traces its requests itself
-(``FastAPI(telemetry=...)``: its request span, and spans of the dependencies, the endpoint and the serialization)
-makes that span instead, in its caller's context, and this middleware is left out (``fastapi_traces_requests``).
-Off, and with no ``traceparent``, a request costs one look through its headers.
-"""
+"""The gateway's requests in their callers' traces: ``TraceRequests``, an ASGI middleware."""
 
 from __future__ import annotations
 
@@ -37,11 +28,11 @@ def fastapi_traces_requests() -> bool:
 
 
 class TraceRequests:
-    """ASGI middleware: HTTP requests in their callers' traces (see the module docstring).
+    """ASGI middleware: HTTP requests in their callers' traces.
 
     Args:
         app: the ASGI app it wraps.
-        tracer: makes a SERVER span of each request (None: the caller's context is carried, no span is made).
+        tracer: makes a SERVER span of each request (None: only the caller's context is carried).
     """
 
     def __init__(self, app: ASGIApp, tracer: Any = None) -> None:

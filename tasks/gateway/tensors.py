@@ -1,15 +1,4 @@
-"""The Open Inference Protocol's tensors on the wire (KServe v2 / Triton HTTP): pure functions over bytes, no I/O.
-
-An inference request is a JSON object, or, with Triton's binary tensor extension, that JSON object followed by raw
-tensor bytes: the header ``Inference-Header-Content-Length`` gives the JSON's length, and each input whose
-``parameters.binary_data_size`` is set takes that many of the bytes after it, in input order. In binary form a
-BYTES tensor is its elements one after another, each a 4-byte little-endian length then the bytes; an FP32 tensor
-is 4-byte little-endian floats, row-major. A response uses the same layout for the outputs asked for in binary.
-
-- ``parse_request(body, header_length, model_id)``: the request (``InferRequest``: its id, parameters, input
-  tensors and the outputs asked for).
-- ``bytes_elements(tensor, model_id)``: the elements of a BYTES input (``bytes`` from binary data, ``str`` from JSON).
-- ``encode_response(header, outputs)``: the response body, and the JSON length when some output is binary.
+"""The Open Inference Protocol's tensors on the wire (JSON or Triton's binary extension): pure functions over bytes.
 
 Every problem with a request raises ``InputError`` naming the model, the field, and what to send instead.
 """
@@ -144,10 +133,10 @@ def _flag(value: Any, model_id: str, where: str) -> bool | None:
 
 
 def declared_elements(raw: dict[str, Any], model_id: str) -> int:
-    """How many elements the inputs of a request's JSON declare, from their shapes alone (nothing else is read).
+    """How many elements a request's inputs declare, from their shapes alone.
 
     Raises:
-        InputError: ``inputs`` is not a list, or a shape is not a list of at most 8 non-negative integers.
+        InputError: ``inputs`` is not a list, or a shape is not a short list of non-negative integers.
     """
     inputs = raw.get("inputs")
     if not isinstance(inputs, list):
@@ -191,45 +180,39 @@ def _bounded(raw: dict[str, Any], model_id: str, max_elements: int) -> None:
 
 
 def check_declared(head: bytes, model_id: str, max_elements: int) -> None:
-    """Check the JSON part of a binary request alone: valid, and declaring at most ``max_elements`` elements.
+    """Check the JSON part of a binary request alone: valid, and within ``max_elements``.
 
     Raises:
-        InputError: not a JSON object with well-formed shapes.
-        TooManyElements: the shapes declare more than ``max_elements``.
+        InputError, TooManyElements: as ``parse_request``.
     """
     _bounded(_header(head, model_id, binary=True), model_id, max_elements)
 
 
-def parse_request(body: bytes, header_length: str | None, model_id: str, max_elements: int | None = None
-                  ) -> InferRequest:
-    """An inference request from its body and its ``Inference-Header-Content-Length`` header (None: all JSON).
-
-    ``max_elements``: the most elements the declared shapes may total, checked before any tensor is read.
-
-    Raises:
-        InputError: the body is not such a request (names the field and what to send).
-        TooManyElements: the shapes declare more than ``max_elements``.
-    """
+def _split(body: bytes, header_length: str | None, model_id: str) -> tuple[bytes, bytes]:
+    """The body's JSON part and its binary rest, by ``Inference-Header-Content-Length`` (None: all JSON)."""
     if header_length is None:
-        head, rest = body, b""
-    else:
-        length = header_length.strip()
-        if not _ASCII_DIGITS.fullmatch(length) or int(length) > len(body):
-            shown = length if len(length) <= 24 else length[:24] + "..."
-            raise InputError(model_id, f"{HEADER_LENGTH} is {shown!r} for a body of {len(body)} bytes: give the "
-                             "length in bytes of the JSON part, in ASCII digits")
-        head, rest = body[: int(length)], body[int(length) :]
-    raw = _header(head, model_id, binary=header_length is not None)
-    if max_elements is not None:
-        _bounded(raw, model_id, max_elements)
+        return body, b""
+    length = header_length.strip()
+    if not _ASCII_DIGITS.fullmatch(length) or int(length) > len(body):
+        shown = length if len(length) <= 24 else length[:24] + "..."
+        raise InputError(model_id, f"{HEADER_LENGTH} is {shown!r} for a body of {len(body)} bytes: give the "
+                         "length in bytes of the JSON part, in ASCII digits")
+    return body[: int(length)], body[int(length) :]
+
+
+def _validated(raw: dict[str, Any], model_id: str) -> _Request:
     try:
-        request = _Request.model_validate(raw)
+        return _Request.model_validate(raw)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         raise InputError(
             model_id, f"field {where!r}: {first['msg']}; send an Open Inference Protocol request"
         ) from None
+
+
+def _inputs(request: _Request, rest: bytes, binary: bool, model_id: str) -> list[InputTensor]:
+    """The request's input tensors: JSON data, or their slices of the binary ``rest`` in order."""
     inputs = []
     offset = 0
     for tensor in request.inputs:
@@ -244,7 +227,7 @@ def parse_request(body: bytes, header_length: str | None, model_id: str, max_ele
             continue
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise InputError(model_id, f"{where} has binary_data_size {size!r}: give its length in bytes")
-        if header_length is None:
+        if not binary:
             raise InputError(model_id, f"{where} has binary_data_size but the request has no {HEADER_LENGTH} header: "
                              "set it to the length of the JSON part")
         if offset + size > len(rest):
@@ -255,6 +238,23 @@ def parse_request(body: bytes, header_length: str | None, model_id: str, max_ele
     if offset != len(rest):
         raise InputError(model_id, f"the body has {len(rest) - offset} bytes after the inputs' binary data: "
                          "check each input's binary_data_size")
+    return inputs
+
+
+def parse_request(body: bytes, header_length: str | None, model_id: str, max_elements: int | None = None
+                  ) -> InferRequest:
+    """An inference request from its body and its ``Inference-Header-Content-Length`` header (None: all JSON).
+
+    Raises:
+        InputError: the body is not such a request (names the field and what to send).
+        TooManyElements: the shapes declare more than ``max_elements``.
+    """
+    head, rest = _split(body, header_length, model_id)
+    raw = _header(head, model_id, binary=header_length is not None)
+    if max_elements is not None:
+        _bounded(raw, model_id, max_elements)
+    request = _validated(raw, model_id)
+    inputs = _inputs(request, rest, header_length is not None, model_id)
     outputs = None
     if request.outputs is not None:
         outputs = tuple(
@@ -266,10 +266,10 @@ def parse_request(body: bytes, header_length: str | None, model_id: str, max_ele
 
 
 def bytes_elements(tensor: InputTensor, model_id: str) -> list[bytes | str]:
-    """The elements of a BYTES tensor: ``bytes`` from binary data, ``str`` from JSON; as many as its shape says.
+    """The elements of a BYTES tensor: ``bytes`` from binary data, ``str`` from JSON.
 
     Raises:
-        InputError: the data is cut short, has bytes left over, or holds a JSON element that is not a string.
+        InputError: the data is cut short, has bytes left over, or holds a non-string JSON element.
     """
     where = f"input {tensor.name!r}"
     if tensor.raw is None:
@@ -308,9 +308,7 @@ def _binary(tensor: OutputTensor) -> bytes:
 
 
 def encode_response(header: dict[str, Any], outputs: list[tuple[OutputTensor, bool]]) -> tuple[bytes, int | None]:
-    """The body of an inference response: ``header`` (model_name, id, ...) with the ``outputs``, each inline in the
-    JSON or, when its flag is true, as binary data after it; plus the JSON's length when some output is binary
-    (for ``Inference-Header-Content-Length``), else None."""
+    """The response body (binary outputs after the JSON), and the JSON's length when some output is binary."""
     described, chunks = [], []
     for tensor, binary in outputs:
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}

@@ -1,15 +1,7 @@
-"""Each caller's share of the gateway's own work, so that one caller's flood takes turns with everyone else.
+"""Each caller's turns at the gateway's own work, so one caller's flood takes turns with everyone else's requests.
 
-A gateway process runs every request on one event loop: a caller with a hundred requests in flight would have a
-hundred requests' parsing, checks and Redis round trips queued on it ahead of another caller's one. ``Turns`` lets
-at most ``SWAPLESS_GATEWAY_ACTIVE_PER_KEY`` requests of one caller (an API key, or a client address without keys)
-be read, parsed and queued at once; the caller's other requests wait their turn (first come, first served) before
-their bodies are read, which costs the process nothing but an open connection. A request that waits longer than
-``SWAPLESS_GATEWAY_TURN_WAIT_S`` is answered 429.
-
-Waiting for results is not work: a request gives its turn back when it starts waiting for its jobs
-(``give_back``, called by the data plane's waits), so one caller may hold many ``/predict`` waits at once (those
-are bounded by ``SWAPLESS_GATEWAY_MAX_WAITS``).
+At most ``SWAPLESS_GATEWAY_ACTIVE_PER_KEY`` requests of a caller are read, parsed and queued at once; a request
+that waits past ``SWAPLESS_GATEWAY_TURN_WAIT_S`` is answered 429. A request waiting for results gives its turn back.
 """
 
 from __future__ import annotations
@@ -48,11 +40,11 @@ class _Lane:
 
 
 class Turns:
-    """At most ``per_caller`` requests of each caller at work at once (see the module docstring).
+    """At most ``per_caller`` requests of each caller at work at once.
 
     Args:
         per_caller: ``SWAPLESS_GATEWAY_ACTIVE_PER_KEY``.
-        wait_s: ``SWAPLESS_GATEWAY_TURN_WAIT_S``, the longest a request waits for its turn.
+        wait_s: ``SWAPLESS_GATEWAY_TURN_WAIT_S``.
     """
 
     def __init__(self, per_caller: int, wait_s: float) -> None:

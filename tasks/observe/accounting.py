@@ -1,16 +1,5 @@
-"""What the batch scheduler reports after each group, and how it is turned into per-model accounting.
-
-``BatchScheduler`` calls ``observer.on_group(model_id, jobs, outcomes, run_s)`` once per group, in its own thread,
-after the group ran and before its results are stored. ``GroupAccounting`` turns each call into a ``GroupReport``
-and hands it to its listeners (the heartbeat's ``WorkerStats``, the Prometheus ``WorkerMetrics``).
-
-The cache's counters are totals (``ModelManager.stats``); the accounting attributes their changes to the group that
-caused them. That is exact because only the scheduler thread uses the cache: whatever changed since the previous
-group (a hit or a miss, the load and its time, the models that left the cache) happened during this one.
-
-Queue wait is measured from the producer's send time (the ``swapless_sent_at`` header every producer that imports
-``swapless.tasks.app`` adds; wall clocks, so it includes any clock skew between hosts, clamped at 0) to the start of the
-job's group. Jobs sent without the header are measured from their receipt by this worker.
+"""Per-group accounting: the scheduler reports each group, and ``GroupAccounting`` turns it into a
+``GroupReport`` with the cache activity it caused, for its listeners (heartbeat statistics, Prometheus).
 """
 
 from __future__ import annotations
@@ -108,17 +97,12 @@ class GroupReport:
     """One group, with the cache activity it caused.
 
     Attributes:
-        model_id: the model.
-        succeeded: jobs with a result.
-        errors: failed jobs per error type name (``InputError``, ``ModelLoadError``, ...).
+        errors: failed jobs per error type name.
         run_s: seconds the group took, load included.
         queue_wait_s: per job, seconds from its send (or receipt) to the start of the group.
-        hits: cache hits during the group (0 or 1: a group uses the cache once).
-        misses: cache misses during the group.
-        load_s: seconds of each load of ``model_id`` during the group.
-        load_failures: failed loads during the group.
-        evicted: the models that left the device to make room (to the host tier, or unloaded).
-        swap_s: seconds of each swap-in of ``model_id`` from the host tier during the group (not in ``load_s``).
+        hits, misses, load_failures: the cache's, during the group.
+        load_s, swap_s: seconds of each load, and of each swap-in from the host tier, of ``model_id``.
+        evicted: the models that left the device to make room.
     """
 
     model_id: str
@@ -144,14 +128,8 @@ class GroupReport:
 
 
 class SentTimes:
-    """Producers' send times by job id, recorded when the worker receives a message and taken when its group runs.
-
-    Bounded: a job that never reaches a group (rejected at receipt, a redelivered duplicate) is forgotten once
-    ``max_entries`` newer jobs have arrived.
-
-    Args:
-        max_entries: most send times kept.
-    """
+    """Producers' send times by job id, recorded at receipt and taken when the job's group runs; at most
+    ``max_entries`` kept (the oldest forgotten)."""
 
     def __init__(self, max_entries: int = 100_000) -> None:
         self.max_entries = max_entries
@@ -187,11 +165,10 @@ class GroupAccounting:
     Args:
         manager: the worker's cache (read after each group, never changed).
         listeners: called with each report, in order.
-        skipped: called with ``(model_id, reason, jobs)`` for jobs answered without running (``on_skipped``).
-        shadowed: called with ``(route_id, served, shadow, agreed, jobs)`` for compared shadow jobs (``on_shadow``).
+        skipped: called as ``on_skipped`` is.
+        shadowed: called as ``on_shadow`` is.
         sent_times: producers' send times of received jobs (empty: queue wait is measured from receipt).
-        clock: wall clock (epoch seconds), to compare with send times.
-        monotonic: the clock ``Job.received_s`` comes from.
+        clock: wall clock (epoch seconds); ``monotonic``: the clock of ``Job.received_s``.
     """
 
     def __init__(

@@ -1,8 +1,5 @@
-"""The batches' standing for the status: every batch not final yet and the newest finished ones, with their
-progress, read from the batch API's hashes in Redis (``swapless.tasks.gateway.batches.state`` writes them).
-
-What any valid key's status shows of a batch is its progress only: its id, status, counts and times; never its
-owner, metadata or files (those stay behind the owner's own ``GET /v1/batches/{id}``).
+"""The batches' progress for the status, read from the batch API's hashes (never a batch's owner, metadata or
+files).
 """
 
 from __future__ import annotations

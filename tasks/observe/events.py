@@ -1,14 +1,5 @@
-"""Celery task events for Swapless jobs, so Flower and ``celery events`` see each job and not only the worker.
-
-A plain Celery worker sends ``task-received`` from its strategy and ``task-succeeded``/``task-failed`` when the
-pool runs the task. Here neither happens: celery-batches' strategy sends no event and the scheduler stores results
-itself. So the worker sends them: ``task-received`` on Celery's ``task_received`` signal, and the outcome of each
-job when its group has run (an observer of the scheduler). A chunk message (``[model_id, [input, ...]]``) is one
-Celery task: it succeeds once all its items are done, or fails if any failed.
-
-Events go through the consumer's own event dispatcher (its publish is serialised by a lock, as for Celery's
-thread pool), and only when task events are on (``worker_send_task_events``:
-``SWAPLESS_TASK_EVENTS`` / ``swapless worker --task-events``, off by default).
+"""Celery task events for Swapless jobs, sent by the worker itself so that Flower and ``celery events`` see each
+job (on with ``SWAPLESS_TASK_EVENTS``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Where Redis's memory goes: used and limit, the queue's share, and the stored results (``swapless status``).
-
-Read in one round trip without scanning the keyspace (which holds every result): ``INFO memory``, ``DBSIZE``,
-``MEMORY USAGE`` of the queue's lists and records in its one layout, every model's and the ingress's (sampled by
-Redis: an estimate for long lists), and ``RANDOMKEY`` drawn ``sample`` times: the share of result keys among the
-draws, times ``DBSIZE``, is the estimated number of stored results, and their mean ``MEMORY USAGE`` their size.
+"""Where Redis's memory goes (``swapless status``): used and limit, the queue's share, and the stored results,
+read in one round trip without scanning the keyspace (the results estimated from ``RANDOMKEY`` draws).
 """
 
 from __future__ import annotations
@@ -31,14 +27,10 @@ class RedisMemory:
     """Redis's memory as one reading saw it.
 
     Attributes:
-        used_bytes: memory Redis uses now (``used_memory``).
-        max_bytes: its limit (``maxmemory``); 0: none.
-        policy: what Redis does at the limit (``maxmemory-policy``; ``noeviction`` refuses writes).
-        keys: keys in this database.
-        queue_bytes: the queue's lists and records (jobs fetched, not yet acked), every model's and the ingress's,
-            estimated.
-        results: stored results, estimated from a sample of keys.
-        result_bytes: the memory of those results, estimated.
+        max_bytes: ``maxmemory``; 0: none.
+        policy: ``maxmemory-policy`` (``noeviction`` refuses writes).
+        queue_bytes: every model's and the ingress's lists and records, estimated.
+        results, result_bytes: stored results and their memory, estimated from a sample of keys.
     """
 
     used_bytes: int
@@ -69,7 +61,7 @@ def _estimate(keys: int, draws: Sequence[bytes | str | None], result_prefix: str
 def read_redis_memory(
     client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int = DEFAULT_KEY_SAMPLE
 ) -> RedisMemory:
-    """One reading of Redis's memory (two round trips); ``model_ids``: the models of the models file."""
+    """One reading of Redis's memory, in two round trips."""
     queue_keys = _queue_keys(keyspace, model_ids)
     pipe = client.pipeline(transaction=False)
     pipe.info("memory")
@@ -101,14 +93,8 @@ def read_redis_memory(
 
 
 class WriteRefusals:
-    """Whether Redis is refusing writes for lack of memory, as one heartbeat after another sees it.
-
-    Redis at its ``maxmemory`` with ``noeviction`` refuses new jobs while workers go on
-    (``swapless.tasks.broker.connection.WRITE_FIRST_NOTE``); its memory hovers just under the limit and over it as
-    writes are refused and buffers shrink, so the limit alone flickers. Redis counts the ``OOM`` errors it replies
-    (``INFO errorstats``): any since the last check means it refused writes in between, and the heartbeats go on
-    saying so for ``hold_s`` after the last refusal seen (a reader polling every few seconds sees it too).
-    """
+    """Whether Redis refuses writes for lack of memory: a new ``OOM`` error in ``INFO errorstats`` since the last
+    check, held for ``hold_s``."""
 
     def __init__(self, hold_s: float = 10.0) -> None:
         self.hold_s = hold_s

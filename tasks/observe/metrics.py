@@ -1,32 +1,6 @@
-"""The worker's Prometheus endpoint (``swapless worker --metrics-port``; off by default).
-
-Served by prometheus-client's own HTTP server in a daemon thread, bound to 127.0.0.1 unless ``--metrics-host``
-says otherwise, from a private registry (so nothing else registered in the process leaks in). Metrics:
-
-    swapless_model_load_seconds{model}          histogram  seconds per model load
-    swapless_model_load_failures_total{model}   counter    loads that failed
-    swapless_model_swap_in_seconds{model}       histogram  seconds per swap-in from the host tier (a copy to the
-                                                           device; not a load)
-    swapless_cache_hits_total{model}            counter    groups whose model was already loaded
-    swapless_cache_misses_total{model}          counter    groups that had to load their model
-    swapless_cache_evictions_total{model}       counter    times the model was unloaded to make room
-    swapless_batch_size{model}                  histogram  jobs per group run on a model
-    swapless_job_queue_wait_seconds{model}      histogram  seconds from send (or receipt) to the start of the job's
-                                                           group
-    swapless_job_run_seconds{model}             histogram  seconds the job's group took (load included): a job's
-                                                           result is ready when its group is done
-    swapless_jobs_total{model,outcome}          counter    jobs run, outcome "success" or "failure"
-    swapless_job_errors_total{model,error}      counter    failed jobs per error type
-    swapless_models_loaded                      gauge      models in the cache now
-    swapless_model_loaded_bytes{model}          gauge      bytes of each loaded model now
-    swapless_models_host                        gauge      models in the host tier now
-    swapless_model_host_bytes{model}            gauge      bytes of each model in the host tier now
-    swapless_model_tier{model,tier}             gauge      1 for each model on the device or in the host tier
-    swapless_backlog_jobs{model}                gauge      jobs held by this worker, waiting for their group
-    swapless_model_claimed{model}               gauge      1 for each model this worker holds a claim on (placement)
-
-Jobs refused before they reach a group (unknown model, malformed payload) count in the heartbeat's
-``jobs_failed`` but not here, as they have no group.
+"""The worker's Prometheus endpoint (``swapless worker --metrics-port``; off by default), from a private registry
+served by prometheus-client in a daemon thread. ``METRICS`` names them; docs/concepts/several-workers.md says what
+each measures.
 """
 
 from __future__ import annotations
@@ -41,7 +15,31 @@ from swapless.config.errors import MetricsUnavailable
 from swapless.manager import ModelManager
 from swapless.tasks.observe.accounting import GroupReport
 
-__all__ = ["WorkerMetrics"]
+__all__ = ["METRICS", "WorkerMetrics"]
+
+#: The metric names a worker exports, as scraped (counters with ``_total``).
+METRICS = (
+    "swapless_model_load_seconds",
+    "swapless_model_load_failures_total",
+    "swapless_model_swap_in_seconds",
+    "swapless_cache_hits_total",
+    "swapless_cache_misses_total",
+    "swapless_cache_evictions_total",
+    "swapless_batch_size",
+    "swapless_job_queue_wait_seconds",
+    "swapless_job_run_seconds",
+    "swapless_jobs_total",
+    "swapless_job_errors_total",
+    "swapless_jobs_not_run_total",
+    "swapless_shadow_compared_total",
+    "swapless_models_loaded",
+    "swapless_model_loaded_bytes",
+    "swapless_models_host",
+    "swapless_model_host_bytes",
+    "swapless_model_tier",
+    "swapless_backlog_jobs",
+    "swapless_model_claimed",
+)
 
 _LOAD_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _WAIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -92,9 +90,8 @@ class WorkerMetrics:
     """The Prometheus metrics of one worker. ``observe`` is a ``GroupAccounting`` listener.
 
     Args:
-        manager: the worker's cache (read at scrape time).
-        backlog: jobs the worker holds per model, waiting (called at scrape time).
-        claimed: the models the worker holds a claim on (called at scrape time).
+        manager, backlog, claimed: the worker's cache, its held jobs per model and its claimed models, read at
+            scrape time.
         registry: where the metrics live; a fresh private registry by default.
     """
 

@@ -1,18 +1,5 @@
-"""The pod deletion cost: a worker running in Kubernetes keeps its pod's ``controller.kubernetes.io/pod-deletion-cost``
-annotation current, so that a Deployment scaling down (KEDA or the HPA lowering its replicas) deletes first the
-pod whose loss costs the fleet least: Kubernetes deletes the pods with the lowest cost first (every pod counts 0
-without the annotation).
-
-The cost is this worker's ``RemovalCost.rank`` (``swapless.tasks.observe.scaling``, read from every live worker's
-heartbeat) as one integer (``deletion_cost``): the load seconds of the interactive models only it holds weigh most, then
-whether it holds jobs, then the load seconds of the models only it holds. Kubernetes asks that the annotation not
-be updated often (each update is a write of the pod on the API server): the worker writes it after a heartbeat
-only when the cost changed, and at most once per ``SWAPLESS_POD_DELETION_COST_INTERVAL_S`` (10 s).
-
-It talks to the API server as any in-cluster client does: ``https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT``,
-with the pod's service account token and CA (``SWAPLESS_KUBERNETES_SERVICE_ACCOUNT_DIR``), and knows its pod by the
-downward API (``POD_NAME``, ``POD_NAMESPACE``); the service account needs ``patch`` on pods
-(``deploy/k8s/worker.yaml``). A write that fails is one warning line; the worker goes on.
+"""Keeps this worker's pod's ``controller.kubernetes.io/pod-deletion-cost`` annotation at its ``RemovalCost.rank``,
+so that a Deployment scaling down deletes first the pod whose loss costs the fleet least.
 """
 
 from __future__ import annotations
@@ -25,7 +12,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from swapless.config.settings import Settings
+from swapless.config.settings import ScalingSettings
 from swapless.tasks.cluster.members import read_heartbeats
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.observe.scaling import RemovalCost, removal_costs
@@ -40,25 +27,19 @@ _MAX_COST = 2**31 - 1
 
 
 def deletion_cost(cost: RemovalCost) -> int:
-    """``cost.rank`` as one integer, in tenths of a second: the interactive loads weigh 2,000 per tenth, holding
-    jobs 1,000, the loads of the models only it holds 1 per tenth (up to 999)."""
+    """``cost.rank`` as one integer, each part in tenths of a second."""
     interactive = round(cost.interactive_load_s * 10)
     loads = min(round(cost.load_s * 10), 999)
     return min(interactive * 2000 + (1000 if cost.held else 0) + loads, _MAX_COST)
 
 
 class PodDeletionCost:
-    """Writes this worker's deletion cost on its pod (see the module docstring); an ``after_beat`` hook.
+    """Writes this worker's deletion cost on its pod; an ``after_beat`` hook.
 
     Args:
-        client: the deployment's Redis (the heartbeats).
-        keyspace: its keys.
-        worker_id: this worker's id (its heartbeat's).
         api_url: the API server (``https://host:port``).
-        namespace: the pod's namespace.
-        pod: the pod's name.
         token: the service account token.
-        ca: the CA bundle the API server's certificate is checked against.
+        ca: the CA bundle that checks the API server's certificate.
         interval_s: the least time between two writes.
     """
 
@@ -78,10 +59,10 @@ class PodDeletionCost:
 
     @classmethod
     def from_environment(
-        cls, settings: Settings, client: redis.Redis, keyspace: Keyspace, worker_id: str
+        cls, settings: ScalingSettings, client: redis.Redis, keyspace: Keyspace, worker_id: str
     ) -> PodDeletionCost | None:
-        """The writer of this pod, when ``SWAPLESS_POD_DELETION_COST`` is on; None (and one line saying what is
-        missing) when the worker does not run in a pod it can annotate."""
+        """The writer of this pod, when ``SWAPLESS_POD_DELETION_COST`` is on and the worker runs in a pod it can
+        annotate; else None (logging what is missing)."""
         if not settings.pod_deletion_cost:
             return None
         env = os.environ

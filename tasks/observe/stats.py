@@ -1,5 +1,4 @@
-"""One worker's activity per model and its recent queue waits, fed with each group's ``GroupReport`` (a
-``GroupAccounting`` listener): what its heartbeat says of each model, and what placement reads of it."""
+"""WorkerStats: one worker's job counts, activity per model and recent queue waits (its heartbeat's numbers)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ __all__ = ["WorkerStats"]
 
 
 class WorkerStats:
-    """Per-model activity and recent queue waits, fed with ``GroupReport``s (a ``GroupAccounting`` listener).
+    """The one count of a worker's jobs: per model from each ``GroupReport``, and the requests refused outside one.
 
     Args:
         window: queue waits kept for the summary (the most recent jobs).
@@ -27,6 +26,7 @@ class WorkerStats:
         self._models: dict[str, ModelActivity] = {}
         self._waits: deque[float] = deque(maxlen=window)
         self._wait_count = 0
+        self._refused = 0
 
     def __call__(self, report: GroupReport) -> None:
         with self._lock:
@@ -59,6 +59,18 @@ class WorkerStats:
                 model.jobs_failed += jobs
             elif reason == "cancelled":
                 model.jobs_cancelled += jobs
+
+    def refused(self, jobs: int) -> None:
+        """Requests answered with an error outside any group report (malformed, unknown model, poison)."""
+        with self._lock:
+            self._refused += jobs
+
+    def totals(self) -> tuple[int, int]:
+        """Jobs done and jobs failed since the worker started, refused requests among the failed."""
+        with self._lock:
+            done = sum(model.jobs_done for model in self._models.values())
+            failed = sum(model.jobs_failed for model in self._models.values()) + self._refused
+        return done, failed
 
     def models(self) -> dict[str, ModelActivity]:
         with self._lock:

@@ -1,9 +1,5 @@
-"""The whole status as plain JSON data: what ``swapless status --json`` prints and the gateway's ``GET /status.json``
-serves (the status page draws it).
-
-One builder over plain readings (``status_payload``) and a pair of readers around it, as elsewhere in this package:
-``read_status`` for ``redis.Redis``, ``aread_status`` for asyncio code (the readers that exist only for
-``redis.Redis``, Redis's memory, the shadow agreement, the webhooks and the batches, run in a worker thread there).
+"""The whole status as plain JSON data (``swapless status --json``, the gateway's ``GET /status.json``): one
+builder over plain readings (``status_payload``) and two readers around it (``read_status``, ``aread_status``).
 
 The shape::
 
@@ -30,8 +26,6 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from swapless.tasks.broker.routes import read_shadow
-from swapless.tasks.broker.webhooks import read_webhooks
 from swapless.tasks.cluster.members import Heartbeat, aread_heartbeats, read_heartbeats
 from swapless.tasks.cluster.view import ModelPlacement, aread_placement, read_placement
 from swapless.tasks.keyspace import Keyspace
@@ -39,6 +33,8 @@ from swapless.tasks.observe.batches import read_batches
 from swapless.tasks.observe.memory import RedisMemory, read_redis_memory
 from swapless.tasks.observe.queue import DEFAULT_SAMPLE, QueueDepth, aread_queue_depth, read_queue_depth
 from swapless.tasks.observe.scaling import removal_costs
+from swapless.tasks.routing import read_shadow
+from swapless.tasks.webhooks import read_webhooks
 
 __all__ = ["aread_status", "read_status", "status_payload"]
 
@@ -65,7 +61,7 @@ def status_payload(
             for (route, served, copy), (agreed, total) in shadow.items()
         ],
         "redis": dataclasses.asdict(memory),
-        "models": [{**dataclasses.asdict(p), "waiting": p.waiting} for p in places],
+        "models": [{**dataclasses.asdict(p), "waiting": p.waiting_messages} for p in places],
         "queue": {**dataclasses.asdict(depth), "total": depth.total},
         "workers": [{**beat.model_dump(), "removal": dataclasses.asdict(removal[beat.worker_id or beat.hostname])}
                     for beat in workers],
@@ -76,20 +72,13 @@ def status_payload(
 
 def _active(places: Sequence[ModelPlacement]) -> list[str]:
     """The models with jobs waiting or held, or a claim: the only ones whose keys hold anything."""
-    return [p.model_id for p in places if p.waiting or p.held or p.holders]
+    return [p.model_id for p in places if p.waiting_messages or p.held or p.holders]
 
 
 def read_status(
     client: redis.Redis, keyspace: Keyspace, model_ids: Sequence[str], sample: int = DEFAULT_SAMPLE
 ) -> dict[str, Any]:
-    """The status now, read with ``client``.
-
-    Args:
-        client: the deployment's Redis.
-        keyspace: its queue's keys.
-        model_ids: the models of the models file (the layout is read per model).
-        sample: ingress messages read per priority level to count messages per model.
-    """
+    """The status now (``model_ids``: the models file's; ``sample``: messages read per list at most)."""
     places = read_placement(client, keyspace, model_ids)
     return status_payload(
         depth=read_queue_depth(client, keyspace, model_ids, sample, {p.model_id: p.queued for p in places}),
@@ -111,10 +100,8 @@ async def aread_status(
     sample: int = DEFAULT_SAMPLE,
     owner: str | None = None,
 ) -> dict[str, Any]:
-    """``read_status`` for asyncio code: ``client`` for the readers that have an asyncio twin, ``sync_client`` (in a
-    worker thread, so the event loop never waits on Redis) for the others. ``owner``: a caller that is no operator
-    (the gateway's key): its own batches only, and the webhooks' counts without the failed deliveries (those are
-    other callers' URLs)."""
+    """``read_status`` for asyncio code (``sync_client``: for the readers without an asyncio twin, run in a thread).
+    ``owner``: a caller that is no operator sees its own batches only, and no failed webhook deliveries."""
     places = await aread_placement(client, keyspace, model_ids)
     depth, workers, memory, shadow, (webhooks, batches) = await asyncio.gather(
         aread_queue_depth(client, keyspace, model_ids, sample, {p.model_id: p.queued for p in places}),

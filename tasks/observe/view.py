@@ -33,11 +33,11 @@ def _seconds(value: float | None) -> str:
 
 
 def render_placement(places: list[ModelPlacement], workers: list[Heartbeat], now: float) -> RenderableType:
-    """Each model across the workers: its jobs waiting in its own lists (exact), held, and who holds it."""
+    """Each model across the workers: waiting messages, held jobs, holders."""
     names = {beat.worker_id: f"{beat.hostname} (pid {beat.pid})" for beat in workers}
-    active = [p for p in places if p.waiting or p.held or p.holders]
+    active = [p for p in places if p.waiting_messages or p.held or p.holders]
     header = Text(
-        f"models across workers: {sum(p.waiting for p in active)} messages waiting in their lists, "
+        f"models across workers: {sum(p.waiting_messages for p in active)} messages waiting in their lists, "
         f"{sum(p.held for p in active)} held by workers", style="bold",
     )
     if not active:
@@ -49,14 +49,14 @@ def render_placement(places: list[ModelPlacement], workers: list[Heartbeat], now
     for p in active:
         holders = ", ".join(f"{names.get(w, w)} ({max(0.0, until - now):.0f}s)" for w, until in p.holders) or "-"
         interactive = sum(n for level, n in p.queued.items() if is_urgent(level))
-        table.add_row(p.model_id, str(p.waiting), str(interactive), str(p.waiting - interactive), str(p.held),
+        waiting = p.waiting_messages
+        table.add_row(p.model_id, str(waiting), str(interactive), str(waiting - interactive), str(p.held),
                       str(len(p.holders)), holders)
     return Group(header, table)
 
 
 def render_queue(depth: QueueDepth, workers: list[Heartbeat]) -> RenderableType:
-    """The queue: messages waiting in Redis (every model's lists and the ingress) and jobs already held by workers,
-    per model."""
+    """The queue per model: messages waiting in Redis and jobs held by workers."""
     levels = ", ".join(f"priority {p}: {n}" for p, n in depth.by_priority.items() if n) or "empty"
     held: dict[str, int] = {}
     for beat in workers:
@@ -92,8 +92,7 @@ def render_queue(depth: QueueDepth, workers: list[Heartbeat]) -> RenderableType:
 
 
 def render_worker(beat: Heartbeat, now: float, removal: RemovalCost | None = None) -> RenderableType:
-    """One worker: its cache and counters, then a row per model it has loaded or run (``removal``: what removing
-    it would cost, in the caption)."""
+    """One worker: its cache and counters, then a row per model it has loaded or run."""
     cache = beat.cache
     budget = f"budget {format_bytes(cache.memory_budget_bytes)}" if cache.memory_budget_bytes else "no byte budget"
     wait = beat.queue_wait
@@ -194,8 +193,7 @@ def render_status(
     memory: RedisMemory | None = None,
     places: list[ModelPlacement] | None = None,
 ) -> RenderableType:
-    """The whole status: Redis's memory, each model across the workers, the queue's shared lists, then each live
-    worker (or a line saying there is none)."""
+    """The whole status: Redis's memory, the models across the workers, the queue, each live worker."""
     now = time.time() if now is None else now
     parts: list[RenderableType] = [render_memory(memory)] if memory is not None else []
     if places is not None:

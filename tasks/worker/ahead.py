@@ -1,19 +1,6 @@
-"""The next group's reads, sent during the last pass of the group before it: ``ReadAhead``.
+"""ReadAhead: the next group's reads, sent during the last pass of the group before it.
 
-Before a group runs, the scheduler asks Redis in one round trip which of its jobs have a result already (cancelled,
-or a redelivered copy of a finished job) and how often each was started before, and counts the first slice's
-attempts (``ResultStore.prior``). On a device that computes without the CPU, that round trip is time the device
-idles between two groups: 2-4 ms of a 75 ms group of 256 jobs on the simulated device (``bench/DEVICE.md``). As the
-last forward pass of a group begins (``run_group``'s ``before_last_pass``), ``ReadAhead`` sends the same round trip,
-on a thread of its own, for the group the backlog would give next (``Backlog.peek_group``); when that group is the
-one taken, the scheduler uses the answer instead of asking.
-
-A job counted ahead counts as started from then on, one forward pass before its own: a cancel answers ``running``,
-and the job runs and keeps its result. Only a job never started before is counted ahead, and once: one that then
-never runs here (its worker died during the pass before it) carries one attempt it did not make, and runs again with
-the jobs in flight at one death (together, as ``swapless.tasks.worker.attempts`` decides), never alone or as poison for
-it. What this worker counted ahead is its own and not an earlier life's: ``own`` takes it out of later reads, and a job
-handed over or left at a clean stop has its count cleared (``forget``, ``close``).
+What a job counted ahead means for its attempts: docs/concepts/scheduling.md.
 """
 
 from __future__ import annotations
@@ -39,8 +26,7 @@ _RETRY_S = 5.0
 
 
 class ReadAhead:
-    """Reads a group's state ahead of its run (see the module docstring). Thread-safe: the scheduler thread takes
-    the reads; they are launched from it or from the consumer's thread, as jobs arrive while a group computes.
+    """Reads a group's state ahead of its run. Thread-safe.
 
     Args:
         results_factory: builds the ResultStore of the thread that reads ahead.
@@ -57,8 +43,7 @@ class ReadAhead:
         self._closed = False
 
     def launch(self, group: Sequence[str], first: Sequence[str]) -> None:
-        """Read the state of ``group`` (job ids) and count the attempts of ``first`` (its first slice), in the
-        background; a read still unused stays the one in flight."""
+        """Read the state of ``group`` and count the attempts of ``first``, in the background."""
         with self._lock:
             if self._pending is not None or not group or self._closed:
                 return
@@ -75,9 +60,7 @@ class ReadAhead:
         return self._store.prior(group, result_ids, start=first)
 
     def take(self, group: Sequence[str], first: Sequence[str]) -> Prior | None:
-        """The state of the group about to run (its job ids, those of its first slice) as read ahead, with ``own``
-        applied; None when the read ahead does not cover it (or failed): the scheduler asks now. Either way the
-        jobs the read counted are remembered as this worker's."""
+        """The read ahead of the group about to run, with ``own`` applied; None when it does not cover the group."""
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is None:
@@ -104,8 +87,7 @@ class ReadAhead:
         return {job_id: count for job_id, count in adjusted.items() if count > 0}
 
     def record(self, first: Collection[str], done: Collection[str], attempts: Mapping[str, int]) -> None:
-        """Remember as this worker's the jobs a read (``prior``'s answer ``done``, ``attempts``, read before it
-        counted) counted of ``first``: those never started and without a result."""
+        """Remember as this worker's the jobs of ``first`` a read counted: never started, without a result."""
         with self._lock:
             self._counted.update(j for j in first if j not in attempts and storage_id(j) not in done)
 
@@ -122,8 +104,7 @@ class ReadAhead:
         return mine
 
     def forget(self, job_ids: Collection[str]) -> list[str]:
-        """Of jobs leaving this worker unrun (handed over, given back at a stop), those counted ahead: forgotten
-        here; the caller clears their counters (``ResultStore.clear_attempts``)."""
+        """Of jobs leaving this worker unrun, those counted ahead (the caller clears their counters)."""
         return sorted(self.running(job_ids))
 
     def prune(self, live: Callable[[str], bool]) -> None:

@@ -1,9 +1,4 @@
 """How a group's jobs run, given how often each was in flight when its worker died: a pure decision.
-
-A worker dies for many reasons (the OOM killer, a crash in native code, a deploy): a whole batch re-run one job at
-a time would cost its model many passes, so jobs that were in flight at one death run again together. In flight at
-a second death, each runs alone, so that one poison input cannot take others down with it again; the last attempt
-before ``max_attempts`` is always alone. At ``max_attempts`` deaths a job fails as a poison job, without running.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ class AttemptPlan:
 
 
 def plan_attempts(jobs: Sequence[Job], attempts: Mapping[str, int], max_attempts: int) -> AttemptPlan:
-    """Split ``jobs`` by their started attempts (``attempts``: job id -> attempts started before; a job absent
-    never started) against ``max_attempts`` (see the module docstring)."""
+    """Split ``jobs`` by their attempts started before (job id -> count; absent: never started)."""
     poison = [job for job in jobs if attempts.get(job.id, 0) >= max_attempts]
     again = [job for job in jobs if 0 < attempts.get(job.id, 0) < max_attempts]
     together = [job for job in again if attempts[job.id] == 1 and max_attempts > 2]

@@ -1,24 +1,6 @@
-"""Celery's canvas for Swapless's jobs: what a message's ``callbacks``, ``errbacks``, ``chain`` and ``chord`` ask
-for once the job has its final result, done as ``celery/app/trace.py`` and ``celery/backends/base.py`` do it for an
-ordinary task.
+"""Celery's canvas for Swapless's jobs: ``link``, ``link_error``, chains and chords, done as Celery does them.
 
-- **Success.** Each ``link`` callback gets the job's result as its first argument (several: one group), then the
-  next step of its chain gets it too, with the rest of the chain; an ``immutable`` signature (``.si``) gets nothing.
-  A chord member tells the chord's counter (Celery's Redis chord keys, ``backend.on_chord_part_return``): the body
-  runs once every header job is done.
-- **Failure.** Each ``link_error`` errback is sent the job's id, as Celery sends it to an errback that is not
-  registered in the worker: the errback reads the job's own error with ``AsyncResult(task_id).result``. The steps
-  of its chain are marked failed with that error (a caller waiting on the chain's last step gets it), and a chord
-  member tells the counter that it failed (the body then fails with a ``ChordError``).
-- **Where follow-ups go.** A signature that names no queue (nor a routing key or exchange) goes to the worker's
-  routes: Swapless's own tasks to their queue, any other task to ``SWAPLESS_CANVAS_QUEUE`` (``celery``, the queue
-  a plain Celery worker consumes by default), since this worker does not know the producer's routes.
-
-The scheduler calls ``fire`` after a group's results are stored and before their messages are acked, on the thread
-that stores them. A worker that dies in between has its jobs redelivered: the next worker finds their results
-stored, does not run them again, and fires their follow-ups again before it acks them. Follow-ups are sent **at
-least once**: a follow-up task may run twice for one job, so it should be idempotent (or check that its work for
-``parent_id`` is done). A chord counts each member once (its counter is a sorted set of the members' results).
+``fire`` runs between a result's store and its ack; follow-ups are sent at least once (docs/guides/scripts.md).
 """
 
 from __future__ import annotations
@@ -33,6 +15,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from swapless.config.errors import SwaplessError
+from swapless.tasks.broker.kombu_private import request_payload
 from swapless.tasks.broker.results import ResultStore
 from swapless.tasks.protocol import CHUNK_TASK, PREDICT_TASK
 
@@ -54,7 +37,7 @@ def embed_of(request: Any) -> dict[str, Any] | None:
     """
     embed = getattr(request, "embed", None)
     if embed is None:
-        payload = getattr(request, "_payload", None)
+        payload = request_payload(request)
         if isinstance(payload, (list, tuple)) and len(payload) == 3:
             embed = payload[2]
     if isinstance(embed, dict) and any(embed.get(field) for field in CANVAS_FIELDS):
@@ -63,7 +46,7 @@ def embed_of(request: Any) -> dict[str, Any] | None:
 
 
 class Canvas:
-    """Sends the follow-ups of finished jobs (see the module docstring).
+    """Sends the follow-ups of finished jobs.
 
     Args:
         app: the worker's Celery app (its producer pool sends the follow-ups, its result backend holds the chord
@@ -76,12 +59,10 @@ class Canvas:
         self.default_queue = default_queue
 
     def fire(self, store: ResultStore, items: Sequence[tuple[Any, Any, BaseException | None]]) -> int:
-        """Send the follow-ups of each ``(request, result, error)`` whose message asks for some; returns how many
-        jobs had some.
+        """Send the follow-ups of each ``(request, result, error)``; returns how many jobs had some.
 
         Raises:
-            RedisError, OperationalError: the broker or the result backend failed: the jobs stay unacked (their
-                results are stored) and their follow-ups are sent again when they are retried or redelivered.
+            RedisError, OperationalError: the jobs stay unacked and their follow-ups are sent again on retry.
         """
         fired = 0
         for request, result, error in items:

@@ -1,14 +1,4 @@
-"""Chunk messages in the worker: each chunk's items collected back into its one result.
-
-A bulk producer sends ``swapless.predict_chunk`` messages whose args are ``[model_id, [input, ...]]``. Decoding
-(``swapless.tasks.worker.delivery``) expands each chunk into one ``Job`` per input (ids ``"<chunk id>:<index>"``,
-``swapless.tasks.protocol.item_id``) in the same backlog as single jobs, so grouping, caching and failure isolation are
-exactly those of single jobs; one bad input fails alone. When every item of a chunk has an outcome, the chunk's
-result is stored once, as a list of ``swapless.tasks.protocol.encode_outcome`` dicts in input order, and only then is
-the chunk's message acked. A chunk whose payload is malformed, or that names an unknown model, fails as a whole (its
-stored result is that error, like a single job's).
-
-Plain data: no Redis, no Celery, no torch. ``ChunkAssembler`` is what the batch scheduler holds.
+"""ChunkAssembler: a chunk message's items collected back into its one result. Plain data.
 """
 
 from __future__ import annotations
@@ -37,12 +27,9 @@ class _Pending:
 
 
 class ChunkAssembler:
-    """Chunks in progress in one worker: registers chunk deliveries, collects their items' Outcomes back.
+    """Chunks in progress in one worker: their deliveries, and their items' outcomes. Thread-safe.
 
-    Thread-safe: ``expand`` runs in the consumer thread, ``collect`` in the scheduler thread.
-
-    A second delivery of a chunk that is still in progress here (same id) adds no jobs: it is acked together with
-    the first when the chunk completes.
+    A second delivery of a chunk in progress adds no jobs; it is acked with the first.
     """
 
     def __init__(self) -> None:
@@ -82,8 +69,7 @@ class ChunkAssembler:
             return parts[0] in self._pending
 
     def untouched(self, item_ids: Collection[str]) -> set[str]:
-        """The chunks in progress here all of whose items are among ``item_ids`` (waiting) and none has an outcome:
-        such a chunk can go back to its list whole."""
+        """The chunks in progress all of whose items wait among ``item_ids``, none with an outcome."""
         found: dict[str, int] = {}
         for job_id in item_ids:
             parts = split_item_id(job_id)
@@ -95,8 +81,7 @@ class ChunkAssembler:
                     and waiting == len(pending.outcomes) == pending.missing}
 
     def drop(self, chunk_ids: Sequence[str]) -> dict[str, tuple[list[Any], int]]:
-        """Forget the chunks among ``chunk_ids`` that are in progress here (cancelled, or finished elsewhere):
-        their items' outcomes are no longer wanted. Returns ``{chunk id: (its requests, its item count)}``."""
+        """Forget the chunks among ``chunk_ids``; returns ``{chunk id: (its requests, its item count)}``."""
         dropped: dict[str, tuple[list[Any], int]] = {}
         with self._lock:
             for chunk_id in chunk_ids:
@@ -106,12 +91,11 @@ class ChunkAssembler:
         return dropped
 
     def collect(self, outcomes: Sequence[Outcome]) -> tuple[list[Outcome], list[tuple[Any, Any, SwaplessError | None]]]:
-        """Take the outcomes of chunk items; return the other outcomes and the chunks now complete.
+        """Take the outcomes of chunk items.
 
         Returns:
-            ``(others, done)``: ``others`` are the outcomes of plain jobs, in order; ``done`` holds one
-            ``(request, chunk_result, None)`` per request of each chunk that has all its outcomes now, ready to be
-            stored and acked like a plain job's ``(request, result, error)``.
+            ``(others, done)``: the outcomes of plain jobs, in order, and one ``(request, chunk_result, None)`` per
+            request of each chunk now complete.
         """
         others: list[Outcome] = []
         done: list[tuple[Any, Any, SwaplessError | None]] = []

@@ -1,25 +1,7 @@
-"""The worker's composition root: every collaborator of one worker process, built once where it starts and handed
-to each part, as Celery's own bootsteps do (``celery/worker/components.py``).
+"""The worker's composition root: every collaborator of one worker process, built once where it starts.
 
-``SwaplessWorker``, a bootstep of the worker's blueprint, builds the ``WorkerContext`` when Celery creates the
-worker (after its logging is set up, before the consumer connects) and attaches it as ``worker.swapless``:
-
-    settings ─► Keyspace, RedisHealth, the Redis clients
-             ─► Runtime (registry, engine, cache) ─► Router (routes with their run-time weights)
-             ─► WorkerReporting (heartbeat, metrics, events: the observer of every group)
-             ─► BatchScheduler (decode once, backlog, groups, results, acks) and its Shadows
-             ─► Followups: Celery's canvas and the webhooks' intake (between a store and its ack)
-             ─► WebhookSender (its own thread: the webhook deliveries of the queue, signed)
-             ─► BatchSpans (with OTEL_* set: the spans of traced jobs, swapless.tasks.tracing)
-             ─► Placer (claims, recovery: the transport's Affinity) and the Intake (the lean path)
-             ─► ChannelHooks: what the transport's channels take, as the transport option ``swapless_hooks``
-
-Its ``start`` (before the consumer starts, which Celery starts last) sets tracing up (when the ``OTEL_*`` variables
-ask for it), seeds what earlier workers learned, runs the
-warm start on the scheduler's thread, starts the heartbeat, the webhook sender and then placement (a model is not
-claimed by a worker still warming up). The consumer's ``FinishInHand`` step finishes the group in hand on a warm
-shutdown while the broker connection is still open; the worker step's ``stop`` stops the rest and unloads every
-model. The batch task binds to the context of the consumer that serves it (``swapless.tasks.worker.task``).
+``SwaplessWorker`` (a bootstep) builds the ``WorkerContext`` and attaches it as ``worker.swapless``; the order of
+its start: docs/concepts/scheduling.md.
 """
 
 from __future__ import annotations
@@ -38,20 +20,20 @@ from celery.worker import state as worker_state
 
 from swapless.config.errors import SwaplessError
 from swapless.config.settings import Settings, get_settings
-from swapless.manager import ModelEngine
+from swapless.manager import ModelEngine, ModelManager
 from swapless.manager.batching.warmup import load_kept, warm_steps
 from swapless.tasks import tracing
 from swapless.tasks.broker.acks import AckQueue
 from swapless.tasks.broker.connection import RedisHealth, ReplicaWait, redis_client
 from swapless.tasks.broker.queues import ChannelHooks
 from swapless.tasks.broker.results import ResultStore
-from swapless.tasks.broker.routes import RouteOverrides, Router
 from swapless.tasks.broker.sentinel import SentinelOptions
-from swapless.tasks.broker.webhooks import WebhookQueue
 from swapless.tasks.cluster.members import read_heartbeats
 from swapless.tasks.cluster.placer import Placer
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.observe.podcost import PodDeletionCost
+from swapless.tasks.routing import RouteOverrides, Router
+from swapless.tasks.webhooks import WebhookQueue
 from swapless.tasks.worker.canvas import Canvas
 from swapless.tasks.worker.followups import Followups
 from swapless.tasks.worker.intake import Intake, answer_malformed
@@ -75,15 +57,14 @@ SETTINGS_KEY = "swapless_settings"
 
 
 def settings_of(app: Celery) -> Settings:
-    """The settings the worker runs with: those ``swapless worker`` put in the app's configuration, else the
-    environment's (``celery -A swapless worker``)."""
+    """The settings ``swapless worker`` put in the app's configuration, else the environment's."""
     given = app.conf.get(SETTINGS_KEY)
     return given if isinstance(given, Settings) else get_settings()
 
 
 @dataclass
 class WorkerContext:
-    """One worker process's collaborators (see the module docstring)."""
+    """One worker process's collaborators."""
 
     app: Celery
     settings: Settings
@@ -106,107 +87,90 @@ class WorkerContext:
     def start(self) -> None:
         """Seed what earlier workers learned, warm up on the scheduler's thread, start the heartbeat, then place."""
         runtime, s = self.runtime, self.settings
-        engine = runtime.manager.factory
         if self.scheduler.spans is not None:
             self.provider = tracing.configure("swapless-worker")
         tune_interpreter()
         after_beat: list[Callable[[], Any]] = []
-        records: dict[str, Any] = {}
-        kind = ""
-        if isinstance(engine, ModelEngine):
-            kind = device_label(s.device)
-            learned = LearnedStore(self.control, self.keyspace, kind)
-            try:
-                records = learned.seed(runtime.manager, engine)
-            except Exception as err:  # noqa: BLE001 - what was learned only saves time
-                logger.warning("could not read what earlier workers learned (%s); learning afresh", err)
-            after_beat.append(functools.partial(learned.save, runtime.manager, engine))
-        warming = engine if s.warm_start and isinstance(engine, ModelEngine) else None
-        kept = [spec.id for spec in runtime.store if spec.keep_loaded]
-        if warming is not None or kept:
-            others = self._others_live()
-            skip = self._measured_if_joining(records, kind, others) if others else set()
-            # a worker joining a fleet under placement loads no kept model: the fleet holds them, placement gives
-            # this one what it needs
-            skip_kept = set(kept) if others and s.routing == "placement" else set()
-
-            def warm() -> Iterator[None]:
-                """The warm start, a model at a time while no job has come (the scheduler stops it at the first)."""
-                assert warming is not None
-                started, took, ended = time.perf_counter(), 0, "all warmed or its budget spent"
-                steps = warm_steps(runtime.manager, warming, total_budget_s=s.warm_start_budget_s,
-                                   order=list(records), tuned=set(records), skip=skip | skip_kept,
-                                   keep=self.scheduler.wants)
-                try:
-                    yield  # primed here: closed before any model, it still says so
-                    # jobs waiting in the queue's lists go to some worker of the fleet within a placement round:
-                    # a load begun for the warm start now would only hold them up (or be made twice)
-                    while not self.placer.jobs_waiting():
-                        if next(steps, None) is None:
-                            break
-                        took += 1
-                        yield
-                    else:
-                        ended = "ended by jobs waiting; the others warm on their first jobs"
-                except GeneratorExit:
-                    ended = "ended by the first job; the others warm on their first jobs"
-                    raise
-                finally:
-                    close = getattr(steps, "close", None)  # a generator: closed, it closes its model's use
-                    if close is not None:
-                        close()
-                    logger.info("warm start on %s: %d model(s) in %.1f s (%s)", threading.current_thread().name,
-                                took, time.perf_counter() - started, ended)
-
-            idle = warm() if warming is not None else None
-            if idle is not None:
-                next(idle)
-
-            def first() -> None:
-                """The kept models, and ``SWAPLESS_WARM_BEFORE_READY_S`` of the warm start, before ready."""
-                load_kept(runtime.manager, skip=skip_kept)
-                ends = time.perf_counter() + s.warm_before_ready_s
-                while idle is not None and time.perf_counter() < ends and next(idle, StopIteration) is None:
-                    pass
-
-            # on the thread that will run the jobs: those before ready, the rest of the warm start while idle
-            self.scheduler.start(first=first, idle=idle)
-            self.scheduler.ready.wait()
-        beats = redis_client(s.broker_url, connect_timeout_s=5, socket_timeout_s=5, sentinel=SentinelOptions.of(s))
-        pod_cost = PodDeletionCost.from_environment(s, beats, self.keyspace, self.reporting.worker_id)
+        records, kind = self._seed(after_beat)
+        self._warm_up(records, kind)
+        beats = redis_client(s.redis.broker_url, connect_timeout_s=5, socket_timeout_s=5,
+                             sentinel=SentinelOptions.of(s))
+        pod_cost = PodDeletionCost.from_environment(s.scaling, beats, self.keyspace, self.reporting.worker_id)
         if pod_cost is not None:
             after_beat.append(pod_cost)
         self.reporting.start(self.scheduler, beats, self.placer.claimed, after_beat, device=kind)
         self.webhooks.start()
         self.placer.start()  # claims once warm: a model is not held by a worker still warming up
-        if s.routing == "placement":
+        if s.placement.routing == "placement":
             logger.info("placement: %s claims models of queue %s with the other workers", self.reporting.worker_id,
-                        s.queue)
+                        s.jobs.queue)
         ids = runtime.store.ids()
         shown = ", ".join(ids[:READY_NAMES]) + (f" and {len(ids) - READY_NAMES} more" if len(ids) > READY_NAMES else "")
         logger.info("swapless worker ready: %d model(s): %s", len(ids), shown)
 
+    def _seed(self, after_beat: list[Callable[[], Any]]) -> tuple[dict[str, Any], str]:
+        """Seed what earlier workers learned on this kind of device; returns their records and the device kind."""
+        engine = self.runtime.manager.factory
+        if not isinstance(engine, ModelEngine):
+            return {}, ""
+        kind = device_label(self.settings.cache.device)
+        learned = LearnedStore(self.control, self.keyspace, kind)
+        records: dict[str, Any] = {}
+        try:
+            records = learned.seed(self.runtime.manager, engine)
+        except Exception as err:  # noqa: BLE001 - what was learned only saves time
+            logger.warning("could not read what earlier workers learned (%s); learning afresh", err)
+        after_beat.append(functools.partial(learned.save, self.runtime.manager, engine))
+        return records, kind
+
+    def _warm_up(self, records: dict[str, Any], kind: str) -> None:
+        """Load the kept models and start the warm start, on the scheduler's thread; wait until it is ready."""
+        runtime, s = self.runtime, self.settings
+        engine = runtime.manager.factory
+        warming = engine if s.worker.warm_start and isinstance(engine, ModelEngine) else None
+        kept = [spec.id for spec in runtime.store if spec.keep_loaded]
+        if warming is None and not kept:
+            return
+        others = self._others_live()
+        skip = self._measured_if_joining(records, kind, others) if others else set()
+        # a worker joining a fleet under placement loads no kept model: the fleet holds them, placement gives
+        # this one what it needs
+        skip_kept = set(kept) if others and s.placement.routing == "placement" else set()
+        idle = None
+        if warming is not None:
+            idle = _warm_start(runtime.manager, warming, s, records, skip | skip_kept, self.scheduler.wants,
+                               self.placer.jobs_waiting)
+            next(idle)
+
+        def first() -> None:
+            """The kept models, and ``SWAPLESS_WARM_BEFORE_READY_S`` of the warm start, before ready."""
+            load_kept(runtime.manager, skip=skip_kept)
+            ends = time.perf_counter() + s.worker.warm_before_ready_s
+            while idle is not None and time.perf_counter() < ends and next(idle, StopIteration) is None:
+                pass
+
+        # on the thread that will run the jobs: those before ready, the rest of the warm start while idle
+        self.scheduler.start(first=first, idle=idle)
+        self.scheduler.ready.wait()
+
     def _others_live(self) -> int:
         """How many other workers are live on this queue (0 when their heartbeats cannot be read)."""
         try:
-            return sum(1 for b in read_heartbeats(self.control, self.keyspace) if b.queue == self.settings.queue)
+            return sum(1 for b in read_heartbeats(self.control, self.keyspace) if b.queue == self.settings.jobs.queue)
         except Exception:  # noqa: BLE001 - only saves time
             return 0
 
     def _measured_if_joining(self, records: dict[str, Any], kind: str, others: int) -> set[str]:
-        """The models a worker joining a fleet need not warm: those whose load and batch costs were measured on its
-        kind of device (it loads them when placement gives it one, and serves seconds after it starts). Alone, a
-        worker warms them all (it is the fleet: its first jobs should not pay for it)."""
+        """The models a worker joining a fleet need not warm: those measured on its kind of device before."""
         measured = {m for m, r in records.items() if r.get("batch_costs_s") and r.get("load_s") is not None}
         logger.info("joining %d live worker(s) on %s: not warming the %d model(s) measured there before (%s)",
                     others, kind, len(measured), ", ".join(sorted(measured)) or "-")
         return measured
 
     def finish_in_hand(self) -> None:
-        """Warm shutdown, while the broker connection is open: give up claims (other workers take the models over
-        at once), finish the group in hand and ack it."""
+        """Warm shutdown, while the broker connection is open: give up claims, finish the group in hand, ack it."""
         self.placer.stop()
-        self.scheduler.stop(timeout_s=self.settings.visibility_timeout_s)
+        self.scheduler.stop(timeout_s=self.settings.worker.visibility_timeout_s)
         self.scheduler.acks.drain()
 
     def stop(self) -> None:
@@ -220,8 +184,36 @@ class WorkerContext:
         self.provider = None
 
 
+def _warm_start(manager: ModelManager, engine: ModelEngine, s: Settings, records: dict[str, Any], skip: set[str],
+                keep: Callable[[str], bool], jobs_waiting: Callable[[], bool]) -> Iterator[None]:
+    """The warm start, a model at a time while no job has come (the scheduler closes it at the first)."""
+    started, took, ended = time.perf_counter(), 0, "all warmed or its budget spent"
+    steps = warm_steps(manager, engine, total_budget_s=s.worker.warm_start_budget_s, order=list(records),
+                       tuned=set(records), skip=skip, keep=keep)
+    try:
+        yield  # primed here: closed before any model, it still says so
+        # jobs waiting in the queue's lists go to some worker of the fleet within a placement round:
+        # a load begun for the warm start now would only hold them up (or be made twice)
+        while not jobs_waiting():
+            if next(steps, None) is None:
+                break
+            took += 1
+            yield
+        else:
+            ended = "ended by jobs waiting; the others warm on their first jobs"
+    except GeneratorExit:
+        ended = "ended by the first job; the others warm on their first jobs"
+        raise
+    finally:
+        close = getattr(steps, "close", None)  # a generator: closed, it closes its model's use
+        if close is not None:
+            close()
+        logger.info("warm start on %s: %d model(s) in %.1f s (%s)", threading.current_thread().name,
+                    took, time.perf_counter() - started, ended)
+
+
 def build_context(app: Celery, settings: Settings, hostname: str | None = None) -> WorkerContext:
-    """Build one worker's collaborators (see the module docstring); nothing starts.
+    """Build one worker's collaborators; nothing starts.
 
     Raises:
         SwaplessError: a bad models file, plugin or setting (``ConfigError``), or a metrics port that cannot be
@@ -229,18 +221,18 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
     """
     keyspace = Keyspace.of(settings)
     health = RedisHealth()
-    replicas = ReplicaWait.of(settings)
-    control = redis_client(settings.broker_url, connect_timeout_s=5, socket_timeout_s=10,
+    replicas = ReplicaWait.of(settings.redis)
+    control = redis_client(settings.redis.broker_url, connect_timeout_s=5, socket_timeout_s=10,
                            sentinel=SentinelOptions.of(settings))
     runtime = build_runtime(settings, warm_up=True)
     router = Router(runtime.store, RouteOverrides(control, keyspace) if runtime.store.routes else None)
     reporting = WorkerReporting(runtime, keyspace, health, hostname)
-    sending = redis_client(settings.broker_url, connect_timeout_s=5, socket_timeout_s=10,
+    sending = redis_client(settings.redis.broker_url, connect_timeout_s=5, socket_timeout_s=10,
                            sentinel=SentinelOptions.of(settings))
-    spans = BatchSpans(tracing.tracer(), settings.queue) if tracing.wanted() else None
-    sender = WebhookSender(WebhookQueue.of(sending, settings), settings,
+    spans = BatchSpans(tracing.tracer(), settings.jobs.queue) if tracing.wanted() else None
+    sender = WebhookSender(WebhookQueue.of(sending, settings), settings.webhooks,
                            tracer=spans.tracer if spans is not None else None)
-    followups = Followups(Canvas(app, settings.canvas_queue),
+    followups = Followups(Canvas(app, settings.worker.canvas_queue),
                           WebhookIntake(WebhookQueue.of(control, settings), wake=sender.wake))
     scheduler = BatchScheduler(
         runtime,
@@ -252,22 +244,24 @@ def build_context(app: Celery, settings: Settings, hostname: str | None = None) 
         observer=reporting.observer,
         followups=followups,
         spans=spans,
+        refused=reporting.stats.refused,
     )
     placer = Placer(settings, keyspace, runtime.store, runtime.manager, router, control, health,
                     reporting.worker_id, activity=reporting.stats.models, on_release=scheduler.hand_over)
-    scheduler.backlog.queued = placer.queued
+    scheduler.inbox.backlog.queued = placer.queued
 
     def malformed(message: Any, err: Exception) -> None:
         answer_malformed(ResultStore(app, retry_s=5, health=health, replicas=replicas), message, err)
 
     # with task events on, every message goes through Celery's requests
-    intake = None if settings.task_events else Intake(scheduler.submit, reporting.sent_times.record_many, malformed)
+    intake = (None if settings.observe.task_events
+              else Intake(scheduler.submit, reporting.sent_times.record_many, malformed))
     return WorkerContext(app, settings, keyspace, health, control, runtime, router, reporting, scheduler, placer,
-                         intake, ChannelHooks(settings.queue, placer, intake, health), sender, malformed)
+                         intake, ChannelHooks(settings.jobs.queue, placer, intake, health), sender, malformed)
 
 
 class SwaplessWorker(bootsteps.StartStopStep):
-    """The worker step that builds, starts and stops the ``WorkerContext`` (see the module docstring)."""
+    """The worker step that builds, starts and stops the ``WorkerContext``."""
 
     label = "Swapless"
     requires = ("celery.worker.components:Timer",)
@@ -291,13 +285,9 @@ class SwaplessWorker(bootsteps.StartStopStep):
 
 
 class FinishInHand(bootsteps.StartStopStep):
-    """Warm shutdown (SIGTERM): give up the claims, finish the group in hand and ack it while the broker connection
-    is still open.
+    """Warm shutdown (SIGTERM): give up the claims, finish the group in hand and ack it while the broker is connected.
 
-    A consumer step that needs the task consumer, so it stops before the task consumer and the connection do.
-    Consumer steps also stop when the connection is lost (the consumer restarts them); only a worker that is
-    closing (its blueprint's state) finishes in hand, and not on a cold shutdown. Jobs still waiting in the
-    backlog stay unacked; they go back to their lists when the channel closes.
+    Only a closing worker finishes in hand; jobs still in the backlog go back to their lists.
     """
 
     requires = ("celery.worker.consumer.tasks:Tasks",)

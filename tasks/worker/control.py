@@ -1,20 +1,6 @@
-"""Swapless's remote-control commands: ``swapless_drain``, the scale-down of chosen workers (``swapless drain``), and
-Celery's ``revoke`` as Swapless's cancel.
+"""Remote-control commands: ``swapless_drain`` (drain chosen workers) and Celery's ``revoke`` as Swapless's cancel.
 
-``swapless_drain`` names workers by worker id (``hostname:pid``), so one of several workers sharing a node name on
-one machine can be drained alone: every worker receives the broadcast and those named stop as on SIGTERM (warm
-shutdown: claims released, the group in hand finished and acked, the jobs fetched handed back).
-
-``revoke``, Celery's remote-control command as Swapless's cancel: what a plain Celery producer sends with
-``app.control.revoke(job_id)`` or ``AsyncResult(job_id).revoke()``.
-
-Celery's own ``revoke`` stores ``REVOKED`` as the task's result at once, also for a task already running; with
-first-result-wins results that would throw away the result of a job that runs to its end. Here, registered in its
-place, a revoke is ``ResultStore.cancel``'s: a job not yet started is answered ``JobCancelled`` (stored in Redis, so
-every worker skips it, across restarts), one that has started runs to its end and keeps its result. Every live
-worker receives the broadcast; the cancel is idempotent, so the first one to act on it is enough. ``terminate`` is
-not supported: a group's forward pass is never killed halfway (the job would be redelivered and counted as a
-crash).
+A revoke cancels a job not yet started; one that has started runs to its end and keeps its result.
 """
 
 from __future__ import annotations
@@ -46,7 +32,7 @@ def revoke(state: Any, task_id: Any, terminate: bool = False, signal: str | None
     if terminate:
         logger.warning("revoke with terminate=True: a running job is never terminated here; it runs to its end")
     context = getattr(getattr(state.consumer, "controller", None), "swapless", None)
-    hold_s = context.settings.cancel_hold_s if context is not None else None
+    hold_s = context.settings.jobs.cancel_hold_s if context is not None else None
     try:
         answers = ResultStore(state.app, retry_s=_RETRY_S).cancel(task_ids, JobCancelled, hold_s)
     except Exception as err:  # noqa: BLE001 - the consumer thread must outlive a Redis failure

@@ -1,21 +1,7 @@
-"""A message as the worker decoded it, once, at intake: ``decode(request, ...)`` reads the payload, routes each
-input to the model that serves it, and fixes the deadline, into a ``Delivery`` every later stage reads (the
-scheduler, the chunk assembler, the shadows) instead of asking the request or the registry again.
+"""A message as the worker decodes it, once, at intake: ``decode`` makes the ``Delivery`` every later stage reads.
 
-- A job (``swapless.predict``, args ``[model_id, input]``) is one ``Job``; addressed to a route (a plain Celery
-  producer's: ``Client`` resolves its own), it goes to the model the route picks by the job's id, as
-  ``Client.submit`` would pick it.
-- A chunk (``swapless.predict_chunk``, args ``[model_id, [input, ...]]``) is one ``Job`` per input, ids
-  ``"<chunk id>:<index>"``; addressed to a route, each item is routed by its sticky key (the message's
-  ``KEYS_HEADER``), else by its own id.
-- Its deadline: the message's ``expires`` (Celery's header), else ``SWAPLESS_INTERACTIVE_EXPIRES_S`` or
-  ``SWAPLESS_BULK_EXPIRES_S`` from its send time, when set.
-- A shadow copy (``SHADOW_HEADER``) names the job it shadows and the route; a job with shadows (``SHADOWED_HEADER``)
-  leaves its top label for them.
-- Its producer's trace context (the W3C ``traceparent`` header: ``Client``'s, the gateway's, or a plain Celery
-  producer's instrumentation) goes with each of its jobs (``Job.trace``) to the worker's spans.
-
-Plain data and pure functions over the request, the router and the settings: no Redis of its own, no Celery.
+It holds the message's jobs (one per input of a chunk, each routed), its deadline, its shadow headers and its
+producer's trace context. Pure functions: no Redis, no Celery.
 """
 
 from __future__ import annotations
@@ -26,10 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from swapless.config.errors import InputError
-from swapless.config.settings import Settings
+from swapless.config.settings import Settings, WorkerSettings
 from swapless.manager import Job
 from swapless.manager.registry.store import ModelStore
-from swapless.tasks.broker.routes import Router
 from swapless.tasks.protocol import (
     CHUNK_TASK,
     KEYS_HEADER,
@@ -40,6 +25,7 @@ from swapless.tasks.protocol import (
     item_id,
     read_payload,
 )
+from swapless.tasks.routing import Router
 from swapless.tasks.tracing import TRACEPARENT_HEADER
 
 __all__ = ["Delivery", "decode"]
@@ -47,14 +33,14 @@ __all__ = ["Delivery", "decode"]
 
 @dataclass(frozen=True)
 class Delivery:
-    """One message, decoded and routed (see the module docstring).
+    """One message, decoded and routed.
 
     Attributes:
         request: what acks and rejects go through (Celery's request, or the intake's ``LeanRequest``).
         jobs: its jobs, each addressed to the model that serves it (a chunk: one per input).
-        chunk: whether it is a chunk (its one result is stored once every item has an outcome).
+        chunk: whether it is a chunk.
         shadow_of: ``(served job id, route id)`` when it is a shadow copy.
-        shadowed: whether it is a routed job with shadow copies (its top label is kept for them).
+        shadowed: whether it is a routed job with shadow copies.
     """
 
     request: Any
@@ -78,7 +64,7 @@ def _sent_at(request: Any) -> float | None:
     return float(sent_at) if isinstance(sent_at, (int, float)) else None
 
 
-def _deadline(request: Any, urgent: bool, settings: Settings, sent_at: float | None) -> float | None:
+def _deadline(request: Any, urgent: bool, settings: WorkerSettings, sent_at: float | None) -> float | None:
     deadline = deadline_of(request)
     if deadline is not None:
         return deadline
@@ -89,9 +75,7 @@ def _deadline(request: Any, urgent: bool, settings: Settings, sent_at: float | N
 
 
 def _queued_at(sent_at: float | None, received_s: float, wall_s: float) -> float:
-    """When the job was queued, on the worker's monotonic clock: its producer's send time where the message carries
-    one (under placement a worker fetches a model's jobs as it gets to them: a job of a long burst fetched now has
-    waited since the burst came, and the starvation bound counts from then), else when the worker took it."""
+    """When the job was queued, on the monotonic clock: its producer's send time if stamped, else when taken."""
     if sent_at is None:
         return received_s
     return received_s - max(wall_s - sent_at, 0.0)  # a producer's clock ahead of ours: no wait yet
@@ -126,16 +110,14 @@ def _homed(jobs: list[Job], store: ModelStore) -> list[Job]:
 def decode(
     request: Any, router: Router, settings: Settings, received_s: float, wall_s: float | None = None
 ) -> Delivery:
-    """The delivery of one request (see the module docstring).
+    """The delivery of one request.
 
     Args:
-        request: a Celery request (or the intake's ``LeanRequest``): ``id``, ``name``, ``args``, ``kwargs``,
-            ``delivery_info``, ``request_dict``.
+        request: a Celery request (or the intake's ``LeanRequest``).
         router: resolves routes (with the run-time weights).
         settings: the default deadlines.
         received_s: when the worker took it (``time.monotonic()``).
-        wall_s: the same moment on the wall clock (``time.time()``; one reading for all the jobs of a hand-over, so
-            that jobs sent together keep their order).
+        wall_s: the same moment on the wall clock (one reading per hand-over keeps the jobs' order).
 
     Raises:
         InputError: the payload is malformed; a route has no branch for an input.
@@ -155,7 +137,7 @@ def decode(
         jobs = [Job(id=request.id, model_id=target, input=value, received_s=received_s, urgent=urgent, trace=trace)]
     if router.store.has_variants:
         jobs = _homed(jobs, router.store)
-    deadline = _deadline(request, jobs[0].urgent, settings, sent_at)
+    deadline = _deadline(request, jobs[0].urgent, settings.worker, sent_at)
     if deadline is not None:
         jobs = [dataclasses.replace(job, expires_at=deadline) for job in jobs]
     of = headers.get(SHADOW_HEADER)

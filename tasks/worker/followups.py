@@ -1,11 +1,4 @@
-"""What happens after a job's result is stored and before its message is acked: its Celery canvas follow-ups
-(``swapless.tasks.worker.canvas``) and its webhook's delivery, queued in Redis for the worker's sender
-(``swapless.tasks.worker.webhooks``).
-
-Both happen between the store and the ack, on the thread that stores (the results thread while more work waits),
-never on the forward pass's: a worker that dies in between has its jobs redelivered, and the worker that takes them
-finds their results stored, skips running them and calls ``found`` with those results before it acks them, so
-follow-ups are sent again rather than lost (at least once; a webhook keeps its ``webhook-id``, the job id).
+"""Followups: what is done between a job's result store and its ack (Celery's canvas, webhooks).
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ __all__ = ["Followups"]
 
 
 class Followups:
-    """The canvas and the webhooks of finished jobs (see the module docstring).
+    """The canvas and the webhooks of finished jobs.
 
     Args:
         canvas: sends Celery follow-ups (None: a worker that does not).

@@ -1,16 +1,12 @@
-"""Idle work: done a step at a time on the scheduler's thread while no job has come yet (the warm start).
-
-It begins once the backlog has been empty for ``IDLE_AFTER_S`` after start-up, so that jobs already queued when the
-worker starts are fetched first and it does not begin at all; the first job ends it for good, after the step in
-progress. A step that raises ends it too (it only saves time later).
-"""
+"""IdleWork: work done a step at a time on the scheduler's thread while no job has come yet (the warm start)."""
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
+
+from swapless.tasks.worker.inbox import JobInbox
 
 __all__ = ["IDLE_AFTER_S", "IdleWork"]
 
@@ -21,29 +17,25 @@ IDLE_AFTER_S = 0.5
 
 
 class IdleWork:
-    """Steps ``steps`` while ``has_work`` (read under ``cond``) says no job waits.
+    """Steps ``steps`` while no job waits in ``inbox``; a job, a stop or a failed step ends it.
 
     Args:
-        steps: the work, one step per ``next``; closed when it ends early, so a generator can say so.
-        cond: the scheduler's condition, notified when jobs come.
-        has_work: whether jobs (or a stop) wait now.
+        steps: one step per ``next``; closed when it ends early.
+        inbox: the scheduler's inbox.
     """
 
-    def __init__(self, steps: Iterator[Any], cond: threading.Condition, has_work: Callable[[], bool]) -> None:
+    def __init__(self, steps: Iterator[Any], inbox: JobInbox) -> None:
         self.steps = steps
-        self.cond = cond
-        self.has_work = has_work
+        self.inbox = inbox
         self._grace_s = IDLE_AFTER_S
 
     def run(self) -> None:
         """Step while idle; returns once the work has ended (done, failed, or stopped by a job)."""
         while True:
-            with self.cond:
-                if self._grace_s > 0 and not self.has_work():
-                    self.cond.wait(self._grace_s)
-                self._grace_s = 0.0
-                if self.has_work():
-                    break
+            busy = self.inbox.idle_wait(self._grace_s)
+            self._grace_s = 0.0
+            if busy:
+                break
             try:
                 next(self.steps)
             except StopIteration:

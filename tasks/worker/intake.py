@@ -1,13 +1,7 @@
-"""The lean path from a fetched message to the scheduler, for the worker's own two tasks.
+"""Intake: the lean path from a fetched message to the scheduler, for the worker's own two tasks.
 
-Celery turns every message into a ``Request`` (protocol conversion, promises, signals, the strategy's buffer and its
-flush) before the batch task's scheduler sees it: about a third of a millisecond of the worker's CPU per job, more
-than a small model's forward pass on a GPU. Messages of ``swapless.predict`` and ``swapless.predict_chunk`` that
-need none of it (JSON, no ETA, task events off) skip it: the transport hands every such message of one fetch round
-to ``Intake`` at once (``swapless.tasks.broker.placed.use_intake``), which decodes its body and gives the scheduler one
-``LeanRequest`` per message, in one hand-over. The message format is Celery's (producers are unchanged); acks,
-rejects and restores go through kombu's message and channel as Celery's would. Any other message (another task, an
-ETA, another content type, task events on) takes Celery's own path.
+Messages that need none of Celery's ``Request`` (JSON, no ETA, task events off) skip it; any other message takes
+Celery's own path.
 """
 
 from __future__ import annotations
@@ -61,14 +55,14 @@ def answer_malformed(results: ResultStore, message: Any, err: Exception) -> None
 
 
 class LeanRequest:
-    """What the scheduler needs of a Celery request, and no more (it reads, acks and rejects these the same way).
+    """What the scheduler needs of a Celery request, and no more.
 
     Args:
         message: the kombu message (acks and rejects go through it, on the consumer thread).
         args: the task's positional args.
         kwargs: its keyword args.
-        embed: the third part of the body, Celery's canvas fields (None: none).
-        defer: runs a callable on the consumer thread (``Consumer.call_soon``): kombu channels are not thread-safe.
+        embed: Celery's canvas fields (None: none).
+        defer: runs a callable on the consumer thread (kombu channels are not thread-safe).
     """
 
     __slots__ = ("acknowledged", "args", "defer", "delivery_info", "embed", "id", "kwargs", "message", "name",
@@ -108,15 +102,12 @@ class LeanRequest:
 
 
 class Intake:
-    """Turns fetched messages into ``LeanRequest``s for the scheduler (see the module docstring).
+    """Turns fetched messages into ``LeanRequest``s for the scheduler.
 
     Args:
         submit: the scheduler's ``submit``.
-        record_sent_at: told the send times (queue-wait accounting) of the jobs of one hand-over whose producer
-            stamped one, as ``(job id, send time)`` pairs, at once.
-        answer_malformed: answers a message whose body is not a job with its error (and is told which).
-
-    ``bind`` gives it the consumer's ``call_soon`` at each connection (until then, acks and rejects run at once).
+        record_sent_at: told the ``(job id, send time)`` pairs of one hand-over's stamped jobs.
+        answer_malformed: answers a message whose body is not a job with its error.
     """
 
     eligible = staticmethod(eligible)

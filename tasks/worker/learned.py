@@ -1,12 +1,7 @@
-"""What workers learn about each model, kept in Redis so that a restarted (or a new) worker starts tuned.
+"""What workers learn about each model, kept in Redis per device kind so a new worker starts tuned.
 
-Per device kind (``cpu``, ``cuda:NVIDIA H200``, ...), one hash ``Keyspace.learned(device)``: per
-model, JSON of its measured seconds per input at each batch size (the ``BatchTuner``'s), its last load time from
-disk (``load_s``), its last swap-in from the host tier (``host_load_s``) and its size in bytes. A worker reads it
-at start-up (``seed``: tuners, load costs per tier for the scheduler and placement, sizes for loading ahead under
-a byte budget, and the order of the warm start) and writes what changed once per heartbeat (``save``). The hash
-expires ``LEARNED_TTL_S`` after the last worker started or wrote to it (a deployment gone for a month leaves
-nothing behind); a worker whose Redis lacks it simply learns again.
+Per model: seconds per input at each batch size, load and swap-in times, size in bytes. Read at start-up
+(``seed``), written once per heartbeat (``save``); it expires ``LEARNED_TTL_S`` after its last use.
 """
 
 from __future__ import annotations
@@ -35,11 +30,7 @@ GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
 
 
 def device_label(device: str) -> str:
-    """The kind of device a worker computes on: what it learned applies to workers on the same kind.
-
-    A device named outright other than CUDA (``cpu``, ``mps``) is its own kind, and so is ``auto`` on a machine with
-    no GPU driver (``cpu``): a worker that serves no torch model starts without importing torch (seconds per start).
-    """
+    """The kind of device a worker computes on (without importing torch where it can)."""
     if device == "auto" and not any(os.path.exists(path) for path in GPU_DEVICE_FILES):
         return "cpu"
     if device != "auto" and not device.startswith("cuda"):

@@ -1,9 +1,4 @@
-"""What a worker tells the world: its heartbeat, its Prometheus metrics and Celery's task events.
-
-``WorkerReporting`` is built by the worker's context (``swapless.tasks.worker.context``) before the scheduler, whose
-``observer`` it provides (every group feeds the heartbeat's per-model activity, the metrics and the task events),
-and opens the metrics endpoint when ``metrics_port`` is set; ``start(...)`` then starts the heartbeat thread, and
-``stop`` stops both and deletes the heartbeat. The parts themselves live in ``swapless.tasks.observe``.
+"""WorkerReporting: a worker's heartbeat, Prometheus metrics and Celery task events (``swapless.tasks.observe``).
 """
 
 from __future__ import annotations
@@ -41,19 +36,16 @@ logger = logging.getLogger(__name__)
 
 
 class WorkerReporting:
-    """One worker's heartbeat, metrics and task events.
+    """One worker's heartbeat, metrics and task events; ``worker_id`` (``hostname:pid``) names it in Redis.
 
     Args:
         runtime: the worker's runtime (settings and cache).
-        keyspace: the deployment's keys (the heartbeat's).
-        health: what the worker has seen of Redis (the heartbeat shows it).
+        keyspace: the deployment's keys.
+        health: what the worker has seen of Redis.
         hostname: the worker's node name (default ``celery@<host>``).
 
-    ``worker_id`` (``hostname:pid``) names it in Redis: its heartbeat, its claims, the jobs it holds.
-
     Raises:
-        SwaplessError: ``metrics_port`` is set and ``prometheus-client`` is missing, or the port cannot be opened
-            (``MetricsUnavailable``): the worker stops, as on a bad models file.
+        MetricsUnavailable: ``metrics_port`` is set and the endpoint cannot be served.
     """
 
     def __init__(self, runtime: Runtime, keyspace: Keyspace, health: RedisHealth, hostname: str | None = None) -> None:
@@ -71,12 +63,12 @@ class WorkerReporting:
         listeners: list[Callable[[GroupReport], None]] = [self.stats]
         skipped: list[Callable[[str, str, int], None]] = [self.stats.skipped]
         shadowed: list[Callable[[str, str, str, bool, int], None]] = []
-        if settings.metrics_port is not None:
-            metrics = self._serve_metrics(settings.metrics_host, settings.metrics_port)
+        if settings.observe.metrics_port is not None:
+            metrics = self._serve_metrics(settings.observe.metrics_host, settings.observe.metrics_port)
             listeners.append(metrics.observe)
             skipped.append(metrics.skipped)
             shadowed.append(metrics.shadowed)
-        remembered = max(10_000, 4 * settings.prefetch)
+        remembered = max(10_000, 4 * settings.worker.prefetch)
         self.sent_times = SentTimes(max_entries=remembered)
         self.events = TaskEvents(max_entries=remembered)
         self.observer = Observers(
@@ -117,15 +109,14 @@ class WorkerReporting:
         after_beat: Sequence[Callable[[], Any]] = (),
         device: str = "",
     ) -> None:
-        """Start beating for ``scheduler``'s worker and listen to Celery's ``task_received``.
+        """Start the heartbeat and listen to Celery's ``task_received``.
 
         Args:
-            scheduler: the worker's scheduler (its backlog and counts).
+            scheduler: the worker's scheduler (its backlog).
             client: the Redis the heartbeat goes to.
-            claimed: the models this worker holds a claim on (placement).
-            after_beat: run on the heartbeat thread after each beat (saving what the worker learned); each may
-                raise.
-            device: the kind of device it computes on (the heartbeat says it).
+            claimed: the models this worker holds a claim on.
+            after_beat: run on the heartbeat thread after each beat; each may raise.
+            device: the kind of device it computes on.
         """
         self._scheduler = scheduler
         self._claimed = claimed
@@ -143,27 +134,28 @@ class WorkerReporting:
             problem = self.health.describe()
             if problem is None and self._publisher is not None:
                 problem = refusals.check(self._publisher.client)
+            jobs_done, jobs_failed = self.stats.totals()
             return build_heartbeat(
                 hostname=self.hostname,
                 worker_id=self.worker_id,
-                queue=settings.queue,
+                queue=settings.jobs.queue,
                 started_at=started_at,
-                interval_s=settings.heartbeat_interval_s,
+                interval_s=settings.observe.heartbeat_interval_s,
                 manager=scheduler.runtime.manager,
                 stats=self.stats,
                 backlog=scheduler.backlog_counts(),
-                jobs_done=scheduler.jobs_done,
-                jobs_failed=scheduler.jobs_failed,
+                jobs_done=jobs_done,
+                jobs_failed=jobs_failed,
                 redis_problem=problem,
-                routing=settings.routing,
+                routing=settings.placement.routing,
                 claimed=claimed(),
                 device=device,
             )
 
         self._publisher = HeartbeatPublisher(client, self.keyspace, self.worker_id, build,
-                                             settings.heartbeat_interval_s, self.health)
+                                             settings.observe.heartbeat_interval_s, self.health)
         self._publisher.start()
-        logger.info("heartbeat: %s every %.1f s", self._publisher.key, settings.heartbeat_interval_s)
+        logger.info("heartbeat: %s every %.1f s", self._publisher.key, settings.observe.heartbeat_interval_s)
 
     def stop(self) -> None:
         """Stop the heartbeat (deleting it) and the metrics endpoint. Safe to call twice."""

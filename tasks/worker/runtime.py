@@ -1,6 +1,4 @@
-"""What one worker holds of the model side: the settings, the registry and the model cache, built by
-``build_runtime`` (the worker's start-up builds one, ``swapless.tasks.worker.context``; ``swapless worker`` builds one
-first to check the models file and the settings).
+"""Runtime: the settings, the registry and the model cache one worker holds, built by ``build_runtime``.
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ import sys
 from dataclasses import dataclass
 
 from swapless.config.errors import ConfigError
-from swapless.config.settings import Settings
+from swapless.config.settings import CacheSettings, Settings
 from swapless.manager import ModelEngine, ModelManager, ModelStore, WorkerLimits
 from swapless.manager.frameworks.adapter_checks import adapter_reserve
 
@@ -32,23 +30,13 @@ GIL_SWITCH_S = 0.0005
 
 
 def tune_interpreter() -> None:
-    """Keep the interpreter from stalling the device between passes. Called once, before any model loads.
-
-    - What the process holds before its first model (the libraries it imported: about 90,000 objects with torch,
-      celery and kombu) goes out of the cycle collector's reach (``gc.freeze``): a full collection then walks only
-      what was made since. Without it one took 50-60 ms every second or so of a stream, holding the GIL while a
-      finished pass waited to hand back its batch, and ``free_memory``'s ``gc.collect`` on a CUDA swap cost 0.2 s.
-      Models load after it, so an unloaded model's cycles are still collected.
-    - A thread back from the device (a pass sleeps in CUDA, or in the simulated framework, without the GIL) waits
-      at most ``GIL_SWITCH_S`` for the GIL, not 5 ms, while the consumer thread decodes the next messages: with a
-      pass of 18 ms, Python's 5 ms made the passes of a stream 5-10 % slower than back to back.
-    """
+    """Keep the interpreter from stalling the device between passes. Called once, before any model loads."""
     gc.collect()
-    gc.freeze()
-    sys.setswitchinterval(GIL_SWITCH_S)
+    gc.freeze()  # the libraries imported so far leave the cycle collector's reach: a full collection stays short
+    sys.setswitchinterval(GIL_SWITCH_S)  # a thread back from the device waits less for the GIL
 
 
-def load_plugins(settings: Settings) -> None:
+def load_plugins(settings: CacheSettings) -> None:
     """Import the modules of ``SWAPLESS_PLUGINS``, which register custom frameworks.
 
     Raises:
@@ -62,42 +50,42 @@ def load_plugins(settings: Settings) -> None:
 
 
 def build_runtime(settings: Settings, *, warm_up: bool = False) -> Runtime:
-    """Import the plugins, read the models file (failing at start-up on a bad entry) and build an empty cache.
+    """Import the plugins, read the models file and build an empty cache.
 
     Args:
         settings: the process settings.
-        warm_up: import the frameworks' libraries now, so that the first job does not wait for them.
+        warm_up: import the frameworks' libraries now.
 
     Raises:
         ConfigError: a plugin cannot be imported, or the models file is missing or invalid.
     """
     s = settings
-    load_plugins(s)
+    load_plugins(s.cache)
     limits = WorkerLimits(
-        device=s.device,
-        max_batch_size=s.max_batch_size,
-        max_text_chars=s.max_text_chars,
-        max_image_bytes=s.max_image_bytes,
-        max_image_pixels=s.max_image_pixels,
-        input_root=str(s.input_root) if s.input_root else None,
-        triton_url=s.triton_url,
-        max_adapters=s.max_adapters,
-        adapter_host_bytes=s.adapter_host_bytes,
+        device=s.cache.device,
+        max_batch_size=s.cache.max_batch_size,
+        max_text_chars=s.inputs.max_text_chars,
+        max_image_bytes=s.inputs.max_image_bytes,
+        max_image_pixels=s.inputs.max_image_pixels,
+        input_root=str(s.inputs.input_root) if s.inputs.input_root else None,
+        triton_url=s.cache.triton_url,
+        max_adapters=s.cache.max_adapters,
+        adapter_host_bytes=s.cache.adapter_host_bytes,
     )
     engine = ModelEngine(limits)
-    store = ModelStore.from_file(s.models_file, engine.frameworks)
+    store = ModelStore.from_file(s.cache.models_file, engine.frameworks)
     if store.has_variants:
-        limits.adapter_bytes, limits.adapter_shapes = adapter_reserve(store, s.max_adapters, engine.runs_adapters)
+        limits.adapter_bytes, limits.adapter_shapes = adapter_reserve(store, s.cache.max_adapters, engine.runs_adapters)
     if warm_up:
         engine.warm_up(spec.framework for spec in store)
     manager = ModelManager(
         store,
         engine,
-        max_models=s.max_models,
-        memory_budget_bytes=s.memory_budget_bytes,
-        remote_max_models=s.triton_max_models,
-        host_max_models=s.host_max_models,
-        host_memory_budget_bytes=s.host_memory_budget_bytes,
-        keep_interactive_s=s.keep_interactive_s,
+        max_models=s.cache.max_models,
+        memory_budget_bytes=s.cache.memory_budget_bytes,
+        remote_max_models=s.cache.triton_max_models,
+        host_max_models=s.cache.host_max_models,
+        host_memory_budget_bytes=s.cache.host_memory_budget_bytes,
+        keep_interactive_s=s.cache.keep_interactive_s,
     )
     return Runtime(s, store, manager)

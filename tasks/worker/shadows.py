@@ -1,12 +1,4 @@
-"""Shadow copies in the worker: a routed job with shadows leaves its top label for them, and each shadow's top
-label is compared with it, per (route, served model, shadow model), in Redis for ``swapless status`` and in the
-metrics.
-
-A shadowed job's reference is kept ``SHADOW_REF_S`` beside its result (``ResultStore.shadow_ref_key``): its caller
-may read and forget its result long before its bulk-priority shadows run. A shadow that finishes before its served
-job (fetched first: its model's list was claimed first) leaves its top label waiting beside the reference's key, and
-the served job compares it when it finishes; each side does its part in one script, so every pair is compared once.
-A shadow whose served job failed is not compared.
+"""Shadows: a shadowed job's top label compared with its shadows', per (route, served model, shadow model).
 """
 
 from __future__ import annotations
@@ -18,9 +10,9 @@ from typing import Any
 
 from swapless.manager import Outcome
 from swapless.tasks.broker.results import ResultStore
-from swapless.tasks.broker.routes import count_shadow
 from swapless.tasks.keyspace import Keyspace
 from swapless.tasks.observe.accounting import SchedulerObserver
+from swapless.tasks.routing import count_shadow
 from swapless.tasks.worker.delivery import Delivery
 
 __all__ = ["SHADOW_REF_S", "Shadows"]
@@ -49,8 +41,7 @@ class Shadows:
         self.observer = observer
 
     def settle(self, results: ResultStore, answered: Sequence[tuple[Delivery, Outcome]]) -> None:
-        """After ``answered`` jobs' results are stored: keep the references of shadowed ones (comparing the shadows
-        that finished first), compare shadows whose served job finished (else leave them waiting for it)."""
+        """After ``answered`` jobs' results are stored: keep shadowed jobs' references and compare the shadows."""
         counts: collections.Counter[tuple[str, str, str, bool]] = collections.Counter()
         served = [(o.job.id, o.job.served_model, _top(o.result)) for d, o in answered if d.shadowed and o.error is None]
         if served:

@@ -1,21 +1,4 @@
-"""The worker's spans: where each traced job's time went, in its producer's trace.
-
-Made only when the worker exports traces (``swapless.tasks.tracing.configure``), for each forward-pass batch that
-holds a job whose message carried a trace context (``Job.trace``). The scheduler marks the batch's moments (its
-start, the model loaded, its end, its store) and the spans are made from those marks once its results are stored,
-on the thread that stored them:
-
-    send <model>                 the producer's (Client, the gateway, bulk, a Celery producer's apply_async)
-    └─ process <model>           CONSUMER, per trace in the batch: from the send to the results stored
-       ├─ wait <model>           in the queue and the worker's backlog, until the batch starts
-       └─ run <model>            the batch: its size, whether the model was loaded, from disk or the host tier
-          ├─ load <model>        when it was not on the device
-          ├─ forward <model>     the inputs prepared and the forward passes
-          └─ store <model>       the results stored, the follow-ups queued, the messages acked
-
-A batch whose jobs come from several traces runs in one ``run`` span of its own trace, linked to every producer's
-span; each trace's ``process`` span links to it. A job's webhook delivery is a ``webhook`` span in its producer's
-trace (``swapless.tasks.worker.webhooks``).
+"""BatchSpans: where each traced job's time went, in its producer's trace (docs/guides/tracing.md).
 """
 
 from __future__ import annotations
@@ -37,8 +20,7 @@ NOTE_TRACES = 3
 
 
 def traces_note(jobs: Sequence[Job]) -> str:
-    """What a log line about ``jobs`` says of their producers' traces: ``""`` when none carried one, else
-    ``" [trace <id>]"`` (``" [traces <id>, <id> and 4 more]"``)."""
+    """What a log line about ``jobs`` says of their producers' traces (``""`` when none carried one)."""
     seen = dict.fromkeys(job.trace for job in jobs if job.trace is not None)
     if not seen:
         return ""
@@ -50,7 +32,7 @@ def traces_note(jobs: Sequence[Job]) -> str:
 
 
 class BatchSpans:
-    """Makes the spans of the batches one worker runs (see the module docstring).
+    """Makes the spans of the batches one worker runs.
 
     Args:
         tracer: an OpenTelemetry tracer.

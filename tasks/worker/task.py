@@ -1,27 +1,7 @@
-"""The batch task: queued jobs -> grouped by model -> run through the model cache -> one result per job.
+"""The batch task: queued jobs, grouped by model, run through the model cache, one result per job.
 
-Why not plain celery-batches: its strategy is kept (it turns each message into a request and handles ETAs), but
-its flushing is replaced. celery-batches flushes every ``flush_every`` messages or every ``flush_interval``
-seconds, hands the batch to the pool, and acks late messages when the batch returns, even if it raised. Here:
-
-- most messages skip Celery's requests altogether: the transport hands them to the worker's intake
-  (``swapless.tasks.worker.intake``); those that take Celery's path (an ETA, task events on) go into the worker's
-  backlog as soon as they arrive: everything one read of the transport delivered is flushed at once, on the event loop's
-  next tick (``_flush_per_tick``);
-- one scheduler thread takes the next group from the backlog the moment it is idle, so a lone job never waits
-  for a timer and, while a group computes, the consumer keeps fetching (the backlog grows in the meantime);
-- the scheduler sees the whole backlog (up to ``SWAPLESS_PREFETCH`` unacked jobs), serves loaded models first,
-  then the cold model with the most waiting work per second of load (``swapless.manager.batching.order``);
-- each job's own result or error is stored (pipelined, first result wins), and only then is its message acked.
-  A job that never got a result is never acked: a dead worker's jobs are redelivered.
-
-Chunk messages (``swapless.predict_chunk``) go to the same scheduler: one backlog and one cache per worker, both
-kinds of message grouped by model together. ``predict.apply(args=[model_id, input])`` and
-``predict_chunk.apply(args=[model_id, inputs])`` run eagerly through the same model code (a cache built for the
-call: for tests and debugging).
-
-The worker's collaborators are built once, by its composition root (``swapless.tasks.worker.context``, a bootstep of
-this app); the task binds to the consumer that serves it when that consumer starts, as celery-batches binds its pool.
+``predict.apply`` and ``predict_chunk.apply`` run eagerly through the same model code. Why not plain
+celery-batches: docs/concepts/scheduling.md.
 """
 
 from __future__ import annotations
@@ -39,9 +19,10 @@ from swapless.config.settings import get_settings
 from swapless.manager import run_group
 from swapless.tasks.app import make_app
 from swapless.tasks.broker.acks import refresh_visibility
+from swapless.tasks.broker.kombu_private import batches_buffer
 from swapless.tasks.broker.results import ResultStore
-from swapless.tasks.broker.routes import Router
 from swapless.tasks.protocol import CHUNK_TASK, PREDICT_TASK
+from swapless.tasks.routing import Router
 from swapless.tasks.worker import control as _control  # noqa: F401 - registers Swapless's revoke in place of Celery's
 from swapless.tasks.worker.chunks import ChunkAssembler
 from swapless.tasks.worker.context import FinishInHand, SwaplessWorker, WorkerContext
@@ -60,7 +41,7 @@ app.steps["consumer"].add(FinishInHand)
 
 
 class SwaplessBatches(Batches):
-    """celery-batches' strategy with Swapless' scheduler in place of its flush (see the module docstring)."""
+    """celery-batches' strategy with Swapless' scheduler in place of its flush."""
 
     abstract = True
     #: Hand every message to the scheduler as it arrives (per event-loop tick when there is a hub, see
@@ -75,8 +56,7 @@ class SwaplessBatches(Batches):
     _tick_hub: Any = None
 
     def Strategy(self, task: Any, app: Any, consumer: Any) -> Callable[..., Any]:  # Celery's name
-        """Called by the consumer at each (re)connection: bind to the worker's context (its scheduler, bulk acks
-        and intake on the consumer's thread) and refresh the held messages' visibility on its timer."""
+        """Called by the consumer at each (re)connection: bind to the worker's context and refresh visibility."""
         context: WorkerContext = consumer.controller.swapless
         self._scheduler = context.scheduler  # as celery-batches binds the consumer's pool here
         context.scheduler.acks.bind(consumer.call_soon)
@@ -92,7 +72,7 @@ class SwaplessBatches(Batches):
                 if task_consumer is not None:
                     refresh_visibility(task_consumer.channel, context.health)
 
-            self._refresh_tref = consumer.timer.call_repeatedly(context.settings.visibility_refresh_s, refresh)
+            self._refresh_tref = consumer.timer.call_repeatedly(context.settings.worker.visibility_refresh_s, refresh)
         self._flush_per_tick(getattr(consumer, "hub", None))
         handler = super().Strategy(task, app, consumer)
 
@@ -111,13 +91,7 @@ class SwaplessBatches(Batches):
         return guarded
 
     def _flush_per_tick(self, hub: Any) -> None:
-        """Hand the scheduler everything that arrived in one turn of the event loop at once.
-
-        The transport delivers up to ``swapless_fetch_limit`` messages per read; flushing each one alone
-        (celery-batches' ``flush_every = 1``) took the scheduler's lock and woke its thread once per job. The hub
-        runs ``on_tick`` before each poll, so one flush follows each read. Without a hub, every message is flushed
-        as it comes.
-        """
+        """Hand the scheduler everything that arrived in one turn of the event loop at once (one flush per read)."""
         if self._tick is not None and self._tick_hub is not None:
             self._tick_hub.on_tick.discard(self._tick)
             self._tick = self._tick_hub = None
@@ -125,9 +99,11 @@ class SwaplessBatches(Batches):
             self.flush_every = 1
             return
 
+        empty, flush = batches_buffer(self)
+
         def tick() -> None:
-            if not self._buffer.empty():
-                self._do_flush()
+            if not empty():
+                flush()
 
         self._tick, self._tick_hub = tick, hub
         hub.on_tick.add(tick)
@@ -179,12 +155,11 @@ def run_chunks_now(requests: Sequence[Any]) -> None:
 
 @app.task(base=SwaplessBatches, name=PREDICT_TASK, bind=False, acks_late=True)
 def predict(requests: Sequence[Any]) -> None:
-    """The batch task. In a worker, SwaplessBatches.flush feeds the scheduler and this body is not used;
-    ``predict.apply(args=[model_id, input])`` runs it eagerly through the same model code."""
+    """The batch task; in a worker the scheduler runs its jobs. ``predict.apply`` runs it eagerly."""
     run_now(requests)
 
 
 @app.task(base=SwaplessBatches, name=CHUNK_TASK, bind=False, acks_late=True)
 def predict_chunk(requests: Sequence[Any]) -> None:
-    """The chunk task. In a worker its flush feeds the same scheduler as ``predict``'s; this body is not used."""
+    """The chunk task; in a worker the scheduler runs its items."""
     run_chunks_now(requests)

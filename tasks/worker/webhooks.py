@@ -1,28 +1,7 @@
-"""Webhooks from the worker: each finished job whose message named a ``callback_url`` is queued for delivery in Redis
-(``WebhookIntake``, between its result's store and its ack), and the worker's sender thread (``WebhookSender``)
-posts each one, signed per the Standard Webhooks spec, retrying with backoff.
+"""Webhooks from the worker: ``WebhookIntake`` queues a finished job's delivery in Redis between its store and its
+ack; ``WebhookSender``'s thread posts each, signed per the Standard Webhooks spec, retrying with backoff.
 
-The body (``Content-Type: application/json``), signed as sent::
-
-    {"type": "job.succeeded", "timestamp": "2025-01-01T12:00:00.123+00:00",
-     "data": {"job_id": "...", "state": "SUCCESS", "model": "sentiment-v2", "result": [{"label": ..., "score": ...}],
-              "error": null, "timings": {"sent_at": ..., "done_at": ..., "total_s": 0.012}}}
-
-``type`` is ``job.failed`` with ``error`` ``{"error": message, "type": "InputError", "args": [...]}`` and ``result``
-null; ``sent_at`` and ``total_s`` are null when the producer stamped no send time (a plain Celery producer). The
-headers: ``webhook-id`` (the job id: the same for every attempt and every resend), ``webhook-timestamp`` (epoch
-seconds of this attempt) and ``webhook-signature`` (``v1,<base64 HMAC-SHA256>`` with ``SWAPLESS_WEBHOOK_SECRET``;
-``standardwebhooks.Webhook(secret).verify(body, headers)`` checks it).
-
-The sender never runs on the forward pass's thread and never holds the scheduler's lock: a slow or dead receiver
-delays only other webhooks. It takes due deliveries from Redis (any worker's: a delivery belongs to the queue, not to
-the worker that queued it), posts up to ``SWAPLESS_WEBHOOK_CONCURRENCY`` at once, and settles each: a 2xx answer
-delivers it; anything else (an error status, a timeout, a refused connection) retries it after 1 s, doubling to 10
-minutes, until ``SWAPLESS_WEBHOOK_RETRY_S`` after it was queued; then, or at once for a target that is not allowed
-or with no secret to sign with, it is kept as failed (``swapless webhooks`` lists and replays them).
-
-A job whose message carried a trace context keeps it in its delivery: with tracing on, each attempt is a
-``webhook`` span (kind CLIENT) in the job's producer's trace, and its request carries that span's ``traceparent``.
+The body and headers: docs/guides/web-apps.md.
 """
 
 from __future__ import annotations
@@ -40,10 +19,10 @@ import httpx
 from standardwebhooks import Webhook
 
 from swapless.config.errors import SwaplessError, WebhookRefused
-from swapless.config.settings import Settings
-from swapless.tasks.broker.webhooks import Delivery, WebhookQueue, allowed_hosts, connect_address, pinned, resolve_host
+from swapless.config.settings import WebhookSettings
 from swapless.tasks.protocol import CALLBACK_OWNER_HEADER, CALLBACK_URL_HEADER, SENT_AT_HEADER, encode_outcome
 from swapless.tasks.tracing import TRACEPARENT_HEADER, context_of, trace_id_of
+from swapless.tasks.webhooks import WebhookDelivery, WebhookQueue, allowed_hosts, connect_address, pinned, resolve_host
 
 __all__ = ["WebhookIntake", "WebhookSender", "backoff_s", "job_payload"]
 
@@ -65,7 +44,7 @@ def _iso(epoch_s: float) -> str:
 
 def job_payload(job_id: str, result: Any, error: BaseException | None, model: str | None, sent_at: float | None,
                 done_at: float) -> str:
-    """The webhook body of one finished job (see the module docstring)."""
+    """The webhook body of one finished job."""
     data = {
         "job_id": job_id,
         "state": "SUCCESS" if error is None else "FAILURE",
@@ -109,7 +88,7 @@ class WebhookIntake:
             payload = job_payload(request.id, result, error, models.get(request.id), sent, now)
             owner = headers.get(CALLBACK_OWNER_HEADER)
             traceparent = headers.get(TRACEPARENT_HEADER)
-            deliveries.append(Delivery(request.id, url, payload, created_s=now,
+            deliveries.append(WebhookDelivery(request.id, url, payload, created_s=now,
                                        owner=owner if isinstance(owner, str) and owner else None,
                                        traceparent=traceparent if isinstance(traceparent, str) else None))
         if not deliveries:
@@ -123,7 +102,7 @@ class WebhookIntake:
 
 
 class WebhookSender:
-    """The worker's webhook sender thread (see the module docstring). Nothing starts until ``start``.
+    """The worker's webhook sender thread. Nothing starts until ``start``.
 
     Args:
         queue: the delivery queue.
@@ -133,7 +112,7 @@ class WebhookSender:
         tracer: makes a span of each attempt of a traced job's delivery (None: tracing is off).
     """
 
-    def __init__(self, queue: WebhookQueue, settings: Settings, transport: httpx.BaseTransport | None = None,
+    def __init__(self, queue: WebhookQueue, settings: WebhookSettings, transport: httpx.BaseTransport | None = None,
                  resolve: Callable[[str], Sequence[str]] | None = None, tracer: Any = None) -> None:
         self.queue = queue
         self.tracer = tracer
@@ -211,7 +190,7 @@ class WebhookSender:
             return 1.0
         return 1.0 if due is None else min(1.0, max(0.01, due - time.time()))
 
-    def _attempt(self, delivery: Delivery) -> None:
+    def _attempt(self, delivery: WebhookDelivery) -> None:
         try:
             if self.tracer is not None and delivery.traceparent is not None:
                 outcome = self._traced_post(delivery, delivery.traceparent)
@@ -224,7 +203,7 @@ class WebhookSender:
             self._slots.release()
             self._wake.set()
 
-    def _traced_post(self, delivery: Delivery, traceparent: str) -> tuple[bool, str | None]:
+    def _traced_post(self, delivery: WebhookDelivery, traceparent: str) -> tuple[bool, str | None]:
         """``_post`` in a ``webhook`` span of the job's trace, its request carrying the span's context."""
         from opentelemetry import propagate, trace
 
@@ -242,7 +221,9 @@ class WebhookSender:
                 span.set_status(trace.StatusCode.ERROR, (why or "").lstrip("!"))
             return ok, why
 
-    def _post(self, delivery: Delivery, trace_headers: Mapping[str, str] | None = None) -> tuple[bool, str | None]:
+    def _post(
+        self, delivery: WebhookDelivery, trace_headers: Mapping[str, str] | None = None
+    ) -> tuple[bool, str | None]:
         """(delivered, why not). ``why not`` with ``delivered`` False and a ``!`` first: never retry.
         ``trace_headers``: the attempt's trace context, sent with it."""
         if self._signer is None:
@@ -272,7 +253,7 @@ class WebhookSender:
             return True, None
         return False, f"the receiver answered {response.status_code}"
 
-    def _settle(self, delivery: Delivery, outcome: tuple[bool, str | None]) -> None:
+    def _settle(self, delivery: WebhookDelivery, outcome: tuple[bool, str | None]) -> None:
         ok, why = outcome
         if ok:
             self.queue.delivered(delivery)
@@ -294,7 +275,7 @@ class WebhookSender:
         self.queue.retry(delivery, retry_at)
 
 
-def _trace_note(delivery: Delivery) -> str:
+def _trace_note(delivery: WebhookDelivery) -> str:
     """What a log line about ``delivery`` says of its job's trace (``" [trace <id>]"``, or nothing)."""
     trace_id = trace_id_of(delivery.traceparent)
     return f" [trace {trace_id}]" if trace_id is not None else ""

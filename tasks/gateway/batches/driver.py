@@ -1,17 +1,4 @@
-"""Driving one batch to its end on the bulk machinery (``swapless.tasks.client.bulk``): ``BatchDriver.run``.
-
-1. **validating**: the input file is read once, line by line; a line the batch's key may not send (403), for an
-   unknown model (404) or with an input its model would refuse (422) is failed at once (``prefailed.jsonl``);
-   the others are written to one bulk input per (model, priority) in the work directory; ``plan.json``, written
-   last, says what the groups are. A driver that finds ``plan.json`` (a takeover) skips this step.
-2. **in_progress**: each group runs as a ``BulkRun`` (chunks at its priority, ``max_in_flight`` of them, backpressure
-   and routes as ``swapless bulk``), with the completion window's end as the chunks' deadline, its output fsynced
-   per chunk; a takeover resumes each group from its output, so no request is written twice and none is skipped.
-   The counts in Redis follow each chunk. Between waits the driver renews its lease and looks for a cancel.
-3. **finalizing**: the output file (the requests that succeeded) and the error file (those that failed; on expiry,
-   also those never started), written in OpenAI's shape as each chunk came in, get their last lines and go to the
-   file store; then the final status.
-"""
+"""Driving one batch to its end on the bulk machinery: ``BatchDriver.run`` (validating, in progress, finalizing)."""
 
 from __future__ import annotations
 
@@ -34,7 +21,6 @@ from swapless.config.errors import DeadlinePassed, InputError
 from swapless.config.settings import Settings
 from swapless.manager.registry.specs import ModelSpec
 from swapless.manager.registry.store import ModelStore
-from swapless.tasks.broker.webhooks import Delivery, WebhookQueue
 from swapless.tasks.client.bulk import BulkJob, BulkRun, ChunkSource
 from swapless.tasks.client.progress import NullProgress
 from swapless.tasks.gateway.auth import Caller
@@ -47,6 +33,7 @@ from swapless.tasks.gateway.errors import BadBatchFile
 from swapless.tasks.gateway.keys import KeyRule
 from swapless.tasks.gateway.plane import check_input
 from swapless.tasks.tracing import working
+from swapless.tasks.webhooks import WebhookDelivery, WebhookQueue
 
 __all__ = ["BatchDriver", "LeaseLost", "Stopped", "file_id_for"]
 
@@ -88,8 +75,7 @@ class _Group:
 
 
 class _Counts(NullProgress):
-    """A bulk run's progress, as the batch's counts in Redis (the earlier groups' added); each chunk's lines are
-    written in OpenAI's shape as they come (``Shaper``), while the next chunks compute."""
+    """A bulk run's progress as the batch's counts in Redis; each chunk's lines are shaped as they come."""
 
     def __init__(self, driver: BatchDriver, ok: int, failed: int, shaper: Shaper, group: _Group) -> None:
         self.driver, self.ok, self.failed, self.shaper, self.group = driver, ok, failed, shaper, group
@@ -102,7 +88,7 @@ class _Counts(NullProgress):
 
 
 class BatchDriver:
-    """Drives one batch whose lease ``runner_id`` holds (see the module docstring).
+    """Drives one batch whose lease ``runner_id`` holds.
 
     Args:
         batch_id: the batch.
@@ -110,7 +96,7 @@ class BatchDriver:
         files: the file store.
         client: the producer the chunks go through.
         models: the models file.
-        settings: the process's settings (window bounds, input limits, lease).
+        settings: the process's settings.
         work_dir: this batch's work directory.
         runner_id: the lease holder's id.
         stop: set when the process stops.
@@ -128,16 +114,16 @@ class BatchDriver:
         self._decided: dict[str, tuple[str, tuple[str, str, int] | None, ModelSpec | None]] = {}
 
     def check(self) -> None:
-        """Renew the lease every third of it, and look for a cancel (called between waits and after each chunk).
+        """Renew the lease every third of it, and look for a cancel.
 
         Raises:
-            LeaseLost, Stopped: stop driving now (the batch's output so far stays for the next driver).
+            LeaseLost, Stopped: stop driving now (the output so far stays for the next driver).
         """
         now = time.monotonic()
         if self.stop.is_set():
             raise Stopped
-        if now - self._renewed >= self.settings.batch_lease_s / 3:
-            if not self.store.renew_lease(self.batch_id, self.runner_id, self.settings.batch_lease_s):
+        if now - self._renewed >= self.settings.batches.batch_lease_s / 3:
+            if not self.store.renew_lease(self.batch_id, self.runner_id, self.settings.batches.batch_lease_s):
                 raise LeaseLost
             self._renewed = now
         if now - self._looked >= _CANCEL_CHECK_S:
@@ -147,8 +133,7 @@ class BatchDriver:
                 raise _Cancelled
 
     def run(self) -> None:
-        """Drive the batch from where it stands to a final status, in the batch's one trace: its creator's, else
-        the one its first driver began (kept with the batch, so that a takeover goes on in it).
+        """Drive the batch from where it stands to a final status, in the batch's one trace.
 
         Raises:
             LeaseLost, Stopped: as ``check``.
@@ -246,14 +231,13 @@ class BatchDriver:
         model, refusal, spec = self._model(line.model_id, caller)
         if refusal is None and spec is not None:
             try:
-                check_input(spec, line.input, self.settings)
+                check_input(spec, line.input, self.settings.inputs)
             except InputError as err:
                 refusal = ("InputError", str(err), 422)
         return line.custom_id, model, line.priority, line.input, line.key, refusal
 
     def _model(self, name: str, caller: Caller) -> tuple[str, tuple[str, str, int] | None, ModelSpec | None]:
-        """What a line naming model ``name`` runs on: (the model or route, why every such line fails, the spec its
-        inputs are checked against: None for a route). Decided once per name for the whole file."""
+        """What lines naming ``name`` run on: (model or route, why they all fail, the spec to check inputs against)."""
         known = self._decided.get(name)
         if known is not None:
             return known
@@ -314,7 +298,7 @@ class BatchDriver:
                 file_id = file_id_for(self.batch_id, kind)
                 info = self.files.put(path, file_id=file_id, filename=f"{self.batch_id}_{kind}.jsonl",
                                       purpose="batch_output", owner=owner, move=True)
-                OwnerIndex(self.store.redis, self.store.keys, self.settings).add_file(owner, file_id,
+                OwnerIndex(self.store.redis, self.store.keys, self.settings.batches).add_file(owner, file_id,
                                                                                      info.created_at, info.bytes)
                 fields[field] = file_id
         self.store.update(self.batch_id, **fields)
@@ -327,10 +311,9 @@ class BatchDriver:
         self._announce(ending)
 
     def _announce(self, ending: BatchStatus) -> None:
-        """Queue the batch's end webhook for the workers' senders (its ``callback_url``, else
-        SWAPLESS_BATCH_WEBHOOK_URL); one id per batch and ending, so a redone ending is not sent twice."""
+        """Queue the batch's end webhook, one id per batch and ending, so a redone ending is not sent twice."""
         batch = self.store.get(self.batch_id) or {}
-        url = batch.get("callback_url") or self.settings.batch_webhook_url
+        url = batch.get("callback_url") or self.settings.batches.batch_webhook_url
         if not url:
             return
         event_id = "evt_" + hashlib.blake2b(f"{self.batch_id}\0{ending.value}".encode(), digest_size=12).hexdigest()
@@ -341,7 +324,8 @@ class BatchDriver:
                               "created_at": int(time.time()), "data": data})
         try:
             owner = batch.get("owner") if batch.get("callback_url") else None  # the deployment's own URL: no key's
-            WebhookQueue.of(self.store.redis, self.settings).enqueue([Delivery(event_id, url, payload, owner=owner)])
+            delivery = WebhookDelivery(event_id, url, payload, owner=owner)
+            WebhookQueue.of(self.store.redis, self.settings).enqueue([delivery])
         except Exception:  # the batch's end stands; its webhook is what is lost, and the log says so
             logger.exception("could not queue the end webhook of batch %s", self.batch_id)
 

@@ -1,10 +1,6 @@
 """Where the batch API keeps its files: a directory, or any fsspec URL (``SWAPLESS_BATCH_FILES_URL``).
 
-Each file is two objects under the root: ``<id>.jsonl`` (its bytes) and ``<id>.json`` (its metadata, a small JSON
-sidecar: what ``GET /v1/files/{id}`` answers, plus its owner). A file is written under a temporary name and moved
-into place only once complete, and the sidecar is written last: a file without a sidecar does not exist. Files
-are deleted ``SWAPLESS_BATCH_FILE_RETENTION_S`` after they were written (``purge``, run by the batch runners).
-Nothing of a file is kept in Redis.
+Each file is ``<id>.jsonl`` and its ``<id>.json`` sidecar, written last: a file without a sidecar does not exist.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ from typing import IO, Any
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
-from swapless.config.settings import Settings
+from swapless.config.settings import BatchSettings
 
 __all__ = ["FileInfo", "FileStore", "default_files_url", "new_file_id"]
 
@@ -64,7 +60,7 @@ class FileInfo:
 
 
 class FileStore:
-    """The files of one deployment under one root (a directory or an fsspec URL).
+    """The files of one deployment under one root.
 
     Args:
         url: the root: a path or an fsspec URL.
@@ -80,7 +76,7 @@ class FileStore:
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
 
     @classmethod
-    def of(cls, settings: Settings) -> FileStore:
+    def of(cls, settings: BatchSettings) -> FileStore:
         """The store ``SWAPLESS_BATCH_FILES_URL`` names."""
         return cls(settings.batch_files_url or default_files_url(), settings.batch_file_retention_s)
 
@@ -93,8 +89,7 @@ class FileStore:
 
     def put(self, local: Path, *, file_id: str, filename: str, purpose: str, owner: str, lines: int = 0,
             move: bool = False) -> FileInfo:
-        """Store the local file ``local`` under ``file_id`` (replacing one of that id), then its sidecar; ``move``:
-        ``local`` may be moved there rather than copied (a rename, when the store is a local directory).
+        """Store ``local`` under ``file_id``, then its sidecar; ``move``: rename rather than copy where possible.
 
         Raises:
             OSError: the store cannot be written.

@@ -40,8 +40,7 @@ _PRIORITIES = frozenset({"interactive", "bulk"})
 
 @dataclass(frozen=True, slots=True)
 class BatchLine:
-    """One request of a batch input file: its id and the fields of its ``/predict`` body a batch uses; ``error``:
-    why ``/predict`` would refuse its body (that request fails alone, as a 400 in the error file), else None."""
+    """One request of a batch input file; ``error``: why ``/predict`` would refuse its body, else None."""
 
     custom_id: str
     model_id: str
@@ -52,13 +51,10 @@ class BatchLine:
 
 
 def parse_line(line: bytes, number: int) -> BatchLine:
-    """One input line, checked: its envelope for the file (as OpenAI checks a batch file), its body for its own
-    request (a body ``/predict`` would refuse is that request's error, ``BatchLine.error``: one bad record does not
-    stop the file's others).
+    """One input line, its envelope checked for the file and its body for its own request.
 
     Raises:
-        BadBatchFile: not JSON, not an object of the four fields, not ``POST /predict``, or a body that is not an
-            object; the message names the line and the field.
+        BadBatchFile: not JSON, not the four fields, not ``POST /predict``, or a body that is not an object.
     """
     try:
         data = from_json(line)
@@ -94,9 +90,7 @@ def parse_line(line: bytes, number: int) -> BatchLine:
 
 
 def _plain(body: Any) -> TypeGuard[dict[str, Any]]:
-    """Whether ``body`` holds ``model_id``, ``input`` and at most ``priority`` and ``key``, each as ``JobRequest``
-    takes it as it is (a file's lines nearly all do; checked by hand, as the model costs 4 µs a line). Any other
-    body goes through the model, which checks it whole and explains what it refuses."""
+    """Whether ``body`` is a plain ``JobRequest`` (checked by hand, fast); else the model checks it."""
     if type(body) is not dict or "input" not in body or not body.keys() <= _PLAIN_FIELDS:
         return False
     model_id, priority, key = body.get("model_id"), body.get("priority", "interactive"), body.get("key")
@@ -108,12 +102,11 @@ def _plain(body: Any) -> TypeGuard[dict[str, Any]]:
 
 
 class LineChecker:
-    """Checks an upload line by line as it arrives: each line's shape (``parse_line``), its size, the count, and
-    that no ``custom_id`` repeats.
+    """Checks an upload line by line: each line's shape and size, the count, and unique ``custom_id``s.
 
     Args:
-        max_lines: most requests a file may hold (``SWAPLESS_BATCH_MAX_LINES``).
-        max_line_bytes: the longest line (one ``/predict`` body's bound, and a little for the envelope).
+        max_lines: most requests a file may hold.
+        max_line_bytes: the longest line.
     """
 
     def __init__(self, max_lines: int, max_line_bytes: int) -> None:
@@ -124,7 +117,7 @@ class LineChecker:
         self._seen: set[bytes] = set()
 
     def check(self, line: bytes) -> None:
-        """Check the next line (with or without its newline; a blank line is skipped).
+        """Check the next line (a blank line is skipped).
 
         Raises:
             BadBatchFile: as ``parse_line``; over a bound; a repeated custom_id.
@@ -164,7 +157,7 @@ def output_line(batch_id: str, custom_id: str, model: str, result: Any) -> bytes
 
 
 def status_of(type_name: str) -> int:
-    """The status ``/predict`` answers a failed job of this error type with (500 for a type of no kind of ours)."""
+    """The status ``/predict`` answers a failed job of this error type with (500 for an unknown type)."""
     if type_name == ModelForbidden.__name__:
         return 403
     found = getattr(swapless.config.errors, type_name, None)

@@ -1,9 +1,4 @@
-"""What each API key keeps of the batch API, indexed in Redis per key: its files (id, time, bytes) and its batches.
-
-The listings read one key's index, never every tenant's records; the quotas (``SWAPLESS_BATCH_MAX_FILES_PER_KEY``,
-``..._BYTES_PER_KEY``, ``..._BATCHES_PER_KEY``, ``..._ACTIVE_PER_KEY``) are checked against it before anything is
-kept. An index entry past its retention is dropped as the index is read (the record itself expires on its own).
-"""
+"""Each API key's index of its batch files and batches in Redis, and the per-key quotas checked against it."""
 
 from __future__ import annotations
 
@@ -12,7 +7,7 @@ from dataclasses import dataclass
 
 import redis
 
-from swapless.config.settings import Settings
+from swapless.config.settings import BatchSettings
 from swapless.tasks.gateway.errors import QuotaExceeded
 from swapless.tasks.keyspace import Keyspace
 
@@ -29,7 +24,7 @@ class OwnerFile:
 
 
 class OwnerIndex:
-    """One deployment's per-key index of batch files and batches (see the module docstring).
+    """One deployment's per-key index of batch files and batches.
 
     Args:
         client: a synchronous Redis client.
@@ -37,7 +32,7 @@ class OwnerIndex:
         settings: the quotas and retentions.
     """
 
-    def __init__(self, client: redis.Redis, keyspace: Keyspace, settings: Settings) -> None:
+    def __init__(self, client: redis.Redis, keyspace: Keyspace, settings: BatchSettings) -> None:
         self.redis = client
         self.keys = keyspace
         self.settings = settings

@@ -1,14 +1,4 @@
-"""``BatchRunner``: finds batches that no process drives and drives them, a thread per batch.
-
-One runs in every ``swapless serve`` (``SWAPLESS_BATCH_RUNNER``) and in every ``swapless batches``; any number may
-run against one Redis. Each poll (a third of ``SWAPLESS_BATCH_LEASE_S``, at most 1 s) the runner reads the active
-batches, and for each one nobody drives yet, while it has a free slot (``SWAPLESS_BATCH_MAX_ACTIVE``), in turns
-between the API keys (``fair_order``; with several keys, no key's batches take this runner's last free slot, so that
-another key's batch starts at once), tries to take its lease: the one runner that gets it drives the batch
-(``driver.BatchDriver``) until the batch is final, the lease is lost, or the runner stops. A runner that stops
-cleanly gives its leases up at once (the chunks it had in flight are cancelled, and the next runner sends them
-again); one that is killed leaves them to expire.
-"""
+"""``BatchRunner``: finds batches that no process drives and drives them, a thread per batch."""
 
 from __future__ import annotations
 
@@ -19,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from swapless.config.settings import Settings
+from swapless.config.settings import BatchSettings, Settings
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks.broker.connection import redis_client
 from swapless.tasks.broker.sentinel import SentinelOptions
@@ -39,9 +29,7 @@ PURGE_EVERY_S = 3600.0
 
 
 def fair_order(waiting: list[tuple[str, str, float]], driven: dict[str, int]) -> list[tuple[str, str]]:
-    """``(batch id, owner)`` of the ``waiting`` batches (id, owner, created at) in the order a runner takes them:
-    round-robin between the keys, the key with the fewest batches driven first (``driven``: per key, by this
-    runner), each key's oldest first; so one key's long batches do not keep another key's waiting for a slot."""
+    """``(batch id, owner)`` of the ``waiting`` batches in turns between keys, the least-driven key first."""
     by_owner: dict[str, list[tuple[float, str]]] = {}
     for batch_id, owner, created in waiting:
         by_owner.setdefault(owner, []).append((created, batch_id))
@@ -59,8 +47,8 @@ def fair_order(waiting: list[tuple[str, str, float]], driven: dict[str, int]) ->
     return order
 
 
-def work_root(settings: Settings, files: FileStore) -> Path:
-    """Where drivers keep their work files (``SWAPLESS_BATCH_WORK_DIR``; see config/settings.py)."""
+def work_root(settings: BatchSettings, files: FileStore) -> Path:
+    """Where drivers keep their work files (``SWAPLESS_BATCH_WORK_DIR``; see config/settings/)."""
     if settings.batch_work_dir is not None:
         return settings.batch_work_dir
     if files.local:
@@ -69,7 +57,7 @@ def work_root(settings: Settings, files: FileStore) -> Path:
 
 
 class BatchRunner:
-    """Drives batches (see the module docstring). ``start`` starts its thread; ``stop`` ends it and its drivers.
+    """Drives batches: ``start`` starts its thread; ``stop`` ends it and its drivers.
 
     Args:
         settings: the process's settings.
@@ -81,7 +69,7 @@ class BatchRunner:
         self.models = models
         self.runner_id = f"{socket.gethostname()}:{secrets.token_hex(4)}"
         #: API keys of the deployment: with several, one slot stays free of any one key's batches
-        self._tenants = len(load_keys(settings, models))
+        self._tenants = len(load_keys(settings.gateway, models))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._driving: dict[str, threading.Thread] = {}
@@ -89,10 +77,10 @@ class BatchRunner:
 
     def start(self) -> None:
         s = self.settings
-        self.files = FileStore.of(s)
-        self.store = BatchStore(redis_client(s.broker_url, connect_timeout_s=s.connect_timeout_s,
-                                             sentinel=SentinelOptions.of(s)), Keyspace.of(s), s.batch_retention_s,
-                                s.batch_max_window_s)
+        self.files = FileStore.of(s.batches)
+        self.store = BatchStore(redis_client(s.redis.broker_url, connect_timeout_s=s.redis.connect_timeout_s,
+                                             sentinel=SentinelOptions.of(s)), Keyspace.of(s),
+                                s.batches.batch_retention_s, s.batches.batch_max_window_s)
         self._client = Client(settings=s, validate=False)
         self._thread = threading.Thread(target=self._loop, name="swapless-batches", daemon=True)
         self._thread.start()
@@ -112,7 +100,7 @@ class BatchRunner:
         return sorted(self._driving)
 
     def _loop(self) -> None:
-        poll_s = min(1.0, self.settings.batch_lease_s / 3)
+        poll_s = min(1.0, self.settings.batches.batch_lease_s / 3)
         purged = 0.0
         while not self._stop.is_set():
             try:
@@ -125,8 +113,7 @@ class BatchRunner:
             self._stop.wait(poll_s)
 
     def tick(self) -> None:
-        """Take the lease of each active batch nobody drives, while this runner has a free slot, in ``fair_order``
-        between the keys; no key takes this runner's last free slot while it drives another of that key's."""
+        """Take the lease of each active batch nobody drives, in ``fair_order``, while a slot is free."""
         for batch_id, thread in list(self._driving.items()):
             if not thread.is_alive():
                 del self._driving[batch_id]
@@ -142,14 +129,14 @@ class BatchRunner:
                 mine[owner] = mine.get(owner, 0) + 1
             elif self.store.lease_holder(batch_id) is None:
                 waiting.append((batch_id, owner, float(batch.get("created_at") or 0)))
-        slots = self.settings.batch_max_active
+        slots = self.settings.batches.batch_max_active
         per_key = max(1, slots - 1) if self._tenants > 1 else slots
         for batch_id, owner in fair_order(waiting, mine):
             if len(self._driving) >= slots:
                 return
             if mine.get(owner, 0) >= per_key:
                 continue
-            if self.store.take_lease(batch_id, self.runner_id, self.settings.batch_lease_s):
+            if self.store.take_lease(batch_id, self.runner_id, self.settings.batches.batch_lease_s):
                 mine[owner] = mine.get(owner, 0) + 1
                 thread = threading.Thread(target=self._drive, args=(batch_id,), name=f"swapless-{batch_id}",
                                           daemon=True)
@@ -160,7 +147,7 @@ class BatchRunner:
         if self._client is None:
             raise RuntimeError("BatchRunner.start makes its client before any batch is driven")
         driver = BatchDriver(batch_id, self.store, self.files, self._client, self.models, self.settings,
-                             work_root(self.settings, self.files) / batch_id, self.runner_id, self._stop)
+                             work_root(self.settings.batches, self.files) / batch_id, self.runner_id, self._stop)
         try:
             driver.run()
         except LeaseLost:

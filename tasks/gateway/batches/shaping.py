@@ -1,9 +1,4 @@
-"""The output and error files of a batch, in OpenAI's shape, written from its groups' bulk outputs as they grow.
-
-Each line of a group's bulk output (``{"ok", "key", "result" | "error", "type"}``) becomes an output line
-(``lines.output_line``) or an error line (``lines.error_line``) as soon as the driver sees its chunk written, while the
-next chunks compute; at the batch's end only the last chunk's lines are left to shape.
-"""
+"""A batch's output and error files, in OpenAI's shape, written from its groups' bulk outputs as they grow."""
 
 from __future__ import annotations
 
@@ -24,8 +19,7 @@ EXPIRED = "the batch's completion window ended before this request was started"
 class Shaper:
     """Writes the output and error files in OpenAI's shape from the groups' bulk outputs as they grow.
 
-    Derived files only: a driver starts them afresh (``start``) and reads each group's output from its beginning,
-    so a takeover rewrites what an earlier driver had shaped, never doubling a line.
+    A driver starts them afresh, so a takeover rewrites what an earlier driver shaped, never doubling a line.
     """
 
     def __init__(self, batch_id: str, work: Path) -> None:
@@ -49,8 +43,7 @@ class Shaper:
             self.start()
 
     def catch_up(self, index: int, model: str, output_name: str) -> int:
-        """Shape the outcomes group ``index`` (of ``model``, its bulk output ``output_name`` in the work directory)
-        wrote since the last call; returns the group's lines read so far."""
+        """Shape what group ``index`` wrote since the last call; returns the group's lines read so far."""
         self.ensure_started()
         offset, done = self._read.get(index, (0, 0))
         try:
@@ -74,8 +67,7 @@ class Shaper:
         return done
 
     def expired(self, input_name: str, done: int) -> None:
-        """Fail the requests of a group's bulk input ``input_name`` after its first ``done`` (never started: the
-        completion window ended)."""
+        """Fail a group's requests that never started (the completion window ended)."""
         for index, record in enumerate(read_jsonl(self.work / input_name)):
             if index >= done:
                 self._fail(record["custom_id"], "JobExpired", EXPIRED, None)

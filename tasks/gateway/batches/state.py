@@ -1,14 +1,4 @@
-"""A batch's state, kept in Redis so that every gateway process and runner agrees on it (``BatchStore``).
-
-Each batch is a hash (``Keyspace.batch``): its status, counts, timestamps, file ids, completion window, metadata
-and owner. Its status moves ``validating -> in_progress -> finalizing -> completed``, or ends ``failed``,
-``expired`` or ``cancelled`` (through ``cancelling``); a status change is one script that never leaves a final
-status nor overwrites ``cancelling`` with anything but ``cancelled``, so a cancel is never lost to a driver's
-update. Batches not yet final are in one set (``Keyspace.active_batches``), which runners read for work.
-
-Only one process drives a batch at a time: the holder of its lease (``Keyspace.batch_lease``, its runner id, with
-a TTL it renews). A lease not renewed (the process was killed) expires and another runner takes the batch over.
-"""
+"""A batch's state and its driver's lease, kept in Redis so every gateway process and runner agrees (``BatchStore``)."""
 
 from __future__ import annotations
 
@@ -77,15 +67,13 @@ def new_batch_id() -> str:
 
 
 class BatchStore:
-    """Every batch of one deployment, in Redis (see the module docstring).
+    """Every batch of one deployment, in Redis.
 
     Args:
         client: a synchronous Redis client.
         keyspace: the deployment's keys.
-        retention_s: how long a batch's record is kept after it ended (``SWAPLESS_BATCH_RETENTION_S``); one never
-            ended goes this long after its completion window (a deployment stopped for good leaves nothing behind).
-        max_window_s: the longest completion window (``SWAPLESS_BATCH_MAX_WINDOW_S``): listed ids older than it and
-            the retention are dropped from the listing.
+        retention_s: how long a batch's record is kept after it ended.
+        max_window_s: the longest completion window.
     """
 
     def __init__(self, client: redis.Redis, keyspace: Keyspace, retention_s: int = 30 * 24 * 3600,
@@ -126,16 +114,14 @@ class BatchStore:
         self.redis.hset(self.keys.batch(batch_id), mapping={k: str(v) for k, v in fields.items()})
 
     def set_status(self, batch_id: str, status: BatchStatus) -> BatchStatus | None:
-        """Move the batch to ``status`` (stamping its time), unless it is final or cancelling; returns the status it
-        has afterwards (None: no such batch)."""
+        """Move the batch to ``status`` unless it is final or cancelling; returns its status then (None: no batch)."""
         stamp = _STAMPS.get(status, "")
         now = self._set_status(keys=[self.keys.batch(batch_id), self.keys.active_batches],
                                args=[status.value, stamp, int(time.time()), batch_id, self.retention_s])
         return BatchStatus(now.decode() if isinstance(now, bytes) else now) if now else None
 
     def page(self, after: str | None, limit: int, owner: str | None) -> tuple[list[dict[str, str]], bool]:
-        """Batches newest first, after the one of id ``after``, of ``owner`` (None: everyone's), up to ``limit``;
-        and whether there are more."""
+        """Batches newest first after ``after``, of ``owner`` (None: all), up to ``limit``; and whether more exist."""
         start = 0
         if after is not None:
             rank = self.redis.zrevrank(self.keys.batches, after)

@@ -1,15 +1,9 @@
-"""``POST /v1/files``'s body: ``multipart/form-data`` parsed as it streams, the file written to disk line by line.
-
-The body is never held whole: ``MultipartReader`` takes the body's blocks as they arrive, finds the parts by their
-boundary, keeps the one small field it uses (``purpose``, at most ``_FIELD_BYTES``; at most ``_MAX_PARTS`` parts), and
-hands the ``file`` part's bytes to ``LineWriter``, which checks each line (``lines.LineChecker``) before it writes it.
-The first bad line stops the upload with its line number; the request guard (``swapless.tasks.gateway.framing``)
-bounds the body's bytes and time.
-"""
+"""``POST /v1/files``'s body: ``multipart/form-data`` parsed as it streams, the file written to disk line by line."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -84,11 +78,23 @@ class Upload:
     filename: str | None = None
 
 
+@dataclass
+class _Position:
+    """Where a multipart parse is: the unparsed bytes, the state, the current part's name and small field."""
+
+    upload: Upload
+    buffer: bytearray
+    state: str = "preamble"
+    name: str | None = None
+    field: bytearray = dataclasses.field(default_factory=bytearray)
+    parts: int = 0
+
+
 class MultipartReader:
-    """A ``multipart/form-data`` body parsed as it streams (see the module docstring).
+    """A ``multipart/form-data`` body parsed as it streams.
 
     Args:
-        boundary: the body's boundary (``boundary_of``).
+        boundary: the body's boundary.
         file_field: the part whose bytes go to ``writer``.
         writer: where that part's bytes go.
     """
@@ -102,63 +108,74 @@ class MultipartReader:
         """Parse the body's ``blocks``.
 
         Raises:
-            BadBatchFile: the body is not well-formed multipart, a field is too long, or the file has a bad line.
+            BadBatchFile: the body is malformed, a field is too long, or the file has a bad line.
         """
-        upload = Upload({})
-        buffer = bytearray(b"\r\n")  # the first boundary has no CRLF of its own before it
-        state = "preamble"
-        name: str | None = None
-        field = bytearray()
-        parts = 0
+        at = _Position(Upload({}), bytearray(b"\r\n"))  # the first boundary has no CRLF of its own before it
+        steps = {"preamble": self._preamble, "after": self._after, "headers": self._headers}
         async for block in blocks:
-            buffer += block
+            at.buffer += block
             while True:
-                if state == "preamble":
-                    at = buffer.find(self.delimiter)
-                    if at == -1:
-                        if len(buffer) > _HEADER_BYTES:
-                            raise BadBatchFile(0, "the multipart body does not start with its boundary")
-                        break
-                    del buffer[: at + len(self.delimiter)]
-                    state = "after"
-                elif state == "after":
-                    if len(buffer) < 2:
-                        break
-                    if buffer[:2] == b"--":
-                        return self._done(upload)
-                    if buffer[:2] != b"\r\n":
-                        raise BadBatchFile(0, "the multipart body is malformed after a boundary")
-                    del buffer[:2]
-                    state = "headers"
-                elif state == "headers":
-                    end = buffer.find(b"\r\n\r\n")
-                    if end == -1:
-                        if len(buffer) > _HEADER_BYTES:
-                            raise BadBatchFile(0, "a multipart part's headers are too long")
-                        break
-                    headers = bytes(buffer[:end]).decode("utf-8", "replace")
-                    del buffer[: end + 4]
-                    name, filename = self._disposition(headers)
-                    parts += 1
-                    if parts > _MAX_PARTS:
-                        raise BadBatchFile(0, f"the upload has more than {_MAX_PARTS} parts: send the fields purpose "
-                                           "and file")
-                    if name == self.file_field:
-                        upload.filename = filename or "upload.jsonl"
-                    field.clear()
-                    state = "data"
-                else:  # data
-                    at = buffer.find(self.delimiter)
-                    keep = len(buffer) if at != -1 else max(0, len(buffer) - len(self.delimiter))
-                    await self._data(name, bytes(buffer[: at if at != -1 else keep]), field)
-                    if at == -1:
-                        del buffer[:keep]
-                        break
-                    del buffer[: at + len(self.delimiter)]
-                    if name in _KEPT_FIELDS:
-                        upload.fields[name] = field.decode("utf-8", "replace")
-                    state = "after"
+                more = await self._part_data(at) if at.state == "data" else steps[at.state](at)
+                if at.state == "done":
+                    return self._done(at.upload)
+                if not more:
+                    break
         raise BadBatchFile(0, "the multipart body ended before its closing boundary: send the whole file")
+
+    def _preamble(self, at: _Position) -> bool:
+        found = at.buffer.find(self.delimiter)
+        if found == -1:
+            if len(at.buffer) > _HEADER_BYTES:
+                raise BadBatchFile(0, "the multipart body does not start with its boundary")
+            return False
+        del at.buffer[: found + len(self.delimiter)]
+        at.state = "after"
+        return True
+
+    @staticmethod
+    def _after(at: _Position) -> bool:
+        if len(at.buffer) < 2:
+            return False
+        if at.buffer[:2] == b"--":
+            at.state = "done"
+            return True
+        if at.buffer[:2] != b"\r\n":
+            raise BadBatchFile(0, "the multipart body is malformed after a boundary")
+        del at.buffer[:2]
+        at.state = "headers"
+        return True
+
+    def _headers(self, at: _Position) -> bool:
+        end = at.buffer.find(b"\r\n\r\n")
+        if end == -1:
+            if len(at.buffer) > _HEADER_BYTES:
+                raise BadBatchFile(0, "a multipart part's headers are too long")
+            return False
+        headers = bytes(at.buffer[:end]).decode("utf-8", "replace")
+        del at.buffer[: end + 4]
+        at.name, filename = self._disposition(headers)
+        at.parts += 1
+        if at.parts > _MAX_PARTS:
+            raise BadBatchFile(0, f"the upload has more than {_MAX_PARTS} parts: send the fields purpose and file")
+        if at.name == self.file_field:
+            at.upload.filename = filename or "upload.jsonl"
+        at.field.clear()
+        at.state = "data"
+        return True
+
+    async def _part_data(self, at: _Position) -> bool:
+        buffer = at.buffer
+        found = buffer.find(self.delimiter)
+        keep = len(buffer) if found != -1 else max(0, len(buffer) - len(self.delimiter))
+        await self._data(at.name, bytes(buffer[: found if found != -1 else keep]), at.field)
+        if found == -1:
+            del buffer[:keep]
+            return False
+        del buffer[: found + len(self.delimiter)]
+        if at.name in _KEPT_FIELDS:
+            at.upload.fields[at.name] = at.field.decode("utf-8", "replace")
+        at.state = "after"
+        return True
 
     def _done(self, upload: Upload) -> Upload:
         if upload.filename is None:

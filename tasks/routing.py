@@ -1,11 +1,6 @@
-"""Where a job goes: the one ``Router`` every producer, the gateway and the worker resolve routes with (the
-models file's routes, ``swapless.manager.registry.routing``, with the weights set at run time); the run-time weights
-themselves (``swapless route``), kept in Redis over the models file's and read by every process within ``ttl_s`` of
-a change (no restart, no reload); and the shadow agreement counts.
-
-The hash ``Keyspace.routes`` maps a route id to its weights as JSON; a route with no entry keeps the file's
-weights. Readers cache the whole hash for ``ttl_s`` (1 s): a producer that submits thousands of jobs a second reads
-it once a second, not once a job.
+"""Where a job goes: the one ``Router`` every producer, the gateway and the worker resolve routes with; the
+run-time route weights kept in Redis (``swapless route``), cached ``ttl_s`` by each reader; the shadow agreement
+counts.
 """
 
 from __future__ import annotations
@@ -29,13 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 class RouteOverrides:
-    """The run-time route weights of one queue (``swapless route``), cached for ``ttl_s``.
-
-    Args:
-        client: a redis-py client.
-        keyspace: the queue's keys.
-        ttl_s: how long a read is reused.
-    """
+    """The run-time route weights of one queue (``swapless route``), each read reused for ``ttl_s``."""
 
     def __init__(self, client: Any, keyspace: Keyspace, ttl_s: float = 1.0) -> None:
         self.client = client
@@ -46,7 +35,7 @@ class RouteOverrides:
         self._lock = threading.Lock()
 
     def get(self) -> dict[str, dict[str, float]]:
-        """Route id -> weights, as set now (at most ``ttl_s`` old). A Redis failure keeps the last read."""
+        """Route id -> weights, at most ``ttl_s`` old; a Redis failure keeps the last read."""
         with self._lock:
             if time.monotonic() - self._read_at < self.ttl_s:
                 return self._cached
@@ -61,9 +50,7 @@ class RouteOverrides:
             return self._cached
 
     def reload(self, store: ModelStore) -> dict[str, dict[str, float]]:
-        """Make every weighted route of ``store`` (a models file just read and checked) the run-time split, in one
-        round trip: producers and workers running with an older file follow within ``ttl_s``. Returns the weights
-        set. (A version a running process does not know yet is ignored by it until it restarts.)"""
+        """Make every weighted route of ``store`` the run-time split, in one round trip; returns the weights set."""
         weights = {route.id: dict(route.route) for route in store.routes.values() if route.route is not None}
         pipe = self.client.pipeline(transaction=True)
         pipe.delete(self.key)
@@ -74,10 +61,10 @@ class RouteOverrides:
         return weights
 
     def set(self, store: ModelStore, route_id: str, weights: Mapping[str, float]) -> None:
-        """Set a route's weights (checked against the store: a split route, known targets, positive weights).
+        """Set a route's weights, checked against the store.
 
         Raises:
-            ConfigError: not a split route, an unknown target, or a weight that is not a positive number.
+            ConfigError: not a split route, an unknown target, or a weight that is not positive.
         """
         if not store.is_route(route_id) or store.routes[route_id].route is None:
             splits = ", ".join(sorted(r.id for r in store.routes.values() if r.route is not None)) or "none"
@@ -103,10 +90,10 @@ class RouteOverrides:
 
 
 class Router:
-    """The one place a job addressed to a route is resolved to the model that serves it.
+    """Resolves a job addressed to a route to the model that serves it.
 
     Args:
-        store: the models file (its models, aliases and routes).
+        store: the models file.
         overrides: the run-time weights (None: the file's alone).
     """
 
@@ -115,10 +102,11 @@ class Router:
         self.overrides = overrides
 
     def resolve(self, model_id: str, value: object, key: str, *, paths: bool = True) -> Resolved:
-        """Where a job for ``model_id`` (a model id, alias or route) with input ``value`` goes: the canonical id of
-        the model that serves it, the shadows that get a copy, the routes it went through. ``key``: its sticky key,
-        else its id (a worker resolving a plain Celery job by its id picks what a producer would have).
-        ``paths``: whether an input may be an image file's path (False for network callers).
+        """Where a job for ``model_id`` (a model id, alias or route) with input ``value`` goes.
+
+        Args:
+            key: its sticky key, else its id.
+            paths: whether an input may be an image file's path (False for network callers).
 
         Raises:
             UnknownModel: no model, alias or route of that id.
@@ -130,10 +118,9 @@ class Router:
         return self.store.route(model_id, value, key, weights, paths=paths)
 
     def model_of(self, payload: dict[str, Any]) -> str | None:
-        """The model whose lists an ingress message (a plain Celery producer's) belongs in: a job's, its route
-        resolved by its id; a chunk's, unless it is for a route (its items may go to several versions, so the
-        worker that took it splits it). None: keep the message where it was taken (a chunk for a route, an unknown
-        model, a malformed message: that worker runs it or answers it)."""
+        """The model whose lists an ingress message belongs in; None: keep it where it was taken (a chunk for a route,
+        an unknown model, a malformed message).
+        """
         args = message_args(payload)
         headers = payload.get("headers") or {}
         if args is None or not isinstance(args[0], str):
