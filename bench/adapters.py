@@ -39,6 +39,7 @@ import random
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -262,6 +263,61 @@ TARGETS = [
 ]
 
 
+Add = Callable[[str, float], None]
+
+
+def _swap_rows(add: Add, paths: dict[str, Path]) -> None:
+    swap = swap_rows(paths)
+    add("whole variant: load (ms)", swap["whole load"] * 1000)
+    add("adapter swap-in from its file (ms)", swap["from file"] * 1000)
+    add("adapter swap-in from host memory (ms)", swap["from host"] * 1000)
+    add("swap-in from file vs whole load (× faster)", swap["whole load"] / swap["from file"])
+
+
+def _stream_rows(add: Add, stream_models: Path, sizes: Sizes, rng: random.Random, rep: int) -> None:
+    inputs = texts(rng, sizes.stream_jobs)
+    alone = stream(stream_models, [("base", t) for t in inputs], ["base"], f"base-{rep}")
+    owners = [f"v{k % STREAM_VARIANTS:04d}" for k in range(sizes.stream_jobs)]
+    rng.shuffle(owners)
+    spread = stream(stream_models, list(zip(owners, inputs, strict=True)), ["v0000"], f"spread-{rep}")
+    whole = stream(stream_models, [(f"w{k:04d}", inputs[k]) for k in range(sizes.whole_jobs)], ["base"],
+                   f"whole-{rep}")
+    add("stream, base alone (jobs/s)", alone)
+    add(f"stream over {STREAM_VARIANTS} adapters (jobs/s)", spread)
+    add("200 adapters vs base alone (jobs/s ratio)", spread / alone)
+    add(f"stream over {sizes.whole_jobs} whole variants, one job each (jobs/s)", whole)
+
+
+def _sim_rows(add: Add, paths: dict[str, Path], sizes: Sizes, rng: random.Random, rep: int) -> None:
+    sim_models = sim_models_file(paths)
+    sim_inputs = texts(rng, sizes.sim_jobs)
+    sim_owners = [f"v{k % STREAM_VARIANTS:04d}" for k in range(sizes.sim_jobs)]
+    rng.shuffle(sim_owners)
+    sim_alone = stream(sim_models, [("sim", t) for t in sim_inputs], ["sim"], f"sim-base-{rep}",
+                       SimulatedAdapterWorker)
+    sim_spread = stream(sim_models, list(zip(sim_owners, sim_inputs, strict=True)), ["v0000"],
+                        f"sim-spread-{rep}", SimulatedAdapterWorker)
+    sim_whole = stream(sim_models, [(f"w{k % WHOLE_VARIANTS:04d}", sim_inputs[k])
+                                    for k in range(sizes.sim_whole_jobs)], ["sim"], f"sim-whole-{rep}",
+                       SimulatedAdapterWorker)
+    add("sim: stream, base alone (jobs/s)", sim_alone)
+    add(f"sim: stream over {STREAM_VARIANTS} adapters (jobs/s)", sim_spread)
+    add("sim: 200 adapters vs base alone (jobs/s ratio)", sim_spread / sim_alone)
+    add(f"sim: stream over {WHOLE_VARIANTS} whole variants (jobs/s)", sim_whole)
+
+
+def _registry_rows(add: Add, paths: dict[str, Path]) -> None:
+    registry = registry_rows(paths)
+    add("registry read and start-up checks, 10 variants (ms)", registry["read 10"] * 1000)
+    add("registry read and start-up checks, 1,000 variants (ms)", registry[f"read {ADAPTERS}"] * 1000)
+    add("start-up to ready, 10 variants (s)", registry["start 10"])
+    add("start-up to ready, 1,000 variants (s)", registry[f"start {ADAPTERS}"])
+    add("start-up, 1,000 vs 10 variants (ratio)", registry[f"start {ADAPTERS}"] / registry["start 10"])
+    add("swapless models, 10 variants (s)", registry["models 10"])
+    add("swapless models, 1,000 variants (s)", registry[f"models {ADAPTERS}"])
+    add("swapless models, 1,000 vs 10 variants (ratio)", registry[f"models {ADAPTERS}"] / registry["models 10"])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=None, help="default 3, --quick 1")
@@ -281,47 +337,11 @@ def main(argv: list[str] | None = None) -> None:
 
     for rep in range(repeats):
         print(f"repetition {rep + 1}/{repeats}", flush=True)
-        swap = swap_rows(paths)
-        add("whole variant: load (ms)", swap["whole load"] * 1000)
-        add("adapter swap-in from its file (ms)", swap["from file"] * 1000)
-        add("adapter swap-in from host memory (ms)", swap["from host"] * 1000)
-        add("swap-in from file vs whole load (× faster)", swap["whole load"] / swap["from file"])
+        _swap_rows(add, paths)
         rng = random.Random(rep)
-        inputs = texts(rng, sizes.stream_jobs)
-        alone = stream(stream_models, [("base", t) for t in inputs], ["base"], f"base-{rep}")
-        owners = [f"v{k % STREAM_VARIANTS:04d}" for k in range(sizes.stream_jobs)]
-        rng.shuffle(owners)
-        spread = stream(stream_models, list(zip(owners, inputs, strict=True)), ["v0000"], f"spread-{rep}")
-        whole = stream(stream_models, [(f"w{k:04d}", inputs[k]) for k in range(sizes.whole_jobs)], ["base"],
-                       f"whole-{rep}")
-        add("stream, base alone (jobs/s)", alone)
-        add(f"stream over {STREAM_VARIANTS} adapters (jobs/s)", spread)
-        add("200 adapters vs base alone (jobs/s ratio)", spread / alone)
-        add(f"stream over {sizes.whole_jobs} whole variants, one job each (jobs/s)", whole)
-        sim_models = sim_models_file(paths)
-        sim_inputs = texts(rng, sizes.sim_jobs)
-        sim_owners = [f"v{k % STREAM_VARIANTS:04d}" for k in range(sizes.sim_jobs)]
-        rng.shuffle(sim_owners)
-        sim_alone = stream(sim_models, [("sim", t) for t in sim_inputs], ["sim"], f"sim-base-{rep}",
-                           SimulatedAdapterWorker)
-        sim_spread = stream(sim_models, list(zip(sim_owners, sim_inputs, strict=True)), ["v0000"],
-                            f"sim-spread-{rep}", SimulatedAdapterWorker)
-        sim_whole = stream(sim_models, [(f"w{k % WHOLE_VARIANTS:04d}", sim_inputs[k])
-                                        for k in range(sizes.sim_whole_jobs)], ["sim"], f"sim-whole-{rep}",
-                           SimulatedAdapterWorker)
-        add("sim: stream, base alone (jobs/s)", sim_alone)
-        add(f"sim: stream over {STREAM_VARIANTS} adapters (jobs/s)", sim_spread)
-        add("sim: 200 adapters vs base alone (jobs/s ratio)", sim_spread / sim_alone)
-        add(f"sim: stream over {WHOLE_VARIANTS} whole variants (jobs/s)", sim_whole)
-        registry = registry_rows(paths)
-        add("registry read and start-up checks, 10 variants (ms)", registry["read 10"] * 1000)
-        add("registry read and start-up checks, 1,000 variants (ms)", registry[f"read {ADAPTERS}"] * 1000)
-        add("start-up to ready, 10 variants (s)", registry["start 10"])
-        add("start-up to ready, 1,000 variants (s)", registry[f"start {ADAPTERS}"])
-        add("start-up, 1,000 vs 10 variants (ratio)", registry[f"start {ADAPTERS}"] / registry["start 10"])
-        add("swapless models, 10 variants (s)", registry["models 10"])
-        add("swapless models, 1,000 variants (s)", registry[f"models {ADAPTERS}"])
-        add("swapless models, 1,000 vs 10 variants (ratio)", registry[f"models {ADAPTERS}"] / registry["models 10"])
+        _stream_rows(add, stream_models, sizes, rng, rep)
+        _sim_rows(add, paths, sizes, rng, rep)
+        _registry_rows(add, paths)
 
     write_table(write, render(rows, args, sizes, repeats), NOTES)
 

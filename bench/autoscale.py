@@ -318,6 +318,90 @@ def learn(models: Path, day: Day) -> dict[bytes, bytes]:
         cleanup(client, prefix)
 
 
+class _Interactive:
+    """The day's interactive traffic: ``day.interactive_rate`` jobs a second through a pool while not idle."""
+
+    def __init__(self, producer: Any, day: Day) -> None:
+        self.producer = producer
+        self.day = day
+        self.latencies: list[float] = []
+        self.timeline: list[tuple[float, str, float]] = []  # (sent, model, seconds): where the slow answers fall
+        self.lost = 0
+        self.pool = ThreadPoolExecutor(16)
+        self.stopping = threading.Event()
+        self.idle = threading.Event()
+        self.thread = threading.Thread(target=self._send, daemon=True)
+
+    def _one(self, model_id: str) -> None:
+        sent = time.monotonic()
+        try:
+            self.producer.submit(model_id, "hello there", priority="interactive").get(timeout=120)
+            self.latencies.append(time.monotonic() - sent)
+            self.timeline.append((sent, model_id, self.latencies[-1]))
+        except Exception:  # noqa: BLE001 - counted
+            self.lost += 1
+
+    def _send(self) -> None:
+        index = 0
+        while not self.stopping.wait(1 / self.day.interactive_rate):
+            if self.idle.is_set():
+                continue
+            self.pool.submit(self._one, INTERACTIVE[index % 2])
+            index += 1
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(5)
+        self.pool.shutdown(wait=True)
+
+
+def _autoscaler(kind: str, fleet: Fleet, day: Day, env: dict[str, str], client: redis.Redis,
+                keyspace: Any) -> tuple[Process | None, Autoscaler | None]:
+    """The exporter and the autoscaler following it, for the autoscaled fleet only."""
+    if kind != "autoscaled":
+        return None, None
+    port = _free_port()
+    exporter = Process([sys.executable, "-m", "swapless", "exporter", "--port", str(port)], env,
+                       OUT / "autoscale" / f"{kind}-exporter.log")
+    exporter.wait_for("Ctrl-C", 60)
+    return exporter, Autoscaler(fleet, day, f"http://127.0.0.1:{port}/metrics", client, keyspace)
+
+
+def _idle_until_burst(kind: str, fleet: Fleet, day: Day, start: float, join_s: float) -> None:
+    """Wait for the burst; the oracle asks for its other workers ahead of it, by their start-up and join time."""
+    oracle_asked = False
+    while time.monotonic() - start < day.burst_at:
+        ahead = day.burst_at - (day.startup_s + join_s)
+        if kind == "oracle" and not oracle_asked and time.monotonic() - start >= ahead:
+            for _ in range(day.workers - 1):
+                fleet.ask(day.startup_s)
+            oracle_asked = True
+        time.sleep(0.05)
+    if kind == "oracle" and not oracle_asked:
+        for _ in range(day.workers - 1):
+            fleet.ask(day.startup_s)
+
+
+def _burst(producer: Any, day: Day) -> tuple[float, int]:
+    """Every bulk model's jobs at once: (seconds until all are answered, jobs lost)."""
+    burst_at = time.monotonic()
+    jobs = []
+    for model_id in bulk_models(day):
+        jobs += producer.submit_many(model_id, [f"{model_id} record {i}" for i in range(day.bulk_jobs)])
+    results = producer.gather(jobs, timeout=900)
+    return time.monotonic() - burst_at, sum(1 for r in results if r.state != "SUCCESS")
+
+
+def _write_traces(kind: str, autoscaler: Autoscaler | None, traffic: _Interactive, start: float) -> None:
+    if autoscaler is not None:
+        (OUT / "autoscale" / "trace.txt").write_text("".join(
+            f"{when - start:7.1f} s  desired {desired}  demand {demand:.2f}  backlog {backlog:.1f} s  alive {alive}\n"
+            for when, desired, demand, backlog, alive in autoscaler.trace))
+    (OUT / "autoscale" / f"{kind}-latencies.txt").write_text("".join(
+        f"{sent - start:7.2f} s  {model_id}  {seconds * 1000:7.0f} ms\n"
+        for sent, model_id, seconds in sorted(traffic.timeline)))
+
+
 def run_day(kind: str, day: Day, models: Path, learned: dict[bytes, bytes], join_s: float) -> Outcome:
     """One fleet through one day (``kind``: autoscaled, fixed-1, fixed-N, oracle)."""
     from swapless.config.settings import Settings
@@ -336,82 +420,30 @@ def run_day(kind: str, day: Day, models: Path, learned: dict[bytes, bytes], join
     for _ in range(first):
         fleet.ask(0)
     fleet.wait_ready(first)
-    exporter = autoscaler = None
-    if kind == "autoscaled":
-        port = _free_port()
-        exporter = Process([sys.executable, "-m", "swapless", "exporter", "--port", str(port)], env,
-                           OUT / "autoscale" / f"{kind}-exporter.log")
-        exporter.wait_for("Ctrl-C", 60)
-        autoscaler = Autoscaler(fleet, day, f"http://127.0.0.1:{port}/metrics", client, keyspace)
+    exporter, autoscaler = _autoscaler(kind, fleet, day, env, client, keyspace)
     marks = fleet.marks()
-    latencies: list[float] = []
-    timeline: list[tuple[float, str, float]] = []  # (sent, model, seconds): where the slow answers fall
-    lost = 0
     producer = Client(settings=settings, forget=True)
-    pool = ThreadPoolExecutor(16)
-    stop_interactive = threading.Event()
-    idle = threading.Event()
-
-    def one(model_id: str) -> None:
-        nonlocal lost
-        sent = time.monotonic()
-        try:
-            producer.submit(model_id, "hello there", priority="interactive").get(timeout=120)
-            latencies.append(time.monotonic() - sent)
-            timeline.append((sent, model_id, latencies[-1]))
-        except Exception:  # noqa: BLE001 - counted
-            lost += 1
-
-    def interactive() -> None:
-        index = 0
-        while not stop_interactive.wait(1 / day.interactive_rate):
-            if idle.is_set():
-                continue
-            pool.submit(one, INTERACTIVE[index % 2])
-            index += 1
+    traffic = _Interactive(producer, day)
 
     start = time.monotonic()
     if autoscaler is not None:
         autoscaler.start()
-    traffic = threading.Thread(target=interactive, daemon=True)
-    traffic.start()
+    traffic.thread.start()
     time.sleep(day.interactive_s)
-    idle.set()
-    oracle_asked = False
-    while time.monotonic() - start < day.burst_at:
-        ahead = day.burst_at - (day.startup_s + join_s)
-        if kind == "oracle" and not oracle_asked and time.monotonic() - start >= ahead:
-            for _ in range(day.workers - 1):
-                fleet.ask(day.startup_s)
-            oracle_asked = True
-        time.sleep(0.05)
-    if kind == "oracle" and not oracle_asked:
-        for _ in range(day.workers - 1):
-            fleet.ask(day.startup_s)
-    idle.clear()
-    burst_at = time.monotonic()
-    jobs = []
-    for model_id in bulk_models(day):
-        jobs += producer.submit_many(model_id, [f"{model_id} record {i}" for i in range(day.bulk_jobs)])
-    results = producer.gather(jobs, timeout=900)
-    bulk_s = time.monotonic() - burst_at
-    lost += sum(1 for r in results if r.state != "SUCCESS")
+    traffic.idle.set()
+    _idle_until_burst(kind, fleet, day, start, join_s)
+    traffic.idle.clear()
+    bulk_s, bulk_lost = _burst(producer, day)
     if kind == "oracle":
         for life in fleet.lives[1:]:
             fleet.drain(life)
     time.sleep(day.tail_s)
     end = time.monotonic()
-    stop_interactive.set()
-    traffic.join(5)
-    pool.shutdown(wait=True)
+    traffic.stop()
     if autoscaler is not None:
         autoscaler.stop()
-        (OUT / "autoscale" / "trace.txt").write_text("".join(
-            f"{when - start:7.1f} s  desired {desired}  demand {demand:.2f}  backlog {backlog:.1f} s  alive {alive}\n"
-            for when, desired, demand, backlog, alive in autoscaler.trace))
-    (OUT / "autoscale" / f"{kind}-latencies.txt").write_text("".join(
-        f"{sent - start:7.2f} s  {model_id}  {seconds * 1000:7.0f} ms\n"
-        for sent, model_id, seconds in sorted(timeline)))
+    _write_traces(kind, autoscaler, traffic, start)
+    latencies = traffic.latencies
     outcome = Outcome(
         fleet=kind,
         gpu_s=fleet.gpu_seconds(start, end),
@@ -421,7 +453,7 @@ def run_day(kind: str, day: Day, models: Path, learned: dict[bytes, bytes], join
         loads=fleet.loads(marks),
         max_workers=_most_at_once(fleet.lives, start, end),
         join_s=fleet.join_s(),
-        lost=lost,
+        lost=traffic.lost + bulk_lost,
     )
     producer.close()
     fleet.stop()

@@ -158,96 +158,75 @@ def mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--sweep", default="16,64,256,1024", help="chunk sizes to compare (on --sweep-records)")
-    parser.add_argument("--sweep-records", type=int, default=10_000)
-    parser.add_argument("--in-process-records", type=int, default=20_000)
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch threads, in-process and in the worker [default: torch's]"
-    )
-    parser.add_argument("--pairs", type=int, default=5, help="interleaved (in-process, bulk) pairs on --sweep-records")
-    args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` or a kill still stops the worker (finally)
+@dataclass
+class Measured:
+    """Everything one benchmark run measured, for its table."""
 
-    url = os.environ.get("SWAPLESS_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
-    client = redis.Redis.from_url(url)
-    prefix = fresh_prefix("bulk")
+    sweep: dict[int, list[float]]
+    small_run: Run
+    full: Run
+    full_check: dict[str, int]
+    left: int
+    rates_in_process: list[float]
+    cpu_in_process: float
+    pairs: list[tuple[float, float]]
+    interrupted: tuple[Run, int, Run, int, Run]
+    resumed: dict[str, int]
+
+
+def _fresh(path: Path) -> Path:
+    path.unlink(missing_ok=True)
+    return path
+
+
+def _measure(args: argparse.Namespace, env: dict[str, str], worker: Process, client: redis.Redis, prefix: str,
+             models_file: Path, texts: list[str]) -> Measured:
+    """The sweep, the small and full runs between two in-process runs, the pairs, then the interrupted run."""
     work = OUT / "bulk"
-    work.mkdir(parents=True, exist_ok=True)
-    models_file = build_model()
-    source = work / "input.jsonl"
-    texts = write_input(source, args.records)
-    small = work / "input-small.jsonl"
-    write_input(small, max(1, args.records // 10))
-    sweep_source = work / "input-sweep.jsonl"
-    write_input(sweep_source, args.sweep_records)
-    if args.threads:
-        import torch
+    source, small, sweep_source = work / "input.jsonl", work / "input-small.jsonl", work / "input-sweep.jsonl"
+    sweep: dict[int, list[float]] = {int(size): [] for size in args.sweep.split(",") if size}
+    for _ in range(2):  # two interleaved rounds: a burst of load elsewhere hits one size, not all of its runs
+        for size, rates in sweep.items():
+            out = _fresh(work / f"sweep-{size}.jsonl")
+            rates.append(run_bulk(env, sweep_source, out, worker, "--chunk-size", str(size)).reported_rate)
+    small_run = run_bulk(env, small, _fresh(work / "small.jsonl"), worker)
+    out = _fresh(work / "full.jsonl")
+    rates_in_process = [in_process_rate(models_file, texts, args.in_process_records)[0]]
+    full = run_bulk(env, source, out, worker)
+    full_check = check_output(out, args.records)
+    left = sum(1 for _ in client.scan_iter(match=f"{prefix}celery-task-meta-*", count=5000))
+    after, cpu_in_process = in_process_rate(models_file, texts, args.in_process_records)
+    rates_in_process.append(after)
+    # The machine may be shared: interleaved pairs cancel slow drifts in load; the median ratio is reported.
+    pairs = []
+    for index in range(args.pairs):
+        alone = in_process_rate(models_file, texts, args.sweep_records)[0]
+        out = _fresh(work / f"pair-{index}.jsonl")
+        pairs.append((alone, run_bulk(env, sweep_source, out, worker).reported_rate))
 
-        torch.set_num_threads(args.threads)
-    env = {
-        **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}),
-        "SWAPLESS_REDIS_URL": url,
-        "SWAPLESS_KEY_PREFIX": prefix,
-        "SWAPLESS_QUEUE": prefix + "jobs",
-        "SWAPLESS_MODELS_FILE": str(models_file),
-        "SWAPLESS_DEVICE": "cpu",
-    }
-    load_before = os.getloadavg()[0]
-    rates_in_process: list[float] = []
-    worker = Process([sys.executable, "-m", "swapless", "worker", "--loglevel", "INFO"], env, work / "worker.log")
-    rows: list[tuple[str, str]] = []
-    try:
-        worker.wait_for("ready", 120)
-        sweep: dict[int, list[float]] = {int(size): [] for size in args.sweep.split(",") if size}
-        for _ in range(2):  # two interleaved rounds: a burst of load elsewhere hits one size, not all of its runs
-            for size, rates in sweep.items():
-                out = work / f"sweep-{size}.jsonl"
-                out.unlink(missing_ok=True)
-                rates.append(run_bulk(env, sweep_source, out, worker, "--chunk-size", str(size)).reported_rate)
-        out = work / "small.jsonl"
-        out.unlink(missing_ok=True)
-        small_run = run_bulk(env, small, out, worker)
-        out = work / "full.jsonl"
-        out.unlink(missing_ok=True)
-        rates_in_process.append(in_process_rate(models_file, texts, args.in_process_records)[0])
-        full = run_bulk(env, source, out, worker)
-        full_check = check_output(out, args.records)
-        left = sum(1 for _ in client.scan_iter(match=f"{prefix}celery-task-meta-*", count=5000))
-        after, cpu_in_process = in_process_rate(models_file, texts, args.in_process_records)
-        rates_in_process.append(after)
-        # The machine may be shared: interleaved pairs cancel slow drifts in load; the median ratio is reported.
-        pairs = []
-        for index in range(args.pairs):
-            alone = in_process_rate(models_file, texts, args.sweep_records)[0]
-            out = work / f"pair-{index}.jsonl"
-            out.unlink(missing_ok=True)
-            pairs.append((alone, run_bulk(env, sweep_source, out, worker).reported_rate))
+    out = _fresh(work / "resumed.jsonl")
+    first = run_bulk(env, source, out, worker, stop_after=(args.records * 3 // 10, signal.SIGINT))
+    after_sigint = out.read_bytes().count(b"\n")
+    second = run_bulk(env, source, out, worker, stop_after=(args.records * 6 // 10, signal.SIGKILL))
+    after_sigkill = out.read_bytes().count(b"\n")
+    third = run_bulk(env, source, out, worker)
+    resumed = check_output(out, args.records)
+    return Measured(sweep, small_run, full, full_check, left, rates_in_process, cpu_in_process, pairs,
+                    (first, after_sigint, second, after_sigkill, third), resumed)
 
-        out = work / "resumed.jsonl"
-        out.unlink(missing_ok=True)
-        first = run_bulk(env, source, out, worker, stop_after=(args.records * 3 // 10, signal.SIGINT))
-        after_sigint = out.read_bytes().count(b"\n")
-        second = run_bulk(env, source, out, worker, stop_after=(args.records * 6 // 10, signal.SIGKILL))
-        after_sigkill = out.read_bytes().count(b"\n")
-        third = run_bulk(env, source, out, worker)
-        resumed = check_output(out, args.records)
-    finally:
-        worker.stop()
-        cleanup(client, prefix)
-    load_after = os.getloadavg()[0]
 
-    in_process = statistics.mean(rates_in_process)
+def _rows(args: argparse.Namespace, m: Measured, loads: tuple[float, float]) -> list[tuple[str, str]]:
+    full, full_check, resumed, pairs = m.full, m.full_check, m.resumed, m.pairs
+    first, after_sigint, second, after_sigkill, third = m.interrupted
+    in_process = statistics.mean(m.rates_in_process)
     bulk_rate = args.records / full.seconds
-    rows += [
+    return [
         ("records", f"{args.records}"),
         (
             "in-process batched (run_group, groups of 256), records/s",
             (
-                f"{in_process:.0f} (just before the bulk run {rates_in_process[0]:.0f}, "
-                f"just after {rates_in_process[1]:.0f})"
+                f"{in_process:.0f} (just before the bulk run {m.rates_in_process[0]:.0f}, "
+                f"just after {m.rates_in_process[1]:.0f})"
             ),
         ),
         ("`swapless bulk`, records/s as it reports them (first send to last write)", f"{full.reported_rate:.0f}"),
@@ -261,16 +240,16 @@ def main() -> None:
         (
             "CPU seconds per 1000 records: in-process / bulk worker + producer (Redis not counted)",
             (
-                f"{cpu_in_process:.2f} / {full.worker_cpu_s / args.records * 1000:.2f} + "
+                f"{m.cpu_in_process:.2f} / {full.worker_cpu_s / args.records * 1000:.2f} + "
                 f"{full.producer_cpu_s / args.records * 1000:.2f}"
             ),
         ),
         (
             f"chunk-size sweep on {args.sweep_records} records, records/s (best of 2 interleaved rounds)",
-            ", ".join(f"{size}: {max(rates):.0f}" for size, rates in sweep.items()),
+            ", ".join(f"{size}: {max(rates):.0f}" for size, rates in m.sweep.items()),
         ),
         ("producer peak RSS, all records", mib(full.producer_peak_bytes)),
-        (f"producer peak RSS, {max(1, args.records // 10)} records", mib(small_run.producer_peak_bytes)),
+        (f"producer peak RSS, {max(1, args.records // 10)} records", mib(m.small_run.producer_peak_bytes)),
         ("worker peak RSS", mib(full.worker_peak_bytes)),
         (
             "output check (lines / duplicates / gaps / in order)",
@@ -279,7 +258,7 @@ def main() -> None:
                 f"{'yes' if full_check['in_order'] else 'NO'}"
             ),
         ),
-        ("chunk results left in Redis after the run", f"{left}"),
+        ("chunk results left in Redis after the run", f"{m.left}"),
         ("interrupted run: SIGINT at 30% (exit status, lines)", f"{first.status}, {after_sigint}"),
         ("then SIGKILL at 60% (exit status, lines)", f"{second.status}, {after_sigkill}"),
         (
@@ -290,8 +269,57 @@ def main() -> None:
             "resumed output: duplicates / gaps / in order",
             f"{resumed['duplicates']} / {resumed['gaps']} / {'yes' if resumed['in_order'] else 'NO'}",
         ),
-        ("load average before / after (1 min; other work on the machine)", f"{load_before:.2f} / {load_after:.2f}"),
+        ("load average before / after (1 min; other work on the machine)", f"{loads[0]:.2f} / {loads[1]:.2f}"),
     ]
+
+
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--sweep", default="16,64,256,1024", help="chunk sizes to compare (on --sweep-records)")
+    parser.add_argument("--sweep-records", type=int, default=10_000)
+    parser.add_argument("--in-process-records", type=int, default=20_000)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads, in-process and in the worker [default: torch's]"
+    )
+    parser.add_argument("--pairs", type=int, default=5, help="interleaved (in-process, bulk) pairs on --sweep-records")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _parse()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` or a kill still stops the worker (finally)
+
+    url = os.environ.get("SWAPLESS_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
+    client = redis.Redis.from_url(url)
+    prefix = fresh_prefix("bulk")
+    work = OUT / "bulk"
+    work.mkdir(parents=True, exist_ok=True)
+    models_file = build_model()
+    texts = write_input(work / "input.jsonl", args.records)
+    write_input(work / "input-small.jsonl", max(1, args.records // 10))
+    write_input(work / "input-sweep.jsonl", args.sweep_records)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    env = {
+        **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}),
+        "SWAPLESS_REDIS_URL": url,
+        "SWAPLESS_KEY_PREFIX": prefix,
+        "SWAPLESS_QUEUE": prefix + "jobs",
+        "SWAPLESS_MODELS_FILE": str(models_file),
+        "SWAPLESS_DEVICE": "cpu",
+    }
+    load_before = os.getloadavg()[0]
+    worker = Process([sys.executable, "-m", "swapless", "worker", "--loglevel", "INFO"], env, work / "worker.log")
+    try:
+        worker.wait_for("ready", 120)
+        measured = _measure(args, env, worker, client, prefix, models_file, texts)
+    finally:
+        worker.stop()
+        cleanup(client, prefix)
+    rows = _rows(args, measured, (load_before, os.getloadavg()[0]))
     command = f"python -m bench.bulk --records {args.records}" + (f" --threads {args.threads}" if args.threads else "")
     width = max(len(name) for name, _ in rows)
     table = "\n".join(f"| {name:<{width}} | {value} |" for name, value in rows)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -162,6 +162,65 @@ def send_task_rate(system: DeviceSwapless, jobs: int) -> float:
         return jobs / (time.perf_counter() - started)
 
 
+Add = Callable[[str, float], None]
+
+
+def _system_rows(add: Add, system: DeviceSwapless, sizes: Sizes, limit: float, pass_s: float) -> None:
+    """The rows of one started ``DeviceSwapless``: send_task alone, the two streams, lone jobs, priority."""
+    for model_id in ("dev", "dev-i", "zero"):
+        system.get_one(model_id, "warm up")
+    send_rate = send_task_rate(system, sizes.send_task_jobs)
+    add("send_task alone (jobs/s)", send_rate)
+    run = stream(system, [("dev", f"text {i}") for i in range(sizes.stream_jobs)])
+    add("stream, submit_jobs (jobs/s)", run.jobs_per_s)
+    add("stream, submit_jobs: vs limit", run.jobs_per_s / limit)
+    add("stream, submit_jobs: worker CPU (ms/job)", run.extra["cpu_ms_per_job"])
+    system.producer = "send_task"
+    run = stream(system, [("dev", f"text {i}") for i in range(sizes.send_task_jobs)])
+    system.producer = "submit_jobs"
+    add("stream, send_task (jobs/s)", run.jobs_per_s)
+    add("stream, send_task: vs min(limit, send_task alone)", run.jobs_per_s / min(limit, send_rate))
+    add("stream, send_task: worker CPU (ms/job)", run.extra["cpu_ms_per_job"])
+    lone = [system.get_one("zero", "lone") for _ in range(sizes.lone_jobs)]
+    add("lone job, zero-cost model: p50 (ms)", percentile(lone, 50) * 1000)
+    add("lone job, zero-cost model: p99 (ms)", percentile(lone, 99) * 1000)
+    bulk = [("dev", f"bulk {i}") for i in range(sizes.bulk_jobs)]
+    interactive = [("dev-i", f"interactive {i}") for i in range(sizes.interactive_jobs)]
+    run = priority(system, bulk, interactive, every_s=0.1)
+    add("interactive during bulk: p50 (ms)", run.p50_s * 1000)
+    add("interactive during bulk: p50 in passes", run.p50_s / pass_s)
+
+
+def _user_rows(add: Add, redis_url: str, models_file: Path, sizes: Sizes, limit: float, rep: int) -> None:
+    user = UserPathSwapless(redis_url, models_file, f"device-user-rep{rep}")
+    try:
+        user.start()
+        path = user_path(user, [("dev", f"text {i}") for i in range(sizes.stream_jobs)])
+    finally:
+        user.stop()
+    add("user's path, one submit_jobs + gather: vs limit", sizes.stream_jobs / path["wall_s"] / limit)
+    add("user's path: the submit_jobs call (ms)", path["call_s"] * 1000)
+    add("user's path: call start → first result (ms)", path["first_s"] * 1000)
+
+
+def _overlap_row(add: Add, redis_url: str, rep: int) -> None:
+    files = simulated_models(OUT / "simulated-models")
+    import random
+
+    rng = random.Random(rep)
+    jobs = [(f"o{m:02d}", f"text {m}.{i}") for m in range(int(OVERLAP["models"]))
+            for i in range(int(OVERLAP["jobs_per_model"]))]
+    rng.shuffle(jobs)
+    overlap = SimulatedSwapless(redis_url, files["overlap"], f"device-overlap-rep{rep}")
+    overlap.env = {**overlap.env, "SWAPLESS_LOAD_AHEAD": "true", "PYTHONPATH": str(REPO)}  # type: ignore[misc]
+    try:
+        overlap.start()
+        run = burst(overlap, jobs, 600)
+    finally:
+        overlap.stop()
+    add("overlap: vs max(Σ loads, Σ compute)", run.jobs_per_s / (len(jobs) / overlap_bound_s()))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
@@ -188,55 +247,12 @@ def main(argv: list[str] | None = None) -> None:
         system = DeviceSwapless(args.redis_url, models_file, f"device-rep{rep}")
         try:
             system.start()
-            for model_id in ("dev", "dev-i", "zero"):
-                system.get_one(model_id, "warm up")
-            send_rate = send_task_rate(system, sizes.send_task_jobs)
-            add("send_task alone (jobs/s)", send_rate)
-            run = stream(system, [("dev", f"text {i}") for i in range(sizes.stream_jobs)])
-            add("stream, submit_jobs (jobs/s)", run.jobs_per_s)
-            add("stream, submit_jobs: vs limit", run.jobs_per_s / limit)
-            add("stream, submit_jobs: worker CPU (ms/job)", run.extra["cpu_ms_per_job"])
-            system.producer = "send_task"
-            run = stream(system, [("dev", f"text {i}") for i in range(sizes.send_task_jobs)])
-            system.producer = "submit_jobs"
-            add("stream, send_task (jobs/s)", run.jobs_per_s)
-            add("stream, send_task: vs min(limit, send_task alone)", run.jobs_per_s / min(limit, send_rate))
-            add("stream, send_task: worker CPU (ms/job)", run.extra["cpu_ms_per_job"])
-            lone = [system.get_one("zero", "lone") for _ in range(sizes.lone_jobs)]
-            add("lone job, zero-cost model: p50 (ms)", percentile(lone, 50) * 1000)
-            add("lone job, zero-cost model: p99 (ms)", percentile(lone, 99) * 1000)
-            bulk = [("dev", f"bulk {i}") for i in range(sizes.bulk_jobs)]
-            interactive = [("dev-i", f"interactive {i}") for i in range(sizes.interactive_jobs)]
-            run = priority(system, bulk, interactive, every_s=0.1)
-            add("interactive during bulk: p50 (ms)", run.p50_s * 1000)
-            add("interactive during bulk: p50 in passes", run.p50_s / pass_s)
+            _system_rows(add, system, sizes, limit, pass_s)
         finally:
             system.stop()
-        user = UserPathSwapless(args.redis_url, models_file, f"device-user-rep{rep}")
-        try:
-            user.start()
-            path = user_path(user, [("dev", f"text {i}") for i in range(sizes.stream_jobs)])
-        finally:
-            user.stop()
-        add("user's path, one submit_jobs + gather: vs limit", sizes.stream_jobs / path["wall_s"] / limit)
-        add("user's path: the submit_jobs call (ms)", path["call_s"] * 1000)
-        add("user's path: call start → first result (ms)", path["first_s"] * 1000)
+        _user_rows(add, args.redis_url, models_file, sizes, limit, rep)
         if sizes.overlap:
-            files = simulated_models(OUT / "simulated-models")
-            import random
-
-            rng = random.Random(rep)
-            jobs = [(f"o{m:02d}", f"text {m}.{i}") for m in range(int(OVERLAP["models"]))
-                    for i in range(int(OVERLAP["jobs_per_model"]))]
-            rng.shuffle(jobs)
-            overlap = SimulatedSwapless(args.redis_url, files["overlap"], f"device-overlap-rep{rep}")
-            overlap.env = {**overlap.env, "SWAPLESS_LOAD_AHEAD": "true", "PYTHONPATH": str(REPO)}  # type: ignore[misc]
-            try:
-                overlap.start()
-                run = burst(overlap, jobs, 600)
-            finally:
-                overlap.stop()
-            add("overlap: vs max(Σ loads, Σ compute)", run.jobs_per_s / (len(jobs) / overlap_bound_s()))
+            _overlap_row(add, args.redis_url, rep)
 
     write_table(write, render(rows, args, sizes, repeats), NOTES)
 

@@ -821,11 +821,85 @@ def cli_process_ms(workers: Workers, *args: str) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def registry_scenario(rep: int, sizes: Sizes) -> dict[str, list[float]]:
-    """Section 5: the reads of a registry of ``REGISTRY_MODELS`` models with one worker (the module docstring, 5);
-    rows by ``REGISTRY_ROWS``'s keys, every timed call of a read in its row."""
+def _registry_growth(workers: Workers, rep: int, sizes: Sizes, ids: list[str], tag: str,
+                     rows: dict[str, list[float]]) -> None:
+    """Two bursts, the second over models that ran already: how the keys other than the per-job ones grew."""
+    client, r = workers.client(), workers.redis
+
+    def run_burst(jobs: list[tuple[str, str]]) -> None:
+        got = client.gather(client.submit_jobs(jobs, priority="bulk"), timeout=RESULT_TIMEOUT_S)
+        if any(s.state != "SUCCESS" for s in got):
+            raise RuntimeError(f"{tag}: a job of the burst failed; see {LOGS}/{tag}-w0.log")
+        time.sleep(2.5)  # a heartbeat after the last group (every 2 s by default)
+
+    run_burst(burst_jobs(rep, ids[: sizes.models], sizes.registry_burst_jobs))
+    before = key_memory(r, workers.prefix)
+    # bounded? as many jobs again, over models that have run already: no key but the per-job ones may grow
+    run_burst(burst_jobs(rep + 1000, ids[:AGAIN_MODELS], sizes.registry_burst_jobs))
+    after = key_memory(r, workers.prefix)
+    kept_before = before["model_keys"] | before["shared"]
+    kept_after = after["model_keys"] | after["shared"]
+    rows["grown bytes"] = [sum(kept_after.values()) - sum(kept_before.values())]
+    rows["grown job keys"] = [len(after["per_job"]) - len(before["per_job"])]
+    grown = sorted((v - kept_before.get(k, 0), k) for k, v in kept_after.items())
+    say(f"  {tag}: per-job keys {len(before['per_job'])} → {len(after['per_job'])}, other keys "
+        f"{len(kept_before)} ({sum(kept_before.values())} B) → {len(kept_after)} ({sum(kept_after.values())} B); "
+        "most grown: " + ", ".join(f"{k} {d:+d} B" for d, k in grown[-3:] if d))
+    say(f"  {tag}: per-model keys by part, before: {key_parts(before)}; after: {key_parts(after)}")
+
+
+def _wait_gateway(http: Any, gateway: Process) -> None:
     import httpx
 
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        with suppress(httpx.HTTPError):
+            if http.get("/healthz").status_code == 200:
+                return
+        if gateway.proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the gateway did not start:\n{gateway.text()[-3000:]}")
+        time.sleep(0.1)
+
+
+def _beat_publisher(workers: Workers, aside: Any, manager: Any, beat: Any, activity: dict[str, Any]) -> Any:
+    """A publisher of ``beat``'s heartbeat under ``aside``, its stats fed with ``activity`` per model."""
+    from swapless.tasks.observe.accounting import GroupReport
+    from swapless.tasks.observe.beats import HeartbeatPublisher, build_heartbeat
+    from swapless.tasks.observe.stats import WorkerStats
+
+    stats = WorkerStats()
+    waits = 1000 // max(1, len(activity))
+    for model_id, a in activity.items():
+        stats(GroupReport(model_id=model_id, succeeded=a.jobs_done, errors={},
+                          run_s=a.run_s_total + a.load_s_total,
+                          queue_wait_s=(1.0,) * min(a.jobs_done, waits), hits=a.hits, misses=a.misses,
+                          load_s=(LOAD_S,) * a.loads, load_failures=0, evicted=()))
+    claimed = [m for m, a in beat.models.items() if a.claimed]
+    return HeartbeatPublisher(
+        workers.redis, aside, "bench@registry:0",
+        lambda: build_heartbeat(hostname="bench@registry", worker_id="bench@registry:0",
+                                queue=workers.queue, started_at=beat.started_at,
+                                interval_s=beat.interval_s, manager=manager, stats=stats,
+                                backlog={m: a.backlog for m, a in beat.models.items()},
+                                jobs_done=beat.jobs_done, jobs_failed=beat.jobs_failed,
+                                routing=beat.routing, claimed=claimed, device=beat.device),
+        beat.interval_s)
+
+
+@dataclass
+class _RegistryReads:
+    """The timed reads of section 5 (``reads``), what to do before timing some of them (``prepare``), and the
+    heartbeats built for them."""
+
+    reads: dict[str, Callable[[], Any]]
+    prepare: dict[str, Callable[[], Any]]
+    publishers: dict[str, Any]
+    beat: Any
+    aside: Any
+
+
+def _registry_reads(workers: Workers, http: Any, models_file: Path, ids: list[str], sizes: Sizes,
+                    rows: dict[str, list[float]]) -> _RegistryReads:
     from swapless.config.settings import load_settings
     from swapless.manager import ModelEngine, ModelManager, ModelStore
     from swapless.tasks.broker.connection import RedisHealth
@@ -835,174 +909,115 @@ def registry_scenario(rep: int, sizes: Sizes) -> dict[str, list[float]]:
     from swapless.tasks.cluster.plan import plan
     from swapless.tasks.cluster.view import read_placement
     from swapless.tasks.keyspace import Keyspace
-    from swapless.tasks.observe.accounting import GroupReport
-    from swapless.tasks.observe.beats import HeartbeatPublisher, build_heartbeat
     from swapless.tasks.observe.scaling import read_cluster
-    from swapless.tasks.observe.stats import WorkerStats
     from swapless.tasks.observe.status import read_status
     from swapless.tasks.routing import Router
     from swapless.tasks.worker.runtime import load_plugins
 
-    ids = model_ids(REGISTRY_MODELS)
-    models_file = registry(REGISTRY_MODELS)
-    tag = f"registry-rep{rep}"
-    rows: dict[str, list[float]] = {}
-    with Workers(tag, models_file) as workers:
-        workers.spawn()
-        ready_s = workers.wait_ready()
-        client = workers.client()
-        r = workers.redis
-        keyspace = Keyspace(workers.queue, workers.prefix)
+    r = workers.redis
+    keyspace = Keyspace(workers.queue, workers.prefix)
+    settings = load_settings(redis_url=REDIS_URL, key_prefix=workers.prefix, queue=workers.queue,
+                             models_file=models_file, plugins="bench.simulated")
 
-        def run_burst(jobs: list[tuple[str, str]]) -> None:
-            got = client.gather(client.submit_jobs(jobs, priority="bulk"), timeout=RESULT_TIMEOUT_S)
-            if any(s.state != "SUCCESS" for s in got):
-                raise RuntimeError(f"{tag}: a job of the burst failed; see {LOGS}/{tag}-w0.log")
-            time.sleep(2.5)  # a heartbeat after the last group (every 2 s by default)
+    def cli_models() -> None:
+        """``swapless models`` (tasks/cli/main.py): the registry read, its listing drawn 120 columns wide."""
+        s = load_settings(models_file=models_file, plugins="bench.simulated")
+        load_plugins(s.cache)
+        models_text(ModelStore.from_file(s.cache.models_file, ModelEngine().frameworks), width=120)
 
-        say(f"  {tag}: ready in {ready_s:.1f} s; a burst of {sizes.registry_burst_jobs} jobs over {sizes.models} "
-            f"models, then as many over {AGAIN_MODELS}")
-        run_burst(burst_jobs(rep, ids[: sizes.models], sizes.registry_burst_jobs))
-        before = key_memory(r, workers.prefix)
-        # bounded? as many jobs again, over models that have run already: no key but the per-job ones may grow
-        run_burst(burst_jobs(rep + 1000, ids[:AGAIN_MODELS], sizes.registry_burst_jobs))
-        after = key_memory(r, workers.prefix)
-        kept_before = before["model_keys"] | before["shared"]
-        kept_after = after["model_keys"] | after["shared"]
-        rows["grown bytes"] = [sum(kept_after.values()) - sum(kept_before.values())]
-        rows["grown job keys"] = [len(after["per_job"]) - len(before["per_job"])]
-        grown = sorted((v - kept_before.get(k, 0), k) for k, v in kept_after.items())
-        say(f"  {tag}: per-job keys {len(before['per_job'])} → {len(after['per_job'])}, other keys "
-            f"{len(kept_before)} ({sum(kept_before.values())} B) → {len(kept_after)} ({sum(kept_after.values())} B); "
-            "most grown: " + ", ".join(f"{k} {d:+d} B" for d, k in grown[-3:] if d))
-        say(f"  {tag}: per-model keys by part, before: {key_parts(before)}; after: {key_parts(after)}")
-        rows["idle cpu"] = [process_cpu_share(workers.processes[0].proc.pid, 5.0) * 100]
+    # The heartbeat: built by build_heartbeat from a cache of the worker's size (empty: what it has
+    # loaded is at most 4 entries) and stats fed with the worker's activity per model as its last heartbeat
+    # has it (read again just before the read), or with that of one of its models for every model of the
+    # registry (the most a heartbeat holds: one entry per model run since the worker started); published
+    # under a keyspace of its own (within the run's prefix), so that the worker never sees a second member.
+    store = ModelStore.from_file(models_file, ModelEngine().frameworks)
+    manager = ModelManager(store, ModelEngine().build, max_models=MAX_MODELS)
+    aside = Keyspace(workers.queue, workers.prefix + "aside:")
 
-        port = free_port()
-        gateway = Process([sys.executable, "-m", "swapless", "serve", "--port", str(port), "--log-level", "warning"],
-                          workers.env(), LOGS / f"{tag}-gateway.log")
-        http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
-        try:
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while True:
-                with suppress(httpx.HTTPError):
-                    if http.get("/healthz").status_code == 200:
-                        break
-                if gateway.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the gateway did not start:\n{gateway.text()[-3000:]}")
-                time.sleep(0.1)
-            settings = load_settings(redis_url=REDIS_URL, key_prefix=workers.prefix, queue=workers.queue,
-                                     models_file=models_file, plugins="bench.simulated")
+    def worker_beat() -> Any:
+        return next(b for b in read_heartbeats(r, keyspace) if b.queue == workers.queue)
 
-            def cli_models() -> None:
-                """``swapless models`` (tasks/cli/main.py): the registry read, its listing drawn 120 columns wide."""
-                s = load_settings(models_file=models_file, plugins="bench.simulated")
-                load_plugins(s.cache)
-                models_text(ModelStore.from_file(s.cache.models_file, ModelEngine().frameworks), width=120)
+    beat = worker_beat()
+    typical = beat.models.get(ids[sizes.models - 1]) or next(iter(beat.models.values()))
+    publishers = {"beat": _beat_publisher(workers, aside, manager, beat, beat.models),
+                  "beat all": _beat_publisher(workers, aside, manager, beat, {m: typical.model_copy() for m in ids})}
 
-            # The heartbeat: built by build_heartbeat from a cache of the worker's size (empty: what it has
-            # loaded is at most 4 entries) and stats fed with the worker's activity per model as its last heartbeat
-            # has it (read again just before the read), or with that of one of its models for every model of the
-            # registry (the most a heartbeat holds: one entry per model run since the worker started); published
-            # under a keyspace of its own (within the run's prefix), so that the worker never sees a second member.
-            store = ModelStore.from_file(models_file, ModelEngine().frameworks)
-            manager = ModelManager(store, ModelEngine().build, max_models=MAX_MODELS)
-            aside = Keyspace(workers.queue, workers.prefix + "aside:")
+    def beat_now() -> None:  # the publisher prepare_beat made
+        publishers["beat"].beat()
 
-            def worker_beat() -> Any:
-                return next(b for b in read_heartbeats(r, keyspace) if b.queue == workers.queue)
+    def prepare_beat() -> None:
+        now = worker_beat()
+        publishers["beat"] = _beat_publisher(workers, aside, manager, now, now.models)
+        rows["beat models"] = [len(now.models)]
 
-            def publisher(beat: Any, activity: dict[str, Any]) -> Any:
-                stats = WorkerStats()
-                waits = 1000 // max(1, len(activity))
-                for model_id, a in activity.items():
-                    stats(GroupReport(model_id=model_id, succeeded=a.jobs_done, errors={},
-                                      run_s=a.run_s_total + a.load_s_total,
-                                      queue_wait_s=(1.0,) * min(a.jobs_done, waits), hits=a.hits, misses=a.misses,
-                                      load_s=(LOAD_S,) * a.loads, load_failures=0, evicted=()))
-                claimed = [m for m, a in beat.models.items() if a.claimed]
-                return HeartbeatPublisher(
-                    r, aside, "bench@registry:0",
-                    lambda: build_heartbeat(hostname="bench@registry", worker_id="bench@registry:0",
-                                            queue=workers.queue, started_at=beat.started_at,
-                                            interval_s=beat.interval_s, manager=manager, stats=stats,
-                                            backlog={m: a.backlog for m, a in beat.models.items()},
-                                            jobs_done=beat.jobs_done, jobs_failed=beat.jobs_failed,
-                                            routing=beat.routing, claimed=claimed, device=beat.device),
-                    beat.interval_s)
+    # One placer tick of the worker's, read and planned as the worker (its id and activity; a cache of its
+    # size, empty), never carried out: plan is pure, and nothing here claims.
+    placer = Placer(settings, keyspace, store, manager, Router(store), r, RedisHealth(), beat.worker_id,
+                    activity=lambda: beat.models)
 
-            beat = worker_beat()
-            typical = beat.models.get(ids[sizes.models - 1]) or next(iter(beat.models.values()))
-            publishers = {"beat": publisher(beat, beat.models),
-                          "beat all": publisher(beat, {m: typical.model_copy() for m in ids})}
+    def tick_reads() -> Any:
+        return read_placement(r, keyspace, ids), placer._live()
 
-            def beat_now() -> None:  # the publisher prepare_beat made
-                publishers["beat"].beat()
+    tick: dict[str, Any] = {}
 
-            def prepare_beat() -> None:
-                now = worker_beat()
-                publishers["beat"] = publisher(now, now.models)
-                rows["beat models"] = [len(now.models)]
+    def prepare_tick() -> None:  # the reading the plan works on: the backlog's, now
+        tick["places"], (tick["beats"], tick["live"]) = tick_reads()
 
-            # One placer tick of the worker's, read and planned as the worker (its id and activity; a cache of its
-            # size, empty), never carried out: plan is pure, and nothing here claims.
-            placer = Placer(settings, keyspace, store, manager, Router(store), r, RedisHealth(), beat.worker_id,
-                            activity=lambda: beat.models)
+    def tick_plan() -> Any:
+        return plan(beat.worker_id, placer._workers(tick["beats"]),
+                    placer._demand(tick["places"], tick["beats"], tick["live"]),
+                    copy_backlog_s=settings.placement.copy_backlog_s, max_copies=settings.placement.max_copies,
+                    copy_idle_s=settings.placement.copy_idle_s)
 
-            def tick_reads() -> Any:
-                return read_placement(r, keyspace, ids), placer._live()
+    reads: dict[str, Callable[[], Any]] = {
+        "models": cli_models,
+        "store": lambda: ModelStore.from_file(models_file, ModelEngine().frameworks),
+        "status": lambda: json.dumps(read_status(r, keyspace, ids)),
+        "get models": lambda: http.get("/models").raise_for_status(),
+        "beat": beat_now,
+        "read beats": lambda: read_heartbeats(r, keyspace),
+        "beat all": publishers["beat all"].beat,
+        "read beats all": lambda: read_heartbeats(r, aside),
+        "placement": lambda: read_placement(r, keyspace, ids),
+        "tick reads": tick_reads,
+        "tick plan": tick_plan,
+        "cluster": lambda: read_cluster(r, keyspace, ids, unknown_job_s=settings.scaling.scale_unknown_job_s,
+                                        unknown_load_s=settings.scaling.scale_unknown_load_s),
+        "get metrics": lambda: http.get("/metrics").raise_for_status(),
+    }
+    prepare = {"beat": prepare_beat, "read beats all": publishers["beat all"].beat, "tick plan": prepare_tick}
+    return _RegistryReads(reads, prepare, publishers, beat, aside)
 
-            tick: dict[str, Any] = {}
 
-            def prepare_tick() -> None:  # the reading the plan works on: the backlog's, now
-                tick["places"], (tick["beats"], tick["live"]) = tick_reads()
+def _time_reads(workers: Workers, http: Any, models_file: Path, ids: list[str], sizes: Sizes,
+                rows: dict[str, list[float]], tag: str) -> dict[str, Any]:
+    """Each read timed ``sizes.registry_calls`` times with the waiting work topped up; the keys' memory after."""
+    from swapless.tasks.keyspace import Keyspace
 
-            def tick_plan() -> Any:
-                return plan(beat.worker_id, placer._workers(tick["beats"]),
-                            placer._demand(tick["places"], tick["beats"], tick["live"]),
-                            copy_backlog_s=settings.placement.copy_backlog_s, max_copies=settings.placement.max_copies,
-                            copy_idle_s=settings.placement.copy_idle_s)
+    r = workers.redis
+    keyspace = Keyspace(workers.queue, workers.prefix)
+    calls = _registry_reads(workers, http, models_file, ids, sizes, rows)
+    waiting = WaitingWork(workers.client(), r, keyspace, ids)
+    for key, call in calls.reads.items():
+        models_now, jobs_now = waiting.top_up()
+        if key in calls.prepare:
+            calls.prepare[key]()
+        times = timed_ms(call, sizes.registry_calls)
+        rows.setdefault(key, []).extend(times)
+        add(rows, {"busy start": models_now, "jobs start": jobs_now, "busy end": waiting.count()[0]})
+        say(f"    {key}: {statistics.median(times):.1f} ms [{min(times):.1f}–{max(times):.1f}], "
+            f"{models_now} models ({jobs_now} jobs) waiting at the start")
+    r.delete(calls.aside.heartbeat("bench@registry:0"), calls.aside.heartbeats)
+    rows["get models bytes"] = [len(http.get("/models").content)]
+    rows["beat bytes"] = [r.strlen(keyspace.heartbeat(calls.beat.worker_id))]
+    rows["beat all bytes"] = [len(calls.publishers["beat all"].build().model_dump_json())]
+    say(f"  {tag}: the worker's heartbeat now {rows['beat bytes'][0]} B; the one built for the read "
+        f"{len(calls.publishers['beat'].build().model_dump_json())} B with {rows['beat models'][0]} models")
+    waiting.top_up()
+    return key_memory(r, workers.prefix)
 
-            reads: dict[str, Callable[[], Any]] = {
-                "models": cli_models,
-                "store": lambda: ModelStore.from_file(models_file, ModelEngine().frameworks),
-                "status": lambda: json.dumps(read_status(r, keyspace, ids)),
-                "get models": lambda: http.get("/models").raise_for_status(),
-                "beat": beat_now,
-                "read beats": lambda: read_heartbeats(r, keyspace),
-                "beat all": publishers["beat all"].beat,
-                "read beats all": lambda: read_heartbeats(r, aside),
-                "placement": lambda: read_placement(r, keyspace, ids),
-                "tick reads": tick_reads,
-                "tick plan": tick_plan,
-                "cluster": lambda: read_cluster(r, keyspace, ids, unknown_job_s=settings.scaling.scale_unknown_job_s,
-                                                unknown_load_s=settings.scaling.scale_unknown_load_s),
-                "get metrics": lambda: http.get("/metrics").raise_for_status(),
-            }
-            waiting = WaitingWork(client, r, keyspace, ids)
-            prepare = {"beat": prepare_beat, "read beats all": publishers["beat all"].beat, "tick plan": prepare_tick}
-            for key, call in reads.items():
-                models_now, jobs_now = waiting.top_up()
-                if key in prepare:
-                    prepare[key]()
-                times = timed_ms(call, sizes.registry_calls)
-                rows.setdefault(key, []).extend(times)
-                add(rows, {"busy start": models_now, "jobs start": jobs_now, "busy end": waiting.count()[0]})
-                say(f"    {key}: {statistics.median(times):.1f} ms [{min(times):.1f}–{max(times):.1f}], "
-                    f"{models_now} models ({jobs_now} jobs) waiting at the start")
-            r.delete(aside.heartbeat("bench@registry:0"), aside.heartbeats)
-            rows["get models bytes"] = [len(http.get("/models").content)]
-            rows["beat bytes"] = [r.strlen(keyspace.heartbeat(beat.worker_id))]
-            rows["beat all bytes"] = [len(publishers["beat all"].build().model_dump_json())]
-            say(f"  {tag}: the worker's heartbeat now {rows['beat bytes'][0]} B; the one built for the read "
-                f"{len(publishers['beat'].build().model_dump_json())} B with {rows['beat models'][0]} models")
-            waiting.top_up()
-            memory = key_memory(r, workers.prefix)
-        finally:
-            http.close()
-            stop_all([gateway])
-        rows["models process"] = [cli_process_ms(workers, "models")]
-        rows["status process"] = [cli_process_ms(workers, "status", "--json")]
+
+def _memory_rows(memory: dict[str, Any], rows: dict[str, list[float]], tag: str) -> None:
     per_model = memory["per_model"]
     add(rows, {
         "keys": memory["keys"],
@@ -1027,6 +1042,38 @@ def registry_scenario(rep: int, sizes: Sizes) -> dict[str, list[float]]:
     say(f"  {tag}: per-model keys by part: {key_parts(memory)}; per-job keys: {kinds}")
     say(f"  {tag}: largest model {largest} ({per_model.get(largest, 0)} B); largest shared keys: "
         + ", ".join(f"{k} {v} B" for k, v in sorted(memory["shared"].items(), key=lambda kv: -kv[1])[:6]))
+
+
+def registry_scenario(rep: int, sizes: Sizes) -> dict[str, list[float]]:
+    """Section 5: the reads of a registry of ``REGISTRY_MODELS`` models with one worker (the module docstring, 5);
+    rows by ``REGISTRY_ROWS``'s keys, every timed call of a read in its row."""
+    import httpx
+
+    ids = model_ids(REGISTRY_MODELS)
+    models_file = registry(REGISTRY_MODELS)
+    tag = f"registry-rep{rep}"
+    rows: dict[str, list[float]] = {}
+    with Workers(tag, models_file) as workers:
+        workers.spawn()
+        ready_s = workers.wait_ready()
+        say(f"  {tag}: ready in {ready_s:.1f} s; a burst of {sizes.registry_burst_jobs} jobs over {sizes.models} "
+            f"models, then as many over {AGAIN_MODELS}")
+        _registry_growth(workers, rep, sizes, ids, tag, rows)
+        rows["idle cpu"] = [process_cpu_share(workers.processes[0].proc.pid, 5.0) * 100]
+
+        port = free_port()
+        gateway = Process([sys.executable, "-m", "swapless", "serve", "--port", str(port), "--log-level", "warning"],
+                          workers.env(), LOGS / f"{tag}-gateway.log")
+        http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+        try:
+            _wait_gateway(http, gateway)
+            memory = _time_reads(workers, http, models_file, ids, sizes, rows, tag)
+        finally:
+            http.close()
+            stop_all([gateway])
+        rows["models process"] = [cli_process_ms(workers, "models")]
+        rows["status process"] = [cli_process_ms(workers, "status", "--json")]
+    _memory_rows(memory, rows, tag)
     return rows
 
 

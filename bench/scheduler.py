@@ -25,6 +25,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import MODEL_IDS, OUT, REPO, inputs_for, mixed_jobs, percentile, summary
@@ -166,7 +167,87 @@ def run_simulated(args: argparse.Namespace, rep: int, add: Callable[[str, str, R
                 system.stop()
 
 
-def main(argv: list[str] | None = None) -> None:
+Add = Callable[[str, str, Run], None]
+
+
+def _limit_rows(add: Add, models_file: Path, jobs: list[tuple[str, str]], lone_value: str
+                ) -> tuple[dict[str, int], float]:
+    """The in-process limits of every workload; returns the best batch sizes and a lone job's inference time."""
+    limit, best_sizes, per_job = measure_limit(models_file, jobs)
+    add("mixed", "limit", limit)
+    stream_limit = 1.0 / per_job[STREAM_MODEL]
+    add("stream", "limit", Run(stream_limit, 0, 0.0, 0.0))
+    batch_s = per_job["mini"] * best_sizes["mini"]  # one forward pass of the bulk model at its best size
+    add("priority", "limit", Run(1.0 / per_job["mini"], 0, batch_s, batch_s))
+    inference = lone_inference_s(models_file, STREAM_MODEL, lone_value)
+    add("lone", "limit", Run(1.0 / inference, 0, inference, inference))
+    paced = lone_inference_s(models_file, STREAM_MODEL, lone_value, gap_s=LONE_GAP_S)
+    add("lone", "limit (paced)", Run(1.0 / paced, 0, paced, paced))
+    return best_sizes, inference
+
+
+@dataclass
+class _Inputs:
+    """One repetition's inputs: the mixed burst, the stream's values, one lone value and the lone inference time."""
+
+    jobs: list[tuple[str, str]]
+    stream: list[str]
+    lone_value: str
+    inference: float
+    rng: random.Random
+
+
+def _workload_rows(add: Add, system: System, args: argparse.Namespace, given: _Inputs) -> None:
+    """The stream, lone and priority rows of one started system (the stream model warmed first)."""
+    workloads = args.workload_set
+    system.get_one(STREAM_MODEL, given.lone_value)
+    if "stream" in workloads:
+        count = args.naive_stream_jobs if isinstance(system, Naive) else args.stream_jobs
+        add("stream", system.name, burst(system, [(STREAM_MODEL, v) for v in given.stream[:count]], 600))
+        if isinstance(system, Swapless):  # the same worker, fed by Celery's own per-message publish
+            system.producer = "send_task"
+            add("stream", "swapless (send_task)",
+                burst(system, [(STREAM_MODEL, v) for v in given.stream[:count]], 600))
+            system.producer = "submit_jobs"
+    if "lone" in workloads:
+        times = sorted(system.get_one(STREAM_MODEL, given.lone_value) for _ in range(args.lone_jobs))
+        add("lone", system.name, Run(1.0 / statistics.median(times), 0, percentile(times, 50),
+                                     percentile(times, 99), {"overhead_s": percentile(times, 50) - given.inference}))
+    if "priority" in workloads:
+        bulk = [("mini", v) for v in inputs_for("mini", given.rng, args.bulk_jobs)]
+        interactive = [("tiny-b", v) for v in inputs_for("tiny-b", given.rng, 15)]
+        system.get_one("tiny-b", given.lone_value)  # both models loaded: the test is about queueing, not loading
+        add("priority", system.name, priority(system, bulk, interactive, every_s=0.2))
+
+
+def _run_system(add: Add, cls: type[System], args: argparse.Namespace, models_file: Path, rep: int,
+                given: _Inputs, starts: dict[str, list[float]]) -> None:
+    """One system through the workloads; Swapless then restarted with default flags on the same Redis."""
+    system: System = cls(args.redis_url, models_file, f"rep{rep}")
+    restarted = False
+    try:
+        system.start()
+        starts.setdefault(system.name, []).append(system.start_s)
+        if "mixed" in args.workload_set:
+            add("mixed", system.name, burst(system, given.jobs, timeout_s=600))
+        _workload_rows(add, system, args, given)
+        if "mixed" in args.workload_set and isinstance(system, Swapless):
+            # The same Redis, a worker restarted with default flags: what the first learned seeds it.
+            system.stop(keep_keys=True)
+            restarted = True
+            again = DefaultSwapless(args.redis_url, models_file, f"rep{rep}", prefix=system.prefix)
+            try:
+                again.start()
+                starts.setdefault(again.name, []).append(again.start_s)
+                add("mixed", again.name, burst(again, given.jobs, 600))
+            finally:
+                again.stop()
+    finally:
+        if not restarted:
+            system.stop()
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
     parser.add_argument("--repeats", type=int, default=3)
@@ -184,8 +265,13 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated: mixed, stream, lone, priority, simstream, overlap (the limit is always measured)",
     )
     args = parser.parse_args(argv)
+    args.workload_set = {name.strip() for name in args.workloads.split(",")}
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
     systems = [{"naive": Naive, "swapless": Swapless}[name.strip()] for name in args.systems.split(",")]
-    workloads = args.workload_set = {name.strip() for name in args.workloads.split(",")}
 
     from bench.common import build_models
 
@@ -206,67 +292,10 @@ def main(argv: list[str] | None = None) -> None:
     for rep in range(args.repeats):
         print(f"repetition {rep + 1}/{args.repeats}", flush=True)
         jobs = mixed_jobs(seed=rep, n=args.mixed_jobs)
-        limit, best_sizes, per_job = measure_limit(models_file, jobs)
-        add("mixed", "limit", limit)
-        stream_limit = 1.0 / per_job[STREAM_MODEL]
-        add("stream", "limit", Run(stream_limit, 0, 0.0, 0.0))
-        batch_s = per_job["mini"] * best_sizes["mini"]  # one forward pass of the bulk model at its best size
-        add("priority", "limit", Run(1.0 / per_job["mini"], 0, batch_s, batch_s))
-        inference = lone_inference_s(models_file, STREAM_MODEL, lone_value)
-        add("lone", "limit", Run(1.0 / inference, 0, inference, inference))
-        paced = lone_inference_s(models_file, STREAM_MODEL, lone_value, gap_s=LONE_GAP_S)
-        add("lone", "limit (paced)", Run(1.0 / paced, 0, paced, paced))
-
+        best_sizes, inference = _limit_rows(add, models_file, jobs, lone_value)
+        given = _Inputs(jobs, stream_inputs, lone_value, inference, rng)
         for cls in systems:
-            system: System = cls(args.redis_url, models_file, f"rep{rep}")
-            restarted = False
-            try:
-                system.start()
-                starts.setdefault(system.name, []).append(system.start_s)
-                if "mixed" in workloads:
-                    add("mixed", system.name, burst(system, jobs, timeout_s=600))
-                # warm the stream model, then the stream
-                system.get_one(STREAM_MODEL, lone_value)
-                if "stream" in workloads:
-                    count = args.naive_stream_jobs if cls is Naive else args.stream_jobs
-                    add("stream", system.name, burst(system, [(STREAM_MODEL, v) for v in stream_inputs[:count]], 600))
-                    if isinstance(system, Swapless):  # the same worker, fed by Celery's own per-message publish
-                        system.producer = "send_task"
-                        add("stream", "swapless (send_task)",
-                            burst(system, [(STREAM_MODEL, v) for v in stream_inputs[:count]], 600))
-                        system.producer = "submit_jobs"
-                if "lone" in workloads:
-                    times = sorted(system.get_one(STREAM_MODEL, lone_value) for _ in range(args.lone_jobs))
-                    add(
-                        "lone",
-                        system.name,
-                        Run(
-                            1.0 / statistics.median(times),
-                            0,
-                            percentile(times, 50),
-                            percentile(times, 99),
-                            {"overhead_s": percentile(times, 50) - inference},
-                        ),
-                    )
-                if "priority" in workloads:
-                    bulk = [("mini", v) for v in inputs_for("mini", rng, args.bulk_jobs)]
-                    interactive = [("tiny-b", v) for v in inputs_for("tiny-b", rng, 15)]
-                    system.get_one("tiny-b", lone_value)  # both models loaded: the test is about queueing, not loading
-                    add("priority", system.name, priority(system, bulk, interactive, every_s=0.2))
-                if "mixed" in workloads and isinstance(system, Swapless):
-                    # The same Redis, a worker restarted with default flags: what the first learned seeds it.
-                    system.stop(keep_keys=True)
-                    restarted = True
-                    again = DefaultSwapless(args.redis_url, models_file, f"rep{rep}", prefix=system.prefix)
-                    try:
-                        again.start()
-                        starts.setdefault(again.name, []).append(again.start_s)
-                        add("mixed", again.name, burst(again, jobs, 600))
-                    finally:
-                        again.stop()
-            finally:
-                if not restarted:
-                    system.stop()
+            _run_system(add, cls, args, models_file, rep, given, starts)
         run_simulated(args, rep, add)
         print(f"  best batch sizes (in-process): {best_sizes}", flush=True)
 
@@ -286,14 +315,20 @@ ROWS = {
 }
 
 
-def render(rows: dict[tuple[str, str], list[Run]], args: argparse.Namespace, starts: dict[str, list[float]]) -> str:
-    def med(runs: list[Run], attr: str) -> float:
-        return statistics.median(getattr(r, attr) for r in runs)
+Rows = dict[tuple[str, str], list[Run]]
 
-    def ratio(workload: str, system: str, base: str) -> float | None:
-        runs, against = rows.get((workload, system)), rows.get((workload, base))
-        return med(runs, "jobs_per_s") / med(against, "jobs_per_s") if runs and against else None
 
+def med(runs: list[Run], attr: str) -> float:
+    return statistics.median(getattr(r, attr) for r in runs)
+
+
+def ratio(rows: Rows, workload: str, system: str, base: str) -> float | None:
+    """Median jobs/s of ``system`` over that of ``base`` on ``workload`` (None if either has no runs)."""
+    runs, against = rows.get((workload, system)), rows.get((workload, base))
+    return med(runs, "jobs_per_s") / med(against, "jobs_per_s") if runs and against else None
+
+
+def render(rows: Rows, args: argparse.Namespace, starts: dict[str, list[float]]) -> str:
     def start_up(name: str) -> str:
         return summary(starts[name]) if starts.get(name) else "-"
 
@@ -337,7 +372,7 @@ def render(rows: dict[tuple[str, str], list[Run]], args: argparse.Namespace, sta
             if not runs:
                 continue
             cpu = [r.extra["cpu_ms_per_job"] for r in runs if "cpu_ms_per_job" in r.extra]
-            vs_limit, vs_naive = ratio(workload, system, base), ratio(workload, system, "naive")
+            vs_limit, vs_naive = ratio(rows, workload, system, base), ratio(rows, workload, system, "naive")
             loads = summary([float(r.loads) for r in runs]) if workload in ("mixed", "overlap") else ""
             lines.append(
                 f"| {workload} | {system} | {summary([r.jobs_per_s for r in runs])} | {loads} | "
@@ -345,7 +380,13 @@ def render(rows: dict[tuple[str, str], list[Run]], args: argparse.Namespace, sta
                 f"{summary(cpu) if cpu else ''} | {'' if vs_limit is None else f'{vs_limit:.2f}'} | "
                 f"{'' if vs_naive is None else f'{vs_naive:.2f}'} |"
             )
-    lines += ["", "Targets:"]
+    lines += ["", "Targets:", *_targets(rows, args)]
+    return "\n".join(lines) + "\n"
+
+
+def _targets(rows: Rows, args: argparse.Namespace) -> list[str]:
+    """The table's target lines, each met or not."""
+    lines: list[str] = []
 
     def target(text: str, value: float | None, goal: float, fmt: str = "{:.2f}", at_most: bool = False) -> None:
         if value is None:
@@ -356,10 +397,10 @@ def render(rows: dict[tuple[str, str], list[Run]], args: argparse.Namespace, sta
             f"target {'≤' if at_most else '≥'} {fmt.format(goal)})"
         )
 
-    target("mixed burst, `--warm-start`, vs limit", ratio("mixed", "swapless", "limit"), 0.9)
+    target("mixed burst, `--warm-start`, vs limit", ratio(rows, "mixed", "swapless", "limit"), 0.9)
     target(
         "mixed burst, default flags (restarted), vs limit",
-        ratio("mixed", "swapless (default flags, restart)", "limit"),
+        ratio(rows, "mixed", "swapless (default flags, restart)", "limit"),
         0.9,
     )
     mixed = rows.get(("mixed", "swapless"))
@@ -371,8 +412,8 @@ def render(rows: dict[tuple[str, str], list[Run]], args: argparse.Namespace, sta
             "{:g}",
             at_most=True,
         )
-    target("single-model stream (submit_jobs) vs limit", ratio("stream", "swapless", "limit"), 0.85)
-    target("single-model stream (send_task) vs limit", ratio("stream", "swapless (send_task)", "limit"), 0.7)
+    target("single-model stream (submit_jobs) vs limit", ratio(rows, "stream", "swapless", "limit"), 0.85)
+    target("single-model stream (send_task) vs limit", ratio(rows, "stream", "swapless (send_task)", "limit"), 0.7)
     sim = rows.get(("sim stream", "swapless (sim)"))
     if sim:
         target("worker CPU per job, sim stream (ms)", statistics.median(r.extra["cpu_ms_per_job"] for r in sim), 0.15,
@@ -403,13 +444,12 @@ def render(rows: dict[tuple[str, str], list[Run]], args: argparse.Namespace, sta
     if prio and prio_limit:
         target(f"interactive p50 while {args.bulk_jobs} bulk jobs drain, in bulk passes",
                med(prio, "p50_s") / med(prio_limit, "p50_s"), 1.2, at_most=True)
-    target(
-        "overlap, load ahead, vs max(Σ loads, Σ compute)", ratio("overlap", "swapless (sim, load ahead)", "bound"), 0.9
-    )
-    off = ratio("overlap", "swapless (sim, load ahead off)", "bound")
+    target("overlap, load ahead, vs max(Σ loads, Σ compute)",
+           ratio(rows, "overlap", "swapless (sim, load ahead)", "bound"), 0.9)
+    off = ratio(rows, "overlap", "swapless (sim, load ahead off)", "bound")
     if off is not None:
         lines.append(f"  (load ahead off: {off:.2f} of the bound)")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -80,6 +81,58 @@ def _many_fields_body(boundary: str, total_bytes: int) -> bytes:
     return b"".join(parts)
 
 
+def _flood_files(attacker: httpx.Client, used: Callable[[], float], files_n: int, found: dict[str, float]) -> None:
+    """The attacker uploads ``files_n`` more files: how many were taken, refused, and what Redis grew by."""
+    before, started = used(), time.perf_counter()
+    accepted = refused = 0
+    for i in range(files_n):
+        status = attacker.post("/v1/files", data={"purpose": "batch"},
+                               files={"file": (f"f{i}.jsonl", _line(i), "application/jsonl")}).status_code
+        accepted += status == 200
+        refused += status in (413, 429)
+    found["files: accepted"] = accepted + 1  # with its first one
+    found["files: refused 429"] = refused
+    found["files: seconds"] = time.perf_counter() - started
+    found["files: Redis growth (MiB)"] = used() - before
+
+
+def _flood_batches(attacker: httpx.Client, used: Callable[[], float], own: str, batches_n: int,
+                   found: dict[str, float]) -> None:
+    """The attacker creates ``batches_n`` batches of its file: how many were taken, refused, what Redis grew by."""
+    before = used()
+    accepted = refused = 0
+    for _ in range(batches_n):
+        status = attacker.post("/v1/batches", json={"input_file_id": own, "endpoint": "/predict",
+                                                    "completion_window": "1h"}).status_code
+        accepted += status == 200
+        refused += status == 429
+    found["batches: accepted"] = accepted
+    found["batches: refused 429"] = refused
+    found["batches: Redis growth (MiB)"] = used() - before
+
+
+def _attack(attacker: httpx.Client, used: Callable[[], float], rss: psutil.Process, files_n: int, batches_n: int,
+            found: dict[str, float]) -> None:
+    """Oversized metadata, a form of many fields, then floods of files and batches."""
+    own = attacker.post("/v1/files", data={"purpose": "batch"},
+                        files={"file": ("a.jsonl", _line(0), "application/jsonl")}).json()["id"]
+    before = used()
+    statuses = [attacker.post("/v1/batches", json={
+        "input_file_id": own, "endpoint": "/predict", "completion_window": "1h",
+        "metadata": {f"k{i}": "v" * MIB for i in range(16)}}).status_code for _ in range(5)]
+    found["metadata: refused (of 5)"] = sum(1 for status in statuses if status == 400)
+    found["metadata: Redis growth (MiB)"] = used() - before
+
+    rss_before = rss.memory_info().rss / MIB
+    boundary = "b0undary"
+    answer = attacker.post("/v1/files", content=_many_fields_body(boundary, 150 * MIB),
+                           headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    found["form fields: status"] = answer.status_code
+    found["form fields: gateway RSS growth (MiB)"] = rss.memory_info().rss / MIB - rss_before
+    _flood_files(attacker, used, files_n, found)
+    _flood_batches(attacker, used, own, batches_n, found)
+
+
 def repetition(redis_url: str, files_n: int, batches_n: int) -> dict[str, float]:
     prefix = fresh_prefix("tenants")
     client = redis.Redis.from_url(redis_url)
@@ -107,45 +160,7 @@ def repetition(redis_url: str, files_n: int, batches_n: int) -> dict[str, float]
             found["tenant GET /v1/files before (ms)"] = _median_ms(tenant, "/v1/files")
             found["tenant GET /v1/batches before (ms)"] = _median_ms(tenant, "/v1/batches")
             start_mem = used()
-
-            own = attacker.post("/v1/files", data={"purpose": "batch"},
-                                files={"file": ("a.jsonl", _line(0), "application/jsonl")}).json()["id"]
-            before = used()
-            statuses = [attacker.post("/v1/batches", json={
-                "input_file_id": own, "endpoint": "/predict", "completion_window": "1h",
-                "metadata": {f"k{i}": "v" * MIB for i in range(16)}}).status_code for _ in range(5)]
-            found["metadata: refused (of 5)"] = sum(1 for status in statuses if status == 400)
-            found["metadata: Redis growth (MiB)"] = used() - before
-
-            rss_before = rss.memory_info().rss / MIB
-            boundary = "b0undary"
-            answer = attacker.post("/v1/files", content=_many_fields_body(boundary, 150 * MIB),
-                                   headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
-            found["form fields: status"] = answer.status_code
-            found["form fields: gateway RSS growth (MiB)"] = rss.memory_info().rss / MIB - rss_before
-
-            before, started = used(), time.perf_counter()
-            accepted = refused = 0
-            for i in range(files_n):
-                status = attacker.post("/v1/files", data={"purpose": "batch"},
-                                       files={"file": (f"f{i}.jsonl", _line(i), "application/jsonl")}).status_code
-                accepted += status == 200
-                refused += status in (413, 429)
-            found["files: accepted"] = accepted + 1  # with its first one
-            found["files: refused 429"] = refused
-            found["files: seconds"] = time.perf_counter() - started
-            found["files: Redis growth (MiB)"] = used() - before
-
-            before = used()
-            accepted = refused = 0
-            for _ in range(batches_n):
-                status = attacker.post("/v1/batches", json={"input_file_id": own, "endpoint": "/predict",
-                                                            "completion_window": "1h"}).status_code
-                accepted += status == 200
-                refused += status == 429
-            found["batches: accepted"] = accepted
-            found["batches: refused 429"] = refused
-            found["batches: Redis growth (MiB)"] = used() - before
+            _attack(attacker, used, rss, files_n, batches_n, found)
             found["all steps: Redis growth (MiB)"] = used() - start_mem
             found["tenant GET /v1/files after (ms)"] = _median_ms(tenant, "/v1/files")
             found["tenant GET /v1/batches after (ms)"] = _median_ms(tenant, "/v1/batches")

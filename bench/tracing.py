@@ -20,14 +20,12 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 from bench.common import OUT, REPO, collect, python
+from bench.httpd import QuietHandler, serving
 
 __all__ = ["main"]
 
@@ -39,24 +37,15 @@ WAYS = {"calls of 256 jobs": 256, "calls of 8 jobs": 8}
 def sink() -> Iterator[str]:
     """An OTLP/HTTP receiver that answers every export 200 and keeps nothing; yields its endpoint."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("content-length", "0")))
             self.send_response(200)
             self.send_header("content-length", "0")
             self.end_headers()
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serving(Handler) as server:
         yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def run_one(redis_url: str, jobs: int, traced: bool) -> dict[str, float]:

@@ -19,13 +19,14 @@ import statistics
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import ThreadingHTTPServer
+from pathlib import Path
 
 import psutil
 import redis
 
 from bench.common import OUT, Process, build_models, cleanup, fresh_prefix
+from bench.httpd import QuietHandler, close, serve
 
 SECRET = "whsec_" + "YmVuY2gtd2ViaG9va3Mtc2VjcmV0LTMyLWJ5dGVzISE="
 
@@ -38,7 +39,7 @@ class _Counter:
 
 
 def _receiver(counter: _Counter) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:  # http.server's name
             self.rfile.read(int(self.headers.get("content-length", "0")))
             with counter.lock:
@@ -47,73 +48,55 @@ def _receiver(counter: _Counter) -> ThreadingHTTPServer:
             self.send_response(200)
             self.end_headers()
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return serve(Handler)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--jobs", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--model", choices=("zero", "bert"), default="zero")
-    args = parser.parse_args()
-    url = os.environ.get("SWAPLESS_REDIS_URL", "redis://127.0.0.1:6379/0")
-    if args.model == "bert":
+Row = tuple[str, float, float, float | None]
+
+
+def _models(model: str) -> tuple[Path, str]:
+    """The models file of ``--model`` and how the table names it."""
+    if model == "bert":
         models = build_models(OUT / "webhook-models", text_models=[("mini", "bert", "mini")], image_models=())
-        described = "tiny BERT on the CPU"
-    else:
-        from bench.simulated import simulated_entry
-        from swapless.manager.demo.tiny import write_models_file
+        return models, "tiny BERT on the CPU"
+    from bench.simulated import simulated_entry
+    from swapless.manager.demo.tiny import write_models_file
 
-        (OUT / "webhook-zero").mkdir(parents=True, exist_ok=True)
-        models = write_models_file(OUT / "webhook-zero", [simulated_entry("mini", 0.0, 0.0, 0.0)])
-        described = "simulated model that costs nothing"
-    prefix = fresh_prefix("webhooks")
-    env = {"SWAPLESS_REDIS_URL": url, "SWAPLESS_KEY_PREFIX": prefix, "SWAPLESS_QUEUE": prefix + "jobs",
-           "SWAPLESS_MODELS_FILE": str(models), "SWAPLESS_DEVICE": "cpu", "SWAPLESS_WARM_START": "false",
-           "SWAPLESS_WEBHOOK_SECRET": SECRET, "SWAPLESS_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
-           "SWAPLESS_PLUGINS": "bench.simulated"}
-    os.environ.update(env)
-    counter = _Counter()
-    server = _receiver(counter)
-    hook = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    worker = Process([sys.executable, "-m", "swapless", "worker"], env, OUT / "webhooks-worker.log")
+    (OUT / "webhook-zero").mkdir(parents=True, exist_ok=True)
+    models = write_models_file(OUT / "webhook-zero", [simulated_entry("mini", 0.0, 0.0, 0.0)])
+    return models, "simulated model that costs nothing"
+
+
+def _measure(worker: Process, counter: _Counter, hook: str, jobs: int, repeat: int) -> list[Row]:
+    """Each repetition's baseline and hooked runs: (name, jobs/s, worker CPU ms per job, last webhook after s)."""
     from swapless.tasks.client import Client
 
-    rows: list[tuple[str, float, float, float | None]] = []
-    try:
-        worker.wait_for("ready.")
-        proc = psutil.Process(worker.proc.pid)
-        with Client() as client:
-            client.gather(client.submit_jobs([("mini", f"warm {i}") for i in range(64)]), timeout=120)
-            for rep in range(args.repeat):
-                for hooked in (False, True):
-                    jobs = [("mini", f"r{rep} {'h' if hooked else 'p'} {i}") for i in range(args.jobs)]
-                    before = counter.count
-                    cpu = sum(proc.cpu_times()[:2])
-                    started = time.perf_counter()
-                    sent = client.submit_jobs(jobs, callback_url=hook if hooked else None)
-                    client.gather(sent, timeout=600)
-                    took = time.perf_counter() - started
-                    cpu_ms = (sum(proc.cpu_times()[:2]) - cpu) * 1000 / args.jobs
-                    delivered_s = None
-                    if hooked:
-                        deadline = time.monotonic() + 600
-                        while counter.count - before < args.jobs and time.monotonic() < deadline:
-                            time.sleep(0.05)
-                        delivered_s = counter.last - started
-                    rows.append(("with callback_url" if hooked else "baseline", args.jobs / took, cpu_ms,
-                                 delivered_s))
-    finally:
-        worker.stop()
-        server.shutdown()
-        cleanup(redis.Redis.from_url(url), prefix)
-    print(f"\n{args.jobs} jobs per run, {described}, one worker, receiver on this machine\n")
+    rows: list[Row] = []
+    proc = psutil.Process(worker.proc.pid)
+    with Client() as client:
+        client.gather(client.submit_jobs([("mini", f"warm {i}") for i in range(64)]), timeout=120)
+        for rep in range(repeat):
+            for hooked in (False, True):
+                batch = [("mini", f"r{rep} {'h' if hooked else 'p'} {i}") for i in range(jobs)]
+                before = counter.count
+                cpu = sum(proc.cpu_times()[:2])
+                started = time.perf_counter()
+                sent = client.submit_jobs(batch, callback_url=hook if hooked else None)
+                client.gather(sent, timeout=600)
+                took = time.perf_counter() - started
+                cpu_ms = (sum(proc.cpu_times()[:2]) - cpu) * 1000 / jobs
+                delivered_s = None
+                if hooked:
+                    deadline = time.monotonic() + 600
+                    while counter.count - before < jobs and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    delivered_s = counter.last - started
+                rows.append(("with callback_url" if hooked else "baseline", jobs / took, cpu_ms, delivered_s))
+    return rows
+
+
+def _print(rows: list[Row], jobs: int, described: str) -> None:
+    print(f"\n{jobs} jobs per run, {described}, one worker, receiver on this machine\n")
     print("| run | jobs/s | worker CPU ms/job | last webhook after (s) |")
     print("|---|---|---|---|")
     for name, rate, cpu_ms, delivered in rows:
@@ -126,6 +109,34 @@ def main() -> None:
     print(f"| median, with callback_url | {hook_rate:.0f} | {hook_cpu:.3f} | |")
     print(f"\na webhook costs {hook_cpu - base_cpu:+.3f} ms of worker CPU per job; "
           f"throughput {hook_rate / base_rate:.2f} of the baseline's")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--model", choices=("zero", "bert"), default="zero")
+    args = parser.parse_args()
+    url = os.environ.get("SWAPLESS_REDIS_URL", "redis://127.0.0.1:6379/0")
+    models, described = _models(args.model)
+    prefix = fresh_prefix("webhooks")
+    env = {"SWAPLESS_REDIS_URL": url, "SWAPLESS_KEY_PREFIX": prefix, "SWAPLESS_QUEUE": prefix + "jobs",
+           "SWAPLESS_MODELS_FILE": str(models), "SWAPLESS_DEVICE": "cpu", "SWAPLESS_WARM_START": "false",
+           "SWAPLESS_WEBHOOK_SECRET": SECRET, "SWAPLESS_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
+           "SWAPLESS_PLUGINS": "bench.simulated"}
+    os.environ.update(env)
+    counter = _Counter()
+    server = _receiver(counter)
+    hook = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    worker = Process([sys.executable, "-m", "swapless", "worker"], env, OUT / "webhooks-worker.log")
+    try:
+        worker.wait_for("ready.")
+        rows = _measure(worker, counter, hook, args.jobs, args.repeat)
+    finally:
+        worker.stop()
+        close(server)
+        cleanup(redis.Redis.from_url(url), prefix)
+    _print(rows, args.jobs, described)
 
 
 if __name__ == "__main__":

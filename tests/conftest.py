@@ -1,5 +1,4 @@
-"""Shared fixtures: a private corner of the real Redis, tiny real models, and real worker processes; and the
-fault suite's scenario table, printed once at the end of the run."""
+"""Shared fixtures: a private corner of the real Redis, tiny real models, real worker processes; the fault table."""
 
 from __future__ import annotations
 
@@ -43,11 +42,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 WORKER_FIXTURES = frozenset({"start_worker", "module_workers", "faults", "module_faults", "one_worker"})
 
 
+#: The modules that take a test process longest, longest first: ``pytest -n`` hands them out first.
+LONGEST_FIRST = (
+    "test_batches", "test_bulk", "test_e2e", "test_faults_delivery", "test_warmup", "test_gateway_security",
+    "test_bench_autoscale", "test_bench_device", "test_tracing", "test_webhooks", "test_docs", "test_residency",
+    "test_triton", "test_longtail",
+)
+
+
+def _in_schedule_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """Whole modules, longest first: ``LONGEST_FIRST``, then those with slow tests (most first), then the rest."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+
+    def rank(path: str) -> tuple[int, int]:
+        name = Path(path).stem
+        if name in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(name)
+        slow = sum(1 for item in modules[path] if item.get_closest_marker("slow") is not None)
+        return (1, -slow) if slow else (2, -len(modules[path]))
+
+    return [item for path in sorted(modules, key=rank) for item in modules[path]]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that reaches the real Redis (its fixtures, however indirectly, include ``redis_url``) is marked
-    ``redis``: ``-m "not slow and not redis"`` is the set that runs with no Redis at all. A test that starts real
-    worker processes (through ``WORKER_FIXTURES``) is marked ``slow``. Tests marked ``full`` are deselected unless
-    ``--full`` is given (CI runs the smaller sizes of the same tests)."""
+    """Mark tests ``redis`` (they use ``redis_url``) and ``slow`` (they use ``WORKER_FIXTURES``); deselect ``full``
+    tests unless ``--full``; put the modules in ``_in_schedule_order``."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if "redis_url" in fixtures:
@@ -59,6 +80,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if full:
             config.hook.pytest_deselected(items=full)
             items[:] = [item for item in items if item.get_closest_marker("full") is None]
+    items[:] = _in_schedule_order(items)
 
 
 @pytest.fixture(scope="session")
@@ -84,9 +106,8 @@ def key_prefix(redis_url: str) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def served_models_file(request: pytest.FixtureRequest, models_file: Path, text_models_file: Path) -> Path:
-    """The models file of a module's producers and workers (``SWAPLESS_MODELS_FILE``): the tiny text models, and the
-    image model too where the module is marked ``images``. A worker imports the libraries of every framework it
-    serves when it starts; torchvision's is 2 s of CPU, paid by each of the suite's worker starts otherwise."""
+    """The module's models file: the tiny text models, plus the image model where the module is marked ``images``
+    (a worker serving it imports torchvision)."""
     return models_file if request.node.get_closest_marker("images") else text_models_file
 
 
@@ -94,7 +115,7 @@ def served_models_file(request: pytest.FixtureRequest, models_file: Path, text_m
 def swapless_env(
     redis_url: str, key_prefix: str, served_models_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> dict[str, str]:
-    """Environment for this test's producers and workers: its own queue and key prefix, the tiny models."""
+    """This test's environment: its own queue and key prefix, the tiny models."""
     env = {
         "SWAPLESS_REDIS_URL": redis_url,
         "SWAPLESS_KEY_PREFIX": key_prefix,
@@ -210,8 +231,7 @@ def start_worker(swapless_env: dict[str, str], tmp_path: Path) -> Iterator[Calla
 
 @pytest.fixture(scope="module")
 def module_env(redis_url: str, served_models_file: Path) -> Iterator[dict[str, str]]:
-    """Like ``swapless_env``, for the tests of a module that share workers: one queue and key prefix for the whole
-    module, set in this process until the module ends; its keys are deleted then."""
+    """``swapless_env`` for a whole module (set in this process until it ends; its keys deleted then)."""
     from tests.stack import private_env  # tests.stack imports this module
 
     with private_env(redis_url, served_models_file) as env:
@@ -220,7 +240,7 @@ def module_env(redis_url: str, served_models_file: Path) -> Iterator[dict[str, s
 
 @pytest.fixture(scope="module")
 def module_workers(module_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
-    """Factory of real workers on ``module_env`` that live until the module ends (one start for many tests)."""
+    """Real workers on ``module_env``, stopped when the module ends."""
     workers = Workers(module_env, tmp_path_factory.mktemp("module-workers"))
     yield workers
     workers.stop_all()
@@ -234,7 +254,7 @@ def faults(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[FaultEnv]:
-    """Workers with the ``crashy`` test framework, its execution log and the Redis views the fault tests read."""
+    """Workers of the ``crashy`` test framework, its execution log and the Redis views the fault tests read."""
     from tests.faultkit import FaultEnv  # faultkit imports this module
 
     env = FaultEnv(tmp_path, swapless_env, models_file, start_worker, monkeypatch)
@@ -246,9 +266,7 @@ def faults(
 def module_faults(
     module_env: dict[str, str], models_file: Path, module_workers: Workers, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[FaultEnv]:
-    """``faults`` for a whole module: one environment (crashy models, one execution log) whose workers live until
-    the module ends. Tests that share them use ``one_worker``; inputs are unique per test, so counts by input stay
-    each test's own."""
+    """``faults`` for a whole module; tests share its worker through ``one_worker`` (inputs are unique per test)."""
     from tests.faultkit import FaultEnv
 
     with pytest.MonkeyPatch.context() as patch:
@@ -260,8 +278,7 @@ def module_faults(
 
 @pytest.fixture
 def one_worker(module_faults: FaultEnv) -> Iterator[FaultEnv]:
-    """The module's one crashy worker (started by the first test that asks for it), for tests that need nothing
-    of their own; after each test its gates are open and the broker is idle, so the next test starts clean."""
+    """The module's one crashy worker; after each test its gates are open and the broker idle."""
     if not module_faults.workers:
         module_faults.worker()
     shared = module_faults.workers[0]
@@ -280,7 +297,7 @@ def _local_rows() -> tuple[list[str], list[str]]:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """In a test process of ``pytest -n``: hand this process's fault-scenario rows to the controller."""
+    """In a test process of ``pytest -n``: hand its fault-scenario rows to the controller."""
     output = getattr(session.config, "workeroutput", None)
     if output is not None:
         output["fault_rows"] = _local_rows()
@@ -295,8 +312,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """At the end of the run, one table of every fault scenario (``tests.faultkit.print_table``), shown for
-    passing runs too; nothing when no fault test ran."""
+    """One table of every fault scenario at the end of the run (``tests.faultkit.print_table``)."""
     scenario_rows, pressure_rows = _local_rows()
     scenario_rows, pressure_rows = scenario_rows + _WORKER_ROWS[0], pressure_rows + _WORKER_ROWS[1]
     if scenario_rows or pressure_rows:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -15,6 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from bench.httpd import QuietHandler, close, serve
 from tests.redis_server import free_port
 
 _KINDS = {1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
@@ -81,7 +82,7 @@ class OtlpReceiver:
     def start(self) -> OtlpReceiver:
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
                 if self.path != "/v1/traces" or self.headers.get("content-type") != "application/x-protobuf":
@@ -100,12 +101,7 @@ class OtlpReceiver:
                 self.end_headers()
                 self.wfile.write(reply)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = serve(Handler, self.port)
         return self
 
     def wait_for(self, found: Callable[[list[Span]], bool], timeout_s: float, what: str) -> list[Span]:
@@ -122,8 +118,7 @@ class OtlpReceiver:
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            close(self._server)
 
 
 def tree(spans: Sequence[Span], shown: Sequence[str] = ("swapless.model.id", "swapless.batch.size", "swapless.load",

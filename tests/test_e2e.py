@@ -23,7 +23,7 @@ from swapless.config.errors import InputError, UnknownModel
 from swapless.manager.registry.store import ModelStore
 from swapless.tasks.client import Client
 from swapless.tasks.protocol import PREDICT_TASK
-from tests.conftest import REPO, WorkerProcess
+from tests.conftest import REPO, WorkerProcess, Workers
 from tests.tinymodels import encode_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.images]
@@ -82,6 +82,12 @@ def direct_image(path: Path, images_b64: list[str], top_k: int = 5) -> list[list
     return out
 
 
+@pytest.fixture(scope="module")
+def worker(module_env: dict[str, str], module_workers: Workers) -> WorkerProcess:
+    """The module's one default worker (on its queue), for the tests that need nothing of their own."""
+    return module_workers.start()
+
+
 def assert_same(got: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
     assert [g["label"] for g in got] == [e["label"] for e in expected]
     for g, e in zip(got, expected, strict=True):
@@ -119,8 +125,7 @@ def test_mixed_workload_over_four_models_with_a_cache_of_two(
     assert_same(again.get(timeout=5), expected["sentiment"][0])
 
 
-def test_bad_jobs_fail_alone_and_the_worker_keeps_running(start_worker: Callable[..., WorkerProcess]) -> None:
-    worker = start_worker()
+def test_bad_jobs_fail_alone_and_the_worker_keeps_running(worker: WorkerProcess) -> None:
     client = Client()
     raw = Client(validate=False)
     good = [client.submit("sentiment", text) for text in TEXTS]
@@ -167,10 +172,9 @@ def test_client_rejects_unknown_model_before_sending(swapless_env: dict[str, str
         Client().submit("nope", "hello")
 
 
-def test_async_get(start_worker: Callable[..., WorkerProcess]) -> None:
+def test_async_get(worker: WorkerProcess) -> None:
     import asyncio
 
-    start_worker()
     client = Client()
 
     async def main() -> list[Any]:
@@ -187,8 +191,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_submit_wait_and_result(start_worker: Callable[..., WorkerProcess], tmp_path: Path) -> None:
-    start_worker()
+def test_cli_submit_wait_and_result(worker: WorkerProcess, tmp_path: Path) -> None:
     done = run_cli("submit", "sentiment", "what a great day", "--wait")
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)

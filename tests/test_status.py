@@ -294,6 +294,45 @@ class EventLog:
         self._thread.join(5)
 
 
+def _assert_cache_counts(beat: Any) -> None:
+    """The heartbeat's cache and per-model counts after the jobs of the test below."""
+    assert [e.model_id for e in beat.loaded] == ["sentiment", "spam"], "least recently used first"
+    assert all(e.bytes > 1_000_000 and e.load_s > 0 and not e.busy for e in beat.loaded)
+    # sentiment, the model with most interactive jobs, is resident (one of two slots): topic's load evicts spam, not
+    # it, so the last sentiment job is a hit; spam's load then evicts topic
+    assert (beat.cache.hits, beat.cache.misses, beat.cache.evictions, beat.cache.max_models) == (2, 4, 2, 2)
+    activity = dict(beat.models.items())
+    assert (activity["sentiment"].hits, activity["sentiment"].misses, activity["sentiment"].evictions) == (2, 1, 0)
+    assert (activity["spam"].hits, activity["spam"].misses, activity["spam"].loads, activity["spam"].evictions) == (
+        0,
+        2,
+        2,
+        1,
+    )
+    assert (activity["spam"].jobs_done, activity["spam"].jobs_failed) == (1, 1)
+    assert (activity["topic"].misses, activity["topic"].evictions, activity["topic"].jobs_done) == (1, 1, 1)
+    assert beat.jobs_done == 5 and beat.jobs_failed == 1 and beat.queue_wait.count == 6
+
+
+def _assert_status_rows(out: str) -> None:
+    """``swapless status``'s per-model rows for the same jobs, and the other queue's seven vision jobs."""
+    rows = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
+        for line in out.splitlines()
+        if line.count("│") > 4
+    }
+    assert rows["spam"][:7] == ["spam", "loaded, claimed", rows["spam"][2], "0", "2", "1", "2"]
+    assert rows["spam"][-5:] == ["1", "1", "0", "0", "0"]  # done, failed, expired, cancelled, held
+    assert rows["topic"][1] == "-" and rows["sentiment"][1] == "loaded, claimed"  # topic: given up for a slot
+    assert rows["spam"][2].endswith("MiB")
+    assert "jobs 5 done, 1 failed" in out and "hits 2, misses 4, evictions 2" in out
+    assert any(
+        line.split("│")[1].strip() == "vision" and line.split("│")[2].strip() == "7"
+        for line in out.splitlines()
+        if "│" in line
+    )
+
+
 @pytest_slow
 def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     start_worker: Callable[..., WorkerProcess], settings: Settings
@@ -334,22 +373,7 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     events.stop()
     assert events.count("task-received") == 6 and events.count("worker-heartbeat") >= 1
     assert beat.hostname.startswith("st@") and beat.queue == settings.jobs.queue and beat.pid == worker.proc.pid
-    assert [e.model_id for e in beat.loaded] == ["sentiment", "spam"], "least recently used first"
-    assert all(e.bytes > 1_000_000 and e.load_s > 0 and not e.busy for e in beat.loaded)
-    # sentiment, the model with most interactive jobs, is resident (one of two slots): topic's load evicts spam, not
-    # it, so the last sentiment job is a hit; spam's load then evicts topic
-    assert (beat.cache.hits, beat.cache.misses, beat.cache.evictions, beat.cache.max_models) == (2, 4, 2, 2)
-    activity = dict(beat.models.items())
-    assert (activity["sentiment"].hits, activity["sentiment"].misses, activity["sentiment"].evictions) == (2, 1, 0)
-    assert (activity["spam"].hits, activity["spam"].misses, activity["spam"].loads, activity["spam"].evictions) == (
-        0,
-        2,
-        2,
-        1,
-    )
-    assert (activity["spam"].jobs_done, activity["spam"].jobs_failed) == (1, 1)
-    assert (activity["topic"].misses, activity["topic"].evictions, activity["topic"].jobs_done) == (1, 1, 1)
-    assert beat.jobs_done == 5 and beat.jobs_failed == 1 and beat.queue_wait.count == 6
+    _assert_cache_counts(beat)
 
     # jobs on another queue, which this worker does not consume: `status --queue` shows them beside the worker
     other = settings.model_copy(update={"queue": f"{settings.jobs.key_prefix}other"})
@@ -362,21 +386,7 @@ def test_heartbeat_and_status_table_of_a_live_worker_then_expiry_after_a_kill(
     out = shown.stdout
     assert "models across workers: 8 messages waiting in their lists, 0 held by workers" in out
     assert f"worker {beat.hostname} (pid {worker.proc.pid}, queue {settings.jobs.queue}" in out
-    rows = {
-        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
-        for line in out.splitlines()
-        if line.count("│") > 4
-    }
-    assert rows["spam"][:7] == ["spam", "loaded, claimed", rows["spam"][2], "0", "2", "1", "2"]
-    assert rows["spam"][-5:] == ["1", "1", "0", "0", "0"]  # done, failed, expired, cancelled, held
-    assert rows["topic"][1] == "-" and rows["sentiment"][1] == "loaded, claimed"  # topic: given up for a slot
-    assert rows["spam"][2].endswith("MiB")
-    assert "jobs 5 done, 1 failed" in out and "hits 2, misses 4, evictions 2" in out
-    assert any(
-        line.split("│")[1].strip() == "vision" and line.split("│")[2].strip() == "7"
-        for line in out.splitlines()
-        if "│" in line
-    )
+    _assert_status_rows(out)
 
     watched = run_cli("status", "--watch", "--interval", "0.2", "--count", "3")
     assert watched.returncode == 0 and f"worker {beat.hostname}" in watched.stdout

@@ -15,7 +15,7 @@ from swapless.manager.batching.warmup import WARM_TEXT, warm_input, warm_steps
 from swapless.manager.cache.lru import DEFAULT_LOAD_COST_S
 from swapless.manager.registry.specs import InputType
 from swapless.tasks.client import Client
-from tests.conftest import WorkerProcess
+from tests.conftest import WorkerProcess, Workers
 from tests.faultkit import wait_for
 
 pytestmark = pytest.mark.images
@@ -75,13 +75,18 @@ def test_warm_inputs_pass_the_models_own_checks(models_file: Path) -> None:
     manager.close()
 
 
-@pytest.mark.slow
-def test_an_idle_worker_warms_every_model_after_ready_and_serves(
-    start_worker: Callable[..., WorkerProcess],
-) -> None:
-    worker = start_worker("--warm-start")
+@pytest.fixture(scope="module")
+def warmed(module_env: dict[str, str], module_workers: Workers) -> WorkerProcess:
+    """The module's worker with a warm start, idle until it has warmed every model (its heartbeat every 0.5 s, so
+    what it learned is saved soon)."""
+    worker = module_workers.start("--warm-start", env={"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5"})
     wait_for(lambda: "warm start on" in worker.log(), 60, "the warm start to end")
-    log = worker.log()
+    return worker
+
+
+@pytest.mark.slow
+def test_an_idle_worker_warms_every_model_after_ready_and_serves(warmed: WorkerProcess) -> None:
+    log = warmed.log()
     assert log.count("] warmed ") == 4, log[-3000:]  # the four models of the models file, none skipped
     assert log.index("ready.") < log.index("] warmed "), "ready at once: the warm start is idle work"
     # on the thread that runs the jobs: part of what is warmed is per thread
@@ -197,8 +202,8 @@ def test_a_model_tuned_before_is_warmed_with_one_pass(models_file: Path) -> None
 
 
 @pytest.mark.slow
-def test_what_a_worker_learned_seeds_the_next_one(start_worker: Callable[..., WorkerProcess], redis_url: str,
-                                                  key_prefix: str) -> None:
+def test_what_a_worker_learned_seeds_the_next_one(warmed: WorkerProcess, module_workers: Workers,
+                                                  module_env: dict[str, str], redis_url: str) -> None:
     import json
     import time
 
@@ -206,11 +211,10 @@ def test_what_a_worker_learned_seeds_the_next_one(start_worker: Callable[..., Wo
 
     from swapless.tasks.worker.learned import LEARNED_TTL_S
 
-    first = start_worker("--warm-start", env={"SWAPLESS_HEARTBEAT_INTERVAL_S": "0.5"})
-    wait_for(lambda: "warm start on" in first.log(), 60, "the idle worker's warm start")  # it measured each model
+    first = warmed  # its warm start measured each model
     client = Client()
     client.gather(client.submit_jobs([("spam", f"win a prize {i}") for i in range(40)]), timeout=60)
-    key = f"{key_prefix}swapless:learned:cpu"
+    key = f"{module_env['SWAPLESS_KEY_PREFIX']}swapless:learned:cpu"
     r = redis.Redis.from_url(redis_url)
     deadline = time.monotonic() + 10
     while b"spam" not in r.hkeys(key) and time.monotonic() < deadline:
@@ -219,7 +223,7 @@ def test_what_a_worker_learned_seeds_the_next_one(start_worker: Callable[..., Wo
     assert record["load_s"] > 0 and record["size_bytes"] > 0 and len(record["batch_costs_s"]) >= 2
     assert 0 < r.ttl(key) <= LEARNED_TTL_S  # kept for later workers, not forever
     first.stop()
-    second = start_worker("--warm-start")
+    second = module_workers.start("--warm-start")
     log = second.log()
     assert "learned from earlier workers:" in log and "spam" in log.split("learned from earlier workers:")[1]
     assert client.submit("spam", "free money").get(timeout=60)

@@ -22,6 +22,7 @@ from swapless.tasks.webhooks import WebhookDelivery, WebhookQueue, allowed_hosts
 from swapless.tasks.worker.webhooks import WebhookSender, backoff_s
 from tests.conftest import WorkerProcess
 from tests.faultkit import wait_for
+from tests.stack import GatewayProcess, worker_and_gateway
 from tests.webhook_receiver import SECRET, Receiver
 
 # -- targets -----------------------------------------------------------------------------------------------------
@@ -240,16 +241,31 @@ def client(hook_env: dict[str, str]) -> Iterator[Client]:
         yield c
 
 
+@pytest.fixture(scope="module")
+def hooked(
+    redis_url: str, served_models_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[dict[str, str], WorkerProcess, GatewayProcess]]:
+    """The module's worker and gateway with webhooks on (its own queue), for the tests that need nothing else."""
+    with worker_and_gateway(redis_url, served_models_file, tmp_path_factory.mktemp("hooked"), "hooks@%h",
+                            **HOOK_ENV) as stack:
+        yield stack
+
+
+@pytest.fixture
+def hooked_client(hooked: tuple[dict[str, str], WorkerProcess, GatewayProcess]) -> Iterator[Client]:
+    """A client on the module's worker (``hooked`` set its environment in this process)."""
+    with Client() as c:
+        yield c
+
+
 def _delivery(client: Client, job_id: str) -> WebhookDelivery | None:
     raw = client.redis.get(Keyspace.of(client.settings).webhook(job_id))
     return WebhookDelivery.decode(raw) if raw is not None else None
 
 
 @pytest.mark.slow
-def test_webhooks_arrive_signed_and_survive_a_receiver_outage(
-    hook_env: dict[str, str], client: Client, start_worker: Callable[..., WorkerProcess]
-) -> None:
-    start_worker()
+def test_webhooks_arrive_signed_and_survive_a_receiver_outage(hooked_client: Client) -> None:
+    client = hooked_client
     receiver = Receiver()  # not listening yet: the receiver is down
     job = client.submit("sentiment", "what a lovely day", callback_url=receiver.url)
     bad = client.submit("sentiment", "", callback_url=receiver.url)  # fails its own job: InputError
@@ -320,10 +336,8 @@ def test_a_worker_killed_between_storing_and_queueing_still_sends_the_webhook(
 
 
 @pytest.mark.slow
-def test_map_sends_one_webhook_per_chunk(
-    hook_env: dict[str, str], client: Client, start_worker: Callable[..., WorkerProcess]
-) -> None:
-    start_worker()
+def test_map_sends_one_webhook_per_chunk(hooked_client: Client) -> None:
+    client = hooked_client
     receiver = Receiver().start()
     try:
         texts = [f"mapped {i}" for i in range(7)]
@@ -339,16 +353,12 @@ def test_map_sends_one_webhook_per_chunk(
 
 @pytest.mark.slow
 def test_the_gateway_takes_a_callback_url_and_refuses_one_the_workers_would_refuse(
-    redis_url: str, served_models_file: Path, tmp_path: Path
+    hooked: tuple[dict[str, str], WorkerProcess, GatewayProcess]
 ) -> None:
-    from tests.stack import worker_and_gateway
-
+    _, _, gateway = hooked
     receiver = Receiver().start()
     try:
-        with (
-            worker_and_gateway(redis_url, served_models_file, tmp_path, "hooks@%h", **HOOK_ENV) as (_, _, gateway),
-            httpx.Client(base_url=gateway.url, timeout=60) as http,
-        ):
+        with httpx.Client(base_url=gateway.url, timeout=60) as http:
             queued = http.post("/jobs", json={"model_id": "spam", "input": "hooked", "callback_url": receiver.url})
             answered = http.post("/predict", json={"model_id": "spam", "input": "hooked too",
                                                    "callback_url": receiver.url})

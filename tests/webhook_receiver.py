@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from standardwebhooks import Webhook
 
+from bench.httpd import QuietHandler, close, serve
 from tests.redis_server import free_port
 
 SECRET = "whsec_" + "c3dhcGxlc3MtdGVzdC1zZWNyZXQtMzItYnl0ZXMhIQ=="
@@ -37,7 +38,7 @@ class Receiver:
         receiver = self
         verifier = Webhook(SECRET)
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
                 headers = {k.lower(): v for k, v in self.headers.items()}
@@ -58,12 +59,7 @@ class Receiver:
                 self.send_response(receiver.status)
                 self.end_headers()
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = serve(Handler, self.port)
         return self
 
     def wait_for(self, count: int, timeout_s: float) -> list[tuple[dict[str, str], dict[str, Any]]]:
@@ -75,5 +71,4 @@ class Receiver:
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            close(self._server)
