@@ -909,7 +909,7 @@ def _registry_reads(workers: Workers, http: Any, models_file: Path, ids: list[st
     from swapless.tasks.cluster.plan import plan
     from swapless.tasks.cluster.view import read_placement
     from swapless.tasks.keyspace import Keyspace
-    from swapless.tasks.observe.scaling import read_cluster
+    from swapless.tasks.observe.backlog import read_cluster
     from swapless.tasks.observe.status import read_status
     from swapless.tasks.routing import Router
     from swapless.tasks.worker.runtime import load_plugins

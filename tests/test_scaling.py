@@ -25,15 +25,12 @@ from swapless.tasks.client import Client
 from swapless.tasks.cluster.members import Heartbeat, LoadedEntry, ModelActivity
 from swapless.tasks.gateway import create_app
 from swapless.tasks.keyspace import Keyspace
+from swapless.tasks.observe.backlog import ClusterReading, ModelBacklog, job_seconds, read_cluster
 from swapless.tasks.observe.scaling import (
-    ClusterReading,
     DemandTracker,
-    ModelBacklog,
     ScalingSignals,
     busy_workers,
     desired_workers,
-    job_seconds,
-    read_cluster,
     removal_costs,
     signals_registry,
 )

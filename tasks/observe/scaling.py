@@ -20,23 +20,18 @@ from prometheus_client.registry import Collector
 from swapless.config.settings import Settings
 from swapless.tasks.cluster.members import Heartbeat
 from swapless.tasks.keyspace import Keyspace
-from swapless.tasks.observe.backlog import DEFAULT_SAMPLE, ClusterReading, ModelBacklog, job_seconds, read_cluster
+from swapless.tasks.observe.backlog import ClusterReading, read_cluster
 from swapless.tasks.protocol import PRIORITIES
 
 __all__ = [
-    "DEFAULT_SAMPLE",
     "SIGNALS",
-    "ClusterReading",
     "DemandTracker",
-    "ModelBacklog",
     "RemovalCost",
     "ScalingCollector",
     "ScalingSignals",
     "Signals",
     "busy_workers",
     "desired_workers",
-    "job_seconds",
-    "read_cluster",
     "removal_costs",
     "signals_registry",
 ]

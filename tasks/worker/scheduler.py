@@ -31,13 +31,13 @@ from swapless.tasks.worker.delivery import Delivery, decode
 from swapless.tasks.worker.followups import Followups
 from swapless.tasks.worker.groups import GroupRunner
 from swapless.tasks.worker.idle import IdleWork
-from swapless.tasks.worker.inbox import HAND_OVER_S, STAY_S, JobInbox
+from swapless.tasks.worker.inbox import JobInbox
 from swapless.tasks.worker.ledger import RequestLedger
 from swapless.tasks.worker.runtime import Runtime
 from swapless.tasks.worker.shadows import Shadows
 from swapless.tasks.worker.spans import BatchSpans
 
-__all__ = ["HAND_OVER_S", "STAY_S", "BatchScheduler"]
+__all__ = ["BatchScheduler"]
 
 logger = logging.getLogger(__name__)
 
